@@ -1,0 +1,34 @@
+# The two commands of the README. Each creates .venv if needed and installs what it needs.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+CONFIG ?= examples/toy.json
+
+.PHONY: run test install-local install-dev clean
+
+$(VENV)/bin/activate:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+# torch first and pinned: on this kind of machine 2.13.0 is a CPU build on local disk.
+$(VENV)/.local-installed: $(VENV)/bin/activate pyproject.toml
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e ".[local]"
+	touch $@
+
+$(VENV)/.dev-installed: $(VENV)/.local-installed pyproject.toml
+	$(PIP) install -q -e ".[local,cdk,dev]"
+	touch $@
+
+install-local: $(VENV)/.local-installed
+install-dev: $(VENV)/.dev-installed
+
+run: $(VENV)/.local-installed
+	$(VENV)/bin/stepwise run-local $(CONFIG)
+
+test: $(VENV)/.dev-installed
+	$(PY) -m pytest
+
+clean:
+	rm -rf $(VENV) runs-local cdk.out

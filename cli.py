@@ -1,0 +1,49 @@
+"""`stepwise`: the operator command.
+
+Each subcommand lives in its own module, which exposes ``configure(parser)`` (adds the
+subcommand's arguments) and ``run(args) -> int`` (the exit code). Modules are imported
+only when their subcommand runs, so `stepwise validate` never pays for torch or moto.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module, one-line help). Keep sorted by workflow, not alphabetically.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "validate": ("stepwise.commands.validate", "check a run config (and its datasets) without starting anything"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="stepwise",
+        description="Serverless GRPO/DAPO training of AgentCore agents (Step Functions + SageMaker Training Sessions).",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name, (module_name, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(_module=module_name)
+        # Arguments are added lazily below, only for the chosen command.
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    # Find the subcommand first, then let its module add its own arguments.
+    if argv and argv[0] in COMMANDS:
+        module = importlib.import_module(COMMANDS[argv[0]][0])
+        sub = argparse.ArgumentParser(prog=f"stepwise {argv[0]}", description=COMMANDS[argv[0]][1])
+        module.configure(sub)
+        args = sub.parse_args(argv[1:])
+        return int(module.run(args) or 0)
+    parser.parse_args(argv)  # prints usage / errors for unknown commands
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
