@@ -1,0 +1,71 @@
+"""The Lambda function registry: one entry per function the stack deploys.
+
+Read by the CDK stack (`infra/`) to create the functions and by the local engine
+(`local/engine.py`) to dispatch invocations in-process, so the two cannot drift. The
+state machine refers to a function as the placeholder ``${<Name>FunctionArn}``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class FunctionSpec:
+    """One Lambda function.
+
+    Attributes:
+        name: logical name; the ASL placeholder is ``${{name}FunctionArn}``.
+        handler: ``module.function`` of the handler inside the image.
+        memory_mb: Lambda memory size in MB.
+        timeout_s: Lambda timeout in seconds.
+        description: what the function does (shown in the console).
+    """
+
+    name: str
+    handler: str
+    memory_mb: int = 1024
+    timeout_s: int = 300
+    description: str = ""
+
+
+FUNCTIONS: tuple[FunctionSpec, ...] = (
+    FunctionSpec("Init", "stepwise.handlers.init.handler", 2048, 900, "Validate config and datasets, create or resume the training session, write state.json"),
+    FunctionSpec("PollSession", "stepwise.handlers.session.poll_handler", 512, 60, "Describe the training session until it is Running"),
+    FunctionSpec("PlanStep", "stepwise.handlers.plan.handler", 1024, 300, "Choose the next generation batch of prompts and write the Map items"),
+    FunctionSpec("StartRollout", "stepwise.handlers.rollout.start_handler", 512, 120, "Open a gateway session and invoke the agent on ACR"),
+    FunctionSpec("OnRolloutResult", "stepwise.handlers.rollout.result_handler", 256, 60, "S3 result notification -> SendTaskSuccess"),
+    FunctionSpec("FinishRollout", "stepwise.handlers.rollout.finish_handler", 1024, 300, "Extract the reward, replay captured turns into TraceRecords"),
+    FunctionSpec("ComputeAdvantages", "stepwise.handlers.advantages.handler", 2048, 900, "GRPO advantages, DAPO group filter, training datums"),
+    FunctionSpec("SubmitTrain", "stepwise.handlers.train.submit_handler", 2048, 900, "forward_backward + optim_step with write-ahead sequence numbers"),
+    FunctionSpec("PollOperation", "stepwise.handlers.train.poll_handler", 512, 60, "Read training/sampling operation results"),
+    FunctionSpec("Rebind", "stepwise.handlers.train.rebind_handler", 512, 300, "save_weights_for_sampler + load_weights_for_sampling; commit the new policy version"),
+    FunctionSpec("Checkpoint", "stepwise.handlers.train.checkpoint_handler", 512, 300, "save_state when due, final save and save_weights_at_end"),
+    FunctionSpec("StopSession", "stepwise.handlers.session.stop_handler", 512, 120, "Stop the training session (every terminal path)"),
+    FunctionSpec("Cleanup", "stepwise.handlers.session.cleanup_handler", 512, 120, "EventBridge: execution aborted/timed out/failed -> stop the session"),
+)
+
+#: Functions served by the gateway image (Lambda Web Adapter), not the handler image.
+GATEWAY_FUNCTION = FunctionSpec(
+    "Gateway", "stepwise.gateway.lambda_app", 2048, 900, "The agent's LLM endpoint: render, sample, capture turns"
+)
+
+
+def by_name(name: str) -> FunctionSpec:
+    """The spec called ``name``. Raises KeyError naming the known functions."""
+    for spec in FUNCTIONS:
+        if spec.name == name:
+            return spec
+    raise KeyError(f"no Lambda function {name!r}; known: {', '.join(s.name for s in FUNCTIONS)}")
+
+
+def environment(*, bucket: str, gateway_url: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment every handler function gets (the stack and the local engine both use this)."""
+    env = {
+        "STEPWISE_BUCKET": bucket,
+        "STEPWISE_GATEWAY_URL": gateway_url,
+        "POWERTOOLS_SERVICE_NAME": "stepwise",
+        "POWERTOOLS_METRICS_NAMESPACE": "Stepwise",
+    }
+    env.update(extra or {})
+    return env
