@@ -1,0 +1,470 @@
+"""The run config: the JSON a Step Functions execution starts with.
+
+`RunConfig` mirrors the reference loop's config
+(`agentcore_rl_toolkit/backends/experimental/sagemaker/config.py`, same field names and
+defaults) plus the DAPO fields of the `train_dapo.py` proposal (shared/seeds/002), the
+SageMaker training-session options the SDK takes (`ServiceClient(kms_key_arn=, vpc_config=)`),
+and the knobs the serverless design needs (continue-as-new, per-rollout budgets).
+
+Reference fields dropped because they cannot apply serverless:
+- ``gateway_port``: the gateway is a Lambda Function URL (locally, a port chosen at start).
+- ``history_mode``: only ``"tree"`` is supported; the gateway is replayed from captured turns
+  per rollout, and ``"linear"`` reuse of served ids needs the in-memory history of one process.
+- ``wandb_project`` / ``wandb_run_name``: metrics go to CloudWatch (EMF) and S3.
+- ``rollout_log_path``: per-rollout records are written under ``runs/{run_id}/steps/``.
+
+A config naming any of these is rejected like any other unknown key, with a note saying why.
+
+Use `load_run_config(obj_or_path)` to get every problem at once as one `ConfigError`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+
+__all__ = ["RunConfig", "VpcConfig", "ConfigError", "load_run_config", "DROPPED_FIELDS"]
+
+# Patterns follow botocore's service models (sagemaker CreateTrainingSession shapes) where
+# one exists; they are checks of form only, not of existence.
+_PARTITION = r"arn:aws[a-z\-]*"
+_REGION = r"[a-z]{2}(?:-[a-z]+)+-\d{1,2}"
+ROLE_ARN_RE = re.compile(rf"^{_PARTITION}:iam::\d{{12}}:role/?[a-zA-Z_0-9+=,.@\-/]+$")
+HUB_CONTENT_ARN_RE = re.compile(rf"^{_PARTITION}:sagemaker:{_REGION}:(?:\d{{12}}|aws):hub-content/\S+$")
+HUB_MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,62}$")
+MODEL_PACKAGE_GROUP_ARN_RE = re.compile(rf"^{_PARTITION}:sagemaker:{_REGION}:\d{{12}}:model-package-group/\S{{1,2048}}$")
+MODEL_PACKAGE_ARN_RE = re.compile(rf"^{_PARTITION}:sagemaker:{_REGION}:\d{{12}}:model-package/\S+$")
+AGENT_RUNTIME_ARN_RE = re.compile(rf"^{_PARTITION}:bedrock-agentcore:{_REGION}:\d{{12}}:runtime/[A-Za-z0-9_\-]+$")
+KMS_KEY_ARN_RE = re.compile(rf"^{_PARTITION}:kms:{_REGION}:\d{{12}}:(?:key|alias)/[a-zA-Z0-9:/_\-]+$")
+REGION_RE = re.compile(rf"^{_REGION}$")
+S3_URI_RE = re.compile(r"^s3://([a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])(?:/(.*))?$")
+VPC_ID_RE = re.compile(r"^[-0-9a-zA-Z]{1,32}$")
+
+LOSSES = ("ppo", "importance_sampling", "cispo")
+CLIPPED_LOSSES = ("ppo", "cispo")
+
+# Reference fields that cannot apply serverless -> why (used in the unknown-key error).
+DROPPED_FIELDS: dict[str, str] = {
+    "gateway_port": "the gateway is a Lambda Function URL; there is no port to choose",
+    "history_mode": "only 'tree' is supported (turns are replayed per rollout); remove the key",
+    "wandb_project": "metrics go to CloudWatch and S3; W&B is not supported",
+    "wandb_run_name": "metrics go to CloudWatch and S3; W&B is not supported",
+    "rollout_log_path": "rollout records are written to S3 under runs/{run_id}/steps/",
+}
+
+
+class ConfigError(ValueError):
+    """A run config is invalid. ``errors`` lists each problem as ``"field: message (got X)"``."""
+
+    def __init__(self, errors: list[str], source: str | None = None):
+        self.errors = list(errors)
+        self.source = source
+        head = f"invalid run config{f' {source}' if source else ''} ({len(self.errors)} error(s)):"
+        super().__init__("\n".join([head, *(f"  - {e}" for e in self.errors)]))
+
+
+def parse_s3_uri(uri: str) -> tuple[str, str]:
+    """Split ``s3://bucket/key`` into ``(bucket, key)`` (key may be ``""``).
+
+    Raises:
+        ValueError: not an ``s3://`` URI with a valid bucket name.
+    """
+    m = S3_URI_RE.match(uri)
+    if not m:
+        raise ValueError(f"{S3_URI_HELP}, got {uri!r}")
+    return m.group(1), m.group(2) or ""
+
+
+S3_URI_HELP = "expected s3://bucket/key with a valid bucket name (3-63 of a-z 0-9 . -)"
+
+
+def _check_s3(uri: str) -> tuple[str, str]:
+    m = S3_URI_RE.match(uri)
+    if not m:
+        raise ValueError(S3_URI_HELP)
+    return m.group(1), m.group(2) or ""
+
+
+def _check_path(value: str, field: str, *, required: bool) -> str:
+    """A dataset path: ``s3://bucket/key`` or a local path (local stack and `stepwise validate`)."""
+    if not value:
+        if required:
+            raise ValueError("is required: an s3://bucket/key (or local path) of a Parquet or JSONL file")
+        return value
+    if value.startswith("s3://"):
+        _bucket, key = _check_s3(value)
+        if not key or key.endswith("/"):
+            raise ValueError("must name a file (s3://bucket/key.parquet or .jsonl), not a bucket or prefix")
+    return value
+
+
+class VpcConfig(BaseModel):
+    """VPC for the training session (SDK `sagemaker.train.training_session.VpcConfig`).
+
+    Limits from botocore's sagemaker `VpcConfig` shape: 1-16 subnets, 1-5 security groups.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    subnets: list[str] = Field(min_length=1, max_length=16)
+    security_group_ids: list[str] = Field(min_length=1, max_length=5)
+
+    @field_validator("subnets", "security_group_ids")
+    @classmethod
+    def _ids(cls, v: list[str]) -> list[str]:
+        bad = [x for x in v if not VPC_ID_RE.match(x)]
+        if bad:
+            raise ValueError(f"ids must match [-0-9a-zA-Z]{{1,32}} (e.g. subnet-0abc, sg-0abc); bad: {bad}")
+        return v
+
+
+class RunConfig(BaseModel):
+    """One training run. Field order matters: cross-field checks see only fields defined earlier.
+
+    Defaults equal the reference `Config` (agentcore_rl_toolkit 0.2.0). Required:
+    ``role_arn``, ``base_model_arn``, ``agent_runtime_arn``, ``dataset_path``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, strict=True, allow_inf_nan=False)
+
+    # --- SageMaker / model ---
+    region: str = "us-east-1"
+    role_arn: str = Field(description="IAM role SageMaker assumes for the training session")
+    base_model_arn: str = Field(
+        description="hub-content ARN of the base model, or a hub model name/id from ServiceClient.list_base_models()"
+    )
+    s3_output_path: str = Field("", description="s3:// prefix for checkpoints; '' = the SDK's default")
+    model_package_group_arn: str = Field("", description="model package group for checkpoints; '' = the SDK's default")
+    lora_rank: int = Field(32, ge=1, le=1024)
+    lora_alpha: int = Field(64, ge=1)
+    resume_from_model_package: str = Field(
+        "", description="model package ARN of a save_state checkpoint to resume from (weights + optimizer); '' = fresh"
+    )
+    kms_key_arn: str = Field("", description="KMS key for the session's S3 output; '' = none (SDK kms_key_arn)")
+    vpc_config: VpcConfig | None = Field(None, description="run the session in these subnets / security groups")
+    tokenizer_path: str = Field(
+        "",
+        description="where the gateway loads the tokenizer: an s3:// prefix holding tokenizer files, or a model id; "
+        "'' = ask the training session (TrainingClient.get_tokenizer)",
+    )
+
+    # --- ACR / rollout ---
+    agent_runtime_arn: str = Field(description="the AgentCore Runtime agent to train")
+    max_rollout_time: float = Field(1800.0, gt=0, le=28800, description="seconds one rollout may take (task timeout)")
+    acr_tps_limit: int = Field(5, ge=1, description="InvokeAgentRuntime calls per second (and Map concurrency bound)")
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="passed to the renderer's apply_chat_template, e.g. {'enable_thinking': false}"
+    )
+    max_turns_per_rollout: int = Field(64, ge=1, description="LLM calls one rollout may make (gateway enforces)")
+    max_tokens_per_rollout: int = Field(
+        262144, ge=1, description="tokens one rollout may sample across its turns (gateway enforces)"
+    )
+
+    # --- RL training ---
+    algorithm: Literal["grpo", "dapo"] = "grpo"
+    batch_size: int = Field(32, ge=1, description="prompts (groups) per optimizer step")
+    responses_per_prompt: int = Field(4, ge=2, description="group size; a group of 1 has zero advantage")
+    learning_rate: float = Field(1e-5, gt=0, le=1.0)
+    max_context_tokens: int = Field(32768, ge=1)
+    max_new_tokens: int = Field(2048, ge=1)
+    temperature: float = Field(1.0, ge=0)
+    epochs: int = Field(1, ge=1)
+    save_every: int = Field(-1, ge=-1, description="save_state every N steps (N > 0); -1 or 0 = only at the end")
+    loss: Literal["ppo", "importance_sampling", "cispo"] = "ppo"
+    clip_low_threshold: float | None = Field(None, description="ratio clip low bound, 0..1 (ppo/cispo loss_fn_config)")
+    clip_high_threshold: float | None = Field(
+        None, description="ratio clip high bound, 1..10 (ppo/cispo loss_fn_config); DAPO's Clip-Higher"
+    )
+    max_num_gen_batches: int = Field(
+        10, ge=1, description="DAPO: generation batches per step before giving up (checkpoint and stop)"
+    )
+    overlong_buffer_len: int = Field(0, ge=0, description="DAPO overlong shaping buffer L_cache in tokens; 0 = off")
+    overlong_penalty_factor: float = Field(1.0, ge=0, description="DAPO overlong shaping scale")
+    save_weights_at_end: bool = False
+    train_op_timeout: float = Field(600.0, gt=0, description="seconds to wait on each training operation")
+    seed: int = Field(0, ge=0, description="seed for randomness the pipeline adds (sampler seeds); data order is file order")
+    steps_per_execution: int = Field(20, ge=1, description="continue as a new execution every N steps")
+
+    # --- Dataset ---
+    dataset_path: str = Field(description="Parquet or JSONL with a 'payload' column/field")
+    max_prompts: int = Field(0, ge=0, description="use only the first N prompts; 0 = all")
+
+    # --- Evaluation ---
+    eval_dataset_path: str = ""
+    eval_every: int = Field(0, ge=0, description="eval every N steps; 0 = only at the end")
+    eval_max_prompts: int = Field(200, ge=0, description="first N eval prompts; 0 = all")
+    eval_temperature: float = Field(0.0, ge=0)
+
+    # --- Bookkeeping ---
+    exp_id: str = Field(
+        "", description="a label only: rollout results are written under rollout-results/{run_id}, whatever this says"
+    )
+
+    # ------------------------------------------------------------------ field checks
+
+    @field_validator("region")
+    @classmethod
+    def _region(cls, v: str) -> str:
+        if not REGION_RE.match(v):
+            raise ValueError("must be an AWS region name such as 'us-east-1'")
+        return v
+
+    @field_validator("role_arn")
+    @classmethod
+    def _role(cls, v: str) -> str:
+        if not ROLE_ARN_RE.match(v):
+            raise ValueError("must be an IAM role ARN: arn:aws:iam::123456789012:role/NAME")
+        return v
+
+    @field_validator("base_model_arn")
+    @classmethod
+    def _base_model(cls, v: str) -> str:
+        if v.startswith("arn:"):
+            if not HUB_CONTENT_ARN_RE.match(v):
+                raise ValueError(
+                    "must be a hub-content ARN (arn:aws:sagemaker:REGION:aws:hub-content/SageMakerPublicHub/Model/NAME/"
+                    "VERSION) or a hub model name"
+                )
+        elif not HUB_MODEL_NAME_RE.match(v):
+            raise ValueError("must be a hub-content ARN or a hub model name (letters, digits, '.', '_', '-')")
+        return v
+
+    @field_validator("s3_output_path")
+    @classmethod
+    def _s3_output(cls, v: str) -> str:
+        if v:
+            _check_s3(v)
+        return v
+
+    @field_validator("model_package_group_arn")
+    @classmethod
+    def _mpg(cls, v: str) -> str:
+        if v and not MODEL_PACKAGE_GROUP_ARN_RE.match(v):
+            raise ValueError("must be '' or arn:aws:sagemaker:REGION:ACCOUNT:model-package-group/NAME")
+        return v
+
+    @field_validator("resume_from_model_package")
+    @classmethod
+    def _resume(cls, v: str) -> str:
+        if v and not MODEL_PACKAGE_ARN_RE.match(v):
+            raise ValueError("must be '' or arn:aws:sagemaker:REGION:ACCOUNT:model-package/NAME/VERSION")
+        return v
+
+    @field_validator("kms_key_arn")
+    @classmethod
+    def _kms(cls, v: str) -> str:
+        if v and not KMS_KEY_ARN_RE.match(v):
+            raise ValueError("must be '' or arn:aws:kms:REGION:ACCOUNT:key/ID (or :alias/NAME)")
+        return v
+
+    @field_validator("tokenizer_path")
+    @classmethod
+    def _tokenizer(cls, v: str) -> str:
+        if v.startswith("s3://"):
+            _check_s3(v)
+        elif v and not re.match(r"^[A-Za-z0-9][A-Za-z0-9._\-]*(/[A-Za-z0-9._\-]+)?$", v):
+            raise ValueError("must be '', an s3://bucket/prefix/ of tokenizer files, or a model id like 'org/name'")
+        return v
+
+    @field_validator("agent_runtime_arn")
+    @classmethod
+    def _agent(cls, v: str) -> str:
+        if not AGENT_RUNTIME_ARN_RE.match(v):
+            raise ValueError("must be arn:aws:bedrock-agentcore:REGION:ACCOUNT:runtime/AGENT_ID")
+        return v
+
+    @field_validator("max_new_tokens")
+    @classmethod
+    def _new_tokens(cls, v: int, info: ValidationInfo) -> int:
+        ctx = info.data.get("max_context_tokens")
+        if ctx is not None and v > ctx:
+            raise ValueError(f"must be <= max_context_tokens ({ctx})")
+        return v
+
+    @field_validator("clip_low_threshold", "clip_high_threshold")
+    @classmethod
+    def _clip(cls, v: float | None, info: ValidationInfo) -> float | None:
+        if v is None:
+            return v
+        loss = info.data.get("loss")
+        if loss is not None and loss not in CLIPPED_LOSSES:
+            raise ValueError(f"applies only to loss 'ppo' or 'cispo', but loss is {loss!r}; remove it or change loss")
+        lo, hi = (0.0, 1.0) if info.field_name == "clip_low_threshold" else (1.0, 10.0)
+        if not (math.isfinite(v) and lo <= v <= hi):
+            raise ValueError(f"must be between {lo:g} and {hi:g} (the service's accepted range)")
+        return v
+
+    @field_validator("overlong_buffer_len")
+    @classmethod
+    def _overlong(cls, v: int, info: ValidationInfo) -> int:
+        cap = info.data.get("max_tokens_per_rollout")
+        if v and cap is not None and v >= cap:
+            raise ValueError(f"must be < max_tokens_per_rollout ({cap}), the L_max of overlong shaping")
+        return v
+
+    @field_validator("dataset_path")
+    @classmethod
+    def _dataset(cls, v: str) -> str:
+        return _check_path(v, "dataset_path", required=True)
+
+    @field_validator("max_prompts")
+    @classmethod
+    def _max_prompts(cls, v: int, info: ValidationInfo) -> int:
+        bs = info.data.get("batch_size")
+        if v and bs is not None and v < bs:
+            raise ValueError(f"leaves fewer prompts than batch_size ({bs}), so no step could run; use 0 or >= {bs}")
+        return v
+
+    @field_validator("eval_dataset_path")
+    @classmethod
+    def _eval_dataset(cls, v: str) -> str:
+        return _check_path(v, "eval_dataset_path", required=False)
+
+    @field_validator("eval_every")
+    @classmethod
+    def _eval_every(cls, v: int, info: ValidationInfo) -> int:
+        if v and info.data.get("eval_dataset_path") == "":
+            raise ValueError("evaluates nothing: eval_dataset_path is empty; set it or use eval_every 0")
+        return v
+
+    # ------------------------------------------------------------------ derived values
+
+    @property
+    def loss_fn_config(self) -> dict[str, float] | None:
+        """``loss_fn_config`` for forward_backward (Clip-Higher), or None when no threshold is set."""
+        cfg = {
+            k: v
+            for k, v in (("clip_low_threshold", self.clip_low_threshold), ("clip_high_threshold", self.clip_high_threshold))
+            if v is not None
+        }
+        return cfg or None
+
+    @property
+    def sampling_defaults(self) -> dict[str, Any]:
+        """Training-rollout sampling defaults, as the reference builds them."""
+        return {"max_new_tokens": self.max_new_tokens, "temperature": self.temperature}
+
+    @property
+    def eval_sampling_defaults(self) -> dict[str, Any]:
+        """Eval-rollout sampling defaults (reference ``run_eval``: temperature = eval_temperature)."""
+        return {"max_new_tokens": self.max_new_tokens, "temperature": self.eval_temperature}
+
+    def steps_per_epoch(self, dataset_rows: int) -> int:
+        """Full batches per epoch: ``min(rows, max_prompts or rows) // batch_size`` (reference: a partial
+        last batch is dropped)."""
+        used = min(dataset_rows, self.max_prompts) if self.max_prompts > 0 else dataset_rows
+        return used // self.batch_size
+
+    def should_eval(self, step_done: int) -> bool:
+        """Eval after ``step_done`` completed steps (reference: ``eval_every > 0 and step % eval_every == 0``)."""
+        return self.eval_every > 0 and step_done % self.eval_every == 0
+
+    def should_save(self, step: int) -> bool:
+        """save_state before step ``step`` (0-based) (reference: ``save_every > 0 and step > 0 and step % save_every == 0``)."""
+        return self.save_every > 0 and step > 0 and step % self.save_every == 0
+
+    def summary(self, dataset_rows: int | None = None) -> dict[str, Any]:
+        """A one-screen summary for `stepwise validate`.
+
+        Returns a flat dict: algorithm, loss, group shape, rollouts per step (per generation batch
+        for DAPO, and the cap), and, when ``dataset_rows`` is given, prompts used, steps per epoch,
+        total steps, executions (continue-as-new every ``steps_per_execution``) and eval points.
+        """
+        rollouts = self.batch_size * self.responses_per_prompt
+        out: dict[str, Any] = {
+            "algorithm": self.algorithm,
+            "loss": self.loss,
+            "base_model": self.base_model_arn,
+            "agent_runtime_arn": self.agent_runtime_arn,
+            "batch_size": self.batch_size,
+            "responses_per_prompt": self.responses_per_prompt,
+            "rollouts_per_step": rollouts,
+        }
+        if self.algorithm == "dapo":
+            out["rollouts_per_generation_batch"] = rollouts
+            out["max_rollouts_per_step"] = rollouts * self.max_num_gen_batches
+        if self.loss_fn_config:
+            out["loss_fn_config"] = self.loss_fn_config
+        if dataset_rows is not None:
+            spe = self.steps_per_epoch(dataset_rows)
+            total = spe * self.epochs
+            out.update(
+                dataset_rows=dataset_rows,
+                prompts_used=min(dataset_rows, self.max_prompts) if self.max_prompts > 0 else dataset_rows,
+                steps_per_epoch=spe,
+                epochs=self.epochs,
+                total_steps=total,
+                executions=max(1, -(-total // self.steps_per_execution)),
+                evals=(total // self.eval_every if self.eval_every else 0) + (1 if self.eval_dataset_path else 0)
+                - (1 if self.eval_every and total and total % self.eval_every == 0 else 0),
+            )
+        return out
+
+
+# ---------------------------------------------------------------------- loading
+
+
+def _format_error(err: dict[str, Any]) -> str:
+    loc = ".".join(str(p) for p in err.get("loc", ())) or "(config)"
+    kind = err.get("type", "")
+    value = err.get("input")
+    if kind == "extra_forbidden":
+        field = str(err["loc"][-1])
+        if field in DROPPED_FIELDS:
+            return f"{loc}: not supported serverless: {DROPPED_FIELDS[field]} (got {value!r})"
+        names = list(RunConfig.model_fields) if len(err["loc"]) == 1 else list(VpcConfig.model_fields)
+        close = difflib.get_close_matches(field, names, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        return f"{loc}: unknown field (got {value!r}){hint}"
+    if kind == "missing":
+        desc = RunConfig.model_fields[loc].description if loc in RunConfig.model_fields else None
+        return f"{loc}: required{f' ({desc})' if desc else ''}"
+    msg = err.get("msg", "")
+    msg = msg.removeprefix("Value error, ")
+    return f"{loc}: {msg} (got {value!r})"
+
+
+def _read_source(path: Path) -> Any:
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError([f"(file): cannot read {path}: {e.strerror or e}"], str(path)) from e
+    if path.suffix in (".yaml", ".yml"):
+        import yaml  # pyyaml comes with the toolkit; YAML is accepted for the reference's config files
+
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ConfigError([f"(file): not valid YAML: {e}"], str(path)) from e
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError([f"(file): not valid JSON at line {e.lineno} column {e.colno}: {e.msg}"], str(path)) from e
+
+
+def load_run_config(obj_or_path: RunConfig | dict[str, Any] | str | Path) -> RunConfig:
+    """Validate a run config from a dict, a `RunConfig`, or a JSON/YAML file path.
+
+    Raises:
+        ConfigError: listing every problem found (not just the first), each as
+            ``"field: message (got X)"``.
+    """
+    if isinstance(obj_or_path, RunConfig):
+        return obj_or_path
+    source: str | None = None
+    raw: Any = obj_or_path
+    if isinstance(obj_or_path, (str, Path)):
+        source = str(obj_or_path)
+        raw = _read_source(Path(obj_or_path))
+    if not isinstance(raw, dict):
+        raise ConfigError([f"(config): must be a JSON object of fields (got {type(raw).__name__})"], source)
+    try:
+        return RunConfig.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError([_format_error(err) for err in e.errors(include_url=False)], source) from None

@@ -1,0 +1,224 @@
+"""RunConfig: defaults equal the reference, each field's validation, unknown keys, error text."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+from agentcore_rl_toolkit.backends.experimental.sagemaker.config import Config as ReferenceConfig
+
+from stepwise.config import DROPPED_FIELDS, ConfigError, RunConfig, load_run_config
+
+VALID = {
+    "region": "us-west-2",
+    "role_arn": "arn:aws:iam::123456789012:role/StepwiseSageMaker",
+    "base_model_arn": "arn:aws:sagemaker:us-west-2:aws:hub-content/SageMakerPublicHub/Model/gpt-oss-20b/1.0.0",
+    "s3_output_path": "s3://my-bucket/output/",
+    "model_package_group_arn": "arn:aws:sagemaker:us-west-2:123456789012:model-package-group/stepwise",
+    "agent_runtime_arn": "arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/math_agent-AbC123",
+    "dataset_path": "s3://my-bucket/data/gsm8k/train.parquet",
+    "eval_dataset_path": "s3://my-bucket/data/gsm8k/test.parquet",
+    "eval_every": 10,
+    "chat_template_kwargs": {"enable_thinking": False},
+}
+
+
+def errors_for(**overrides) -> list[str]:
+    with pytest.raises(ConfigError) as exc:
+        load_run_config({**VALID, **overrides})
+    return exc.value.errors
+
+
+def test_valid_example_loads_and_round_trips_through_json():
+    cfg = load_run_config(VALID)
+    assert cfg.eval_every == 10 and cfg.chat_template_kwargs == {"enable_thinking": False}
+    assert load_run_config(json.loads(cfg.model_dump_json())) == cfg
+
+
+def test_defaults_equal_the_reference_config():
+    cfg = load_run_config({k: VALID[k] for k in ("role_arn", "base_model_arn", "agent_runtime_arn", "dataset_path")})
+    ref = ReferenceConfig()
+    shared = {f.name for f in dataclasses.fields(ReferenceConfig)} - set(DROPPED_FIELDS)
+    shared -= {"role_arn", "base_model_arn", "agent_runtime_arn", "dataset_path"}  # required here
+    assert shared <= set(RunConfig.model_fields)
+    for name in sorted(shared):
+        assert getattr(cfg, name) == getattr(ref, name), name
+
+
+def test_every_dropped_reference_field_is_rejected_with_a_reason():
+    assert set(DROPPED_FIELDS) == {f.name for f in dataclasses.fields(ReferenceConfig)} - set(RunConfig.model_fields)
+    errs = errors_for(gateway_port=0, history_mode="tree", wandb_project="p")
+    assert any(e.startswith("gateway_port: not supported serverless") for e in errs)
+    assert any(e.startswith("history_mode: not supported serverless") and "(got 'tree')" in e for e in errs)
+    assert len(errs) == 3
+
+
+def test_unknown_key_is_rejected_with_a_suggestion():
+    assert errors_for(lora_rnk=8) == ["lora_rnk: unknown field (got 8); did you mean 'lora_rank'?"]
+
+
+def test_all_errors_are_reported_at_once():
+    errs = errors_for(batch_size=0, responses_per_prompt=1, loss="grpo", temperature=-1.0, typo_key=1)
+    fields = sorted(e.split(":")[0] for e in errs)
+    assert fields == ["batch_size", "loss", "responses_per_prompt", "temperature", "typo_key"]
+    with pytest.raises(ConfigError) as exc:
+        load_run_config({**VALID, "batch_size": 0, "loss": "grpo"})
+    assert "2 error(s)" in str(exc.value)
+
+
+def test_missing_required_fields_are_named():
+    with pytest.raises(ConfigError) as exc:
+        load_run_config({})
+    assert sorted(e.split(":")[0] for e in exc.value.errors) == [
+        "agent_runtime_arn", "base_model_arn", "dataset_path", "role_arn",
+    ]
+
+
+# field -> (a bad value, a fragment the message must contain); each error names the value too.
+BAD_VALUES = [
+    ("region", "us_west_2", "AWS region"),
+    ("role_arn", "arn:aws:iam::123:role/x", "IAM role ARN"),
+    ("role_arn", "arn:aws:iam::123456789012:user/x", "IAM role ARN"),
+    ("base_model_arn", "arn:aws:sagemaker:us-west-2:123456789012:model/x", "hub-content ARN"),
+    ("base_model_arn", "has space", "hub model name"),
+    ("s3_output_path", "/local/out", "s3://"),
+    ("model_package_group_arn", "arn:aws:sagemaker:us-west-2:123456789012:model-package/x/1", "model-package-group"),
+    ("resume_from_model_package", "checkpoint-1", "model-package/"),
+    ("kms_key_arn", "my-key", "arn:aws:kms"),
+    ("tokenizer_path", "s3://x/", "s3://"),
+    ("tokenizer_path", "a b c", "model id"),
+    ("agent_runtime_arn", "arn:aws:bedrock-agentcore:us-west-2:123456789012:agent/x", "runtime/AGENT_ID"),
+    ("lora_rank", 0, "greater than or equal to 1"),
+    ("lora_alpha", 0, "greater than or equal to 1"),
+    ("max_rollout_time", 0, "greater than 0"),
+    ("max_rollout_time", float("inf"), "finite number"),
+    ("acr_tps_limit", 0, "greater than or equal to 1"),
+    ("chat_template_kwargs", ["enable_thinking"], "valid dictionary"),
+    ("max_turns_per_rollout", 0, "greater than or equal to 1"),
+    ("max_tokens_per_rollout", 0, "greater than or equal to 1"),
+    ("algorithm", "ppo", "'grpo' or 'dapo'"),
+    ("batch_size", 0, "greater than or equal to 1"),
+    ("batch_size", "32", "valid integer"),
+    ("batch_size", True, "valid integer"),
+    ("responses_per_prompt", 1, "greater than or equal to 2"),
+    ("learning_rate", 0.0, "greater than 0"),
+    ("learning_rate", float("nan"), "finite"),
+    ("max_context_tokens", 0, "greater than or equal to 1"),
+    ("max_new_tokens", 40000, "max_context_tokens (32768)"),
+    ("temperature", -0.1, "greater than or equal to 0"),
+    ("epochs", 0, "greater than or equal to 1"),
+    ("save_every", -2, "greater than or equal to -1"),
+    ("loss", "grpo", "'ppo', 'importance_sampling' or 'cispo'"),
+    ("clip_low_threshold", 1.5, "between 0 and 1"),
+    ("clip_high_threshold", 0.5, "between 1 and 10"),
+    ("clip_high_threshold", 11.0, "between 1 and 10"),
+    ("max_num_gen_batches", 0, "greater than or equal to 1"),
+    ("overlong_buffer_len", -1, "greater than or equal to 0"),
+    ("overlong_buffer_len", 262144, "max_tokens_per_rollout (262144)"),
+    ("overlong_penalty_factor", -1.0, "greater than or equal to 0"),
+    ("save_weights_at_end", "yes", "valid boolean"),
+    ("train_op_timeout", 0, "greater than 0"),
+    ("seed", -1, "greater than or equal to 0"),
+    ("steps_per_execution", 0, "greater than or equal to 1"),
+    ("dataset_path", "", "required"),
+    ("dataset_path", "s3://my-bucket/data/", "must name a file"),
+    ("dataset_path", "s3://B/x.parquet", "valid bucket name"),
+    ("max_prompts", -1, "greater than or equal to 0"),
+    ("max_prompts", 10, "fewer prompts than batch_size (32)"),
+    ("eval_dataset_path", "s3://my-bucket", "must name a file"),
+    ("eval_every", -1, "greater than or equal to 0"),
+    ("eval_max_prompts", -1, "greater than or equal to 0"),
+    ("eval_temperature", -1.0, "greater than or equal to 0"),
+    ("exp_id", 5, "valid string"),
+    ("vpc_config", {"subnets": [], "security_group_ids": ["sg-1"]}, "at least 1 item"),
+]
+
+
+@pytest.mark.parametrize(("field", "value", "fragment"), BAD_VALUES, ids=[f"{f}={v!r}" for f, v, _ in BAD_VALUES])
+def test_bad_value_is_rejected_naming_field_value_and_accepted(field, value, fragment):
+    errs = errors_for(**{field: value})
+    assert len(errs) == 1, errs
+    assert errs[0].startswith(f"{field}"), errs
+    assert fragment in errs[0], errs
+    if isinstance(value, dict):  # nested: the error names the inner field and its value
+        assert errs[0].startswith(f"{field}.") and "(got " in errs[0], errs
+    elif value != "":
+        assert f"(got {value!r})" in errs[0], errs
+
+
+def test_every_field_is_covered_by_a_bad_value_case():
+    assert {f for f, _, _ in BAD_VALUES} == set(RunConfig.model_fields)
+
+
+def test_clip_thresholds_only_with_ppo_or_cispo():
+    errs = errors_for(loss="importance_sampling", clip_high_threshold=1.28)
+    assert errs == [
+        "clip_high_threshold: applies only to loss 'ppo' or 'cispo', but loss is 'importance_sampling'; "
+        "remove it or change loss (got 1.28)"
+    ]
+    cfg = load_run_config({**VALID, "loss": "cispo", "clip_low_threshold": 0.2, "clip_high_threshold": 1.28})
+    assert cfg.loss_fn_config == {"clip_low_threshold": 0.2, "clip_high_threshold": 1.28}
+    assert load_run_config(VALID).loss_fn_config is None
+
+
+def test_eval_every_without_eval_dataset_is_an_error():
+    errs = errors_for(eval_dataset_path="", eval_every=5)
+    assert errs == ["eval_every: evaluates nothing: eval_dataset_path is empty; set it or use eval_every 0 (got 5)"]
+
+
+def test_accepted_alternatives():
+    cfg = load_run_config({
+        **VALID,
+        "base_model_arn": "stepwise-tiny",
+        "dataset_path": "/tmp/train.jsonl",
+        "tokenizer_path": "Qwen/Qwen3-0.6B",
+        "kms_key_arn": "arn:aws:kms:us-west-2:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab",
+        "vpc_config": {"subnets": ["subnet-0abc"], "security_group_ids": ["sg-0abc"]},
+        "resume_from_model_package": "arn:aws:sagemaker:us-west-2:123456789012:model-package/stepwise/3",
+        "algorithm": "dapo",
+        "save_every": 0,
+    })
+    assert cfg.vpc_config is not None and cfg.vpc_config.subnets == ["subnet-0abc"]
+    assert load_run_config({**VALID, "tokenizer_path": "s3://my-bucket/tok/"}).tokenizer_path == "s3://my-bucket/tok/"
+
+
+def test_load_from_json_and_yaml_files(tmp_path):
+    p = tmp_path / "run.json"
+    p.write_text(json.dumps(VALID))
+    assert load_run_config(p) == load_run_config(str(p)) == load_run_config(VALID)
+    y = tmp_path / "run.yaml"
+    y.write_text("\n".join(f"{k}: {json.dumps(v)}" for k, v in VALID.items()))
+    assert load_run_config(y) == load_run_config(VALID)
+
+
+@pytest.mark.parametrize(
+    ("content", "fragment"),
+    [("{not json", "not valid JSON at line 1"), ("[1, 2]", "must be a JSON object"), (None, "cannot read")],
+)
+def test_file_errors_are_config_errors(tmp_path, content, fragment):
+    p = tmp_path / "run.json"
+    if content is not None:
+        p.write_text(content)
+    with pytest.raises(ConfigError) as exc:
+        load_run_config(p)
+    assert fragment in str(exc.value) and str(p) in str(exc.value)
+
+
+def test_reference_schedule_semantics():
+    cfg = load_run_config({**VALID, "eval_every": 3, "save_every": 2})
+    assert [s for s in range(8) if cfg.should_save(s)] == [2, 4, 6]
+    assert [s for s in range(1, 8) if cfg.should_eval(s)] == [3, 6]
+    off = load_run_config({**VALID, "eval_every": 0, "save_every": -1})
+    assert not any(off.should_save(s) or off.should_eval(s) for s in range(1, 50))
+
+
+def test_summary_numbers():
+    cfg = load_run_config({**VALID, "batch_size": 32, "responses_per_prompt": 4, "max_prompts": 3000, "epochs": 2})
+    s = cfg.summary(7473)
+    assert s["rollouts_per_step"] == 128
+    assert s["prompts_used"] == 3000 and s["steps_per_epoch"] == 93 and s["total_steps"] == 186
+    assert s["executions"] == 10  # ceil(186 / 20)
+    assert s["evals"] == 18 + 1  # every 10 steps, plus the final eval (186 % 10 != 0)
+    dapo = load_run_config({**VALID, "algorithm": "dapo", "max_num_gen_batches": 4}).summary()
+    assert dapo["max_rollouts_per_step"] == 512 and "steps_per_epoch" not in dapo
