@@ -1,0 +1,409 @@
+"""The moto seam: the local Step Functions engine, S3 and in-process Lambda dispatch.
+
+One moto server (``ThreadedMotoServer``) on a loopback port serves every AWS service the
+pipeline uses (S3, Step Functions, Lambda, IAM/STS), so other threads and other processes
+(the gateway, the agent apps) reach the same bucket. Step Functions execution is enabled
+(moto's ASL interpreter, ported from LocalStack). Every Lambda invocation -- a state
+machine ``lambda:invoke`` task and an S3 ``ObjectCreated`` notification alike -- goes
+through moto's ``LambdaFunction.invoke(body, request_headers, response_headers)`` (see
+``/work/shared/FINDINGS.md``); we replace that one method with an in-process call of the
+real handler from ``stepwise.functions``. This module is the only place that knows moto's
+internals; ``tests/test_local_engine_contract.py`` fails loudly when a moto upgrade moves them.
+
+Not emulated: EventBridge does not deliver to Lambda targets in moto, so the local runner
+calls Cleanup itself on abnormal ends; Lambda timeouts are not enforced.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import importlib
+import inspect
+import json
+import logging
+import os
+import threading
+import time
+import traceback
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+log = logging.getLogger(__name__)
+
+REGION = "us-east-1"
+ACCOUNT_ID = "123456789012"  # moto's default account
+LAMBDA_ROLE_NAME = "stepwise-local-lambda"
+STATE_MACHINE_ROLE_NAME = "stepwise-local-states"
+ROLLOUT_RESULTS_PREFIX = "rollout-results/"
+#: boto3 service name -> the suffix of its ``AWS_ENDPOINT_URL_*`` variable (botocore's
+#: service id, upper-cased, spaces as underscores: Step Functions is ``SFN``).
+MOTO_SERVICES = {
+    "s3": "S3", "stepfunctions": "SFN", "lambda": "LAMBDA", "iam": "IAM", "sts": "STS",
+    "events": "EVENTBRIDGE", "cloudwatch": "CLOUDWATCH", "logs": "CLOUDWATCH_LOGS",
+}
+
+#: The exact signature of the moto method we replace (moto 5.2.5). If moto changes it, the
+#: seam is broken and we refuse to start rather than silently echoing payloads.
+_EXPECTED_INVOKE_PARAMS = ("self", "body", "request_headers", "response_headers")
+
+Handler = Callable[[dict[str, Any], Any], Any]
+
+
+class SeamBroken(RuntimeError):
+    """moto's internals no longer match what the local engine patches (pin or port the seam)."""
+
+
+# --------------------------------------------------------------------------------------
+# The Lambda invoke seam
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class LambdaContext:
+    """The subset of the Lambda context object handlers and Powertools read."""
+
+    function_name: str
+    memory_limit_in_mb: int
+    invoked_function_arn: str
+    timeout_s: int
+    aws_request_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    function_version: str = "$LATEST"
+    log_group_name: str = ""
+    log_stream_name: str = ""
+    _started: float = field(default_factory=time.monotonic)
+
+    def get_remaining_time_in_millis(self) -> int:
+        return max(0, int((self.timeout_s - (time.monotonic() - self._started)) * 1000))
+
+
+@dataclass
+class _Registered:
+    handler_path: str
+    memory_mb: int
+    timeout_s: int
+    arn: str
+    handler: Handler | None = None
+
+
+@dataclass
+class InvocationRecord:
+    """One dispatched invocation (kept for tests and the run's timing split)."""
+
+    function_name: str
+    invocation_type: str
+    started: float
+    seconds: float
+    error: str | None
+
+
+class LambdaDispatcher:
+    """Maps moto function names to real handlers and runs them in-process.
+
+    ``invocations`` records every call (function name, wall seconds, error type or None).
+    """
+
+    def __init__(self) -> None:
+        self._functions: dict[str, _Registered] = {}
+        self._lock = threading.Lock()
+        self.invocations: list[InvocationRecord] = []
+        self._async_threads: list[threading.Thread] = []
+
+    def register(self, function_name: str, *, handler_path: str, memory_mb: int, timeout_s: int, arn: str,
+                 handler: Handler | None = None) -> None:
+        """Route invocations of ``function_name`` to ``handler_path`` (``module.function``) or ``handler``."""
+        self._functions[function_name] = _Registered(handler_path, memory_mb, timeout_s, arn, handler)
+
+    def _resolve(self, name: str) -> tuple[_Registered, Handler]:
+        reg = self._functions.get(name)
+        if reg is None:
+            raise KeyError(f"no local handler registered for Lambda function {name!r}; known: {sorted(self._functions)}")
+        if reg.handler is None:
+            module_name, _, attr = reg.handler_path.rpartition(".")
+            reg.handler = getattr(importlib.import_module(module_name), attr)
+        return reg, reg.handler
+
+    def call(self, function_name: str, event: Any, invocation_type: str) -> tuple[bytes, str | None]:
+        """Run the handler; returns (payload bytes, function error kind or None) like Lambda's Invoke."""
+        reg, handler = self._resolve(function_name)
+        ctx = LambdaContext(function_name, reg.memory_mb, reg.arn, reg.timeout_s)
+        started = time.time()
+        t0 = time.monotonic()
+        error: str | None = None
+        try:
+            result = handler(event, ctx)
+            payload = json.dumps(result, default=str).encode()
+        except Exception as exc:  # Lambda reports an unhandled error as a payload, not a crash
+            error = type(exc).__name__
+            log.warning("Lambda %s raised %s: %s", function_name, error, exc)
+            payload = json.dumps(
+                {
+                    "errorType": error,
+                    "errorMessage": str(exc),
+                    "stackTrace": traceback.format_exception(exc),
+                }
+            ).encode()
+        with self._lock:
+            self.invocations.append(InvocationRecord(function_name, invocation_type, started,
+                                                     time.monotonic() - t0, error))
+        return payload, ("Unhandled" if error else None)
+
+    def invoke_from_moto(self, function_name: str, body: Any, request_headers: Any, response_headers: Any) -> bytes:
+        """The body of the patched ``LambdaFunction.invoke``.
+
+        An S3 notification calls with empty headers and (like AWS) is asynchronous: the
+        handler runs on its own thread so the agent's PutObject returns at once.
+        """
+        event = json.loads(body) if isinstance(body, (str, bytes)) and body else {}
+        inv_type = (request_headers or {}).get("x-amz-invocation-type") or ("Event" if not request_headers else "RequestResponse")
+        if inv_type == "Event":
+            t = threading.Thread(target=self.call, args=(function_name, event, "Event"),
+                                 name=f"lambda-{function_name}", daemon=True)
+            t.start()
+            with self._lock:
+                self._async_threads = [x for x in self._async_threads if x.is_alive()] + [t]
+            return b""
+        payload, error = self.call(function_name, event, inv_type)
+        if error:
+            response_headers["x-amz-function-error"] = error
+        response_headers["x-amz-log-result"] = base64.b64encode(b"").decode()
+        return payload
+
+    def drain(self, timeout: float = 30.0) -> None:
+        """Wait for asynchronous (Event) invocations still running."""
+        deadline = time.monotonic() + timeout
+        for t in list(self._async_threads):
+            t.join(max(0.0, deadline - time.monotonic()))
+
+
+def moto_invoke_target() -> Any:
+    """The moto class whose ``invoke`` we replace (``moto.awslambda.models.LambdaFunction``)."""
+    from moto.awslambda import models
+
+    return models.LambdaFunction
+
+
+def check_seam() -> None:
+    """Raise SeamBroken if moto's invoke seam is not the one this module was written against."""
+    cls = moto_invoke_target()
+    invoke = getattr(cls, "invoke", None)
+    if invoke is None:
+        raise SeamBroken("moto.awslambda.models.LambdaFunction.invoke is gone")
+    original = getattr(invoke, "__stepwise_original__", invoke)
+    params = tuple(inspect.signature(original).parameters)
+    if params != _EXPECTED_INVOKE_PARAMS:
+        raise SeamBroken(
+            f"moto LambdaFunction.invoke signature changed: {params}, expected {_EXPECTED_INVOKE_PARAMS}; "
+            "port local/engine.py to the new moto"
+        )
+    from moto.s3 import notifications
+
+    if "func.invoke(" not in inspect.getsource(notifications._invoke_awslambda):
+        raise SeamBroken("moto's S3 notifications no longer call LambdaFunction.invoke; port local/engine.py")
+
+
+@contextlib.contextmanager
+def patched_lambda_invoke(dispatcher: LambdaDispatcher) -> Iterator[None]:
+    """Replace moto's ``LambdaFunction.invoke`` with ``dispatcher`` for the duration."""
+    check_seam()
+    cls = moto_invoke_target()
+    original = cls.invoke
+
+    def invoke(self: Any, body: Any, request_headers: Any, response_headers: Any) -> bytes:
+        return dispatcher.invoke_from_moto(self.function_name, body, request_headers, response_headers)
+
+    invoke.__stepwise_original__ = original  # type: ignore[attr-defined]
+    cls.invoke = invoke
+    try:
+        yield
+    finally:
+        cls.invoke = original
+
+
+# --------------------------------------------------------------------------------------
+# The moto server
+# --------------------------------------------------------------------------------------
+
+
+def endpoint_env(endpoint: str) -> dict[str, str]:
+    """Environment that points boto3 (in any process) at the moto server for MOTO_SERVICES."""
+    env = {f"AWS_ENDPOINT_URL_{suffix}": endpoint for suffix in MOTO_SERVICES.values()}
+    env.update(
+        {
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_SESSION_TOKEN": "testing",
+            "AWS_DEFAULT_REGION": REGION,
+            "AWS_REGION": REGION,
+        }
+    )
+    return env
+
+
+class MotoServer:
+    """moto on a loopback port with Step Functions execution enabled and the invoke seam installed.
+
+    ``start()`` sets ``os.environ`` (endpoints, dummy credentials, ``MOTO_PORT`` -- the port
+    moto's ASL interpreter calls Lambda on) and ``stop()`` restores it.
+    """
+
+    def __init__(self) -> None:
+        self.dispatcher = LambdaDispatcher()
+        self._server: Any = None
+        self._patch: contextlib.ExitStack | None = None
+        self._saved_env: dict[str, str | None] = {}
+        self._saved_config: bool | None = None
+        self.endpoint = ""
+
+    def start(self) -> "MotoServer":
+        from moto.core.config import default_user_config
+        from moto.server import ThreadedMotoServer
+
+        self._patch = contextlib.ExitStack()
+        self._patch.enter_context(patched_lambda_invoke(self.dispatcher))
+        sfn_config = default_user_config.setdefault("stepfunctions", {})
+        self._saved_config = sfn_config.get("execute_state_machine", False)
+        sfn_config["execute_state_machine"] = True
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one access-log line per AWS call
+        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        self._server.start()
+        host, port = self._server.get_host_and_port()
+        self.endpoint = f"http://{host}:{port}"
+        self.set_env({**endpoint_env(self.endpoint), "MOTO_PORT": str(port)})
+        return self
+
+    def set_env(self, env: dict[str, str]) -> None:
+        """Set process environment variables, remembering the old values for ``stop()``."""
+        for key, value in env.items():
+            self._saved_env.setdefault(key, os.environ.get(key))
+            os.environ[key] = value
+
+    def stop(self) -> None:
+        from moto.core.config import default_user_config
+
+        self.dispatcher.drain(timeout=10)
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+        if self._patch is not None:
+            self._patch.close()
+            self._patch = None
+        if self._saved_config is not None:
+            default_user_config["stepfunctions"]["execute_state_machine"] = self._saved_config
+        for key, value in self._saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        self._saved_env.clear()
+
+    def __enter__(self) -> "MotoServer":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def client(self, service: str) -> Any:
+        import boto3
+
+        return boto3.client(service, region_name=REGION, endpoint_url=self.endpoint)
+
+
+# --------------------------------------------------------------------------------------
+# Resources: the same ones the stack creates
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class LocalResources:
+    """What ``create_resources`` made: names and ARNs the runner needs."""
+
+    bucket: str
+    state_machine_arn: str
+    function_arns: dict[str, str]
+    definition: str
+
+
+def _ensure_role(iam: Any, name: str, service: str) -> str:
+    doc = json.dumps({"Version": "2012-10-17", "Statement": [
+        {"Effect": "Allow", "Principal": {"Service": service}, "Action": "sts:AssumeRole"}]})
+    try:
+        return iam.create_role(RoleName=name, AssumeRolePolicyDocument=doc)["Role"]["Arn"]
+    except iam.exceptions.EntityAlreadyExistsException:
+        return iam.get_role(RoleName=name)["Role"]["Arn"]
+
+
+def local_function_name(prefix: str, logical: str) -> str:
+    return f"{prefix}-{logical}"
+
+
+def create_functions(moto: MotoServer, *, prefix: str = "stepwise-local") -> dict[str, str]:
+    """Create one moto Lambda per ``stepwise.functions.FUNCTIONS`` entry, routed in-process.
+
+    Returns logical name -> function ARN. The environment is the one the stack gives
+    (``functions.environment``); in-process it is the runner's process environment.
+    """
+    from stepwise import functions
+
+    lam = moto.client("lambda")
+    role = _ensure_role(moto.client("iam"), LAMBDA_ROLE_NAME, "lambda.amazonaws.com")
+    env = functions.environment(bucket=os.environ.get("STEPWISE_BUCKET", ""),
+                                gateway_url=os.environ.get("STEPWISE_GATEWAY_URL", ""))
+    arns: dict[str, str] = {}
+    for spec in functions.FUNCTIONS:
+        name = local_function_name(prefix, spec.name)
+        try:
+            arn = lam.create_function(
+                FunctionName=name,
+                Role=role,
+                PackageType="Image",
+                Code={"ImageUri": f"{ACCOUNT_ID}.dkr.ecr.{REGION}.amazonaws.com/stepwise:local"},
+                ImageConfig={"Command": [spec.handler]},
+                MemorySize=spec.memory_mb,
+                Timeout=spec.timeout_s,
+                Description=spec.description[:256],
+                Environment={"Variables": env},
+            )["FunctionArn"]
+        except lam.exceptions.ResourceConflictException:
+            arn = lam.get_function(FunctionName=name)["Configuration"]["FunctionArn"]
+        moto.dispatcher.register(name, handler_path=spec.handler, memory_mb=spec.memory_mb,
+                                 timeout_s=spec.timeout_s, arn=arn)
+        arns[spec.name] = arn
+    return arns
+
+
+def create_bucket(moto: MotoServer, bucket: str, *, result_function_arn: str | None) -> None:
+    """The run bucket, with the ObjectCreated notification on ``rollout-results/`` -> OnRolloutResult."""
+    s3 = moto.client("s3")
+    with contextlib.suppress(s3.exceptions.BucketAlreadyOwnedByYou):
+        s3.create_bucket(Bucket=bucket)
+    if result_function_arn:
+        s3.put_bucket_notification_configuration(
+            Bucket=bucket,
+            NotificationConfiguration={
+                "LambdaFunctionConfigurations": [
+                    {
+                        "Id": "rollout-results",
+                        "LambdaFunctionArn": result_function_arn,
+                        "Events": ["s3:ObjectCreated:*"],
+                        "Filter": {"Key": {"FilterRules": [{"Name": "prefix", "Value": ROLLOUT_RESULTS_PREFIX}]}},
+                    }
+                ]
+            },
+        )
+
+
+def create_state_machine(moto: MotoServer, name: str, definition: str) -> str:
+    """A STANDARD state machine with ``definition`` (already substituted). Returns its ARN."""
+    sfn = moto.client("stepfunctions")
+    role = _ensure_role(moto.client("iam"), STATE_MACHINE_ROLE_NAME, "states.amazonaws.com")
+    for sm in sfn.list_state_machines()["stateMachines"]:
+        if sm["name"] == name:
+            sfn.update_state_machine(stateMachineArn=sm["stateMachineArn"], definition=definition)
+            return sm["stateMachineArn"]
+    return sfn.create_state_machine(name=name, definition=definition, roleArn=role, type="STANDARD")["stateMachineArn"]
+
+
+def state_machine_arn_for(name: str) -> str:
+    return f"arn:aws:states:{REGION}:{ACCOUNT_ID}:stateMachine:{name}"

@@ -1,0 +1,117 @@
+"""The moto seam: Step Functions tasks and S3 notifications reach real handlers in-process.
+
+If a moto upgrade moves ``LambdaFunction.invoke`` or stops routing S3 notifications
+through it, these tests fail loudly (instead of moto silently echoing payloads).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from urllib.parse import unquote_plus
+
+import boto3
+import pytest
+
+from local import engine
+
+BUCKET = "stepwise-engine-test"
+
+
+def _echo(event, ctx):
+    return {"echo": event, "function": ctx.function_name, "remaining_ms": ctx.get_remaining_time_in_millis()}
+
+
+def _start(event, ctx):
+    s3 = boto3.client("s3")
+    s3.put_object(Bucket=BUCKET, Key="tokens/t.json", Body=event["token"].encode())
+    # a key with characters S3 URL-encodes in the notification event
+    s3.put_object(Bucket=BUCKET, Key="rollout-results/run 1/0/sid=1.json", Body=b"{}")
+    return {"started": True}
+
+
+def _on_result(event, ctx):
+    key = event["Records"][0]["s3"]["object"]["key"]
+    token = boto3.client("s3").get_object(Bucket=BUCKET, Key="tokens/t.json")["Body"].read().decode()
+    boto3.client("stepfunctions").send_task_success(taskToken=token, output=json.dumps({"key": key}))
+
+
+def _boom(event, ctx):
+    raise ValueError("bad thing in handler")
+
+
+def test_seam_matches_installed_moto():
+    engine.check_seam()  # raises SeamBroken on a moto whose internals moved
+
+
+def test_seam_check_fails_loudly_on_signature_drift(monkeypatch):
+    cls = engine.moto_invoke_target()
+    monkeypatch.setattr(cls, "invoke", lambda self, body, headers: b"")
+    with pytest.raises(engine.SeamBroken, match="signature changed"):
+        engine.check_seam()
+
+
+def test_patch_is_removed_on_exit():
+    cls = engine.moto_invoke_target()
+    original = cls.invoke
+    with engine.patched_lambda_invoke(engine.LambdaDispatcher()):
+        assert cls.invoke is not original
+    assert cls.invoke is original
+
+
+def _wait(sfn, arn, timeout=30):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        desc = sfn.describe_execution(executionArn=arn)
+        if desc["status"] != "RUNNING":
+            return desc
+        time.sleep(0.1)
+    raise AssertionError("execution still running")
+
+
+def test_tasks_and_s3_notifications_dispatch_to_handlers():
+    with engine.MotoServer() as moto:
+        lam, iam = moto.client("lambda"), moto.client("iam")
+        role = iam.create_role(RoleName="r", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
+        arns = {}
+        for name, fn in [("echo", _echo), ("start", _start), ("on-result", _on_result), ("boom", _boom)]:
+            arns[name] = lam.create_function(
+                FunctionName=name, Role=role, PackageType="Image",
+                Code={"ImageUri": "123456789012.dkr.ecr.us-east-1.amazonaws.com/x:1"}, Timeout=30,
+            )["FunctionArn"]
+            moto.dispatcher.register(name, handler_path="", memory_mb=128, timeout_s=30, arn=arns[name], handler=fn)
+        engine.create_bucket(moto, BUCKET, result_function_arn=arns["on-result"])
+        definition = {
+            "StartAt": "Echo",
+            "States": {
+                "Echo": {"Type": "Task", "Resource": "arn:aws:states:::lambda:invoke",
+                         "Parameters": {"FunctionName": arns["echo"], "Payload.$": "$"},
+                         "ResultSelector": {"p.$": "$.Payload"}, "ResultPath": "$.echo", "Next": "Wait"},
+                "Wait": {"Type": "Task", "Resource": "arn:aws:states:::lambda:invoke.waitForTaskToken",
+                         "TimeoutSeconds": 20, "Parameters": {"FunctionName": arns["start"],
+                                                              "Payload": {"token.$": "$$.Task.Token"}},
+                         "ResultPath": "$.result", "Next": "Boom"},
+                "Boom": {"Type": "Task", "Resource": "arn:aws:states:::lambda:invoke",
+                         "Parameters": {"FunctionName": arns["boom"]}, "ResultPath": None,
+                         "Catch": [{"ErrorEquals": ["ValueError"], "ResultPath": "$.error", "Next": "Done"}],
+                         "Next": "Done"},
+                "Done": {"Type": "Pass", "End": True},
+            },
+        }
+        sm = engine.create_state_machine(moto, "engine-test", json.dumps(definition))
+        sfn = moto.client("stepfunctions")
+        arn = sfn.start_execution(stateMachineArn=sm, name="run-1", input=json.dumps({"a": 1}))["executionArn"]
+        desc = _wait(sfn, arn)
+        assert desc["status"] == "SUCCEEDED", desc
+        out = json.loads(desc["output"])
+        assert out["echo"]["p"]["echo"] == {"a": 1}
+        assert out["echo"]["p"]["function"] == "echo"
+        assert out["echo"]["p"]["remaining_ms"] > 0
+        # S3 delivers the key URL-encoded (moto also encodes "/"; AWS does not): unquote_plus fits both
+        assert out["result"]["key"] != "rollout-results/run 1/0/sid=1.json"
+        assert unquote_plus(out["result"]["key"]) == "rollout-results/run 1/0/sid=1.json"
+        assert out["error"]["Error"] == "ValueError"
+        assert "bad thing in handler" in out["error"]["Cause"]
+        calls = [(r.function_name, r.invocation_type, r.error) for r in moto.dispatcher.invocations]
+        assert ("on-result", "Event", None) in calls
+        assert ("boom", "RequestResponse", "ValueError") in calls
