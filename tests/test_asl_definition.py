@@ -1,0 +1,102 @@
+"""The training-loop ASL: valid JSON, JSONPath only, catch-alls to the stop path, placeholders defined."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterator
+
+import pytest
+
+from state_machine.definition import load_asl, load_definition, placeholders, render_definition
+from stepwise.functions import FUNCTIONS
+
+STOP_ON_FAILURE = "Stop training session after failure"
+
+
+def _walk(states: dict[str, Any], depth: int = 0) -> Iterator[tuple[str, dict[str, Any], int]]:
+    for name, st in states.items():
+        yield name, st, depth
+        if st.get("Type") == "Map":
+            yield from _walk(st["ItemProcessor"]["States"], depth + 1)
+
+
+def _all_strings(obj: Any) -> Iterator[str]:
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield k
+            yield from _all_strings(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from _all_strings(v)
+    elif isinstance(obj, str):
+        yield obj
+
+
+def test_asl_is_jsonpath_only() -> None:
+    asl = load_asl()
+    assert asl.get("QueryLanguage", "JSONPath") == "JSONPath"
+    for name, st, _ in _walk(asl["States"]):
+        assert st.get("QueryLanguage", "JSONPath") == "JSONPath", name
+        for field in ("Arguments", "Output", "Assign"):
+            assert field not in st, f"{name} uses JSONata-only field {field}"
+    assert not any(s.strip().startswith("{%") for s in _all_strings(asl)), "JSONata expression found"
+
+
+def test_every_parent_task_catches_to_the_stop_path() -> None:
+    asl = load_asl()
+    for name, st, depth in _walk(asl["States"]):
+        if depth or st["Type"] not in ("Task", "Map") or name == STOP_ON_FAILURE:
+            continue
+        catches = st.get("Catch", [])
+        assert any("States.ALL" in c["ErrorEquals"] and c["Next"] == STOP_ON_FAILURE for c in catches), name
+    stop = asl["States"][STOP_ON_FAILURE]
+    assert asl["States"][stop["Next"]]["Type"] == "Fail"
+    assert all(c["Next"] == stop["Next"] for c in stop["Catch"])
+
+
+def test_every_transition_targets_an_existing_state_and_every_state_is_reachable() -> None:
+    def check(states: dict[str, Any], start: str) -> None:
+        targets = {start}
+        for name, st in states.items():
+            nexts = [st.get("Next"), st.get("Default")] + [c["Next"] for c in st.get("Choices", []) + st.get("Catch", [])]
+            for n in filter(None, nexts):
+                assert n in states, f"{name} -> unknown state {n}"
+                targets.add(n)
+            if st["Type"] == "Map":
+                proc = st["ItemProcessor"]
+                check(proc["States"], proc["StartAt"])
+        assert set(states) == targets, f"unreachable: {set(states) - targets}"
+
+    asl = load_asl()
+    check(asl["States"], asl["StartAt"])
+
+
+def test_rollouts_run_as_a_distributed_map_of_standard_callback_children() -> None:
+    rollouts = load_asl()["States"]["Roll out generation batch"]
+    assert rollouts["ItemProcessor"]["ProcessorConfig"] == {"Mode": "DISTRIBUTED", "ExecutionType": "STANDARD"}
+    assert rollouts["ItemReader"]["Resource"] == "arn:aws:states:::s3:getObject"
+    assert rollouts["ResultPath"] is None and "ResultWriter" in rollouts  # nothing of the children reaches the parent
+    start = rollouts["ItemProcessor"]["States"]["Start rollout"]
+    assert start["Resource"] == "arn:aws:states:::lambda:invoke.waitForTaskToken"
+    assert start["TimeoutSecondsPath"]
+    retry = start["Retry"][0]
+    assert "AgentRuntimeThrottled" in retry["ErrorEquals"] and retry["JitterStrategy"] == "FULL"
+    assert start["Catch"][0]["ErrorEquals"] == ["States.ALL"] and start["Catch"][0]["Next"] == "Finish rollout"
+
+
+def test_placeholders_are_exactly_functions_and_the_bucket() -> None:
+    names = {spec.name for spec in FUNCTIONS}
+    used = placeholders()
+    assert used - {"BucketName"} <= {f"{n}FunctionArn" for n in names}
+    assert "BucketName" in used
+    subs = {f"{n}FunctionArn": f"arn:aws:lambda:us-east-1:123456789012:function:{n}" for n in names}
+    subs["BucketName"] = "stepwise-runs"
+    rendered = json.loads(render_definition(subs))
+    assert "${" not in json.dumps(rendered)
+    assert rendered["States"]["Initialize run"]["Resource"].endswith(":function:Init")
+
+
+def test_render_refuses_missing_placeholders() -> None:
+    with pytest.raises(KeyError, match="BucketName"):
+        render_definition({f"{s.name}FunctionArn": "arn:x" for s in FUNCTIONS})
+    assert "${InitFunctionArn}" in load_definition()
