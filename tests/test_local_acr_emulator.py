@@ -1,0 +1,199 @@
+"""The ACR emulator in front of the real example agents (AgentCoreRLApp in their own processes).
+
+boto3's ``bedrock-agentcore`` client talks to the emulator; the agents write their results
+to moto S3; their LLM is a scripted OpenAI-compatible endpoint (the LLM is not under test
+here: the emulator, the toolkit's container contract and the agents' logic are).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import boto3
+import pytest
+from botocore.config import Config
+
+from local import engine
+from local.acr import AcrEmulator, agent_spec_for_arn
+from local.agents.math_agent import calculate, strict_reward
+
+BUCKET = "stepwise-acr-test"
+TOY_ARN = "arn:aws:bedrock-agentcore:us-east-1:123456789012:runtime/toy_agent-local"
+MATH_ARN = "arn:aws:bedrock-agentcore:us-east-1:123456789012:runtime/math_agent-local"
+
+
+class ScriptedLLM:
+    """An OpenAI chat-completions endpoint whose replies a test scripts per api key."""
+
+    def __init__(self):
+        self.requests: list[dict] = []
+        self.replies: dict[str, list[dict]] = {}
+        llm = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                key = self.headers.get("Authorization", "").removeprefix("Bearer ")
+                llm.requests.append({"key": key, "path": self.path, "body": body})
+                queue = llm.replies.get(key) or [{"role": "assistant", "content": "0"}]
+                message = queue.pop(0)
+                out = {
+                    "id": "c1", "object": "chat.completion", "created": 0, "model": body["model"],
+                    "choices": [{"index": 0, "message": message,
+                                 "finish_reason": "tool_calls" if message.get("tool_calls") else "stop"}],
+                }
+                data = json.dumps(out).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.fixture(scope="module")
+def stack():
+    moto = engine.MotoServer().start()
+    engine.create_bucket(moto, BUCKET, result_function_arn=None)
+    llm = ScriptedLLM()
+    acr = AcrEmulator({TOY_ARN: "local.agents.toy_agent:app", MATH_ARN: "local.agents.math_agent:app"},
+                      tps_limit=50, agent_env=engine.endpoint_env(moto.endpoint))
+    acr.start()
+    client = boto3.client("bedrock-agentcore", region_name="us-east-1", endpoint_url=acr.url,
+                          config=Config(retries={"total_max_attempts": 1, "mode": "standard"}))
+    yield moto, llm, acr, client
+    acr.stop()
+    llm.server.shutdown()
+    moto.stop()
+
+
+def _invoke(client, llm, arn, payload, *, sid=None):
+    sid = sid or str(uuid.uuid4())
+    payload = {**payload, "_rollout": {"exp_id": "rollout-results/run-1", "input_id": "3", "s3_bucket": BUCKET,
+                                       "base_url": llm.url, "model_id": "stepwise-tiny", "api_key": sid,
+                                       "temperature": 1.0, "max_new_tokens": 8}}
+    resp = client.invoke_agent_runtime(agentRuntimeArn=arn, runtimeSessionId=sid, payload=json.dumps(payload).encode())
+    return sid, resp
+
+
+def _result(key, timeout=30.0):
+    s3 = boto3.client("s3")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            return s3.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+        except s3.exceptions.NoSuchKey:
+            time.sleep(0.1)
+    return None
+
+
+def test_arn_names_its_agent_module():
+    assert agent_spec_for_arn(TOY_ARN) == "local.agents.toy_agent:app"
+    with pytest.raises(ValueError, match="runtime"):
+        agent_spec_for_arn("arn:aws:lambda:us-east-1:123456789012:function:x")
+
+
+def test_toy_agent_round_trip_writes_reward(stack):
+    _moto, llm, _acr, client = stack
+    sid = str(uuid.uuid4())
+    llm.replies[sid] = [{"role": "assistant", "content": "4"}]
+    _, resp = _invoke(client, llm, TOY_ARN, {"prompt": "What digit comes after 3?", "answer": "4"}, sid=sid)
+    assert resp["runtimeSessionId"] == sid
+    ack = json.loads(resp["response"].read())
+    assert ack["status"] == "processing"
+    assert ack["result_key"] == f"rollout-results/run-1/3/{sid}.json"
+    result = json.loads(_result(ack["result_key"]))
+    assert result["rewards"] == 1.0 and result["status_code"] == 200
+    sent = [r for r in llm.requests if r["key"] == sid][0]
+    assert sent["path"] == "/v1/chat/completions"
+    assert sent["body"]["messages"][-1]["content"] == "What digit comes after 3?"
+    assert sent["body"]["temperature"] == 1.0 and sent["body"]["max_tokens"] == 8
+
+
+def test_math_agent_uses_calculator_then_answers(stack):
+    _moto, llm, _acr, client = stack
+    sid = str(uuid.uuid4())
+    llm.replies[sid] = [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "calculator", "arguments": '{"expression": "3 * 68"}'}}]},
+        {"role": "assistant", "content": "3 dozen cost 204.\n#### 204"},
+    ]
+    _, resp = _invoke(client, llm, MATH_ARN, {"prompt": "3 dozen at $68 a dozen?", "answer": "204"}, sid=sid)
+    ack = json.loads(resp["response"].read())
+    result = json.loads(_result(ack["result_key"]))
+    assert result["rewards"] == 1.0 and result["tool_calls"] == 1
+    second = [r for r in llm.requests if r["key"] == sid][1]["body"]
+    assert second["tools"][0]["function"]["name"] == "calculator"
+    assert second["messages"][-1] == {"role": "tool", "tool_call_id": "call_1", "content": "204"}
+
+
+def test_strict_reward_and_calculator():
+    assert strict_reward("so #### 1,204", "1204") == 1.0
+    assert strict_reward("the answer is 1204", "1204") == 0.0  # strict: no #### -> 0
+    assert strict_reward("#### 12 then #### 13", "13") == 1.0
+    assert calculate("(3 * 68) + 2 ** 3") == "212"
+    assert calculate("__import__('os')").startswith("error")
+
+
+def test_tps_limit_throttles_like_acr():
+    acr = AcrEmulator({}, tps_limit=2, autostart=False).start()
+    try:
+        client = boto3.client("bedrock-agentcore", region_name="us-east-1", endpoint_url=acr.url,
+                              config=Config(retries={"total_max_attempts": 1, "mode": "standard"}))
+        codes = []
+        for _ in range(4):
+            try:
+                client.invoke_agent_runtime(agentRuntimeArn=TOY_ARN, payload=b"{}")
+            except client.exceptions.ThrottlingException:
+                codes.append("throttled")
+            except client.exceptions.ResourceNotFoundException:
+                codes.append("not_found")  # under the limit; no agent mapped
+        assert codes[:2] == ["not_found", "not_found"] and "throttled" in codes[2:]
+        assert acr.counters.throttled >= 1
+    finally:
+        acr.stop()
+
+
+def test_injected_faults(stack):
+    _moto, llm, acr, client = stack
+    acr.inject(throttle=1)
+    with pytest.raises(client.exceptions.ThrottlingException):
+        _invoke(client, llm, TOY_ARN, {"prompt": "What digit comes after 1?", "answer": "2"})
+    acr.inject(invoke_error=1)
+    with pytest.raises(client.exceptions.InternalServerException):
+        _invoke(client, llm, TOY_ARN, {"prompt": "What digit comes after 1?", "answer": "2"})
+
+    acr.inject(error_result=1)
+    _, resp = _invoke(client, llm, TOY_ARN, {"prompt": "What digit comes after 1?", "answer": "2"})
+    assert json.loads(_result(json.loads(resp["response"].read())["result_key"]))["status_code"] == 500
+
+    acr.inject(malformed_result=1)
+    _, resp = _invoke(client, llm, TOY_ARN, {"prompt": "What digit comes after 1?", "answer": "2"})
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(_result(json.loads(resp["response"].read())["result_key"]))
+
+    acr.inject(drop_result=1)
+    before = len(llm.requests)
+    _, resp = _invoke(client, llm, TOY_ARN, {"prompt": "What digit comes after 1?", "answer": "2"})
+    assert _result(json.loads(resp["response"].read())["result_key"], timeout=1.5) is None
+    assert len(llm.requests) == before  # the agent never ran
+
+    with pytest.raises(ValueError, match="unknown fault"):
+        acr.inject(explode=1)
+
+
+def test_unknown_runtime_is_not_found(stack):
+    _moto, llm, _acr, client = stack
+    with pytest.raises(client.exceptions.ResourceNotFoundException):
+        client.invoke_agent_runtime(
+            agentRuntimeArn="arn:aws:bedrock-agentcore:us-east-1:123456789012:runtime/no_such_agent-x", payload=b"{}")
