@@ -1,0 +1,75 @@
+"""Reward extraction from an agent's rollout result (the JSON the toolkit writes to S3).
+
+Sources:
+- `agentcore_rl_toolkit/rollout_session/agentcore_s3_session.py`: ``status_error`` (a non-200
+  ``status_code`` is a failed rollout; its ``rewards`` describe nothing) and ``extract_agent_reward``
+  (``rewards`` is a scalar or a list whose last element is the reward; an empty list reports none).
+- `agentcore_rl_toolkit/backends/experimental/sagemaker/rollout.py` ``_extract_reward``: the
+  reference loop's ``float(result["reward"])``, and 0.0 whenever extraction fails.
+
+The toolkit's session raises on a non-numeric ``rewards``; the reference loop scores every
+failure 0.0 and keeps going. We keep the loop's behaviour (never raise, 0.0) but return the
+reason, so FinishRollout can log it and the step summary can count it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+__all__ = ["extract_reward"]
+
+
+def _status_error(result: dict[str, Any]) -> str | None:
+    # Same rule as the toolkit's agentcore_s3_session.status_error.
+    status_code = result.get("status_code")
+    if status_code is None or status_code == 200:
+        return None
+    return f"agent returned status_code={status_code}: {result.get('stop_reason', 'unknown')}"
+
+
+def _as_float(value: Any, field: str) -> tuple[float | None, str | None]:
+    try:
+        reward = float(value)
+    except (TypeError, ValueError):
+        return None, f"non-numeric {field}: {str(value)[:80]!r}"
+    if not math.isfinite(reward):
+        return None, f"non-finite {field}: {reward}"
+    return reward, None
+
+
+def extract_reward(result: dict[str, Any] | None) -> tuple[float, str | None]:
+    """The rollout's scalar reward, and why it was zeroed (``None`` when it was not).
+
+    Args:
+        result: the agent's saved result dict, or ``None`` when there is none (ACR error,
+            timeout, missing object).
+
+    Returns:
+        ``(reward, reason)``. ``reward`` is ``rewards`` (scalar, or the last element of a
+        list), else ``reward``; it is 0.0 with a reason when the result is missing, not a
+        dict, reports a non-200 ``status_code``, has neither key, an empty ``rewards`` list
+        and no ``reward``, or a non-numeric / NaN / infinite value. Never raises.
+    """
+    if result is None:
+        return 0.0, "no result (rollout failed or timed out)"
+    if not isinstance(result, dict):
+        return 0.0, f"result is not an object (got {type(result).__name__})"
+    error = _status_error(result)
+    if error is not None:
+        return 0.0, error
+    rewards = result.get("rewards")
+    if isinstance(rewards, list) and not rewards:
+        rewards = None  # an empty list reports no reward (toolkit extract_agent_reward)
+        if "reward" not in result:
+            return 0.0, "empty 'rewards' list"
+    if rewards is not None:
+        value = rewards[-1] if isinstance(rewards, list) else rewards
+        reward, why = _as_float(value, "rewards")
+    elif "reward" in result:
+        reward, why = _as_float(result["reward"], "reward")
+    else:
+        return 0.0, "result has no 'rewards' or 'reward'"
+    if reward is None:
+        return 0.0, why
+    return reward, None

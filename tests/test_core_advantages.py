@@ -1,0 +1,45 @@
+"""GRPO advantages pinned by hand and equal to the reference train_grpo.compute_grpo_advantages."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stepwise.core.advantages import advantage_metrics, compute_grpo_advantages
+
+
+def test_hand_computed_group():
+    # mean 0.5, population std 0.5 -> (r - 0.5) / (0.5 + 1e-8)
+    assert compute_grpo_advantages([1, 0, 0, 1]) == pytest.approx([1, -1, -1, 1], abs=1e-7)
+    # mean 1, std sqrt(2/3)
+    s = (2 / 3) ** 0.5
+    assert compute_grpo_advantages([0.0, 1.0, 2.0]) == pytest.approx([-1 / s, 0.0, 1 / s], rel=1e-7)
+
+
+def test_equal_group_is_centered_only():
+    assert compute_grpo_advantages([0.7, 0.7, 0.7, 0.7]) == [0.0, 0.0, 0.0, 0.0]
+    # std below eps: centered, not divided
+    adv = compute_grpo_advantages([1.0, 1.0 + 1e-9])
+    assert adv == pytest.approx([-5e-10, 5e-10], abs=1e-12)
+
+
+def test_empty_group():
+    assert compute_grpo_advantages([]) == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(min_value=-100, max_value=100, allow_nan=False), min_size=1, max_size=16))
+def test_equals_the_reference(rewards):
+    from agentcore_rl_toolkit.backends.experimental.sagemaker.train_grpo import (
+        compute_grpo_advantages as reference,
+    )
+
+    assert compute_grpo_advantages(rewards) == reference(rewards)
+
+
+def test_metrics():
+    m = advantage_metrics([compute_grpo_advantages([1, 0, 0, 1]), compute_grpo_advantages([1, 1, 1, 1])])
+    assert m["advantages/zero_groups_fraction"] == 0.5
+    assert m["advantages/mean"] == pytest.approx(0.0)
+    assert m["advantages/max"] == pytest.approx(1.0, abs=1e-7)

@@ -1,0 +1,61 @@
+"""extract_reward: the toolkit's ``rewards`` convention, the reference's ``reward`` fallback, and 0.0 + reason."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from agentcore_rl_toolkit.backends.experimental.sagemaker.rollout import _extract_reward as reference_extract
+from agentcore_rl_toolkit.rollout_session.agentcore_s3_session import extract_agent_reward, status_error
+
+from stepwise.core.rewards import extract_reward
+
+GOOD = [
+    ({"rewards": 1.0, "status_code": 200}, 1.0),
+    ({"rewards": [0.0, 0.5, 0.25]}, 0.25),
+    ({"rewards": 3}, 3.0),
+    ({"rewards": "0.5"}, 0.5),
+    ({"rewards": True}, 1.0),
+]
+
+
+@pytest.mark.parametrize(("result", "reward"), GOOD)
+def test_rewards_key_matches_the_toolkit(result, reward):
+    assert extract_reward(result) == (reward, None)
+    assert status_error(result) is None and extract_agent_reward(result) == reward
+
+
+@pytest.mark.parametrize(("result", "reward"), [({"reward": 0.75}, 0.75), ({"reward": "1"}, 1.0), ({"reward": 0}, 0.0)])
+def test_reward_key_falls_back_like_the_reference_loop(result, reward):
+    assert extract_reward(result) == (reward, None) == (reference_extract(result), None)
+
+
+def test_rewards_wins_over_reward_and_empty_list_falls_back():
+    assert extract_reward({"rewards": [1.0], "reward": 0.0}) == (1.0, None)
+    assert extract_reward({"rewards": [], "reward": 0.5}) == (0.5, None)
+
+
+ZEROED = [
+    (None, "no result"),
+    ([1.0], "not an object (got list)"),
+    ({}, "no 'rewards' or 'reward'"),
+    ({"status_code": 200, "stop_reason": "end_turn"}, "no 'rewards' or 'reward'"),
+    ({"rewards": []}, "empty 'rewards' list"),
+    ({"rewards": "high"}, "non-numeric rewards: 'high'"),
+    ({"rewards": [1.0, None]}, "non-numeric rewards"),
+    ({"rewards": {"a": 1}}, "non-numeric rewards"),
+    ({"reward": None}, "non-numeric reward"),
+    ({"reward": "nan"}, "non-finite reward: nan"),
+    ({"rewards": float("inf")}, "non-finite rewards: inf"),
+    ({"rewards": 1.0, "status_code": 500, "stop_reason": "boom"}, "agent returned status_code=500: boom"),
+    ({"reward": 1.0, "status_code": 429}, "agent returned status_code=429: unknown"),
+]
+
+
+@pytest.mark.parametrize(("result", "fragment"), ZEROED)
+def test_failures_score_zero_with_a_reason_and_never_raise(result, fragment):
+    reward, reason = extract_reward(result)
+    assert reward == 0.0 and math.copysign(1, reward) == 1
+    assert reason is not None and fragment in reason
+    if isinstance(result, dict) and "status_code" in result and result["status_code"] != 200:
+        assert status_error(result) == reason  # same wording as the toolkit
