@@ -404,6 +404,9 @@ class RunConfig(BaseModel):
                 evals=(total // self.eval_every if self.eval_every else 0) + (1 if self.eval_dataset_path else 0)
                 - (1 if self.eval_every and total and total % self.eval_every == 0 else 0),
             )
+            if self.algorithm == "dapo":
+                # each extra generation batch consumes batch_size more prompts
+                out["steps_are_upper_bounds"] = True
         return out
 
 
