@@ -1,0 +1,170 @@
+"""Every use of non-public third-party API by the gateway, in one place.
+
+``tests/test_gateway_toolkit_seams.py`` pins each of these; if agentcore-rl-toolkit (0.2.x),
+transformers or the SageMaker SDK change under us, that test fails first.
+
+1. ``BaseAdapter.store`` / ``inflight``: the adapters keep per-sid ``Session`` state
+   (sampling defaults, ``max_context_tokens``) in a dict they ``setdefault`` on every turn.
+   We swap in a mapping that answers from the current request's session record, so no
+   session state lives in a container's memory, and we drop the adapter's per-sid
+   in-flight bookkeeping after each request so a long-lived container does not grow.
+2. toolkit 0.2.0 x transformers >= 5.13: ``HfTemplateRenderer`` parses model output with
+   ``tokenizer.parse_response(text, schema=<legacy response_schema>)``; transformers 5.13
+   replaced that format with ``response_template`` plus a required ``prefix=``, so every
+   turn would degrade to raw, ill-formed text (end-of-turn token included, no tool calls).
+   :func:`adapt_tokenizer` routes those calls to TRL's new-style template for the same
+   chat template, with the template's generation prefix, restoring the toolkit's intended
+   parse.
+3. SageMaker SDK ``SamplingClient._retire``: a directly constructed client owns a
+   background submitter thread; retiring it when it leaves our cache stops the thread.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+from collections.abc import Callable
+from importlib.metadata import version
+from typing import Any
+
+from agentcore_rl_toolkit.rollout_gateway.adapters.common import BaseAdapter, Session
+
+logger = logging.getLogger(__name__)
+
+#: The toolkit line these seams were written against (pyproject pins ``==0.2.*``).
+SUPPORTED_TOOLKIT = "0.2."
+
+
+def toolkit_version() -> str:
+    """The installed agentcore-rl-toolkit version."""
+    return version("agentcore-rl-toolkit")
+
+
+def check_toolkit_version() -> None:
+    """Raise RuntimeError if the installed toolkit is not the line these seams target."""
+    found = toolkit_version()
+    if not found.startswith(SUPPORTED_TOOLKIT):
+        raise RuntimeError(
+            f"stepwise.gateway was written against agentcore-rl-toolkit {SUPPORTED_TOOLKIT}x, found {found}; "
+            "re-check stepwise/gateway/_toolkit.py and its test"
+        )
+
+
+# --- 1. request-scoped adapter session state ---------------------------------------
+
+
+class RequestScopedSessions(dict):
+    """Stands in for ``BaseAdapter.store``: ``setdefault(sid, ...)`` (the only access on
+    the turn path) returns the ``Session`` of the request being served.
+
+    ``current`` returns ``(sid, Session)`` for the request in progress, or None outside one.
+    """
+
+    def __init__(self, current: Callable[[], tuple[str, Session] | None]) -> None:
+        super().__init__()
+        self._current = current
+
+    def setdefault(self, sid: str, default: Any = None) -> Any:  # type: ignore[override]
+        scoped = self._current()
+        if scoped is not None and scoped[0] == sid:
+            return scoped[1]
+        return super().setdefault(sid, default)
+
+
+def install_request_scoped_sessions(adapter: BaseAdapter, current: Callable[[], tuple[str, Session] | None]) -> None:
+    """Make ``adapter`` read per-sid session state from the current request."""
+    adapter.store = RequestScopedSessions(current)
+
+
+def release_sid(adapter: BaseAdapter, sid: str) -> None:
+    """Forget the adapter's per-sid in-flight set once no turn of ``sid`` is in flight here."""
+    tasks = adapter.inflight.get(sid)
+    if tasks is not None and not tasks:
+        adapter.inflight.pop(sid, None)
+
+
+def make_session(sampling_defaults: dict, max_context_tokens: int) -> Session:
+    """The adapters' per-sid ``Session`` value."""
+    return Session(sampling_defaults=dict(sampling_defaults), max_context_tokens=int(max_context_tokens or 0))
+
+
+# --- 2. response parsing on transformers >= 5.13 -----------------------------------
+
+
+def _needs_parse_shim() -> bool:
+    from packaging.version import Version
+    import transformers
+
+    return Version(transformers.__version__) >= Version("5.13.0.dev0")
+
+
+def generation_prefix(tokenizer: Any, chat_template_kwargs: dict | None = None) -> str:
+    """Text the chat template writes after the last message when asked for a generation
+    prompt (e.g. ``<|im_start|>assistant\\n``): the ``prefix=`` transformers' parser needs."""
+    kwargs = {k: v for k, v in (chat_template_kwargs or {}).items() if k != "tokenizer_kwargs"}
+    probe = [{"role": "user", "content": "x"}]
+    with_prompt = tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=True, **kwargs)
+    without = tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=False, **kwargs)
+    return with_prompt[len(without) :] if with_prompt.startswith(without) else ""
+
+
+def adapt_tokenizer(tokenizer: Any, chat_template_kwargs: dict | None = None) -> Any:
+    """Return ``tokenizer`` with ``parse_response`` usable by toolkit 0.2.0's renderer.
+
+    A no-op on transformers < 5.13 or for chat templates TRL has no response template for
+    (the toolkit then takes its two-stage parse path, which never calls parse_response).
+    Mutates and returns the same object, so the reference gateway in tests can share it.
+    """
+    if not _needs_parse_shim() or getattr(tokenizer, "_stepwise_parse_shim", False):
+        return tokenizer
+    from trl.chat_template_utils import add_response_schema
+
+    try:
+        add_response_schema(tokenizer)
+    except ValueError:
+        return tokenizer
+    prefix = generation_prefix(tokenizer, chat_template_kwargs)
+    new_style = tokenizer.parse_response
+
+    def parse_response(response: Any, schema: dict | None = None, *, prefix: Any = None, tools: Any = None) -> Any:
+        # The toolkit passes its vendored legacy schema; the tokenizer's response_template
+        # (set above, for the same template) is its new-style equivalent.
+        if schema is not None and "x-regex" in schema:
+            schema = None
+        return new_style(response, schema, prefix=prefix_text if prefix is None else prefix, tools=tools)
+
+    prefix_text = prefix
+    tokenizer.parse_response = parse_response
+    tokenizer._stepwise_parse_shim = True
+    return tokenizer
+
+
+# --- 3. SageMaker SDK sampling client ------------------------------------------------
+
+
+def retire_sampling_client(client: Any) -> None:
+    """Stop a directly constructed ``SamplingClient``'s background submitter thread.
+
+    Never calls ``stop()`` or ``__exit__``: a client built without a session handle
+    believes it owns the session and would try to stop it.
+    """
+    retire = getattr(client, "_retire", None)
+    if callable(retire):
+        try:
+            retire()
+        except Exception:  # best effort; the thread is a daemon
+            logger.debug("retiring a sampling client failed", exc_info=True)
+
+
+# --- context helper ------------------------------------------------------------------
+
+
+def scoped_lookup(var: contextvars.ContextVar) -> Callable[[], tuple[str, Session] | None]:
+    """``current`` for :class:`RequestScopedSessions` from a context var holding an object
+    with ``.sid`` and ``.adapter_session``."""
+
+    def current() -> tuple[str, Session] | None:
+        scope = var.get(None)
+        return None if scope is None else (scope.sid, scope.adapter_session)
+
+    return current

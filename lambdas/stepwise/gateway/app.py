@@ -1,0 +1,378 @@
+"""The gateway app: the toolkit's OpenAI + Anthropic adapters on one aiohttp app, with
+our three seams (session sampler, S3 turn recorder, session state from S3) and a guard
+middleware for identity, limits and input checks.
+
+Per turn request (``POST /v1/chat/completions`` or ``/v1/messages``):
+
+1. 413 if the body is larger than ``max_body_bytes``.
+2. 401 unless the bearer / ``x-api-key`` value names a live session record
+   (``sessions/{sid}.json``: present, not closed, not past its deadline).
+3. 400 unless the body is a JSON object with the field types the adapter reads.
+4. 429 if the session's persisted turns reach ``max_turns`` or their sampled tokens reach
+   ``max_total_tokens`` (counted from S3, so across containers).
+5. Otherwise the toolkit adapter runs the turn (render, sample, parse, reply); its
+   ``record_turn`` is captured and written to S3 before the response completes.
+
+None of 1-4 reaches the sampler. Source of the turn pipeline:
+``agentcore_rl_toolkit/rollout_gateway/adapters/common.py`` (``BaseAdapter._run_turn``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import dataclasses
+import json
+import logging
+import os
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+from aws_lambda_powertools import Logger
+from botocore.exceptions import ClientError
+
+from agentcore_rl_toolkit.rollout_gateway.adapters.anthropic import AnthropicAdapter
+from agentcore_rl_toolkit.rollout_gateway.adapters.common import sid_from_bearer
+from agentcore_rl_toolkit.rollout_gateway.adapters.openai import OpenAIAdapter
+
+from . import _toolkit
+from .recorder import PendingTurn, S3TurnRecorder
+from .renderers import RoutingRenderer, RunRenderers, S3TokenizerLoader, TokenizerLoader
+from .sampling import SamplerFactory, SessionSamplerBackend
+from .session import (
+    SessionRecord,
+    TurnUsage,
+    is_plausible_sid,
+    limit_exceeded,
+    refusal,
+    session_key,
+    sid_digest,
+    turns_prefix,
+    usage_from_keys,
+)
+from .validation import TURN_ROUTES, Protocol, error_response, parse_body
+
+logger = Logger(service=os.environ.get("POWERTOOLS_SERVICE_NAME", "stepwise"))
+
+#: Lambda Function URLs accept request payloads up to 6 MB.
+DEFAULT_MAX_BODY_BYTES = 6 * 1024 * 1024
+
+_TOOLKIT_LOGGERS = (
+    "agentcore_rl_toolkit.rollout_gateway.adapters.common",
+    "agentcore_rl_toolkit.rollout_gateway.adapters.openai",
+    "agentcore_rl_toolkit.rollout_gateway.adapters.anthropic",
+    "agentcore_rl_toolkit.rollout_gateway.render",
+    "agentcore_rl_toolkit.rollout_gateway.trajectory",
+    "agentcore_rl_toolkit.rollout_gateway.sampling_backends.sagemaker_sdk",
+)
+
+
+@dataclasses.dataclass
+class GatewaySettings:
+    """Configuration from the environment (``STEPWISE_BUCKET`` is required)."""
+
+    bucket: str
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    sampler_cache_size: int = 8
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> GatewaySettings:
+        env = dict(os.environ if env is None else env)
+        bucket = env.get("STEPWISE_BUCKET")
+        if not bucket:
+            raise ValueError("STEPWISE_BUCKET is not set: the gateway needs the run bucket")
+        return cls(
+            bucket=bucket,
+            max_body_bytes=int(env.get("STEPWISE_GATEWAY_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES)),
+            sampler_cache_size=int(env.get("STEPWISE_GATEWAY_SAMPLER_CACHE", 8)),
+        )
+
+
+@dataclasses.dataclass
+class RequestScope:
+    """Everything one turn request needs from its session, visible to the seams."""
+
+    sid: str
+    record: SessionRecord
+    adapter_session: Any
+    renderer: Any
+    pending: list[PendingTurn] = dataclasses.field(default_factory=list)
+    sample_seconds: float = 0.0
+    samples: int = 0
+
+
+@dataclasses.dataclass
+class GatewayStats:
+    """Counters for tests and the cold-start / overhead measurements (last 4096 turns)."""
+
+    turns: int = 0
+    refused: dict[int, int] = dataclasses.field(default_factory=dict)
+    sample_seconds: deque = dataclasses.field(default_factory=lambda: deque(maxlen=4096))
+    overhead_seconds: deque = dataclasses.field(default_factory=lambda: deque(maxlen=4096))
+    turn_bytes: deque = dataclasses.field(default_factory=lambda: deque(maxlen=4096))
+
+
+_SCOPE: contextvars.ContextVar[RequestScope] = contextvars.ContextVar("stepwise_gateway_scope")
+
+#: ``app[GATEWAY]``: the seams and counters of a built app (for tests and measurements).
+GATEWAY: web.AppKey[dict] = web.AppKey("stepwise_gateway", dict)
+
+
+def current_scope() -> RequestScope | None:
+    """The turn request being served on this task, or None."""
+    return _SCOPE.get(None)
+
+
+class _TimedBackend:
+    """Accounts sampling time to the request scope so overhead can exclude it."""
+
+    def __init__(self, inner: SessionSamplerBackend) -> None:
+        self.inner = inner
+
+    @property
+    def min_new_tokens(self) -> int:
+        return self.inner.min_new_tokens
+
+    async def generate(self, **kwargs: Any):
+        t0 = time.perf_counter()
+        try:
+            return await self.inner.generate(**kwargs)
+        finally:
+            scope = current_scope()
+            if scope is not None:
+                scope.sample_seconds += time.perf_counter() - t0
+                scope.samples += 1
+
+
+class _ScopedSid:
+    """Adapter mixin: the session id is the one the guard authenticated (bearer first,
+    then ``x-api-key``), whichever protocol the turn arrives on."""
+
+    def _session_id(self, request: web.Request, body: dict) -> str:
+        scope = current_scope()
+        if scope is None:
+            raise web.HTTPUnauthorized(text="no authenticated session")
+        return scope.sid
+
+
+class StepwiseOpenAIAdapter(_ScopedSid, OpenAIAdapter):
+    """The toolkit's OpenAI Chat Completions adapter, sid from the authenticated scope."""
+
+
+class StepwiseAnthropicAdapter(_ScopedSid, AnthropicAdapter):
+    """The toolkit's Anthropic Messages adapter, sid from the authenticated scope."""
+
+
+class _RedactSids(logging.Filter):
+    """Toolkit log lines name the sid, which is the agent's api key: replace it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        scope = current_scope()
+        if scope is not None:
+            message = record.getMessage()
+            if scope.sid in message:
+                record.msg = message.replace(scope.sid, f"sid#{sid_digest(scope.sid)}")
+                record.args = ()
+        return True
+
+
+def _install_redaction() -> None:
+    for name in _TOOLKIT_LOGGERS:
+        target = logging.getLogger(name)
+        if not any(isinstance(f, _RedactSids) for f in target.filters):
+            target.addFilter(_RedactSids())
+
+
+def request_sid(request: web.Request) -> str | None:
+    """The api key the agent sent: ``Authorization: Bearer <sid>``, else ``x-api-key``."""
+    return sid_from_bearer(request) or (request.headers.get("X-Api-Key") or "").strip() or None
+
+
+class SessionDirectory:
+    """Reads session records and counts persisted turns in the run bucket."""
+
+    def __init__(self, s3: Any, bucket: str, run_id_cache: int = 4096) -> None:
+        self.s3 = s3
+        self.bucket = bucket
+        self._run_ids: OrderedDict[str, str] = OrderedDict()
+        self._run_id_cache = run_id_cache
+
+    def record(self, sid: str) -> SessionRecord | None:
+        """The session record, or None if there is none. Other S3 errors raise."""
+        try:
+            obj = self.s3.get_object(Bucket=self.bucket, Key=session_key(sid))
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+                return None
+            raise
+        record = SessionRecord.model_validate_json(obj["Body"].read())
+        self._remember(sid, record.run_id)
+        return record
+
+    def usage(self, run_id: str, sid: str) -> TurnUsage:
+        keys: list[str] = []
+        paginator = self.s3.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=turns_prefix(run_id, sid)):
+            keys.extend(obj["Key"] for obj in page.get("Contents", []))
+        return usage_from_keys(keys)
+
+    def known_run_id(self, sid: str) -> str | None:
+        return self._run_ids.get(sid)
+
+    def _remember(self, sid: str, run_id: str) -> None:
+        self._run_ids[sid] = run_id
+        self._run_ids.move_to_end(sid)
+        while len(self._run_ids) > self._run_id_cache:
+            self._run_ids.popitem(last=False)
+
+    async def lookup(self, sid: str) -> tuple[SessionRecord | None, TurnUsage | None]:
+        """Record and usage; the listing runs alongside the read when the sid's run is known."""
+        run_id = self.known_run_id(sid)
+        if run_id is not None:
+            record, usage = await asyncio.gather(
+                asyncio.to_thread(self.record, sid), asyncio.to_thread(self.usage, run_id, sid)
+            )
+            if record is None or record.run_id == run_id:
+                return record, usage
+        record = await asyncio.to_thread(self.record, sid)
+        if record is None:
+            return None, None
+        return record, await asyncio.to_thread(self.usage, record.run_id, sid)
+
+
+def build_app(
+    settings: GatewaySettings | None = None,
+    *,
+    s3: Any = None,
+    sampler_factory: SamplerFactory | None = None,
+    tokenizer_loader: TokenizerLoader | None = None,
+    clock: Callable[[], float] = time.time,
+) -> web.Application:
+    """Assemble the gateway app.
+
+    Args:
+        settings: defaults to :meth:`GatewaySettings.from_env`.
+        s3: boto3 S3 client (default: ``boto3.client("s3")``).
+        sampler_factory: session record -> sampling backend (default: SDK ``SamplingClient``
+            wrapped by the toolkit's ``SageMakerSdkBackend``); tests inject scripted samplers.
+        tokenizer_loader: session record -> HF tokenizer (default: the run's S3 copy).
+        clock: epoch seconds, for session deadlines.
+
+    The app exposes ``app[GATEWAY]`` (a dict with ``stats``, ``recorder``, ``backend``,
+    ``renderers``) for tests and measurements.
+    """
+    _toolkit.check_toolkit_version()
+    settings = settings or GatewaySettings.from_env()
+    if s3 is None:
+        import boto3
+
+        s3 = boto3.client("s3")
+    directory = SessionDirectory(s3, settings.bucket)
+    renderers = RunRenderers(tokenizer_loader or S3TokenizerLoader(s3, settings.bucket))
+    recorder = S3TurnRecorder(s3, settings.bucket, current_scope, record_for=lambda sid: directory.record(sid))
+    sampler = SessionSamplerBackend(
+        lambda: (scope.record if (scope := current_scope()) is not None else None),
+        sampler_factory,
+        cache_size=settings.sampler_cache_size,
+    )
+    backend = _TimedBackend(sampler)
+    renderer = RoutingRenderer(lambda: (scope.renderer if (scope := current_scope()) is not None else None))
+    stats = GatewayStats()
+    _install_redaction()
+
+    app = web.Application(client_max_size=settings.max_body_bytes)
+    app.router.add_get("/healthz", _health)
+    app.router.add_get("/v1/models", _health)
+    adapters = []
+    for cls in (StepwiseOpenAIAdapter, StepwiseAnthropicAdapter):
+        adapter = cls(backend=backend, renderer=renderer, tokenizer=None, max_turns_per_sid=None,
+                      manager=recorder, app=app)
+        _toolkit.install_request_scoped_sessions(adapter, _toolkit.scoped_lookup(_SCOPE))
+        adapters.append(adapter)
+
+    def refuse(protocol: Protocol, status: int, error_type: str, message: str) -> web.Response:
+        stats.refused[status] = stats.refused.get(status, 0) + 1
+        logger.info("turn refused", extra={"status": status, "reason": message})
+        return error_response(protocol, status, error_type, message)
+
+    @web.middleware
+    async def guard(request: web.Request, handler):
+        protocol = TURN_ROUTES.get(request.path) if request.method == "POST" else None
+        if protocol is None:
+            return await handler(request)
+        t0 = time.perf_counter()
+        if request.content_length is not None and request.content_length > settings.max_body_bytes:
+            return refuse(protocol, 413, "request_too_large",
+                          f"request body of {request.content_length} bytes exceeds {settings.max_body_bytes}")
+        sid = request_sid(request)
+        if not is_plausible_sid(sid):
+            return refuse(protocol, 401, "authentication_error",
+                          "missing or malformed api key: send the session id as Bearer token or x-api-key")
+        try:
+            record, usage = await directory.lookup(sid)
+        except Exception:
+            logger.exception("session lookup failed", extra={"sid": sid_digest(sid)})
+            return refuse(protocol, 503, "api_error", "session store unavailable; retry")
+        if record is None:
+            return refuse(protocol, 401, "authentication_error", "unknown session")
+        why = refusal(record, sid=sid, now=clock())
+        if why is not None:
+            return refuse(protocol, 401, "authentication_error", why)
+        with logger.append_context_keys(run_id=record.run_id, sid=sid_digest(sid), step=record.step,
+                                        policy_version=record.policy_version):
+            try:
+                raw = await request.read()
+            except web.HTTPRequestEntityTooLarge as e:
+                return refuse(protocol, 413, "request_too_large", e.text or "request body too large")
+            body, reason = parse_body(raw, protocol)
+            if body is None:
+                return refuse(protocol, 400, "invalid_request_error", reason or "invalid request body")
+            over = limit_exceeded(record, usage)
+            if over is not None:
+                return refuse(protocol, 429, "rate_limit_error", over)
+            scope = RequestScope(
+                sid=sid,
+                record=record,
+                adapter_session=_toolkit.make_session(record.sampling_defaults, record.max_context_tokens),
+                renderer=await renderers.get(record),
+            )
+            token = _SCOPE.set(scope)
+            try:
+                response = await handler(request)
+                written = sum(len(p.body) for p in scope.pending)
+                try:
+                    await recorder.flush(scope.pending)
+                except Exception:
+                    logger.exception("turn capture failed")
+                    if not response.prepared:  # not streamed yet: fail the turn, the agent retries
+                        return error_response(protocol, 500, "api_error", "turn capture failed; retry")
+                    raise
+                if written:
+                    total = time.perf_counter() - t0
+                    stats.turns += 1
+                    stats.sample_seconds.append(scope.sample_seconds)
+                    stats.overhead_seconds.append(total - scope.sample_seconds)
+                    stats.turn_bytes.append(written)
+                    logger.info("turn served", extra={
+                        "protocol": protocol, "status": response.status, "turn_bytes": written,
+                        "sample_ms": round(scope.sample_seconds * 1e3, 2),
+                        "overhead_ms": round((total - scope.sample_seconds) * 1e3, 2),
+                    })
+                return response
+            finally:
+                _SCOPE.reset(token)
+                for adapter in adapters:
+                    _toolkit.release_sid(adapter, sid)
+
+    app.middlewares.append(guard)
+    app[GATEWAY] = {"stats": stats, "recorder": recorder, "backend": sampler, "renderers": renderers,
+                       "adapters": adapters, "directory": directory}
+    return app
+
+
+async def _health(request: web.Request) -> web.Response:
+    """Readiness probe (also what the toolkit answers on ``/v1/models``)."""
+    return web.json_response({"ok": True})

@@ -1,0 +1,134 @@
+"""Gateway session records and captured-turn keys in the run bucket.
+
+The session record ``sessions/{sid}.json`` is written by StartRollout and closed by
+FinishRollout; the gateway only reads it (format: ``docs/internals.md``, "Gateway session
+record"). Captured turns live under ``runs/{run_id}/sessions/{sid}/turns/`` one object
+each, so a turn cap and a sampled-token budget can be counted across any number of
+gateway containers with a single listing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from stepwise.runstore import session_key, turns_prefix  # noqa: F401  (one home for the layout)
+
+#: What a sid may look like before we spend an S3 call on it (StartRollout makes uuid4s;
+#: anything key-safe up to 128 characters is accepted so other callers can open sessions).
+_SID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+#: ``{completed_at_ns:020d}-{uuid4 hex}-o{output_tokens}.json``; see :func:`turn_key`.
+_TURN_NAME_RE = re.compile(r"^(?P<ns>\d{20})-(?P<uid>[0-9a-f]{32})(?:-o(?P<out>\d+))?\.json$")
+
+
+class SessionRecord(BaseModel):
+    """``sessions/{sid}.json``: what one rollout's agent may do with the gateway.
+
+    Unknown keys are kept (``extra="allow"``) so StartRollout can add fields without a
+    gateway release. ``deadline`` is epoch seconds; ``0`` disables it. ``max_turns`` and
+    ``max_total_tokens`` of ``0`` disable the turn cap / sampled-token budget.
+    ``chat_template_kwargs`` (optional, an extension of the contract) reaches
+    ``HfTemplateRenderer(chat_template_kwargs=...)`` like the reference config's field.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    sid: str
+    run_id: str
+    step: int = 0
+    generation_batch: int = 0
+    kind: str = "train"
+    training_session_name: str
+    sampler_model_package_arn: str = ""
+    policy_version: int = 0
+    region: str | None = None
+    tokenizer_prefix: str = ""
+    sampling_defaults: dict[str, Any] = Field(default_factory=dict)
+    max_context_tokens: int = 0
+    max_turns: int = 0
+    max_total_tokens: int = 0
+    deadline: float = 0.0
+    closed: bool = False
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+
+    def resolved_tokenizer_prefix(self) -> str:
+        """The S3 prefix of the run's cached tokenizer (``runs/{run_id}/tokenizer/`` by default)."""
+        prefix = self.tokenizer_prefix or f"runs/{self.run_id}/tokenizer/"
+        return prefix if prefix.endswith("/") else prefix + "/"
+
+
+@dataclass(frozen=True)
+class TurnUsage:
+    """What a session has consumed so far, counted from its persisted turns."""
+
+    turns: int
+    output_tokens: int
+
+
+def is_plausible_sid(sid: str | None) -> bool:
+    """True if ``sid`` is safe to use in an S3 key (and so worth looking up)."""
+    return bool(sid) and _SID_RE.match(sid) is not None
+
+
+def sid_digest(sid: str) -> str:
+    """A short, stable stand-in for a sid in logs: the sid is the agent's api key."""
+    return hashlib.sha256(sid.encode()).hexdigest()[:12]
+
+
+def turn_key(run_id: str, sid: str, *, completed_at_ns: int, output_tokens: int, uid: str | None = None) -> str:
+    """S3 key of one captured turn.
+
+    ``{completed_at_ns:020d}-{uuid4 hex}`` makes keys unique without coordination
+    (concurrent sub-agent turns never overwrite each other) and sorts them in completion
+    order; the ``-o{output_tokens}`` suffix lets one listing count the session's sampled
+    tokens. The fixed-width prefix is unique, so the suffix never changes the order.
+    """
+    uid = uid or uuid.uuid4().hex
+    return f"{turns_prefix(run_id, sid)}{completed_at_ns:020d}-{uid}-o{int(output_tokens)}.json"
+
+
+def usage_from_keys(keys: list[str]) -> TurnUsage:
+    """Count turns and sampled tokens from turn object keys (see :func:`turn_key`).
+
+    Keys that are not turn objects are ignored; a turn key without the token suffix counts
+    as a turn with zero tokens.
+    """
+    turns = 0
+    tokens = 0
+    for key in keys:
+        m = _TURN_NAME_RE.match(key.rsplit("/", 1)[-1])
+        if m is None:
+            continue
+        turns += 1
+        tokens += int(m.group("out") or 0)
+    return TurnUsage(turns=turns, output_tokens=tokens)
+
+
+def refusal(record: SessionRecord, *, sid: str, now: float) -> str | None:
+    """Why this session may not sample now (-> 401), or None if it is live."""
+    if record.sid != sid:
+        return "session record does not belong to this key"
+    if record.closed:
+        return "session is closed"
+    if record.deadline and now > record.deadline:
+        return "session has expired"
+    return None
+
+
+def limit_exceeded(record: SessionRecord, usage: TurnUsage) -> str | None:
+    """Why this session has used up its budget (-> 429), or None.
+
+    Counted from persisted turns, so concurrent in-flight turns of one session can
+    overshoot the cap by at most the number of turns in flight.
+    """
+    if record.max_turns and usage.turns >= record.max_turns:
+        return f"session exceeded max_turns={record.max_turns}"
+    if record.max_total_tokens and usage.output_tokens >= record.max_total_tokens:
+        return f"session exceeded max_total_tokens={record.max_total_tokens} (sampled {usage.output_tokens})"
+    return None
