@@ -180,7 +180,8 @@ def test_accepted_alternatives():
         "save_every": 0,
     })
     assert cfg.vpc_config is not None and cfg.vpc_config.subnets == ["subnet-0abc"]
-    assert load_run_config({**VALID, "tokenizer_path": "s3://my-bucket/tok/"}).tokenizer_path == "s3://my-bucket/tok/"
+    for tok in ("s3://my-bucket/tok/", "/work/main/local/assets/tiny-model"):
+        assert load_run_config({**VALID, "tokenizer_path": tok}).tokenizer_path == tok
 
 
 def test_load_from_json_and_yaml_files(tmp_path):
@@ -211,6 +212,10 @@ def test_reference_schedule_semantics():
     assert [s for s in range(1, 8) if cfg.should_eval(s)] == [3, 6]
     off = load_run_config({**VALID, "eval_every": 0, "save_every": -1})
     assert not any(off.should_save(s) or off.should_eval(s) for s in range(1, 50))
+    # final eval: unless one already ran after the last step (fixes the reference's modulo test)
+    assert cfg.final_eval_needed(7, last_eval_step=6) and not cfg.final_eval_needed(6, last_eval_step=6)
+    assert cfg.final_eval_needed(0, last_eval_step=None)
+    assert not load_run_config({**VALID, "eval_dataset_path": "", "eval_every": 0}).final_eval_needed(7, None)
 
 
 def test_summary_numbers():

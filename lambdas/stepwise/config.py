@@ -150,13 +150,16 @@ class RunConfig(BaseModel):
     vpc_config: VpcConfig | None = Field(None, description="run the session in these subnets / security groups")
     tokenizer_path: str = Field(
         "",
-        description="where the gateway loads the tokenizer: an s3:// prefix holding tokenizer files, or a model id; "
+        description="where the gateway loads the tokenizer: an s3:// prefix holding tokenizer files, a model id, "
+        "or a local directory (local stack); "
         "'' = ask the training session (TrainingClient.get_tokenizer)",
     )
 
     # --- ACR / rollout ---
     agent_runtime_arn: str = Field(description="the AgentCore Runtime agent to train")
-    max_rollout_time: float = Field(1800.0, gt=0, le=28800, description="seconds one rollout may take (task timeout)")
+    max_rollout_time: float = Field(
+        1800.0, gt=0, le=28800, description="seconds one rollout may take (task timeout); ACR sessions last at most 8 h"
+    )
     acr_tps_limit: int = Field(5, ge=1, description="InvokeAgentRuntime calls per second (and Map concurrency bound)")
     chat_template_kwargs: dict[str, Any] = Field(
         default_factory=dict, description="passed to the renderer's apply_chat_template, e.g. {'enable_thinking': false}"
@@ -268,8 +271,11 @@ class RunConfig(BaseModel):
     def _tokenizer(cls, v: str) -> str:
         if v.startswith("s3://"):
             _check_s3(v)
-        elif v and not re.match(r"^[A-Za-z0-9][A-Za-z0-9._\-]*(/[A-Za-z0-9._\-]+)?$", v):
-            raise ValueError("must be '', an s3://bucket/prefix/ of tokenizer files, or a model id like 'org/name'")
+        elif v and not re.match(r"^\S+$", v):
+            raise ValueError(
+                "must be '', an s3://bucket/prefix/ of tokenizer files, a model id like 'org/name', "
+                "or a local directory (local stack only)"
+            )
         return v
 
     @field_validator("agent_runtime_arn")
@@ -368,6 +374,12 @@ class RunConfig(BaseModel):
     def should_save(self, step: int) -> bool:
         """save_state before step ``step`` (0-based) (reference: ``save_every > 0 and step > 0 and step % save_every == 0``)."""
         return self.save_every > 0 and step > 0 and step % self.save_every == 0
+
+    def final_eval_needed(self, steps_done: int, last_eval_step: int | None) -> bool:
+        """Whether the end of training runs an eval: whenever there is an eval dataset, unless an
+        eval already ran after the last step (DESIGN sec. 8 and seeds/002; fixes the reference's
+        ``global_step % eval_every`` condition, which skips it when the last step was skipped)."""
+        return bool(self.eval_dataset_path) and last_eval_step != steps_done
 
     def summary(self, dataset_rows: int | None = None) -> dict[str, Any]:
         """A one-screen summary for `stepwise validate`.
