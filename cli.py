@@ -14,6 +14,8 @@ import sys
 # name -> (module, one-line help). Keep sorted by workflow, not alphabetically.
 COMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("stepwise.commands.validate", "check a run config (and its datasets) without starting anything"),
+    "simulator": ("local.simulator.cli", "run the SageMaker Training Sessions simulator (tiny model) on a loopback port"),
+    "run-local": ("local.run", "run a whole training run on this machine (moto, simulator, gateway, ACR emulator)"),
 }
 
 

@@ -1,0 +1,765 @@
+"""``stepwise run-local CONFIG.json``: a whole training run on this machine, same code as on AWS.
+
+Starts, on free loopback ports: moto (S3, Step Functions with execution, Lambda whose
+invocations run the real handlers in-process), the SageMaker Training Sessions simulator,
+the rollout gateway (its own process, as in the Lambda) and the ACR emulator with the agent
+the config's ``agent_runtime_arn`` names (``runtime/NAME-...`` -> ``local/agents/NAME.py``).
+Then it creates the stack's resources (bucket + result notification, one function per
+``stepwise.functions`` entry, the state machine from ``state_machine/`` with the stack's
+substitutions), uploads the datasets, starts the execution (name = run id) and follows it
+with a progress bar until it ends. On success, failure or Ctrl-C everything is stopped
+(the training session too: moto's EventBridge does not deliver to Lambda, so on an
+abnormal end the runner runs the Cleanup function itself, as the stack's rule would).
+
+The run folder ``runs-local/{run_id}/`` gets the config, ``metrics.jsonl`` (one line per
+step summary, eval summaries too), the step summaries, ``timing.json`` (wall time per
+step split into rollouts, advantages, training, eval/checkpoint, orchestration) and
+``reward.png``. Exit code 0 when the execution succeeded, 1 otherwise (the failing state
+and cause are printed), 130 on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+log = logging.getLogger("stepwise.run_local")
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = Path("runs-local")
+LOCAL_ROLE_ARN = "arn:aws:iam::123456789012:role/stepwise-local-sagemaker"
+TERMINAL = ("SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED")
+
+
+# --------------------------------------------------------------------------------------
+# Datasets: generation hooks and upload
+# --------------------------------------------------------------------------------------
+
+
+def _shared_data_dir() -> Path:
+    """``shared/`` beside the clone (CI) or the team's copy on this machine."""
+    for candidate in (REPO_ROOT.parent / "shared", Path("/work/shared")):
+        if (candidate / "data").is_dir():
+            return candidate / "data"
+    raise FileNotFoundError("no shared/data directory beside the clone (../shared/data) or at /work/shared/data")
+
+
+def _gen_toy(rows: int, seed: int) -> Callable[[Path], None]:
+    def gen(path: Path) -> None:
+        from prepare_datasets.prepare_toy import write_rows
+
+        write_rows(path, rows, seed)
+
+    return gen
+
+
+def _gen_gsm8k(split: str) -> Callable[[Path], None]:
+    def gen(path: Path) -> None:
+        from prepare_datasets.prepare_gsm8k import gsm8k_rows, write_rows
+
+        write_rows(gsm8k_rows(_shared_data_dir() / "gsm8k" / f"{split}.jsonl"), path)
+
+    return gen
+
+
+#: Dataset file name -> how to make it when the config names it and it does not exist yet.
+DATASET_GENERATORS: dict[str, Callable[[Path], None]] = {
+    "toy_train.jsonl": _gen_toy(rows=200, seed=0),
+    "toy_eval.jsonl": _gen_toy(rows=10, seed=1),
+    "toy_small.jsonl": _gen_toy(rows=40, seed=2),
+    "gsm8k_test.jsonl": _gen_gsm8k("test"),
+    "gsm8k_train.jsonl": _gen_gsm8k("train"),
+}
+
+
+def resolve_dataset(path_str: str, config_dir: Path) -> Path:
+    """A local dataset path (relative to the repo, then the config's folder); generated if a
+    known generator makes it. Raises FileNotFoundError naming what was tried."""
+    path = Path(path_str)
+    candidates = [path] if path.is_absolute() else [REPO_ROOT / path, config_dir / path, Path.cwd() / path]
+    for c in candidates:
+        if c.is_file():
+            return c
+    gen = DATASET_GENERATORS.get(path.name)
+    if gen is None:
+        raise FileNotFoundError(f"dataset {path_str!r} not found (tried {[str(c) for c in candidates]}) and no "
+                                f"generator for {path.name!r}; known: {sorted(DATASET_GENERATORS)}")
+    target = candidates[0]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    gen(target)
+    return target
+
+
+def upload_datasets(cfg: dict[str, Any], *, s3: Any, bucket: str, run_id: str, config_dir: Path) -> dict[str, Any]:
+    """Copy local dataset files to ``s3://bucket/datasets/{run_id}/`` and point the config at
+    them (as a user does before starting an execution on AWS). ``s3://`` paths are kept."""
+    out = dict(cfg)
+    for key in ("dataset_path", "eval_dataset_path"):
+        value = out.get(key)
+        if not value or str(value).startswith("s3://"):
+            continue
+        local = resolve_dataset(str(value), config_dir)
+        s3_key = f"datasets/{run_id}/{local.name}"
+        s3.upload_file(str(local), bucket, s3_key)
+        out[key] = f"s3://{bucket}/{s3_key}"
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# The stack
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class LocalStack:
+    """Every local service of one run; ``stop()`` ends them all (idempotent)."""
+
+    bucket: str
+    moto: Any = None
+    simulator: Any = None
+    gateway: Any = None
+    acr: Any = None
+    resources: Any = None
+    _saved_env: dict[str, str | None] = field(default_factory=dict)
+
+    def set_env(self, env: dict[str, str]) -> None:
+        for key, value in env.items():
+            self._saved_env.setdefault(key, os.environ.get(key))
+            os.environ[key] = value
+
+    def start(self, *, tps_limit: float | None, simulator_options: dict[str, Any] | None = None,
+              acr_faults: dict[str, int] | None = None) -> "LocalStack":
+        from local import engine
+        from local.acr import AcrEmulator, Faults
+        from local.gateway import GatewayProcess
+        from local.simulator import start_simulator
+
+        self.moto = engine.MotoServer().start()
+        self.simulator = start_simulator(port=0, **(simulator_options or {}))
+        self.set_env(dict(self.simulator.env))
+        self.set_env({"STEPWISE_BUCKET": self.bucket})
+        engine.create_bucket(self.moto, self.bucket, result_function_arn=None)
+        self.gateway = GatewayProcess(dict(os.environ))
+        self.set_env({"STEPWISE_GATEWAY_URL": self.gateway.url})
+        self.acr = AcrEmulator(tps_limit=tps_limit, faults=Faults(**(acr_faults or {})),
+                               agent_env=engine.endpoint_env(self.moto.endpoint)).start()
+        self.set_env(self.acr.env)
+        self.resources = create_resources(self.moto, self.bucket)
+        return self
+
+    def stop(self) -> None:
+        for name in ("acr", "gateway"):
+            part = getattr(self, name)
+            if part is not None:
+                try:
+                    part.stop()
+                except Exception:  # keep stopping the rest
+                    log.exception("stopping %s", name)
+                setattr(self, name, None)
+        if self.moto is not None:
+            self.moto.dispatcher.drain(timeout=10)
+        if self.simulator is not None:
+            try:
+                self.simulator.stop()
+            except Exception:
+                log.exception("stopping the simulator")
+            self.simulator = None
+        if self.moto is not None:
+            self.moto.stop()
+            self.moto = None
+        for key, value in self._saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        self._saved_env.clear()
+
+
+def local_substitutions(function_arns: dict[str, str], bucket: str) -> dict[str, str]:
+    """The state machine's substitutions, computed exactly as the stack computes them."""
+    from infra.definition import substitutions
+
+    return substitutions(function_arns=function_arns, bucket_name=bucket)
+
+
+def create_resources(moto: Any, bucket: str, *, state_machine_name: str = "stepwise-training-loop") -> Any:
+    """Functions, bucket notification and state machine, as the stack creates them."""
+    from local import engine
+    from state_machine.definition import render_definition
+
+    arns = engine.create_functions(moto)
+    engine.create_bucket(moto, bucket, result_function_arn=arns["OnRolloutResult"])
+    definition = render_definition(local_substitutions(arns, bucket))
+    sm_arn = engine.create_state_machine(moto, state_machine_name, definition)
+    return engine.LocalResources(bucket=bucket, state_machine_arn=sm_arn, function_arns=arns, definition=definition)
+
+
+# --------------------------------------------------------------------------------------
+# Following the execution
+# --------------------------------------------------------------------------------------
+
+
+def _metric(summary: dict[str, Any], *names: str, contains: str | None = None) -> float | None:
+    flat = _flatten(summary)
+    for n in names:
+        if isinstance(flat.get(n), (int, float)):
+            return float(flat[n])
+    if contains:
+        for k, v in flat.items():
+            if contains in k and isinstance(v, (int, float)) and not isinstance(v, bool):
+                return float(v)
+    return None
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "/"))
+        else:
+            out[key] = v
+    return out
+
+
+def mean_reward(summary: dict[str, Any]) -> float | None:
+    return _metric(summary, "sampler/mean_reward", "reward/mean", "mean_reward", contains="mean_reward")
+
+
+def kept_groups(summary: dict[str, Any]) -> float | None:
+    return _metric(summary, "sampling/kept_groups", "dapo/kept_groups", contains="kept_groups")
+
+
+def eval_accuracy(summary: dict[str, Any]) -> float | None:
+    return _metric(summary, "eval/accuracy", "accuracy", contains="accuracy")
+
+
+@dataclass
+class Failure:
+    """Where an execution failed: the state whose error started it, and the final error."""
+
+    state: str | None
+    error: str | None
+    cause: str | None
+
+
+def failure_from_history(events: list[dict[str, Any]]) -> Failure:
+    """The first failing task/map state (and its error and cause) from an execution history,
+    falling back to the ExecutionFailed/Aborted/TimedOut event."""
+    current: str | None = None
+    for ev in events:
+        etype = ev["type"]
+        if etype.endswith("StateEntered"):
+            current = ev["stateEnteredEventDetails"]["name"]
+        details_key = next((k for k in ev if k.endswith("EventDetails") and k != "stateEnteredEventDetails"), None)
+        if etype in ("TaskFailed", "LambdaFunctionFailed", "TaskTimedOut", "MapRunFailed", "LambdaFunctionTimedOut",
+                     "ExecutionFailed", "ExecutionTimedOut", "ExecutionAborted", "MapStateFailed"):
+            det = ev.get(details_key, {}) if details_key else {}
+            return Failure(current, det.get("error") or etype, det.get("cause"))
+    return Failure(current, None, None)
+
+
+@dataclass
+class RunResult:
+    """What ``run_local`` reports."""
+
+    run_id: str
+    status: str
+    run_dir: Path
+    wall_seconds: float
+    steps: int
+    rewards: list[float]
+    evals: list[dict[str, Any]]
+    failure: Failure | None
+    timing: dict[str, Any]
+    simulator_counters: dict[str, Any]
+    session_status: str | None
+    executions: list[str]
+
+
+class Follower:
+    """Polls the run's executions and S3 summaries; writes ``metrics.jsonl`` as they appear."""
+
+    def __init__(self, stack: LocalStack, run_id: str, run_dir: Path, total_steps: int | None, progress: bool):
+        self.stack = stack
+        self.run_id = run_id
+        self.run_dir = run_dir
+        self.sfn = stack.moto.client("stepfunctions")
+        self.s3 = stack.moto.client("s3")
+        self.seen: set[str] = set()
+        self.summaries: dict[int, dict[str, Any]] = {}
+        self.evals: dict[int, dict[str, Any]] = {}
+        self.executions: list[str] = []
+        self._last_step_t = time.monotonic()
+        self._step_seconds: list[float] = []
+        self.bar = None
+        if progress:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total_steps, unit="step", desc=run_id, dynamic_ncols=True)
+
+    def _new_summaries(self) -> None:
+        prefix = f"runs/{self.run_id}/"
+        for kind in ("steps", "evals"):
+            paginator = self.s3.get_paginator("list_objects_v2")
+            for page in paginator.paginate(Bucket=self.stack.bucket, Prefix=f"{prefix}{kind}/"):
+                for obj in page.get("Contents", []):
+                    key = obj["Key"]
+                    if not key.endswith("/summary.json") or key in self.seen:
+                        continue
+                    try:
+                        step = int(key[len(prefix) + len(kind) + 1:].split("/")[0])
+                    except ValueError:
+                        continue
+                    body = json.loads(self.s3.get_object(Bucket=self.stack.bucket, Key=key)["Body"].read())
+                    self.seen.add(key)
+                    self._record(kind, step, body)
+
+    def _record(self, kind: str, step: int, summary: dict[str, Any]) -> None:
+        line = {"kind": "train" if kind == "steps" else "eval", "step": step,
+                "time": datetime.now(timezone.utc).isoformat(), **_flatten(summary)}
+        with (self.run_dir / "metrics.jsonl").open("a") as fh:
+            fh.write(json.dumps(line, default=str) + "\n")
+        target = self.run_dir / kind / str(step)
+        target.mkdir(parents=True, exist_ok=True)
+        (target / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+        if kind == "evals":
+            self.evals[step] = summary
+            if self.bar is not None:
+                acc = eval_accuracy(summary)
+                self.bar.write(f"eval after step {step}: accuracy {acc if acc is None else round(acc, 3)}")
+            return
+        self.summaries[step] = summary
+        now = time.monotonic()
+        self._step_seconds.append(now - self._last_step_t)
+        self._last_step_t = now
+        if self.bar is not None:
+            reward, kept = mean_reward(summary), kept_groups(summary)
+            self.bar.set_postfix(step=step, reward=None if reward is None else f"{reward:.3f}",
+                                 kept=None if kept is None else int(kept), s_per_step=f"{self._step_seconds[-1]:.1f}")
+            self.bar.update(1)
+
+    def current_execution(self) -> dict[str, Any] | None:
+        """The run's newest execution (continue-as-new starts more of them)."""
+        arn = self.stack.resources.state_machine_arn
+        runs = [e for e in self.sfn.list_executions(stateMachineArn=arn)["executions"]
+                if e["name"] == self.run_id or e["name"].startswith(f"{self.run_id}-")]
+        runs.sort(key=lambda e: e["startDate"])
+        for e in runs:
+            if e["executionArn"] not in self.executions:
+                self.executions.append(e["executionArn"])
+        return runs[-1] if runs else None
+
+    def poll(self) -> dict[str, Any] | None:
+        """One poll; returns the newest execution's description once it has ended."""
+        self._new_summaries()
+        newest = self.current_execution()
+        if newest is None:
+            return None
+        desc = self.sfn.describe_execution(executionArn=newest["executionArn"])
+        if desc["status"] == "RUNNING":
+            return None
+        time.sleep(0.5)  # a continue-as-new successor may be starting right now
+        if self.current_execution()["executionArn"] != newest["executionArn"]:
+            return None
+        self._new_summaries()
+        return desc
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+# --------------------------------------------------------------------------------------
+# Timing split and plot
+# --------------------------------------------------------------------------------------
+
+_TRAIN_STATES = ("Submit training step", "Wait for training step", "Check training step", "Training step done?",
+                 "Rebind sampler to new weights", "Sampler rebound?", "Wait for sampler")
+_EVAL_CKPT_STATES = ("Record eval accuracy", "Save checkpoint", "Checkpoint saved?", "Wait for checkpoint")
+
+
+def timing_split(events: list[dict[str, Any]], steps: int) -> dict[str, Any]:
+    """Seconds per category from one execution history (state entered -> next state entered).
+
+    Categories: rollouts (the train Map), eval_rollouts (Maps followed by eval bookkeeping),
+    advantages, training (submit/poll/rebind), eval_checkpoint, orchestration (planning,
+    choices, session start and everything else). ``per_step`` divides by ``steps``.
+    """
+    spans: list[tuple[str, float]] = []
+    entered: list[tuple[str, datetime]] = [
+        (ev["stateEnteredEventDetails"]["name"], ev["timestamp"]) for ev in events if ev["type"].endswith("StateEntered")
+    ]
+    end = events[-1]["timestamp"] if events else None
+    for i, (name, t0) in enumerate(entered):
+        t1 = entered[i + 1][1] if i + 1 < len(entered) else end
+        spans.append((name, (t1 - t0).total_seconds()))
+    out = {"rollouts": 0.0, "eval_rollouts": 0.0, "advantages": 0.0, "training": 0.0, "eval_checkpoint": 0.0,
+           "orchestration": 0.0, "session_start": 0.0}
+    for i, (name, secs) in enumerate(spans):
+        if name == "Roll out generation batch":
+            following = next((n for n, _ in spans[i + 1:] if not n.endswith("?")), "")
+            out["eval_rollouts" if following == "Record eval accuracy" else "rollouts"] += secs
+        elif name == "Compute advantages and filter groups":
+            out["advantages"] += secs
+        elif name in _TRAIN_STATES:
+            out["training"] += secs
+        elif name in _EVAL_CKPT_STATES:
+            out["eval_checkpoint"] += secs
+        elif name in ("Initialize run", "Is the training session ready?", "Wait for training session",
+                      "Check training session"):
+            out["session_start"] += secs
+        else:
+            out["orchestration"] += secs
+    total = sum(out.values())
+    result: dict[str, Any] = {"total_seconds": round(total, 3), "steps": steps,
+                              "seconds": {k: round(v, 3) for k, v in out.items()}}
+    if steps:
+        train_keys = ("rollouts", "advantages", "training", "orchestration")
+        result["per_step"] = {k: round(out[k] / steps, 3) for k in train_keys}
+        result["per_step"]["wall"] = round(sum(out[k] for k in train_keys) / steps, 3)
+    return result
+
+
+def plot(run_dir: Path, rewards: list[tuple[int, float]], evals: list[tuple[int, float]]) -> Path | None:
+    """``reward.png``: mean training reward per step, eval accuracy points."""
+    if not rewards and not evals:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    if rewards:
+        ax.plot([s for s, _ in rewards], [r for _, r in rewards], marker=".", label="mean training reward")
+    if evals:
+        ax.plot([s for s, _ in evals], [a for _, a in evals], "s", label="eval accuracy")
+    ax.set_xlabel("step")
+    ax.set_ylim(-0.05, 1.05)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    ax.set_title(run_dir.name)
+    path = run_dir / "reward.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+# --------------------------------------------------------------------------------------
+# The run
+# --------------------------------------------------------------------------------------
+
+
+def _history(sfn: Any, arn: str) -> list[dict[str, Any]]:
+    events, token = [], None
+    while True:
+        kw = {"executionArn": arn, "maxResults": 1000}
+        if token:
+            kw["nextToken"] = token
+        page = sfn.get_execution_history(**kw)
+        events.extend(page["events"])
+        token = page.get("nextToken")
+        if not token:
+            return events
+
+
+def _cleanup(stack: LocalStack, execution: dict[str, Any]) -> None:
+    """What the stack's EventBridge rule does on an abnormal end: run Cleanup with the event."""
+    event = {
+        "version": "0", "id": str(uuid.uuid4()), "source": "aws.states",
+        "detail-type": "Step Functions Execution Status Change",
+        "account": "123456789012", "region": os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
+        "time": datetime.now(timezone.utc).isoformat(), "resources": [execution["executionArn"]],
+        "detail": {"executionArn": execution["executionArn"], "stateMachineArn": execution.get("stateMachineArn"),
+                   "name": execution.get("name"), "status": execution["status"],
+                   "input": execution.get("input"), "output": None},
+    }
+    lam = stack.moto.client("lambda")
+    resp = lam.invoke(FunctionName=stack.resources.function_arns["Cleanup"], Payload=json.dumps(event).encode())
+    if resp.get("FunctionError"):
+        log.error("Cleanup failed: %s", resp["Payload"].read()[:2000])
+
+
+def _session_status(stack: LocalStack, run_id: str) -> str | None:
+    """The training session's status, read from state.json then the simulator."""
+    try:
+        s3 = stack.moto.client("s3")
+        state = json.loads(s3.get_object(Bucket=stack.bucket, Key=f"runs/{run_id}/state.json")["Body"].read())
+    except Exception:
+        return None
+    name = _flatten(state).get("training_session_name") or _flatten(state).get("session/name")
+    if not name:
+        return None
+    try:
+        import boto3
+
+        sm = boto3.client("sagemaker", region_name=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"))
+        return sm.describe_training_session(TrainingSessionName=name).get("TrainingSessionStatus")
+    except Exception as exc:
+        log.warning("could not describe training session %s: %s", name, exc)
+        return None
+
+
+def load_local_config(path: Path) -> dict[str, Any]:
+    """Read the JSON config (RunConfig fields; validated by Init like on AWS, and here first)."""
+    from stepwise.config import load_run_config
+
+    load_run_config(path)  # every problem at once, before anything starts
+    return json.loads(path.read_text())
+
+
+def run_local(config_path: Path, *, run_id: str | None = None, out_root: Path = DEFAULT_OUT, progress: bool = True,
+              simulator_options: dict[str, Any] | None = None, acr_faults: dict[str, int] | None = None,
+              timeout: float | None = None, overrides: dict[str, Any] | None = None,
+              mirror_s3: bool = False) -> RunResult:
+    """Run one training run through the local stack; see the module docstring.
+
+    ``mirror_s3`` copies every object under ``runs/{run_id}/`` (and the run's rollout
+    results) into ``{run_dir}/s3/`` before moto stops, for inspection and tests.
+
+    Raises:
+        stepwise.config.ConfigError: the config is invalid (nothing was started).
+        KeyboardInterrupt: after stopping everything, when interrupted.
+    """
+    from stepwise.config import load_run_config
+
+    t_start = time.monotonic()
+    config_path = Path(config_path)
+    cfg = {**load_local_config(config_path), **(overrides or {})}
+    config = load_run_config(cfg)
+    run_id = run_id or f"{config_path.stem}-{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')}"
+    run_dir = Path(out_root) / run_id
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.json").write_text(json.dumps(cfg, indent=2))
+
+    bucket = f"stepwise-local-{uuid.uuid4().hex[:12]}"
+    stack = LocalStack(bucket=bucket)
+    follower: Follower | None = None
+    desc: dict[str, Any] | None = None
+    interrupted = False
+    try:
+        stack.start(tps_limit=config.acr_tps_limit, simulator_options=simulator_options, acr_faults=acr_faults)
+        s3 = stack.moto.client("s3")
+        run_cfg = upload_datasets(cfg, s3=s3, bucket=bucket, run_id=run_id, config_dir=config_path.parent)
+        (run_dir / "config.json").write_text(json.dumps(run_cfg, indent=2))
+        sfn = stack.moto.client("stepfunctions")
+        sfn.start_execution(stateMachineArn=stack.resources.state_machine_arn, name=run_id, input=json.dumps(run_cfg))
+        total = _total_steps(config, s3, bucket, run_cfg)
+        follower = Follower(stack, run_id, run_dir, total, progress)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while desc is None:
+            if deadline is not None and time.monotonic() > deadline:
+                newest = follower.current_execution()
+                sfn.stop_execution(executionArn=newest["executionArn"], error="States.Timeout",
+                                   cause=f"run-local timeout of {timeout:.0f}s")
+                desc = sfn.describe_execution(executionArn=newest["executionArn"])
+                break
+            time.sleep(0.5)
+            desc = follower.poll()
+    except KeyboardInterrupt:
+        interrupted = True
+        if follower is not None and stack.moto is not None:
+            newest = follower.current_execution()
+            if newest is not None:
+                stack.moto.client("stepfunctions").stop_execution(executionArn=newest["executionArn"],
+                                                                  error="Interrupted", cause="Ctrl-C in run-local")
+                desc = stack.moto.client("stepfunctions").describe_execution(executionArn=newest["executionArn"])
+    finally:
+        result = _finish(stack, follower, desc, run_id, run_dir, t_start, mirror_s3)
+        stack.stop()
+        if follower is not None:
+            follower.close()
+    if interrupted:
+        raise KeyboardInterrupt
+    return result
+
+
+def _total_steps(config: Any, s3: Any, bucket: str, run_cfg: dict[str, Any]) -> int | None:
+    try:
+        from stepwise.datasets import load_payloads
+
+        rows = len(load_payloads(run_cfg["dataset_path"], s3_client=s3))
+        return config.steps_per_epoch(rows) * config.epochs
+    except Exception:
+        return None
+
+
+def mirror_run_objects(s3: Any, bucket: str, run_id: str, target: Path) -> int:
+    """Copy ``runs/{run_id}/`` and ``rollout-results/{run_id}/`` to ``target``; returns the object count."""
+    count = 0
+    paginator = s3.get_paginator("list_objects_v2")
+    for prefix in (f"runs/{run_id}/", f"rollout-results/{run_id}/"):
+        for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
+            for obj in page.get("Contents", []):
+                path = target / obj["Key"]
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(s3.get_object(Bucket=bucket, Key=obj["Key"])["Body"].read())
+                count += 1
+    return count
+
+
+def _finish(stack: LocalStack, follower: Follower | None, desc: dict[str, Any] | None, run_id: str, run_dir: Path,
+            t_start: float, mirror_s3: bool = False) -> RunResult:
+    """After the execution ends (or on any error): cleanup on abnormal ends, collect, write the run folder."""
+    status = desc["status"] if desc else "NOT_STARTED"
+    failure = None
+    timing: dict[str, Any] = {}
+    session_status = None
+    counters: dict[str, Any] = {}
+    if stack.moto is not None and stack.resources is not None and follower is not None:
+        sfn = stack.moto.client("stepfunctions")
+        if desc is not None and status in ("FAILED", "TIMED_OUT", "ABORTED"):
+            try:
+                _cleanup(stack, desc)
+            except Exception:
+                log.exception("Cleanup")
+        stack.moto.dispatcher.drain(timeout=10)
+        try:
+            follower._new_summaries()
+        except Exception:
+            log.exception("reading summaries")
+        histories = [(_arn, _history(sfn, _arn)) for _arn in follower.executions]
+        all_events = [ev for _, h in histories for ev in h]
+        if status != "SUCCEEDED" and histories:
+            failure = failure_from_history(histories[-1][1])
+            if desc is not None and desc.get("error"):
+                failure.error = failure.error or desc.get("error")
+                if failure.cause is None:
+                    failure.cause = desc.get("cause")
+        timing = timing_split(all_events, len(follower.summaries))
+        session_status = _session_status(stack, run_id)
+        s3 = stack.moto.client("s3")
+        for key in (f"runs/{run_id}/state.json", f"runs/{run_id}/config.json"):
+            try:
+                body = s3.get_object(Bucket=stack.bucket, Key=key)["Body"].read()
+                (run_dir / ("state.json" if key.endswith("state.json") else "run_config.json")).write_bytes(body)
+            except Exception:
+                pass
+        if mirror_s3:
+            mirror_run_objects(s3, stack.bucket, run_id, run_dir / "s3")
+    if stack.simulator is not None:
+        counters = dict(getattr(stack.simulator, "counters", {}) or {})
+    steps = sorted(follower.summaries) if follower else []
+    rewards = [(s, r) for s in steps if (r := mean_reward(follower.summaries[s])) is not None] if follower else []
+    evals = sorted((s, a) for s, e in (follower.evals.items() if follower else []) if (a := eval_accuracy(e)) is not None)
+    plot(run_dir, rewards, evals)
+    result = RunResult(
+        run_id=run_id, status=status, run_dir=run_dir, wall_seconds=round(time.monotonic() - t_start, 1),
+        steps=len(steps), rewards=[r for _, r in rewards],
+        evals=[{"step": s, "accuracy": a} for s, a in evals], failure=failure, timing=timing,
+        simulator_counters=_jsonable(counters), session_status=session_status,
+        executions=follower.executions if follower else [],
+    )
+    (run_dir / "timing.json").write_text(json.dumps(timing, indent=2))
+    (run_dir / "result.json").write_text(json.dumps(asdict(result), indent=2, default=str))
+    return result
+
+
+def _jsonable(obj: Any) -> Any:
+    return json.loads(json.dumps(obj, default=str))
+
+
+# --------------------------------------------------------------------------------------
+# CLI
+# --------------------------------------------------------------------------------------
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", type=Path, help="run config JSON (RunConfig fields), e.g. examples/toy.json")
+    parser.add_argument("--run-id", help="run id = execution name (default: CONFIG-STEM-UTCTIME)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="parent of the run folder (default runs-local)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--timeout", type=float, help="stop the execution after this many seconds")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=JSON",
+                        help="override a config field, e.g. --set batch_size=4 (value parsed as JSON)")
+    parser.add_argument("--acr-fault", action="append", default=[], metavar="KIND=N",
+                        help="inject ACR faults: throttle, invoke_error, drop_result, malformed_result, error_result")
+    parser.add_argument("--mirror-s3", action="store_true", help="copy the run's S3 objects into the run folder")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log the handlers' INFO lines")
+
+
+def _pairs(items: list[str], *, parse_json: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"expected KEY=VALUE, got {item!r}")
+        if parse_json:
+            try:
+                out[key] = json.loads(value)
+            except json.JSONDecodeError:
+                out[key] = value
+        else:
+            out[key] = int(value)
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from stepwise.config import ConfigError
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops cleanly too, like Ctrl-C
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not args.verbose:
+        for noisy in ("moto", "werkzeug", "botocore", "urllib3"):
+            logging.getLogger(noisy).setLevel(logging.ERROR)
+    try:
+        result = run_local(args.config, run_id=args.run_id, out_root=args.out, progress=not args.no_progress,
+                           timeout=args.timeout, overrides=_pairs(args.set, parse_json=True),
+                           acr_faults=_pairs(args.acr_fault, parse_json=False), mirror_s3=args.mirror_s3)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted: execution stopped, training session stopped, local services shut down", file=sys.stderr)
+        return 130
+    print(report(result))
+    return 0 if result.status == "SUCCEEDED" else 1
+
+
+def report(result: RunResult) -> str:
+    """A few lines for the terminal."""
+    lines = [f"run {result.run_id}: {result.status} in {result.wall_seconds:.0f}s, {result.steps} steps -> {result.run_dir}"]
+    if result.rewards:
+        r = result.rewards
+        head, tail = r[:3], r[-3:]
+        lines.append(f"mean reward: first 3 steps {sum(head) / len(head):.3f}, last 3 steps {sum(tail) / len(tail):.3f}")
+    for e in result.evals:
+        lines.append(f"eval after step {e['step']}: accuracy {e['accuracy']:.3f}")
+    per = result.timing.get("per_step")
+    if per:
+        lines.append("per step (s): " + ", ".join(f"{k} {v:.2f}" for k, v in per.items()))
+    if result.session_status:
+        lines.append(f"training session: {result.session_status}")
+    if result.failure:
+        lines.append(f"FAILED in state {result.failure.state!r}: {result.failure.error}")
+        if result.failure.cause:
+            lines.append(f"cause: {result.failure.cause[:2000]}")
+    return "\n".join(lines)
+
+
+def _interrupt(*_: Any) -> None:
+    raise KeyboardInterrupt
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(prog="stepwise run-local")
+    configure(parser)
+    sys.exit(run(parser.parse_args()))
