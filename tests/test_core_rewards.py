@@ -8,7 +8,7 @@ import pytest
 from agentcore_rl_toolkit.backends.experimental.sagemaker.rollout import _extract_reward as reference_extract
 from agentcore_rl_toolkit.rollout_session.agentcore_s3_session import extract_agent_reward, status_error
 
-from stepwise.core.rewards import extract_reward
+from stepwise.core.rewards import extract_reward, reward_metrics
 
 GOOD = [
     ({"rewards": 1.0, "status_code": 200}, 1.0),
@@ -59,3 +59,12 @@ def test_failures_score_zero_with_a_reason_and_never_raise(result, fragment):
     assert reason is not None and fragment in reason
     if isinstance(result, dict) and "status_code" in result and result["status_code"] != 200:
         assert status_error(result) == reason  # same wording as the toolkit
+
+
+def test_reward_metrics():
+    results = [{"rewards": 1.0}, {"rewards": [0.0, 1.0]}, None, {"status_code": 500}]
+    pairs = [extract_reward(r) for r in results]
+    m = reward_metrics([r for r, _ in pairs], [why for _, why in pairs])
+    assert m == {"sampler/mean_reward": 0.5, "sampler/reward_std": 0.5, "sampler/num_rollouts": 4.0,
+                 "sampler/zeroed_rollouts": 2.0}
+    assert reward_metrics([]) == {"sampler/mean_reward": 0.0, "sampler/reward_std": 0.0, "sampler/num_rollouts": 0.0}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,8 +13,9 @@ import pytest
 from prepare_datasets.prepare_gsm8k import PrepareError, extract_final_answer, gsm8k_rows, main
 from stepwise.datasets import load_payloads
 
-DATA = Path("/work/shared/data/gsm8k")
 REPO = Path(__file__).resolve().parents[1]
+# The shared GSM8K copy sits beside the repository (../shared/data/gsm8k); override with STEPWISE_GSM8K_DIR.
+DATA = Path(os.environ.get("STEPWISE_GSM8K_DIR", REPO.parent / "shared" / "data" / "gsm8k"))
 
 needs_data = pytest.mark.skipif(not (DATA / "test.jsonl").exists(), reason="shared GSM8K data not present")
 

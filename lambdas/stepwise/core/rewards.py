@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["extract_reward"]
+__all__ = ["extract_reward", "reward_metrics"]
 
 
 def _status_error(result: dict[str, Any]) -> str | None:
@@ -73,3 +73,19 @@ def extract_reward(result: dict[str, Any] | None) -> tuple[float, str | None]:
     if reward is None:
         return 0.0, why
     return reward, None
+
+
+def reward_metrics(rewards: list[float], zeroed_reasons: list[str | None] | None = None) -> dict[str, float]:
+    """Slash-namespaced reward summary of a step's rollouts: ``sampler/mean_reward`` (the
+    reference's name), ``sampler/reward_std``, ``sampler/num_rollouts`` and, given the reasons
+    `extract_reward` returned, ``sampler/zeroed_rollouts`` (rewards forced to 0.0)."""
+    n = len(rewards)
+    mean = sum(rewards) / n if n else 0.0
+    out = {
+        "sampler/mean_reward": mean,
+        "sampler/reward_std": math.sqrt(sum((r - mean) ** 2 for r in rewards) / n) if n else 0.0,
+        "sampler/num_rollouts": float(n),
+    }
+    if zeroed_reasons is not None:
+        out["sampler/zeroed_rollouts"] = float(sum(1 for r in zeroed_reasons if r is not None))
+    return out
