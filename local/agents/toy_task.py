@@ -1,0 +1,71 @@
+"""The toy task: "what digit comes after N?", small enough for the tiny model to learn by RL.
+
+Ten distinct prompts (N = 0..9); the answer is ``(N + 1) % 10`` as one digit. The simulator's
+base model was pre-trained on exactly the text the gateway renders for this task (the Qwen3
+chat template with ``SYSTEM_PROMPT`` and one user message, ``add_generation_prompt=True``)
+followed by one digit and ``<|im_end|>``, with the digit right only ``BASE_CORRECT_FRACTION``
+of the time: it knows the answer *format*, barely the task, so GRPO has something to learn
+(FINDINGS.md, "Toy-task learnability").
+
+Payload rows look like ``{"prompt": "What digit comes after 3?", "answer": "4"}``.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from typing import Any
+
+SYSTEM_PROMPT = "Reply with one digit."
+NUM_PROMPTS = 10
+#: Fraction of pre-training answers that were right (the rest uniform over the 10 digits).
+BASE_CORRECT_FRACTION = 0.15
+
+_THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
+
+
+def prompt_text(n: int) -> str:
+    """The user message for digit ``n`` (0..9)."""
+    if not 0 <= n < NUM_PROMPTS:
+        raise ValueError(f"toy task digit must be in 0..{NUM_PROMPTS - 1}, got {n!r}")
+    return f"What digit comes after {n}?"
+
+
+def answer_for(n: int) -> str:
+    return str((n + 1) % 10)
+
+
+def make_payload(n: int) -> dict[str, str]:
+    """The payload for prompt ``n``: ``{"prompt": ..., "answer": ...}``."""
+    return {"prompt": prompt_text(n), "answer": answer_for(n)}
+
+
+def all_payloads() -> list[dict[str, str]]:
+    return [make_payload(n) for n in range(NUM_PROMPTS)]
+
+
+def messages(payload: dict[str, Any]) -> list[dict[str, str]]:
+    """The chat the toy agent sends: the system prompt and the payload's prompt."""
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": str(payload["prompt"])}]
+
+
+def score(payload: dict[str, Any], answer_text: str | None) -> float:
+    """Reward in [0, 1]: 1.0 when the reply (reasoning removed, whitespace stripped) is
+    exactly the expected digit, else 0.0. ``None`` (no reply) scores 0.0."""
+    if not answer_text:
+        return 0.0
+    text = _THINK.sub("", answer_text).replace("<|im_end|>", "").strip()
+    return 1.0 if text == str(payload["answer"]) else 0.0
+
+
+def sample_payloads(rows: int, seed: int = 0) -> list[dict[str, str]]:
+    """``rows`` payloads: every prompt once per cycle, each cycle shuffled with ``seed``."""
+    if rows < 1:
+        raise ValueError(f"rows must be >= 1, got {rows}")
+    rng = random.Random(seed)
+    out: list[dict[str, str]] = []
+    while len(out) < rows:
+        cycle = all_payloads()
+        rng.shuffle(cycle)
+        out.extend(cycle)
+    return out[:rows]

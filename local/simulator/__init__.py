@@ -1,0 +1,177 @@
+"""SageMaker Training Sessions simulator: the real wire protocol in front of a tiny torch model.
+
+Start it in-process (tests, the local stack)::
+
+    from local.simulator import start_simulator
+    with start_simulator() as sim:          # port 0 = a free loopback port
+        os.environ.update(sim.env)          # or monkeypatch.setenv for each item
+        svc = ServiceClient(role_arn=..., model_package_group_arn=..., s3_output_path=...)
+        tc = svc.create_lora_training_client(base_model="stepwise-tiny")
+        ...
+        assert sim.counters["optim_step"] == 1
+        assert sim.running_sessions() == []
+
+or as a process: ``stepwise simulator --port 8765`` (prints the ``export`` lines). Any process
+that has ``sim.env`` in its environment reaches it: the SDK through
+``SAGEMAKER_TRAINING_SESSION_ENDPOINT`` / ``SAGEMAKER_TRAINING_SESSION_RUNTIME_ENDPOINT`` and
+its Hub/model-registry lookups through ``AWS_ENDPOINT_URL_SAGEMAKER``; raw boto3 runtime
+clients through ``AWS_ENDPOINT_URL_SAGEMAKERTRAININGSESSIONRUNTIME``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any, Iterator
+
+from local.simulator.faults import Fault
+from local.simulator.service import BASE_MODEL_NAME, Simulator
+
+__all__ = ["BASE_MODEL_NAME", "Fault", "SimulatorHandle", "start_simulator"]
+
+#: Dummy credentials/region used when the caller's environment has none (never real ones).
+_DEFAULT_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-west-2",
+    "AWS_REGION": "us-west-2",
+}
+
+
+class SimulatorHandle:
+    """A running simulator: ``url``, ``env``, ``counters``, fault controls, ``stop()``.
+
+    ``counters`` is a snapshot dict: operations *applied*, by kind (``forward``,
+    ``forward_backward``, ``optim_step``, ``save_weights``, ``save_state``, ``load_state``,
+    ``sample``, ``compute_logprobs``, ``load_weights_for_sampling``; plus
+    ``sampled_sequences``), and API calls received, by botocore operation name
+    (``CreateTrainingSession``, ``StopTrainingSession``, ``ExecuteTrainingOperation``, ...).
+    Missing keys read as absent, so use ``counters.get(kind, 0)``.
+    """
+
+    def __init__(self, simulator: Simulator, server: Any, thread: Any) -> None:
+        self.simulator = simulator
+        self._server = server
+        self._thread = thread
+        host, port = server.server_address[:2]
+        self.port: int = port
+        self.url = f"http://{host}:{port}"
+        env = {
+            "SAGEMAKER_TRAINING_SESSION_ENDPOINT": self.url,
+            "SAGEMAKER_TRAINING_SESSION_RUNTIME_ENDPOINT": self.url,
+            "AWS_ENDPOINT_URL_SAGEMAKER": self.url,
+            "AWS_ENDPOINT_URL_SAGEMAKERTRAININGSESSIONRUNTIME": self.url,
+        }
+        for key, value in _DEFAULT_ENV.items():
+            env[key] = os.environ.get(key) or value
+        if os.environ.get("AWS_DEFAULT_REGION") and not os.environ.get("AWS_REGION"):
+            env["AWS_REGION"] = os.environ["AWS_DEFAULT_REGION"]
+        self.env: dict[str, str] = env
+        self.region = env["AWS_REGION"]
+        self.role_arn = f"arn:aws:iam::{simulator.account_id}:role/StepwiseSimulatorRole"
+        self.model_package_group_arn = (
+            f"arn:aws:sagemaker:{simulator.region}:{simulator.account_id}:model-package-group/stepwise-local"
+        )
+        self.s3_output_path = "s3://stepwise-simulator/output"
+
+    # -------------------------------------------------------------- state
+
+    @property
+    def counters(self) -> dict[str, int]:
+        return self.simulator.counters
+
+    def reset_counters(self) -> None:
+        self.simulator.reset_counters()
+
+    def running_sessions(self) -> list[str]:
+        """Sessions not yet stopped (Created/Scheduled/Running); tests assert ``== []``."""
+        return self.simulator.running_sessions()
+
+    def session_statuses(self) -> dict[str, str]:
+        return self.simulator.session_statuses()
+
+    # -------------------------------------------------------------- drills
+
+    def inject_fault(self, fault: Fault | str) -> None:
+        """Arm a fault, e.g. ``"throttle:ExecuteTrainingOperation:2"`` (see ``faults.py``)."""
+        self.simulator.faults.add(fault)
+
+    def set_latency(self, target: str, seconds: float) -> None:
+        """Delay an operation kind (``optim_step``, ``sample``, ...) or API name by ``seconds``."""
+        self.simulator.faults.set_latency(target, seconds)
+
+    def clear_faults(self) -> None:
+        """Disarm every fault and latency."""
+        self.simulator.faults.clear()
+
+    def set_session_start(self, mode: str = "ok", seconds: float | None = None) -> None:
+        """How sessions created from now on start: ``ok``, ``hang`` (never Running), ``fail``."""
+        if mode not in ("ok", "hang", "fail"):
+            raise ValueError(f"session start mode must be ok, hang or fail, got {mode!r}")
+        self.simulator.session_start = mode
+        if seconds is not None:
+            self.simulator.session_start_seconds = float(seconds)
+
+    def set_result_wait(self, seconds: float) -> None:
+        """How long Get*OperationResult waits for completion before answering (long poll)."""
+        self.simulator.result_wait_seconds = float(seconds)
+
+    @contextlib.contextmanager
+    def environ(self) -> Iterator[dict[str, str]]:
+        """Set ``env`` in ``os.environ`` for the ``with`` block, restoring it afterwards."""
+        saved = {k: os.environ.get(k) for k in self.env}
+        os.environ.update(self.env)
+        try:
+            yield self.env
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+    def export_lines(self) -> list[str]:
+        return [f"export {k}={v}" for k, v in self.env.items()]
+
+    # -------------------------------------------------------------- lifecycle
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self.simulator.close()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> "SimulatorHandle":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+def start_simulator(
+    port: int = 0,
+    *,
+    host: str = "127.0.0.1",
+    faults: list[str | Fault] | None = None,
+    latency: dict[str, float] | None = None,
+    verbose: bool = False,
+    **options: Any,
+) -> SimulatorHandle:
+    """Start the simulator on ``host:port`` (0 = a free port) in a background thread.
+
+    Options (``Simulator``): ``region``, ``account_id``, ``result_wait_seconds`` (long-poll,
+    default 5), ``session_start_seconds`` / ``session_stop_seconds`` (default 0),
+    ``session_start`` (``ok`` | ``hang`` | ``fail``), ``sampling_workers`` (default 2),
+    ``fault_seed``. ``faults``: specs like ``"throttle:ExecuteTrainingOperation:2"``;
+    ``latency``: ``{"optim_step": 0.5, ...}``.
+    """
+    from local.simulator.server import SimulatorHTTPServer, serve_in_thread
+
+    simulator = Simulator(**options)
+    for fault in faults or []:
+        simulator.faults.add(fault)
+    for target, seconds in (latency or {}).items():
+        simulator.faults.set_latency(target, seconds)
+    server = SimulatorHTTPServer((host, port), simulator, verbose=verbose)
+    thread = serve_in_thread(server)
+    return SimulatorHandle(simulator, server, thread)

@@ -1,0 +1,100 @@
+"""Rebuild the tiny model's shipped files: ``python -m local.simulator.build_assets``.
+
+Writes the byte-level tokenizer (with ``trl``'s Qwen3 chat template) and the base weights to
+``local/assets/tiny-model/``. The base weights are pre-trained, deterministically (seed 0,
+full batch), on the text the gateway renders for the toy task (``local/agents/toy_task.py``):
+the chat template applied to the toy system prompt and each user prompt with
+``add_generation_prompt=True``, then one digit and ``<|im_end|>``. The digit target is the
+mixture "right with probability ``BASE_CORRECT_FRACTION``, else uniform over 0-9", so the
+model learns the answer format and a little of the task (FINDINGS.md, toy-task learnability).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from local.agents import toy_task
+from local.simulator.model import ASSETS_DIR, TinyConfig, TinyLM, build_tokenizer, save_model
+
+
+def pretrain_batch(tokenizer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Full pre-training batch: (ids [N, T], soft targets [N, T, V], weights [N, T]).
+
+    One row per (prompt, digit): the digit position's target is the mixture distribution
+    for that prompt (weighted 1/10 so each prompt counts once), the ``<|im_end|>`` position
+    after it is a hard target.
+    """
+    eos = tokenizer.convert_tokens_to_ids(toy_task_eos())
+    digit_ids = [tokenizer.convert_tokens_to_ids(str(d)) for d in range(10)]
+    rows = []
+    for n in range(toy_task.NUM_PROMPTS):
+        payload = toy_task.make_payload(n)
+        text = tokenizer.apply_chat_template(toy_task.messages(payload), add_generation_prompt=True, tokenize=False)
+        prompt_ids = tokenizer.encode(text, add_special_tokens=False)
+        correct = int(payload["answer"])
+        mix = [(1 - toy_task.BASE_CORRECT_FRACTION) / 10.0] * 10
+        mix[correct] += toy_task.BASE_CORRECT_FRACTION
+        for d in range(10):
+            rows.append((list(prompt_ids), digit_ids[d], mix, digit_ids, eos))
+    t = max(len(r[0]) for r in rows) + 1
+    vocab = TinyConfig().vocab_size
+    ids = torch.zeros(len(rows), t, dtype=torch.long)
+    targets = torch.zeros(len(rows), t, vocab)
+    weights = torch.zeros(len(rows), t)
+    for i, (p, dig, mix, digit_ids, eos) in enumerate(rows):
+        seq = p + [dig, eos]
+        ids[i, : len(seq) - 1] = torch.tensor(seq[:-1])
+        pos = len(p) - 1  # predicts the digit
+        for d, prob in enumerate(mix):
+            targets[i, pos, digit_ids[d]] = prob
+        weights[i, pos] = 0.1
+        targets[i, pos + 1, eos] = 1.0  # predicts <|im_end|> after the digit
+        weights[i, pos + 1] = 0.1
+    return ids, targets, weights
+
+
+def toy_task_eos() -> str:
+    return "<|im_end|>"
+
+
+def pretrain(tokenizer, steps: int = 400, lr: float = 3e-3, seed: int = 0) -> TinyLM:
+    """Pre-train ``TinyLM`` on ``pretrain_batch`` (soft cross-entropy, Adam, full batch)."""
+    torch.manual_seed(seed)
+    model = TinyLM(TinyConfig())
+    ids, targets, weights = pretrain_batch(tokenizer)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    for step in range(steps):
+        logits, _ = model(ids)
+        logp = F.log_softmax(logits, dim=-1)
+        loss = -((targets * logp).sum(-1) * weights).sum() / weights.sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step % 100 == 0 or step == steps - 1:
+            print(f"pretrain step {step}: loss {loss.item():.4f}")
+    model.eval()
+    return model
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=ASSETS_DIR)
+    parser.add_argument("--steps", type=int, default=400)
+    args = parser.parse_args(argv)
+    from transformers import AutoTokenizer
+
+    build_tokenizer(args.out)
+    tokenizer = AutoTokenizer.from_pretrained(str(args.out))
+    model = pretrain(tokenizer, steps=args.steps)
+    save_model(model, args.out)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,699 @@
+"""The simulated services' state and semantics, independent of HTTP.
+
+``Simulator.call(service, operation, params) -> dict`` answers one botocore operation of the
+``sagemaker`` control plane (training sessions, the Hub and model-registry lookups the SDK
+makes) or of the ``sagemakertrainingsessionruntime`` service, raising ``ApiError`` with the
+service's error code. Semantics (issue 3, DESIGN.md section 7):
+
+* Sessions go ``Created`` -> ``Running`` (after ``session_start_seconds``) -> ``Stopping`` ->
+  ``Stopped``; a stop from Stopping/Stopped/Failed is a ``ValidationException`` naming the
+  transition (the SDK's ``_stop_already_done`` reads it); only terminal sessions delete.
+* Operations are asynchronous: Execute* answers an ``operationId`` at once; a worker moves the
+  operation ``Pending`` -> ``InProgress`` -> ``Completed`` | ``Failed`` (``Skipped`` when the
+  session stops first). Get*OperationResult long-polls up to ``result_wait_seconds`` (the
+  SDK polls every 2 s, so an answer that waits for completion keeps the local stack fast).
+* Training operations run strictly in ``sequenceNumber`` order starting at 1; a gap blocks
+  every later one. A repeated (sequenceNumber, clientToken) returns the original operation;
+  the same sequence number with another token is a ``ConflictException``.
+* Saves register model packages (ARNs in the session's model package group) holding exact
+  copies of the weights (and, for saveState, the optimizer state).
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import json
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from local.simulator import engine
+from local.simulator.faults import FaultPlan
+from local.simulator.model import ASSETS_DIR
+from local.simulator.validation import CONTROL, RUNTIME, ApiError, error, validate
+
+BASE_MODEL_NAME = "stepwise-tiny"
+BASE_MODEL_VERSION = "1.0.0"
+PUBLIC_HUB = "SageMakerPublicHub"
+TRAINING_CAPABILITY_KEYWORD = "@capability:training_session"
+
+RUNTIME_OPERATIONS = frozenset(
+    {"ExecuteTrainingOperation", "GetTrainingOperationResult", "ExecuteSamplingOperation", "GetSamplingOperationResult"}
+)
+_ACTIVE = ("Created", "Scheduled", "Running")
+_STOP_NOOP = ("Stopping", "Stopped", "Failed", "Deleting", "DeletionFailed")
+_DELETABLE = ("Stopped", "Failed", "DeletionFailed")
+
+TRAINING_KINDS = {
+    "forward": "forward",
+    "forwardBackward": "forward_backward",
+    "optimizerStep": "optim_step",
+    "saveWeights": "save_weights",
+    "saveState": "save_state",
+    "loadState": "load_state",
+}
+SAMPLING_KINDS = {
+    "sample": "sample",
+    "computeLogprobs": "compute_logprobs",
+    "loadWeightsForSampling": "load_weights_for_sampling",
+}
+
+
+@dataclass
+class Operation:
+    id: str
+    kind: str
+    member: str  # the operationConfig union member, also the operationResult member
+    config: dict[str, Any]
+    seq: int | None = None
+    token: str | None = None
+    status: str = "Pending"
+    result: dict[str, Any] | None = None
+    error_details: str | None = None
+    tokens: int = 0
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def finish(self, status: str, result: dict[str, Any] | None = None, error_details: str | None = None) -> None:
+        self.status, self.result, self.error_details = status, result, error_details
+        self.done.set()
+
+    def answer(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"status": self.status}
+        if self.status == "Completed" and self.result is not None:
+            out["operationResult"] = {self.member: self.result}
+        if self.error_details:
+            out["errorDetails"] = self.error_details
+        if self.tokens and self.kind in ("forward", "forward_backward"):
+            out["tokenUsage"] = {"trainingTokens": self.tokens}
+        return out
+
+
+@dataclass
+class Session:
+    name: str
+    arn: str
+    request: dict[str, Any]
+    group_name: str
+    group_arn: str
+    created: float
+    ready_at: float
+    start_mode: str  # "ok" | "hang" | "fail"
+    status: str = "Created"
+    modified: float = 0.0
+    end_time: float | None = None
+    error_details: str | None = None
+    stop_at: float | None = None
+    trainer: engine.TrainerState | None = None
+    training_ops: dict[int, Operation] = field(default_factory=dict)
+    ops: dict[str, Operation] = field(default_factory=dict)
+    next_seq: int = 1
+    last_received_seq: int | None = None
+    cond: threading.Condition = field(default_factory=threading.Condition)
+    worker: threading.Thread | None = None
+    tokens: collections.Counter = field(default_factory=collections.Counter)
+
+
+class Simulator:
+    """All state of one simulator instance (thread-safe)."""
+
+    def __init__(
+        self,
+        *,
+        region: str = "us-west-2",
+        account_id: str = "123456789012",
+        result_wait_seconds: float = 5.0,
+        session_start_seconds: float = 0.0,
+        session_stop_seconds: float = 0.0,
+        session_start: str = "ok",
+        sampling_workers: int = 2,
+        fault_seed: int = 0,
+    ) -> None:
+        if session_start not in ("ok", "hang", "fail"):
+            raise ValueError(f"session_start must be ok, hang or fail, got {session_start!r}")
+        self.region = region
+        self.account_id = account_id
+        self.result_wait_seconds = float(result_wait_seconds)
+        self.session_start_seconds = float(session_start_seconds)
+        self.session_stop_seconds = float(session_stop_seconds)
+        self.session_start = session_start
+        self.faults = FaultPlan(seed=fault_seed)
+        self._lock = threading.RLock()
+        self._sessions: dict[str, Session] = {}
+        self._packages: dict[str, engine.ModelPackage] = {}
+        self._groups: dict[str, dict[str, Any]] = {}
+        self._counters: collections.Counter = collections.Counter()
+        self._closed = False
+        self._sampling_pool = ThreadPoolExecutor(max_workers=sampling_workers, thread_name_prefix="sim-sampling")
+        self._samplers: collections.OrderedDict[str, engine.Sampler] = collections.OrderedDict()
+        self._sampler_lock = threading.Lock()
+        self._base = engine.base_model()
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(str(ASSETS_DIR))
+        self._eos_ids = [self.tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
+        self._op_ids = itertools.count(1)
+
+    # ------------------------------------------------------------ public helpers
+
+    @property
+    def counters(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counters)
+
+    def count(self, key: str, n: int = 1) -> None:
+        with self._lock:
+            self._counters[key] += n
+
+    def reset_counters(self) -> None:
+        with self._lock:
+            self._counters.clear()
+
+    def session_statuses(self) -> dict[str, str]:
+        with self._lock:
+            return {name: self._refresh(s).status for name, s in self._sessions.items()}
+
+    def running_sessions(self) -> list[str]:
+        """Names of sessions not yet stopped (Created, Scheduled or Running)."""
+        return sorted(name for name, status in self.session_statuses().items() if status in _ACTIVE)
+
+    def session_weights(self, name: str) -> dict[str, Any]:
+        """A copy of a session's current trainable weights (for tests comparing states)."""
+        s = self._get_session(CONTROL, name)
+        assert s.trainer is not None
+        return engine.snapshot_weights(s.trainer)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            sessions = list(self._sessions.values())
+        for s in sessions:
+            with s.cond:
+                s.cond.notify_all()
+        self._sampling_pool.shutdown(wait=False, cancel_futures=True)
+
+    # ------------------------------------------------------------ dispatch
+
+    def call(self, service: str, operation: str, params: dict[str, Any]) -> dict[str, Any]:
+        """Answer one API call; raises ``ApiError``."""
+        self.count(operation)
+        handler: Callable[[dict[str, Any]], dict[str, Any]] | None = getattr(self, f"_op_{operation}", None)
+        if handler is None or (service == RUNTIME) != (operation in RUNTIME_OPERATIONS):
+            raise error(service, "validation", f"operation {operation} is not implemented by the simulator")
+        injected = self.faults.take(("throttle", "internal"), operation)
+        if injected == "throttle":
+            raise error(service, "throttle", f"Rate exceeded for {operation} (injected fault)")
+        if injected == "internal":
+            raise error(service, "internal", f"Internal error in {operation} (injected fault)")
+        delay = self.faults.latency(operation)
+        if delay:
+            time.sleep(delay)
+        validate(service, operation, params)
+        return handler(params)
+
+    # ------------------------------------------------------------ sessions
+
+    def _session_arn(self, name: str) -> str:
+        return f"arn:aws:sagemaker:{self.region}:{self.account_id}:training-session/{name}"
+
+    def _refresh(self, s: Session) -> Session:
+        """Advance time-driven transitions (start, stop) of ``s``; returns ``s``."""
+        now = time.time()
+        with self._lock:
+            if s.status == "Created" and s.start_mode != "hang" and now >= s.ready_at:
+                if s.start_mode == "fail":
+                    s.status, s.error_details, s.end_time = "Failed", "Capacity error: the session could not start (injected fault)", now
+                else:
+                    s.status = "Running"
+                s.modified = now
+            if s.status == "Stopping" and s.stop_at is not None and now >= s.stop_at:
+                s.status, s.modified, s.end_time = "Stopped", now, now
+            return s
+
+    def _get_session(self, service: str, name: str) -> Session:
+        with self._lock:
+            s = self._sessions.get(name)
+        if s is None:
+            raise error(service, "not_found", f"Training session {name!r} does not exist")
+        return self._refresh(s)
+
+    def _op_CreateTrainingSession(self, p: dict[str, Any]) -> dict[str, Any]:
+        name = p["TrainingSessionName"]
+        base_arn = p["ModelConfig"]["BaseModelArn"]
+        hub_name = base_arn.split("/")[3] if base_arn.count("/") >= 3 else ""
+        if hub_name != BASE_MODEL_NAME:
+            raise error(CONTROL, "not_found", f"Base model {base_arn!r} is not served here; the simulator serves {self._hub_arn()}")
+        group_arn = p.get("ModelPackageGroupArn") or self._ensure_group("sagemaker-default")
+        group_name = group_arn.rsplit("/", 1)[-1]
+        now = time.time()
+        with self._lock:
+            if name in self._sessions:
+                raise error(CONTROL, "in_use", f"Training session {name!r} already exists")
+            self._ensure_group(group_name)
+            s = Session(
+                name=name,
+                arn=self._session_arn(name),
+                request=p,
+                group_name=group_name,
+                group_arn=group_arn,
+                created=now,
+                modified=now,
+                ready_at=now + self.session_start_seconds,
+                start_mode=self.session_start,
+                trainer=engine.TrainerState.from_base(self._base),
+            )
+            self._sessions[name] = s
+        s.worker = threading.Thread(target=self._training_worker, args=(s,), name=f"sim-train-{name}", daemon=True)
+        s.worker.start()
+        return {"TrainingSessionArn": s.arn}
+
+    def _detail(self, s: Session) -> dict[str, Any]:
+        r = s.request
+        d: dict[str, Any] = {
+            "TrainingSessionArn": s.arn,
+            "TrainingSessionName": s.name,
+            "TrainingSessionStatus": s.status,
+            "ModelPackageGroupArn": s.group_arn,
+            "CreationTime": s.created,
+            "LastModifiedTime": s.modified,
+            "RoleArn": r["RoleArn"],
+            "LoraConfig": r["LoraConfig"],
+            "ModelConfig": r["ModelConfig"],
+            "OutputConfig": r["OutputConfig"],
+            "BillableTokenUsage": {
+                "PrefillTokenCount": s.tokens["prefill"],
+                "SampleTokenCount": s.tokens["sample"],
+                "TrainingTokenCount": s.tokens["training"],
+            },
+        }
+        for key in ("VpcConfig", "Tags"):
+            if key in r:
+                d[key] = r[key]
+        if s.end_time is not None:
+            d["EndTime"] = s.end_time
+        if s.error_details:
+            d["ErrorDetails"] = s.error_details
+        if s.last_received_seq is not None:
+            d["LastReceivedSequenceNumber"] = s.last_received_seq
+        return d
+
+    def _op_DescribeTrainingSession(self, p: dict[str, Any]) -> dict[str, Any]:
+        return {"TrainingSessionDetail": self._detail(self._get_session(CONTROL, p["TrainingSessionName"]))}
+
+    def _op_ListTrainingSessions(self, p: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            sessions = [self._refresh(s) for s in self._sessions.values()]
+        sessions.sort(key=lambda s: s.created, reverse=True)
+        if p.get("NameContains"):
+            sessions = [s for s in sessions if p["NameContains"] in s.name]
+        if p.get("StatusEquals"):
+            sessions = [s for s in sessions if s.status == p["StatusEquals"]]
+        for key, keep in (("CreationTimeAfter", lambda s, t: s.created > t), ("CreationTimeBefore", lambda s, t: s.created < t)):
+            if p.get(key) is not None:
+                t = _epoch(p[key])
+                sessions = [s for s in sessions if keep(s, t)]
+        page, token = _paginate(sessions, p.get("NextToken"), p.get("MaxResults") or 100)
+        out: dict[str, Any] = {
+            "TrainingSessionSummaries": [
+                {
+                    "TrainingSessionArn": s.arn,
+                    "TrainingSessionStatus": s.status,
+                    "CreationTime": s.created,
+                    "LastModifiedTime": s.modified,
+                }
+                for s in page
+            ]
+        }
+        if token:
+            out["NextToken"] = token
+        return out
+
+    def _op_StopTrainingSession(self, p: dict[str, Any]) -> dict[str, Any]:
+        s = self._get_session(CONTROL, p["TrainingSessionName"])
+        with self._lock:
+            if s.status in _STOP_NOOP:
+                raise error(CONTROL, "validation", f"Training session {s.name!r}: invalid session state transition from {s.status} to Stopping")
+            now = time.time()
+            s.status, s.modified, s.stop_at = "Stopping", now, now + self.session_stop_seconds
+        with s.cond:
+            for op in s.ops.values():
+                if op.status in ("Pending",):
+                    op.finish("Skipped", error_details="The training session was stopped before this operation ran")
+            s.cond.notify_all()
+        self._refresh(s)
+        return {}
+
+    def _op_DeleteTrainingSession(self, p: dict[str, Any]) -> dict[str, Any]:
+        s = self._get_session(CONTROL, p["TrainingSessionName"])
+        with self._lock:
+            if s.status not in _DELETABLE:
+                raise error(
+                    CONTROL, "validation", f"Training session {s.name!r} is {s.status}; only Stopped or Failed sessions can be deleted"
+                )
+            del self._sessions[s.name]
+        return {}
+
+    # ------------------------------------------------------------ hub and registry
+
+    def _hub_arn(self) -> str:
+        return f"arn:aws:sagemaker:{self.region}:aws:hub-content/{PUBLIC_HUB}/Model/{BASE_MODEL_NAME}/{BASE_MODEL_VERSION}"
+
+    def _hub_summary(self) -> dict[str, Any]:
+        return {
+            "HubContentName": BASE_MODEL_NAME,
+            "HubContentArn": self._hub_arn(),
+            "HubContentVersion": BASE_MODEL_VERSION,
+            "HubContentType": "Model",
+            "DocumentSchemaVersion": "2.4.0",
+            "HubContentDisplayName": "Stepwise tiny byte-level LM (simulator)",
+            "HubContentSearchKeywords": [TRAINING_CAPABILITY_KEYWORD, f"@huggingface-id:{ASSETS_DIR}"],
+            "HubContentStatus": "Available",
+            "CreationTime": 1764460800.0,
+        }
+
+    def _op_ListHubContents(self, p: dict[str, Any]) -> dict[str, Any]:
+        if p["HubName"] not in (PUBLIC_HUB,) or p["HubContentType"] != "Model":
+            return {"HubContentSummaries": []}
+        return {"HubContentSummaries": [self._hub_summary()]}
+
+    def _op_DescribeHubContent(self, p: dict[str, Any]) -> dict[str, Any]:
+        if p["HubContentName"] != BASE_MODEL_NAME or p["HubContentType"] != "Model":
+            raise error(CONTROL, "not_found", f"Hub content {p['HubContentName']!r} of type {p['HubContentType']} does not exist in {p['HubName']}")
+        summary = self._hub_summary()
+        return summary | {
+            "HubName": PUBLIC_HUB,
+            "HubArn": f"arn:aws:sagemaker:{self.region}:aws:hub/{PUBLIC_HUB}",
+            # The SDK loads the tokenizer with AutoTokenizer.from_pretrained(HuggingfaceId):
+            # a local directory path works and nothing is downloaded.
+            "HubContentDocument": json.dumps({"HuggingfaceId": str(ASSETS_DIR)}),
+        }
+
+    def _group_arn(self, name: str) -> str:
+        return f"arn:aws:sagemaker:{self.region}:{self.account_id}:model-package-group/{name}"
+
+    def _ensure_group(self, name: str, description: str = "") -> str:
+        with self._lock:
+            if name not in self._groups:
+                self._groups[name] = {"arn": self._group_arn(name), "created": time.time(), "description": description, "versions": 0}
+            return self._groups[name]["arn"]
+
+    def _op_CreateModelPackageGroup(self, p: dict[str, Any]) -> dict[str, Any]:
+        name = p["ModelPackageGroupName"]
+        with self._lock:
+            if name in self._groups:
+                raise error(CONTROL, "in_use", f"Model package group {name!r} already exists")
+            return {"ModelPackageGroupArn": self._ensure_group(name, p.get("ModelPackageGroupDescription", ""))}
+
+    def _op_DescribeModelPackageGroup(self, p: dict[str, Any]) -> dict[str, Any]:
+        name = p["ModelPackageGroupName"].rsplit("/", 1)[-1]
+        with self._lock:
+            g = self._groups.get(name)
+        if g is None:
+            raise error(CONTROL, "validation", f"Model package group {name!r} does not exist.")
+        return {
+            "ModelPackageGroupName": name,
+            "ModelPackageGroupArn": g["arn"],
+            "ModelPackageGroupDescription": g["description"],
+            "CreationTime": g["created"],
+            "CreatedBy": {},
+            "ModelPackageGroupStatus": "Completed",
+        }
+
+    def _package_summary(self, mp: engine.ModelPackage) -> dict[str, Any]:
+        return {
+            "ModelPackageName": mp.group_name,
+            "ModelPackageGroupName": mp.group_name,
+            "ModelPackageVersion": mp.version,
+            "ModelPackageArn": mp.arn,
+            "ModelPackageDescription": mp.description,
+            "CreationTime": mp.created,
+            "ModelPackageStatus": "Completed",
+            "ModelApprovalStatus": "PendingManualApproval",
+        }
+
+    def _op_ListModelPackages(self, p: dict[str, Any]) -> dict[str, Any]:
+        group = (p.get("ModelPackageGroupName") or "").rsplit("/", 1)[-1]
+        with self._lock:
+            pkgs = [mp for mp in self._packages.values() if not group or mp.group_name == group]
+        reverse = p.get("SortOrder", "Ascending") == "Descending"
+        pkgs.sort(key=lambda mp: (mp.created, mp.version), reverse=reverse)
+        page, token = _paginate(pkgs, p.get("NextToken"), p.get("MaxResults") or 100)
+        out: dict[str, Any] = {"ModelPackageSummaryList": [self._package_summary(mp) for mp in page]}
+        if token:
+            out["NextToken"] = token
+        return out
+
+    def _package(self, arn: str) -> engine.ModelPackage | None:
+        with self._lock:
+            return self._packages.get(arn)
+
+    def _op_DescribeModelPackage(self, p: dict[str, Any]) -> dict[str, Any]:
+        mp = self._package(p["ModelPackageName"])
+        if mp is None:
+            raise error(CONTROL, "validation", f"Model package {p['ModelPackageName']!r} does not exist.")
+        return self._package_summary(mp) | {
+            "ModelPackageStatusDetails": {"ValidationStatuses": []},
+            "InferenceSpecification": {
+                "Containers": [
+                    {
+                        "Image": "stepwise-simulator:tiny",
+                        "IsCheckpoint": mp.kind == "checkpoint",
+                        "BaseModel": {"HubContentName": mp.base_model_name, "HubContentVersion": mp.base_model_version},
+                        "ModelDataSource": {
+                            "S3DataSource": {"S3Uri": mp.s3_uri, "S3DataType": "S3Prefix", "CompressionType": "None"}
+                        },
+                    }
+                ]
+            },
+        }
+
+    def _op_DeleteModelPackage(self, p: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            if self._packages.pop(p["ModelPackageName"], None) is None:
+                raise error(CONTROL, "validation", f"Model package {p['ModelPackageName']!r} does not exist.")
+        with self._sampler_lock:
+            self._samplers.pop(p["ModelPackageName"], None)
+        return {}
+
+    def _register_package(self, s: Session, kind: str, description: str, weights, optimizer_state=None) -> engine.ModelPackage:
+        with self._lock:
+            g = self._groups[s.group_name]
+            g["versions"] += 1
+            version = g["versions"]
+            out = s.request["OutputConfig"]["S3Location"]["Path"].rstrip("/")
+            mp = engine.ModelPackage(
+                arn=f"arn:aws:sagemaker:{self.region}:{self.account_id}:model-package/{s.group_name}/{version}",
+                group_name=s.group_name,
+                group_arn=s.group_arn,
+                version=version,
+                kind=kind,
+                description=description or f"{'checkpoint' if kind == 'checkpoint' else 'weights'} of training session {s.name}",
+                created=time.time(),
+                base_model_name=BASE_MODEL_NAME,
+                base_model_version=BASE_MODEL_VERSION,
+                s3_uri=f"{out}/{s.name}/{'checkpoints' if kind == 'checkpoint' else 'weights'}/{version}/",
+                weights=weights,
+                optimizer_state=optimizer_state,
+            )
+            self._packages[mp.arn] = mp
+            return mp
+
+    # ------------------------------------------------------------ runtime: training
+
+    def _running_session(self, name: str) -> Session:
+        s = self._get_session(RUNTIME, name)
+        if s.status != "Running":
+            raise error(RUNTIME, "validation", f"Training session {name!r} is {s.status}; operations are accepted only while it is Running")
+        return s
+
+    def _new_op_id(self) -> str:
+        return f"op-{next(self._op_ids):08d}-{uuid.uuid4().hex[:12]}"
+
+    def _op_ExecuteTrainingOperation(self, p: dict[str, Any]) -> dict[str, Any]:
+        s = self._running_session(p["trainingSessionName"])
+        (member, config), = [(k, v) for k, v in p["operationConfig"].items() if v is not None]
+        seq, token = p["sequenceNumber"], p.get("clientToken")
+        with s.cond:
+            existing = s.training_ops.get(seq)
+            if existing is not None:
+                if token is not None and existing.token == token:
+                    return {"operationId": existing.id}
+                raise error(
+                    RUNTIME,
+                    "conflict",
+                    f"sequenceNumber {seq} of session {s.name!r} was already used by operation {existing.id} "
+                    f"with a different clientToken; resend the original clientToken or use the next sequence number",
+                )
+            if seq < s.next_seq:
+                raise error(RUNTIME, "conflict", f"sequenceNumber {seq} of session {s.name!r} is already past (next expected {s.next_seq})")
+            op = Operation(id=self._new_op_id(), kind=TRAINING_KINDS[member], member=member, config=config, seq=seq, token=token)
+            s.training_ops[seq] = op
+            s.ops[op.id] = op
+            s.last_received_seq = max(s.last_received_seq or 0, seq)
+            s.cond.notify_all()
+        return {"operationId": op.id}
+
+    def _training_worker(self, s: Session) -> None:
+        while True:
+            with s.cond:
+                while not self._closed and s.status in _ACTIVE and not (
+                    s.status == "Running" and s.next_seq in s.training_ops
+                ):
+                    s.cond.wait(timeout=0.2)
+                    self._refresh(s)
+                if self._closed or s.status not in _ACTIVE:
+                    return
+                op = s.training_ops[s.next_seq]
+            if op.status == "Pending":
+                self._run(op, lambda op=op: self._apply_training(s, op))
+            with s.cond:
+                s.next_seq += 1
+                s.cond.notify_all()
+
+    def _run(self, op: Operation, apply: Callable[[], dict[str, Any]]) -> None:
+        """Run ``op`` with its latency and fault rules; count it when applied."""
+        op.status = "InProgress"
+        delay = self.faults.latency(op.kind)
+        if delay:
+            time.sleep(delay)
+        if self.faults.take(("fail",), op.kind):
+            op.finish("Failed", error_details=f"{op.kind} operation {op.id} failed (injected fault)")
+            return
+        try:
+            result = apply()
+        except engine.OperationFailed as e:
+            op.finish("Failed", error_details=str(e))
+            return
+        except Exception as e:  # a simulator bug must still end the operation
+            op.finish("Failed", error_details=f"internal error: {type(e).__name__}: {e}")
+            return
+        self.count(op.kind)
+        op.finish("Completed", result)
+
+    def _apply_training(self, s: Session, op: Operation) -> dict[str, Any]:
+        st = s.trainer
+        assert st is not None
+        c = op.config
+        if op.kind in ("forward", "forward_backward"):
+            result = engine.forward_backward(st, c, backward=op.kind == "forward_backward")
+            op.tokens = int(result["metrics"]["global_token_num"])
+            s.tokens["training"] += op.tokens
+            return result
+        if op.kind == "optim_step":
+            return engine.optimizer_step(st, c)
+        if op.kind == "save_weights":
+            mp = self._register_package(s, "model", c.get("description", ""), engine.snapshot_weights(st))
+            return {"modelPackageArn": mp.arn}
+        if op.kind == "save_state":
+            mp = self._register_package(
+                s, "checkpoint", c.get("description", ""), engine.snapshot_weights(st), engine.snapshot_optimizer(st)
+            )
+            return {"modelPackageArn": mp.arn}
+        if op.kind == "load_state":
+            mp = self._package(c["modelPackageArn"])
+            if mp is None:
+                raise engine.OperationFailed(f"model package {c['modelPackageArn']!r} does not exist")
+            engine.load_state(st, mp, bool(c["loadOptimizer"]))
+            return {}
+        raise engine.OperationFailed(f"unsupported training operation {op.member}")
+
+    def _get_op(self, name: str, op_id: str) -> Operation:
+        s = self._get_session(RUNTIME, name)
+        op = s.ops.get(op_id)
+        if op is None:
+            raise error(RUNTIME, "not_found", f"Operation {op_id!r} does not exist in training session {name!r}")
+        return op
+
+    def _wait_answer(self, op: Operation) -> dict[str, Any]:
+        if self.result_wait_seconds > 0:
+            op.done.wait(self.result_wait_seconds)
+        return op.answer()
+
+    def _op_GetTrainingOperationResult(self, p: dict[str, Any]) -> dict[str, Any]:
+        op = self._get_op(p["trainingSessionName"], p["operationId"])
+        if op.seq is None:
+            raise error(RUNTIME, "not_found", f"Operation {op.id!r} is a sampling operation; use GetSamplingOperationResult")
+        return self._wait_answer(op)
+
+    # ------------------------------------------------------------ runtime: sampling
+
+    def _sampler(self, arn: str) -> engine.Sampler:
+        with self._sampler_lock:
+            sampler = self._samplers.get(arn)
+            if sampler is not None:
+                self._samplers.move_to_end(arn)
+                return sampler
+        weights = None
+        if arn:
+            mp = self._package(arn)
+            if mp is None:
+                raise engine.OperationFailed(f"model package {arn!r} does not exist")
+            weights = mp.weights
+        sampler = engine.Sampler.from_weights(self._base, weights, self._eos_ids, self._decode)
+        with self._sampler_lock:
+            self._samplers[arn] = sampler
+            while len(self._samplers) > 8:
+                self._samplers.popitem(last=False)
+        return sampler
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def _op_ExecuteSamplingOperation(self, p: dict[str, Any]) -> dict[str, Any]:
+        s = self._running_session(p["trainingSessionName"])
+        (member, config), = [(k, v) for k, v in p["operationConfig"].items() if v is not None]
+        arn = config.get("modelPackageArn") or ""
+        if arn and self._package(arn) is None:
+            raise error(RUNTIME, "validation", f"model package {arn!r} does not exist")
+        op = Operation(id=self._new_op_id(), kind=SAMPLING_KINDS[member], member=member, config=config)
+        with s.cond:
+            s.ops[op.id] = op
+        self._sampling_pool.submit(self._run, op, lambda: self._apply_sampling(s, op))
+        return {"operationId": op.id}
+
+    def _apply_sampling(self, s: Session, op: Operation) -> dict[str, Any]:
+        c = op.config
+        vocab = self._base.cfg.vocab_size
+        if op.kind == "load_weights_for_sampling":
+            self._sampler(c["modelPackageArn"])
+            return {}
+        sampler = self._sampler(c.get("modelPackageArn") or "")
+        prompt = engine.model_input_tokens(c["prompt"], vocab, "prompt")
+        if not prompt:
+            raise engine.OperationFailed("prompt has no tokens")
+        if op.kind == "compute_logprobs":
+            s.tokens["prefill"] += len(prompt)
+            return {"logprobs": sampler.prompt_logprobs(prompt)}
+        seqs = sampler.sample(prompt, int(c["numSamples"]), c["samplingParams"])
+        s.tokens["prefill"] += len(prompt)
+        s.tokens["sample"] += sum(len(q["tokens"]) for q in seqs)
+        self.count("sampled_sequences", len(seqs))
+        out: dict[str, Any] = {"sequences": seqs}
+        if c.get("includePromptLogprobs"):
+            out["promptLogprobs"] = sampler.prompt_logprobs(prompt)
+        if c.get("topkPromptLogprobs"):
+            out["topkPromptLogprobs"] = sampler.topk_prompt_logprobs(prompt, int(c["topkPromptLogprobs"]))
+        return out
+
+    def _op_GetSamplingOperationResult(self, p: dict[str, Any]) -> dict[str, Any]:
+        op = self._get_op(p["trainingSessionName"], p["operationId"])
+        if op.seq is not None:
+            raise error(RUNTIME, "not_found", f"Operation {op.id!r} is a training operation; use GetTrainingOperationResult")
+        return self._wait_answer(op)
+
+
+def _paginate(items: list, token: str | None, limit: int) -> tuple[list, str | None]:
+    start = int(token) if token and token.isdigit() else 0
+    end = start + int(limit)
+    return items[start:end], (str(end) if end < len(items) else None)
+
+
+def _epoch(value: Any) -> float:
+    if isinstance(value, (int, float)):
+        return float(value)
+    from botocore.utils import parse_timestamp
+
+    return parse_timestamp(value).timestamp()
