@@ -101,6 +101,7 @@ class ScriptedSampler:
     script: list[str] = field(default_factory=list)
     default: str = "ok"
     calls: list[tuple[list[int], TurnRecord]] = field(default_factory=list)
+    params: list[dict] = field(default_factory=list)
     delay: float = 0.0
 
     async def generate(self, *, prompt_ids, sampling_params, session_id=None, image_data=None, video_data=None):
@@ -111,6 +112,7 @@ class ScriptedSampler:
         turn = TurnRecord(prompt_ids=list(prompt_ids), output_ids=out, finish_reason="stop",
                           output_log_probs=[-0.001 * (i + 1) for i in range(len(out))])
         self.calls.append((list(prompt_ids), turn))
+        self.params.append(dict(sampling_params))
         return turn
 
 
