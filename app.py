@@ -1,0 +1,33 @@
+#!/usr/bin/env python3
+"""CDK app: ``cdk deploy`` (or ``python app.py`` to synthesize into ``cdk.out``).
+
+Context values (``-c key=value``; all optional, see docs/deploy.md and ``infra.settings``):
+stackName, agentRuntimeArns, sagemakerRoleArns, agentRoleArns, notificationTopicArn,
+bulkRetentionDays, stallMinutes, rolloutFailureRateAlarm, logRetentionDays, destroyOnDelete.
+"""
+
+from __future__ import annotations
+
+import os
+
+import aws_cdk as cdk
+from cdk_nag import AwsSolutionsChecks
+
+from infra.settings import StackSettings
+from infra.stack import StepwiseStack
+
+
+def build_app(context: dict | None = None) -> tuple[cdk.App, StepwiseStack]:
+    """The app with its one stack and cdk-nag's AwsSolutions checks applied."""
+    app = cdk.App(context=context or None)
+    settings = StackSettings.from_context(app.node.try_get_context)
+    env = None
+    if os.environ.get("CDK_DEFAULT_ACCOUNT") and os.environ.get("CDK_DEFAULT_REGION"):
+        env = cdk.Environment(account=os.environ["CDK_DEFAULT_ACCOUNT"], region=os.environ["CDK_DEFAULT_REGION"])
+    stack = StepwiseStack(app, app.node.try_get_context("stackName") or "Stepwise", settings=settings, env=env)
+    cdk.Aspects.of(app).add(AwsSolutionsChecks(verbose=True))
+    return app, stack
+
+
+if __name__ == "__main__":
+    build_app()[0].synth()

@@ -1,0 +1,127 @@
+"""The state machine's placeholders and their values, shared by the stack and the local stack.
+
+The ASL in ``state_machine/`` refers to deployed resources by ``${...}`` placeholders: one
+``${<Name>FunctionArn}`` per entry of ``stepwise.functions.FUNCTIONS`` and ``${BucketName}``.
+The CDK stack passes :func:`substitutions` (with CloudFormation tokens as values) to
+``DefinitionSubstitutions``; the local stack passes the same function's result (with moto's
+ARNs) to ``state_machine.definition.render_definition``. :func:`synthesized_definition`
+reads a synthesized template back, so a test can prove both sides render the same text.
+
+This module imports no CDK code: the local stack pays nothing for it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from stepwise.functions import FUNCTIONS
+
+#: ``${Name}`` as Step Functions' DefinitionSubstitutions spells a placeholder.
+PLACEHOLDER_RE = re.compile(r"\$\{([A-Za-z0-9_]+)\}")
+
+BUCKET_PLACEHOLDER = "BucketName"
+
+
+def function_placeholder(name: str) -> str:
+    """The placeholder of the function ``name`` (a ``FUNCTIONS`` entry): ``<Name>FunctionArn``."""
+    return f"{name}FunctionArn"
+
+
+def substitutions(*, function_arns: Mapping[str, str], bucket_name: str) -> dict[str, str]:
+    """Every placeholder the ASL may use, mapped to its value.
+
+    Args:
+        function_arns: logical function name (``FunctionSpec.name``) -> its ARN (a literal
+            ARN locally, a CloudFormation token in the stack). Must cover every ``FUNCTIONS``
+            entry; extra names are refused.
+        bucket_name: the run bucket.
+
+    Returns:
+        ``{"<Name>FunctionArn": arn, ..., "BucketName": bucket_name}``.
+
+    Raises:
+        ValueError: a ``FUNCTIONS`` entry has no ARN, or an unknown name was given.
+    """
+    known = [spec.name for spec in FUNCTIONS]
+    missing = [n for n in known if n not in function_arns]
+    unknown = [n for n in function_arns if n not in known]
+    if missing or unknown:
+        raise ValueError(
+            f"function_arns must name exactly the FUNCTIONS entries; missing {missing}, unknown {unknown}; "
+            f"expected {known}"
+        )
+    subs = {function_placeholder(n): function_arns[n] for n in known}
+    subs[BUCKET_PLACEHOLDER] = bucket_name
+    return subs
+
+
+def placeholders(definition: str) -> set[str]:
+    """The placeholder names used in an ASL text (``${Name}`` -> ``Name``)."""
+    return set(PLACEHOLDER_RE.findall(definition))
+
+
+def used_substitutions(definition: str, subs: Mapping[str, Any]) -> dict[str, Any]:
+    """The subset of ``subs`` that ``definition`` uses.
+
+    Raises:
+        ValueError: the definition uses a placeholder ``subs`` does not define (named).
+    """
+    used = placeholders(definition)
+    undefined = sorted(used - set(subs))
+    if undefined:
+        raise ValueError(
+            f"the state machine definition uses placeholders nobody defines: {undefined}; "
+            f"defined: {sorted(subs)}"
+        )
+    return {k: v for k, v in subs.items() if k in used}
+
+
+def _token_text(value: Any) -> str:
+    """A CloudFormation value as stable text: ``Fn::GetAtt`` -> ``LogicalId.Attr``, ``Ref`` -> id."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and set(value) == {"Fn::GetAtt"}:
+        return ".".join(value["Fn::GetAtt"])
+    if isinstance(value, dict) and set(value) == {"Ref"}:
+        return value["Ref"]
+    return json.dumps(value, sort_keys=True)
+
+
+def synthesized_substitutions(template: Mapping[str, Any]) -> dict[str, str]:
+    """The ``DefinitionSubstitutions`` of the template's one state machine, tokens as text.
+
+    ``{"InitFunctionArn": "FunctionsInitFunction1234.Arn", "BucketName": "StorageBucket5678", ...}``.
+
+    Raises:
+        ValueError: the template has no state machine, or more than one.
+    """
+    machine = _the_state_machine(template)
+    return {k: _token_text(v) for k, v in (machine.get("DefinitionSubstitutions") or {}).items()}
+
+
+def synthesized_definition(template: Mapping[str, Any]) -> str:
+    """The template's state machine definition with every placeholder replaced by its token text.
+
+    Equal to ``render_definition(synthesized_substitutions(template))`` when the deployed
+    definition is the ASL file (the property the local stack's equality test relies on).
+    """
+    machine = _the_state_machine(template)
+    text = machine["DefinitionString"]
+    if not isinstance(text, str):
+        raise ValueError("DefinitionString is not a literal string; the stack must use DefinitionBody.from_string")
+    subs = synthesized_substitutions(template)
+    return PLACEHOLDER_RE.sub(lambda m: subs.get(m.group(1), m.group(0)), text)
+
+
+def _the_state_machine(template: Mapping[str, Any]) -> Mapping[str, Any]:
+    machines = [
+        r["Properties"]
+        for r in template.get("Resources", {}).values()
+        if r.get("Type") == "AWS::StepFunctions::StateMachine"
+    ]
+    if len(machines) != 1:
+        raise ValueError(f"expected exactly one AWS::StepFunctions::StateMachine in the template, found {len(machines)}")
+    return machines[0]

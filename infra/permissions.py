@@ -1,0 +1,187 @@
+"""Least-privilege IAM for each Lambda: what each function may do, as named capabilities.
+
+Every IAM action the stack grants a function comes from one :class:`Capability`, and
+:data:`FUNCTION_CAPABILITIES` says which function holds which. The SageMaker action names
+are the operation names of botocore's models (``sagemaker`` control plane and
+``sagemakertrainingsessionruntime``, whose signing name is ``sagemaker``), as the SDK
+``sagemaker.train.training_session`` calls them:
+CreateTrainingSession / DescribeTrainingSession / StopTrainingSession
+(``ServiceClient.create_lora_training_client``, ``_wait_until_running``, ``stop_session``),
+ExecuteTrainingOperation / GetTrainingOperationResult (forward_backward, optim_step,
+save_weights, save_state), ExecuteSamplingOperation / GetSamplingOperationResult
+(sample, load_weights_for_sampling), DescribeHubContent / ListHubContents on
+``SageMakerPublicHub`` (``resolve_base_model``, ``list_base_models``, ``load_tokenizer``) and
+DescribeModelPackage / DescribeModelPackageGroup (``create_training_client_from_state*``).
+"""
+
+from __future__ import annotations
+
+import enum
+
+from aws_cdk import ArnFormat, Stack
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_s3 as s3
+
+from infra.storage import DATASETS_PREFIX, ROLLOUT_RESULTS_PREFIX, RUNS_PREFIX, SESSIONS_PREFIX
+
+PUBLIC_HUB = "SageMakerPublicHub"
+
+
+class Capability(enum.Enum):
+    """One concern a function needs permissions for (see :func:`statements`)."""
+
+    RUN_STATE = "read/write runs/*, read datasets/*"
+    GATEWAY_SESSIONS = "read/write gateway session records sessions/*"
+    READ_RESULTS = "read agent result objects rollout-results/*"
+    GATEWAY_S3 = "read sessions/* and runs/*/tokenizer/*, write runs/*/sessions/* (captured turns)"
+    SESSION_LIFECYCLE = "create/describe/stop training sessions, pass the session role, read the public hub and model packages"
+    SESSION_DESCRIBE = "describe training sessions"
+    SESSION_STOP = "stop and describe training sessions"
+    TRAINING_OPS = "submit and read training operations"
+    SAMPLING_OPS = "submit and read sampling operations"
+    MODEL_PACKAGES_READ = "describe model packages (checkpoints)"
+    INVOKE_AGENT = "InvokeAgentRuntime on the configured ACR runtimes"
+    TASK_RESPONSE = "SendTaskSuccess/Failure/Heartbeat for the training loop's callback tasks"
+    CONTINUE_RUN = "StartExecution of the training loop (continue the run as a new execution)"
+
+
+C = Capability
+#: Function name (``FunctionSpec.name``, or ``Gateway``) -> its capabilities. A function
+#: missing here gets only RUN_STATE, and tests/test_stack_iam.py fails naming it.
+FUNCTION_CAPABILITIES: dict[str, frozenset[Capability]] = {
+    "Init": frozenset({C.RUN_STATE, C.SESSION_LIFECYCLE}),
+    "PollSession": frozenset({C.RUN_STATE, C.SESSION_DESCRIBE}),
+    "PlanStep": frozenset({C.RUN_STATE}),
+    "StartRollout": frozenset({C.RUN_STATE, C.GATEWAY_SESSIONS, C.INVOKE_AGENT}),
+    "OnRolloutResult": frozenset({C.RUN_STATE, C.GATEWAY_SESSIONS, C.READ_RESULTS, C.TASK_RESPONSE}),
+    "FinishRollout": frozenset({C.RUN_STATE, C.GATEWAY_SESSIONS, C.READ_RESULTS}),
+    "ComputeAdvantages": frozenset({C.RUN_STATE}),
+    "RecordEval": frozenset({C.RUN_STATE}),
+    "SubmitTrain": frozenset({C.RUN_STATE, C.TRAINING_OPS}),
+    "PollOperation": frozenset({C.RUN_STATE, C.TRAINING_OPS, C.SAMPLING_OPS}),
+    "Rebind": frozenset({C.RUN_STATE, C.TRAINING_OPS, C.SAMPLING_OPS}),
+    "Checkpoint": frozenset({C.RUN_STATE, C.TRAINING_OPS, C.MODEL_PACKAGES_READ}),
+    "ContinueRun": frozenset({C.RUN_STATE, C.CONTINUE_RUN}),
+    "StopSession": frozenset({C.RUN_STATE, C.SESSION_STOP}),
+    "Cleanup": frozenset({C.RUN_STATE, C.SESSION_STOP}),
+    "Gateway": frozenset({C.GATEWAY_S3, C.SAMPLING_OPS}),
+}
+DEFAULT_CAPABILITIES = frozenset({C.RUN_STATE})
+
+
+def capabilities_of(name: str) -> frozenset[Capability]:
+    """The capabilities of function ``name`` (:data:`DEFAULT_CAPABILITIES` when unlisted)."""
+    return FUNCTION_CAPABILITIES.get(name, DEFAULT_CAPABILITIES)
+
+
+def _sm_arn(stack: Stack, resource: str, name: str = "*", account: str | None = None) -> str:
+    return stack.format_arn(
+        service="sagemaker", resource=resource, resource_name=name, account=account,
+        arn_format=ArnFormat.SLASH_RESOURCE_NAME,
+    )
+
+
+def training_session_arns(stack: Stack) -> list[str]:
+    """``arn:aws:sagemaker:{region}:{account}:training-session/*`` (names are chosen per run by Init)."""
+    return [_sm_arn(stack, "training-session")]
+
+
+def agent_runtime_resources(stack: Stack, runtime_arns: tuple[str, ...]) -> list[str]:
+    """The configured runtimes and their endpoints; every runtime of this account/region when none is configured."""
+    if runtime_arns:
+        return [r for arn in runtime_arns for r in (arn, f"{arn}/runtime-endpoint/*")]
+    return [stack.format_arn(service="bedrock-agentcore", resource="runtime", resource_name="*",
+                             arn_format=ArnFormat.SLASH_RESOURCE_NAME)]
+
+
+def pass_role_resources(stack: Stack, role_arns: tuple[str, ...]) -> list[str]:
+    """The configured SageMaker session roles; any role of this account when none is configured."""
+    if role_arns:
+        return list(role_arns)
+    return [stack.format_arn(service="iam", region="", resource="role", resource_name="*",
+                             arn_format=ArnFormat.SLASH_RESOURCE_NAME)]
+
+
+def statements(
+    capability: Capability,
+    *,
+    stack: Stack,
+    bucket: s3.IBucket,
+    agent_runtime_arns: tuple[str, ...] = (),
+    sagemaker_role_arns: tuple[str, ...] = (),
+) -> list[iam.PolicyStatement]:
+    """The identity-policy statements of one capability.
+
+    TASK_RESPONSE and CONTINUE_RUN have none here: they name the state machine, which depends
+    on the functions, so the state machine construct grants them with a separate policy.
+    """
+    objects = bucket.arn_for_objects
+    list_bucket = iam.PolicyStatement(actions=["s3:ListBucket"], resources=[bucket.bucket_arn])
+    sessions = training_session_arns(stack)
+    if capability is C.RUN_STATE:
+        return [
+            iam.PolicyStatement(actions=["s3:GetObject", "s3:PutObject", "s3:PutObjectTagging"],
+                                resources=[objects(f"{RUNS_PREFIX}*")]),
+            iam.PolicyStatement(actions=["s3:GetObject"], resources=[objects(f"{DATASETS_PREFIX}*")]),
+            list_bucket,
+        ]
+    if capability is C.GATEWAY_SESSIONS:
+        return [iam.PolicyStatement(actions=["s3:GetObject", "s3:PutObject", "s3:PutObjectTagging"],
+                                    resources=[objects(f"{SESSIONS_PREFIX}*")]), list_bucket]
+    if capability is C.READ_RESULTS:
+        return [iam.PolicyStatement(actions=["s3:GetObject"], resources=[objects(f"{ROLLOUT_RESULTS_PREFIX}*")]),
+                list_bucket]
+    if capability is C.GATEWAY_S3:
+        return [
+            iam.PolicyStatement(actions=["s3:GetObject"],
+                                resources=[objects(f"{SESSIONS_PREFIX}*"), objects(f"{RUNS_PREFIX}*/tokenizer/*"),
+                                           objects(f"{RUNS_PREFIX}*/sessions/*")]),
+            iam.PolicyStatement(actions=["s3:PutObject", "s3:PutObjectTagging"],
+                                resources=[objects(f"{RUNS_PREFIX}*/sessions/*")]),
+            list_bucket,
+        ]
+    if capability is C.SESSION_LIFECYCLE:
+        return [
+            iam.PolicyStatement(
+                actions=["sagemaker:CreateTrainingSession", "sagemaker:DescribeTrainingSession",
+                         "sagemaker:StopTrainingSession", "sagemaker:AddTags"],
+                resources=sessions,
+            ),
+            iam.PolicyStatement(
+                actions=["sagemaker:DescribeHubContent", "sagemaker:ListHubContents"],
+                resources=[_sm_arn(stack, "hub", PUBLIC_HUB, account="aws"),
+                           _sm_arn(stack, "hub-content", f"{PUBLIC_HUB}/*", account="aws")],
+            ),
+            iam.PolicyStatement(
+                actions=["sagemaker:DescribeModelPackage", "sagemaker:DescribeModelPackageGroup"],
+                resources=[_sm_arn(stack, "model-package"), _sm_arn(stack, "model-package-group")],
+            ),
+            iam.PolicyStatement(
+                actions=["iam:PassRole"],
+                resources=pass_role_resources(stack, sagemaker_role_arns),
+                conditions={"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}},
+            ),
+        ]
+    if capability is C.SESSION_DESCRIBE:
+        return [iam.PolicyStatement(actions=["sagemaker:DescribeTrainingSession"], resources=sessions)]
+    if capability is C.SESSION_STOP:
+        return [iam.PolicyStatement(actions=["sagemaker:StopTrainingSession", "sagemaker:DescribeTrainingSession"],
+                                    resources=sessions)]
+    if capability is C.TRAINING_OPS:
+        return [iam.PolicyStatement(
+            actions=["sagemaker:ExecuteTrainingOperation", "sagemaker:GetTrainingOperationResult",
+                     "sagemaker:DescribeTrainingSession"],
+            resources=sessions)]
+    if capability is C.SAMPLING_OPS:
+        return [iam.PolicyStatement(
+            actions=["sagemaker:ExecuteSamplingOperation", "sagemaker:GetSamplingOperationResult"],
+            resources=sessions)]
+    if capability is C.MODEL_PACKAGES_READ:
+        return [iam.PolicyStatement(actions=["sagemaker:DescribeModelPackage"],
+                                    resources=[_sm_arn(stack, "model-package")])]
+    if capability is C.INVOKE_AGENT:
+        return [iam.PolicyStatement(actions=["bedrock-agentcore:InvokeAgentRuntime"],
+                                    resources=agent_runtime_resources(stack, agent_runtime_arns))]
+    if capability in (C.TASK_RESPONSE, C.CONTINUE_RUN):
+        return []
+    raise ValueError(f"no statements for capability {capability!r}")

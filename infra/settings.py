@@ -1,0 +1,144 @@
+"""Deploy-time settings of the stack, read from CDK context (``cdk.json`` or ``-c key=value``).
+
+Kept free of CDK imports so it can be tested and documented on its own. Every setting is
+optional: ``cdk synth`` works with none, and the stack falls back to the broadest grant
+that still names this account and region (each such fallback carries a cdk-nag
+suppression that says to set the value).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+RUNTIME_ARN_RE = re.compile(r"^arn:aws[a-z\-]*:bedrock-agentcore:[a-z0-9\-]+:\d{12}:runtime/[A-Za-z0-9_\-]+$")
+ROLE_ARN_RE = re.compile(r"^arn:aws[a-z\-]*:iam::\d{12}:role/[A-Za-z0-9_+=,.@\-/]+$")
+TOPIC_ARN_RE = re.compile(r"^arn:aws[a-z\-]*:sns:[a-z0-9\-]+:\d{12}:[A-Za-z0-9_\-]+$")
+
+
+class SettingsError(ValueError):
+    """A context value is malformed; the message names the key, the value and what is accepted."""
+
+
+@dataclass(frozen=True)
+class StackSettings:
+    """What a deployment may configure.
+
+    Attributes:
+        agent_runtime_arns: ACR runtime ARNs StartRollout may invoke (context
+            ``agentRuntimeArns``: comma-separated or a JSON list). Empty = every runtime of
+            this account and region.
+        sagemaker_role_arns: IAM roles Init may pass to SageMaker as the training session's
+            role (context ``sagemakerRoleArns``). Empty = any role of this account, still
+            only to ``sagemaker.amazonaws.com``. Listed roles also get read/write on the
+            bucket's ``sagemaker-output/`` prefix (the default session output path).
+        agent_role_arns: execution roles of the ACR agents (context ``agentRoleArns``); the
+            bucket policy lets them write their results under ``rollout-results/``.
+            Empty = the agent roles need that permission in their own policy.
+        notification_topic_arn: SNS topic told when a run succeeds, fails, times out or is
+            stopped, and when an alarm fires (context ``notificationTopicArn``). '' = none.
+        bulk_retention_days: days before bulky per-step objects (tagged
+            ``stepwise-class=bulk``) and agent result objects expire (``bulkRetentionDays``).
+        stall_minutes: the stalled-run alarm fires when pipeline Lambdas ran but no training
+            step completed for this long (``stallMinutes``).
+        rollout_failure_rate: the rollout-failure alarm's threshold, a fraction in (0, 1]
+            (``rolloutFailureRateAlarm``).
+        log_retention_days: CloudWatch Logs retention of every log group (``logRetentionDays``).
+        destroy_on_delete: delete the bucket and its objects with the stack
+            (``destroyOnDelete``; default false: the bucket is retained).
+    """
+
+    agent_runtime_arns: tuple[str, ...] = ()
+    sagemaker_role_arns: tuple[str, ...] = ()
+    agent_role_arns: tuple[str, ...] = ()
+    notification_topic_arn: str = ""
+    bulk_retention_days: int = 30
+    stall_minutes: int = 60
+    rollout_failure_rate: float = 0.5
+    log_retention_days: int = 30
+    destroy_on_delete: bool = False
+
+    @classmethod
+    def from_context(cls, get: Callable[[str], Any]) -> "StackSettings":
+        """Read settings with ``get(key)`` (``node.try_get_context``); missing keys keep defaults.
+
+        Raises:
+            SettingsError: a value has the wrong shape (named, with what is accepted).
+        """
+        d = cls()
+        return cls(
+            agent_runtime_arns=_arns(get("agentRuntimeArns"), "agentRuntimeArns", RUNTIME_ARN_RE,
+                                     "arn:aws:bedrock-agentcore:REGION:ACCOUNT:runtime/AGENT_ID"),
+            sagemaker_role_arns=_arns(get("sagemakerRoleArns"), "sagemakerRoleArns", ROLE_ARN_RE,
+                                      "arn:aws:iam::ACCOUNT:role/NAME"),
+            agent_role_arns=_arns(get("agentRoleArns"), "agentRoleArns", ROLE_ARN_RE, "arn:aws:iam::ACCOUNT:role/NAME"),
+            notification_topic_arn=_topic(get("notificationTopicArn")),
+            bulk_retention_days=_int(get("bulkRetentionDays"), "bulkRetentionDays", d.bulk_retention_days, 1, 3650),
+            stall_minutes=_int(get("stallMinutes"), "stallMinutes", d.stall_minutes, 5, 1440),
+            rollout_failure_rate=_fraction(get("rolloutFailureRateAlarm"), d.rollout_failure_rate),
+            log_retention_days=_int(get("logRetentionDays"), "logRetentionDays", d.log_retention_days, 1, 3653),
+            destroy_on_delete=_bool(get("destroyOnDelete"), "destroyOnDelete"),
+        )
+
+
+def _arns(value: Any, key: str, pattern: re.Pattern[str], shape: str) -> tuple[str, ...]:
+    if value is None or value == "" or value == []:
+        return ()
+    if isinstance(value, str):
+        text = value.strip()
+        items = json.loads(text) if text.startswith("[") else [p.strip() for p in text.split(",") if p.strip()]
+    elif isinstance(value, (list, tuple)):
+        items = list(value)
+    else:
+        raise SettingsError(f"context {key}: expected a comma-separated string or a list of ARNs, got {value!r}")
+    bad = [a for a in items if not isinstance(a, str) or not pattern.match(a)]
+    if bad:
+        raise SettingsError(f"context {key}: {bad} are not ARNs of the form {shape}")
+    return tuple(dict.fromkeys(items))
+
+
+def _topic(value: Any) -> str:
+    if value in (None, ""):
+        return ""
+    if not isinstance(value, str) or not TOPIC_ARN_RE.match(value):
+        raise SettingsError(f"context notificationTopicArn: {value!r} is not arn:aws:sns:REGION:ACCOUNT:NAME")
+    return value
+
+
+def _int(value: Any, key: str, default: int, lo: int, hi: int) -> int:
+    if value in (None, ""):
+        return default
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        raise SettingsError(f"context {key}: {value!r} is not an integer") from None
+    if not lo <= n <= hi:
+        raise SettingsError(f"context {key}: {n} is outside {lo}..{hi}")
+    return n
+
+
+def _fraction(value: Any, default: float) -> float:
+    if value in (None, ""):
+        return default
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        raise SettingsError(f"context rolloutFailureRateAlarm: {value!r} is not a number") from None
+    if not 0.0 < x <= 1.0:
+        raise SettingsError(f"context rolloutFailureRateAlarm: {x} is outside (0, 1]")
+    return x
+
+
+def _bool(value: Any, key: str) -> bool:
+    if value in (None, ""):
+        return False
+    if isinstance(value, bool):
+        return value
+    if str(value).lower() in ("true", "1", "yes"):
+        return True
+    if str(value).lower() in ("false", "0", "no"):
+        return False
+    raise SettingsError(f"context {key}: {value!r} is not true/false")

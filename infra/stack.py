@@ -1,0 +1,165 @@
+"""StepwiseStack: the whole serverless pipeline as one stack of named constructs.
+
+Reads as the architecture diagram (DESIGN.md section 2): Storage -> Gateway -> Functions ->
+TrainingLoop (state machine) -> Cleanup (EventBridge) -> Monitoring, plus the S3 result
+notification that resumes rollouts.
+"""
+
+from __future__ import annotations
+
+from aws_cdk import CfnOutput, Stack
+from aws_cdk import aws_s3 as s3
+from aws_cdk import aws_s3_notifications as s3n
+from aws_cdk import aws_sns as sns
+from cdk_nag import NagSuppressions
+from constructs import Construct
+
+from infra.cleanup import Cleanup
+from infra.definition import substitutions
+from infra.functions import HandlerFunctions
+from infra.gateway import Gateway
+from infra.monitoring import Monitoring
+from infra.permissions import C, FUNCTION_CAPABILITIES
+from infra.settings import StackSettings
+from infra.state_machine import TrainingLoop
+from infra.storage import ROLLOUT_RESULTS_PREFIX, Storage
+
+#: Stack output keys (the CLI finds the deployment by these; docs/internals.md "Stack outputs").
+OUTPUT_BUCKET = "BucketName"
+OUTPUT_STATE_MACHINE = "StateMachineArn"
+OUTPUT_GATEWAY_URL = "GatewayUrl"
+OUTPUT_DASHBOARD = "DashboardName"
+
+#: Extra environment the stack gives every handler (defaults Init uses when the run config leaves them blank).
+ENV_DEFAULT_S3_OUTPUT_PATH = "STEPWISE_DEFAULT_S3_OUTPUT_PATH"
+
+
+def load_asl() -> str:
+    """The ASL text of ``state_machine/training_loop.asl.json`` (placeholders in)."""
+    from state_machine.definition import load_definition
+
+    return load_definition()
+
+
+class StepwiseStack(Stack):
+    """Bucket, handler and gateway Lambdas, the training loop, cleanup, dashboard and alarms."""
+
+    def __init__(self, scope: Construct, id: str, *, settings: StackSettings | None = None,
+                 definition: str | None = None, **kwargs) -> None:
+        super().__init__(scope, id, description="Stepwise RL: serverless GRPO/DAPO training of AgentCore agents", **kwargs)
+        settings = settings or StackSettings()
+        definition = load_asl() if definition is None else definition
+
+        self.storage = Storage(
+            self, "Storage",
+            bulk_retention_days=settings.bulk_retention_days,
+            destroy_on_delete=settings.destroy_on_delete,
+            agent_role_arns=settings.agent_role_arns,
+            sagemaker_role_arns=settings.sagemaker_role_arns,
+        )
+        bucket = self.storage.bucket
+        self.gateway = Gateway(self, "Gateway", bucket=bucket, log_retention_days=settings.log_retention_days)
+        self.functions = HandlerFunctions(
+            self, "Functions",
+            bucket=bucket,
+            gateway_url=self.gateway.url,
+            log_retention_days=settings.log_retention_days,
+            extra_environment={ENV_DEFAULT_S3_OUTPUT_PATH: self.storage.default_sagemaker_output_path},
+            agent_runtime_arns=settings.agent_runtime_arns,
+            sagemaker_role_arns=settings.sagemaker_role_arns,
+        )
+        fns = self.functions.functions
+        self.training_loop = TrainingLoop(
+            self, "TrainingLoop",
+            definition=definition,
+            substitutions=substitutions(function_arns={n: f.function_arn for n, f in fns.items()},
+                                        bucket_name=bucket.bucket_name),
+            functions=fns,
+            bucket=bucket,
+            log_retention_days=settings.log_retention_days,
+            bulk_retention_days=settings.bulk_retention_days,
+            task_response_functions=_holding(C.TASK_RESPONSE, fns),
+            start_execution_functions=_holding(C.CONTINUE_RUN, fns),
+        )
+        state_machine = self.training_loop.state_machine
+
+        # Agent results resume their rollout: S3 ObjectCreated under rollout-results/ -> OnRolloutResult.
+        bucket.add_event_notification(
+            s3.EventType.OBJECT_CREATED,
+            s3n.LambdaDestination(fns["OnRolloutResult"]),
+            s3.NotificationKeyFilter(prefix=ROLLOUT_RESULTS_PREFIX),
+        )
+
+        topic = (sns.Topic.from_topic_arn(self, "NotificationTopic", settings.notification_topic_arn)
+                 if settings.notification_topic_arn else None)
+        self.cleanup = Cleanup(self, "Cleanup", state_machine=state_machine, cleanup_function=fns["Cleanup"], topic=topic)
+        self.monitoring = Monitoring(
+            self, "Monitoring",
+            state_machine=state_machine,
+            functions=fns,
+            gateway_function=self.gateway.function,
+            stall_minutes=settings.stall_minutes,
+            rollout_failure_rate=settings.rollout_failure_rate,
+            topic=topic,
+        )
+
+        CfnOutput(self, OUTPUT_BUCKET, value=bucket.bucket_name, description="Run bucket (datasets, run state, results)")
+        CfnOutput(self, OUTPUT_STATE_MACHINE, value=state_machine.state_machine_arn,
+                  description="Training loop: start one execution per run, named after the run id")
+        CfnOutput(self, OUTPUT_GATEWAY_URL, value=self.gateway.url, description="The agents' LLM base URL")
+        CfnOutput(self, OUTPUT_DASHBOARD, value=self.monitoring.dashboard.dashboard_name,
+                  description="CloudWatch dashboard of the training runs")
+
+        _suppress_stack_level(self, settings)
+
+
+def _holding(capability, fns) -> tuple[str, ...]:
+    return tuple(n for n in fns if capability in FUNCTION_CAPABILITIES.get(n, frozenset()))
+
+
+def _suppress_stack_level(stack: Stack, settings: StackSettings) -> None:
+    """Findings on resources CDK creates for us, and the deliberate fallbacks of unset settings."""
+    NagSuppressions.add_stack_suppressions(
+        stack,
+        [
+            {"id": "AwsSolutions-IAM4",
+             "reason": "CDK's own helper Lambdas (S3 notification and auto-delete custom resources) use "
+                       "AWSLambdaBasicExecutionRole for their logs; they are not part of the pipeline.",
+             "appliesTo": ["Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AWSLambdaBasicExecutionRole"]},
+            {"id": "AwsSolutions-L1",
+             "reason": "CDK's own helper Lambdas pick their runtime; the pipeline's functions are container images."},
+        ],
+    )
+    for child in stack.node.children:
+        if child.node.id.startswith("BucketNotificationsHandler"):
+            NagSuppressions.add_resource_suppressions(
+                child,
+                [{"id": "AwsSolutions-IAM5",
+                  "reason": "CDK's bucket-notification custom resource calls PutBucketNotification, granted on '*' by CDK.",
+                  "appliesTo": ["Resource::*"]}],
+                apply_to_children=True,
+            )
+    fallbacks = []
+    if not settings.agent_runtime_arns:
+        fallbacks.append({
+            "id": "AwsSolutions-IAM5",
+            "reason": "No agentRuntimeArns context value was given, so StartRollout may invoke any AgentCore "
+                      "runtime of this account and region. Set -c agentRuntimeArns=ARN[,ARN] to scope it.",
+            "appliesTo": [{"regex": "/^Resource::arn:<AWS::Partition>:bedrock-agentcore:<AWS::Region>:<AWS::AccountId>:runtime\\/\\*$/"}],
+        })
+    else:
+        fallbacks.append({
+            "id": "AwsSolutions-IAM5",
+            "reason": "InvokeAgentRuntime also authorizes the runtime's endpoint (runtime/ID/runtime-endpoint/NAME); "
+                      "scoped to the configured runtimes.",
+            "appliesTo": [{"regex": "/^Resource::arn:.*:bedrock-agentcore:.*:runtime\\/.*\\/runtime-endpoint\\/\\*$/"}],
+        })
+    if not settings.sagemaker_role_arns:
+        fallbacks.append({
+            "id": "AwsSolutions-IAM5",
+            "reason": "No sagemakerRoleArns context value was given, so Init may pass any role of this account - "
+                      "and only to sagemaker.amazonaws.com (iam:PassedToService). Set -c sagemakerRoleArns=ARN to scope it.",
+            "appliesTo": [{"regex": "/^Resource::arn:<AWS::Partition>:iam::<AWS::AccountId>:role\\/\\*$/"}],
+        })
+    if fallbacks:
+        NagSuppressions.add_resource_suppressions(stack.node.find_child("Functions"), fallbacks, apply_to_children=True)

@@ -1,0 +1,208 @@
+"""TrainingLoop: the Standard state machine whose definition is exactly ``state_machine/training_loop.asl.json``.
+
+The ASL text goes to ``DefinitionBody.from_string`` unchanged and its ``${...}`` placeholders
+to ``definition_substitutions`` (``infra.definition.substitutions``), so the deployed
+definition is the file the local stack runs. Because CDK cannot see inside a string
+definition, this construct reads the ASL to grant what it uses:
+
+- ``lambda:InvokeFunction`` on each function a Task names (``Resource: ${XFunctionArn}`` or
+  ``lambda:invoke[.waitForTaskToken]`` with ``FunctionName: ${XFunctionArn}``);
+- for a Distributed Map: ``states:StartExecution`` on itself, ``DescribeExecution`` /
+  ``StopExecution`` / ``RedriveExecution`` on its executions (child executions are named
+  ``{name}/{map run label}:{id}``), ``s3:GetObject`` for the ``ItemReader`` and the
+  ``ResultWriter``'s multipart writes under its prefix;
+- any other service integration is refused with an error naming it, so a permission can
+  never be silently missing.
+The self-referencing grants live in a separate policy (as CDK's own DistributedMap does),
+which breaks the function -> role policy -> state machine cycle.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from aws_cdk import ArnFormat, Duration, RemovalPolicy, Stack
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_s3 as s3
+from aws_cdk import aws_stepfunctions as sfn
+from cdk_nag import NagSuppressions
+from constructs import Construct
+
+from infra.definition import PLACEHOLDER_RE, used_substitutions
+from infra.functions import _retention
+from infra.storage import RUNS_PREFIX
+
+LAMBDA_INTEGRATIONS = ("arn:aws:states:::lambda:invoke", "arn:aws:states:::lambda:invoke.waitForTaskToken")
+ITEM_READER_INTEGRATIONS = ("arn:aws:states:::s3:getObject",)
+RESULT_WRITER_INTEGRATIONS = ("arn:aws:states:::s3:putObject",)
+
+
+@dataclass
+class AslNeeds:
+    """What an ASL document needs from IAM (see :func:`asl_needs`)."""
+
+    invoked_placeholders: set[str] = field(default_factory=set)
+    distributed_map: bool = False
+    item_reader: bool = False
+    result_writer_prefixes: set[str] = field(default_factory=set)
+
+
+def _states(container: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    for name, state in container.get("States", {}).items():
+        yield name, state
+        for key in ("ItemProcessor", "Iterator"):
+            if key in state:
+                yield from _states(state[key])
+        for branch in state.get("Branches", []):
+            yield from _states(branch)
+
+
+def _placeholder(value: Any, where: str) -> str:
+    m = PLACEHOLDER_RE.fullmatch(value or "") if isinstance(value, str) else None
+    if not m:
+        raise ValueError(f"state {where!r}: the Lambda must be named by a ${{<Name>FunctionArn}} placeholder, got {value!r}")
+    return m.group(1)
+
+
+def asl_needs(definition: str) -> AslNeeds:
+    """Walk an ASL text (placeholders left in) and list the permissions its states need.
+
+    Raises:
+        ValueError: a Task uses an integration this stack does not grant, or names its
+            Lambda other than by placeholder; the message names the state.
+    """
+    needs = AslNeeds()
+    for name, state in _states(json.loads(definition)):
+        if state.get("Type") == "Task":
+            resource = state.get("Resource", "")
+            if resource in LAMBDA_INTEGRATIONS:
+                needs.invoked_placeholders.add(_placeholder(state.get("Parameters", {}).get("FunctionName"), name))
+            elif PLACEHOLDER_RE.fullmatch(resource):
+                needs.invoked_placeholders.add(_placeholder(resource, name))
+            else:
+                raise ValueError(
+                    f"state {name!r} uses integration {resource!r}; infra/state_machine.py grants only Lambda "
+                    f"({', '.join(LAMBDA_INTEGRATIONS)}) - add its permissions there"
+                )
+        if state.get("Type") == "Map" and state.get("ItemProcessor", {}).get("ProcessorConfig", {}).get("Mode") == "DISTRIBUTED":
+            needs.distributed_map = True
+            reader = state.get("ItemReader")
+            if reader:
+                if reader.get("Resource") not in ITEM_READER_INTEGRATIONS:
+                    raise ValueError(f"state {name!r}: ItemReader {reader.get('Resource')!r} is not granted (only s3:getObject)")
+                needs.item_reader = True
+            writer = state.get("ResultWriter")
+            if writer:
+                if writer.get("Resource") not in RESULT_WRITER_INTEGRATIONS:
+                    raise ValueError(f"state {name!r}: ResultWriter {writer.get('Resource')!r} is not granted (only s3:putObject)")
+                prefix = writer.get("Parameters", {}).get("Prefix", "")
+                if not isinstance(prefix, str) or not prefix:
+                    raise ValueError(f"state {name!r}: ResultWriter needs a literal Prefix so its writes can be scoped")
+                needs.result_writer_prefixes.add(prefix.rstrip("/") + "/")
+    return needs
+
+
+class TrainingLoop(Construct):
+    """The training loop state machine (``self.state_machine``) and its permissions."""
+
+    def __init__(self, scope: Construct, id: str, *, definition: str, substitutions: Mapping[str, str],
+                 functions: Mapping[str, lambda_.IFunction], bucket: s3.Bucket, log_retention_days: int, bulk_retention_days: int,
+                 task_response_functions: tuple[str, ...] = (), start_execution_functions: tuple[str, ...] = ()) -> None:
+        super().__init__(scope, id)
+        needs = asl_needs(definition)
+        used = used_substitutions(definition, substitutions)
+        self.log_group = logs.LogGroup(
+            self, "Logs",
+            # The vendedlogs prefix keeps CloudWatch Logs' resource policy small (Step Functions docs).
+            log_group_name=f"/aws/vendedlogs/states/{Stack.of(self).stack_name}-training-loop",
+            retention=_retention(log_retention_days),
+            removal_policy=RemovalPolicy.DESTROY,
+        )
+        self.state_machine = sfn.StateMachine(
+            self,
+            "StateMachine",
+            comment="Stepwise RL training loop (GRPO/DAPO on SageMaker Training Sessions)",
+            definition_body=sfn.DefinitionBody.from_string(definition),
+            definition_substitutions=dict(used),
+            state_machine_type=sfn.StateMachineType.STANDARD,
+            logs=sfn.LogOptions(destination=self.log_group, level=sfn.LogLevel.ALL, include_execution_data=False),
+            tracing_enabled=True,
+        )
+        role = self.state_machine.role
+        by_placeholder = {f"{name}FunctionArn": fn for name, fn in functions.items()}
+        for placeholder in sorted(needs.invoked_placeholders):
+            if placeholder not in by_placeholder:
+                raise ValueError(f"the ASL invokes {placeholder} but the stack has no such function; "
+                                 f"known: {sorted(by_placeholder)}")
+            by_placeholder[placeholder].grant_invoke(role)
+
+        # Grants that name the state machine itself go in a separate policy: the state machine
+        # must not depend on them (CDK's DistributedMap does the same).
+        self_policy = iam.Policy(self, "SelfReferencePolicy")
+        role.attach_inline_policy(self_policy)
+        executions = [self.execution_arns("*")]
+        if needs.distributed_map:
+            self.state_machine.grant_start_execution(self_policy)
+            self_policy.add_statements(
+                iam.PolicyStatement(actions=["states:DescribeExecution", "states:StopExecution"],
+                                    resources=[*executions, self.execution_arns("*", child=True)]),
+                iam.PolicyStatement(actions=["states:RedriveExecution"], resources=[self.execution_arns("*", child=True)]),
+            )
+        if needs.item_reader:
+            self_policy.add_statements(
+                iam.PolicyStatement(actions=["s3:GetObject"], resources=[bucket.arn_for_objects(f"{RUNS_PREFIX}*")]),
+                iam.PolicyStatement(actions=["s3:ListBucket"], resources=[bucket.bucket_arn]),
+            )
+        for prefix in sorted(needs.result_writer_prefixes):
+            self_policy.add_statements(iam.PolicyStatement(
+                actions=["s3:PutObject", "s3:GetObject", "s3:ListMultipartUploadParts", "s3:AbortMultipartUpload"],
+                resources=[bucket.arn_for_objects(f"{prefix}*")],
+            ))
+            bucket.add_lifecycle_rule(id=f"expire-{prefix.strip('/')}", prefix=prefix,
+                                      expiration=Duration.days(bulk_retention_days))
+        # Function roles that name the state machine: a policy of their own, for the same reason.
+        for name in task_response_functions:
+            policy = iam.Policy(self, f"{name}TaskResponsePolicy")
+            functions[name].role.attach_inline_policy(policy)
+            self.state_machine.grant_task_response(policy)
+        for name in start_execution_functions:
+            policy = iam.Policy(self, f"{name}StartExecutionPolicy")
+            functions[name].role.attach_inline_policy(policy)
+            self.state_machine.grant_start_execution(policy)
+            policy.add_statements(iam.PolicyStatement(actions=["states:DescribeExecution"], resources=executions))
+
+        NagSuppressions.add_resource_suppressions(
+            self,
+            [
+                {"id": "AwsSolutions-IAM5",
+                 "reason": "Step Functions' log delivery and X-Ray actions support no resource-level permissions.",
+                 "appliesTo": ["Resource::*"]},
+                {"id": "AwsSolutions-IAM5",
+                 "reason": "Invoking a function also names its versions/aliases (ARN:*), as CDK's grantInvoke does.",
+                 "appliesTo": [{"regex": "/^Resource::<Functions.*\\.Arn>:\\*$/"}]},
+                {"id": "AwsSolutions-IAM5",
+                 "reason": "Distributed Map child executions and continued runs are named at run time "
+                           "(execution:NAME:* and execution:NAME/LABEL:*) - scoped to this state machine.",
+                 "appliesTo": [{"regex": "/^Resource::arn:<AWS::Partition>:states:<AWS::Region>:<AWS::AccountId>:execution:.*\\*$/"}]},
+                {"id": "AwsSolutions-IAM5",
+                 "reason": "The Map reads its items from runs/{run_id}/steps/{step}/gen{g}/items.json and writes "
+                           "its results under its ResultWriter prefix; keys are chosen at run time.",
+                 "appliesTo": [{"regex": "/^Resource::<StorageBucket[0-9A-F]+\\.Arn>\\/.*\\*$/"}]},
+            ],
+            apply_to_children=True,
+        )
+
+    def execution_arns(self, suffix: str, *, child: bool = False) -> str:
+        """``arn:...:execution:{name}:{suffix}`` (or ``{name}/{suffix}`` for Map child executions)."""
+        sep = "/" if child else ":"
+        return Stack.of(self).format_arn(
+            service="states", resource="execution",
+            resource_name=f"{self.state_machine.state_machine_name}{sep}{suffix}",
+            arn_format=ArnFormat.COLON_RESOURCE_NAME,
+        )
+

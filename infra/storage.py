@@ -1,0 +1,119 @@
+"""Storage: the run bucket (all run state, datasets, rollout results) and its access-log bucket."""
+
+from __future__ import annotations
+
+from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_s3 as s3
+from cdk_nag import NagSuppressions
+from constructs import Construct
+
+#: Key prefixes (docs/internals.md, "S3 layout").
+RUNS_PREFIX = "runs/"
+SESSIONS_PREFIX = "sessions/"
+ROLLOUT_RESULTS_PREFIX = "rollout-results/"
+DATASETS_PREFIX = "datasets/"
+SAGEMAKER_OUTPUT_PREFIX = "sagemaker-output/"
+#: Object tag that marks bulky per-step data (datums, rollout records, captured turns, Map items).
+BULK_TAG_KEY, BULK_TAG_VALUE = "stepwise-class", "bulk"
+
+
+class Storage(Construct):
+    """The run bucket: SSE-S3, TLS only, public access blocked, server access logs, lifecycle.
+
+    Lifecycle (S3 lifecycle filters match key prefixes and tags, not wildcards, so bulky
+    objects under ``runs/{run_id}/steps/`` are found by their tag):
+    - objects under ``runs/`` tagged ``stepwise-class=bulk`` expire after ``bulk_retention_days``;
+    - agent result objects (``rollout-results/``) and gateway session records
+      (``sessions/``) expire after ``bulk_retention_days``;
+    - incomplete multipart uploads are aborted after 7 days.
+    ``config.json``, ``state.json``, step summaries and checkpoints' records never expire.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        bulk_retention_days: int,
+        destroy_on_delete: bool,
+        agent_role_arns: tuple[str, ...] = (),
+        sagemaker_role_arns: tuple[str, ...] = (),
+    ) -> None:
+        super().__init__(scope, id)
+        removal = RemovalPolicy.DESTROY if destroy_on_delete else RemovalPolicy.RETAIN
+        self.access_logs = s3.Bucket(
+            self,
+            "AccessLogs",
+            encryption=s3.BucketEncryption.S3_MANAGED,
+            enforce_ssl=True,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_PREFERRED,
+            lifecycle_rules=[s3.LifecycleRule(id="expire-access-logs", expiration=Duration.days(90))],
+            removal_policy=removal,
+            auto_delete_objects=destroy_on_delete,
+        )
+        NagSuppressions.add_resource_suppressions(
+            self.access_logs,
+            [{"id": "AwsSolutions-S1", "reason": "This is the server access log bucket of the run bucket; logging it again would recurse."}],
+        )
+        bulk = Duration.days(bulk_retention_days)
+        self.bucket = s3.Bucket(
+            self,
+            "Bucket",
+            encryption=s3.BucketEncryption.S3_MANAGED,
+            enforce_ssl=True,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+            versioned=False,
+            server_access_logs_bucket=self.access_logs,
+            server_access_logs_prefix="run-bucket/",
+            lifecycle_rules=[
+                s3.LifecycleRule(
+                    id="expire-bulky-step-data",
+                    prefix=RUNS_PREFIX,
+                    tag_filters={BULK_TAG_KEY: BULK_TAG_VALUE},
+                    expiration=bulk,
+                ),
+                s3.LifecycleRule(id="expire-agent-results", prefix=ROLLOUT_RESULTS_PREFIX, expiration=bulk),
+                s3.LifecycleRule(id="expire-gateway-sessions", prefix=SESSIONS_PREFIX, expiration=bulk),
+                s3.LifecycleRule(id="abort-incomplete-uploads", abort_incomplete_multipart_upload_after=Duration.days(7)),
+            ],
+            removal_policy=removal,
+            auto_delete_objects=destroy_on_delete,
+        )
+        # ACR agents write their results with their own execution role (the toolkit's
+        # AgentCoreRLApp puts {exp_id}/{input_id}/{sid}.json), so they need PutObject here.
+        if agent_role_arns:
+            self.bucket.add_to_resource_policy(
+                iam.PolicyStatement(
+                    sid="AgentsWriteRolloutResults",
+                    principals=[iam.ArnPrincipal(a) for a in agent_role_arns],
+                    actions=["s3:PutObject"],
+                    resources=[self.bucket.arn_for_objects(f"{ROLLOUT_RESULTS_PREFIX}*")],
+                )
+            )
+        # The training session writes checkpoints to OutputConfig.S3Location; the default
+        # output path the stack hands to Init lives in this bucket.
+        if sagemaker_role_arns:
+            self.bucket.add_to_resource_policy(
+                iam.PolicyStatement(
+                    sid="SageMakerSessionOutput",
+                    principals=[iam.ArnPrincipal(a) for a in sagemaker_role_arns],
+                    actions=["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
+                    resources=[self.bucket.arn_for_objects(f"{SAGEMAKER_OUTPUT_PREFIX}*")],
+                )
+            )
+            self.bucket.add_to_resource_policy(
+                iam.PolicyStatement(
+                    sid="SageMakerSessionOutputList",
+                    principals=[iam.ArnPrincipal(a) for a in sagemaker_role_arns],
+                    actions=["s3:ListBucket", "s3:GetBucketLocation"],
+                    resources=[self.bucket.bucket_arn],
+                )
+            )
+
+    @property
+    def default_sagemaker_output_path(self) -> str:
+        """``s3://{bucket}/sagemaker-output/`` (a token until deploy)."""
+        return self.bucket.s3_url_for_object(SAGEMAKER_OUTPUT_PREFIX)

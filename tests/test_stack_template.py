@@ -1,0 +1,359 @@
+"""The synthesized CDK stack: the resources the pipeline needs, wired as DESIGN.md section 2 says.
+
+One synthesis per module (about 10 s): the default app (with cdk-nag) and one with every
+context value set, to check the scoped IAM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION", "1")
+
+from aws_cdk import assertions  # noqa: E402
+
+from app import build_app  # noqa: E402
+from infra.definition import synthesized_definition, synthesized_substitutions  # noqa: E402
+from infra.permissions import FUNCTION_CAPABILITIES  # noqa: E402
+from state_machine.definition import load_definition, placeholders, render_definition  # noqa: E402
+from stepwise.functions import FUNCTIONS, GATEWAY_FUNCTION  # noqa: E402
+
+RUNTIME = "arn:aws:bedrock-agentcore:us-west-2:111122223333:runtime/toy_agent-AbC123"
+SM_ROLE = "arn:aws:iam::111122223333:role/StepwiseSageMakerSessions"
+AGENT_ROLE = "arn:aws:iam::111122223333:role/AgentCoreRuntimeRole"
+TOPIC = "arn:aws:sns:us-west-2:111122223333:stepwise-runs"
+
+
+@pytest.fixture(scope="module")
+def default_app():
+    app, stack = build_app()
+    return stack, assertions.Template.from_stack(stack).to_json()
+
+
+@pytest.fixture(scope="module")
+def scoped_app():
+    app, stack = build_app({
+        "agentRuntimeArns": RUNTIME, "sagemakerRoleArns": SM_ROLE, "agentRoleArns": AGENT_ROLE,
+        "notificationTopicArn": TOPIC, "stackName": "StepwiseScoped",
+    })
+    return stack, assertions.Template.from_stack(stack).to_json()
+
+
+def resources(template: dict, type_: str) -> dict[str, dict]:
+    return {lid: r for lid, r in template["Resources"].items() if r["Type"] == type_}
+
+
+def the_state_machine(template: dict) -> dict:
+    (machine,) = resources(template, "AWS::StepFunctions::StateMachine").values()
+    return machine["Properties"]
+
+
+def functions_by_command(template: dict) -> dict[str, tuple[str, dict]]:
+    """Handler (image cmd) -> (logical id, properties) of every image function."""
+    out = {}
+    for lid, r in resources(template, "AWS::Lambda::Function").items():
+        cmd = r["Properties"].get("ImageConfig", {}).get("Command")
+        if cmd:
+            out[cmd[0]] = (lid, r["Properties"])
+    return out
+
+
+def gateway_function(template: dict) -> tuple[str, dict]:
+    (url,) = resources(template, "AWS::Lambda::Url").values()
+    lid = url["Properties"]["TargetFunctionArn"]["Fn::GetAtt"][0]
+    return lid, template["Resources"][lid]["Properties"]
+
+
+def statements_of_role(template: dict, role_lid: str) -> list[dict]:
+    out = []
+    for r in resources(template, "AWS::IAM::Policy").values():
+        if {"Ref": role_lid} in r["Properties"].get("Roles", []):
+            out.extend(r["Properties"]["PolicyDocument"]["Statement"])
+    return out
+
+
+def actions_of(statements: list[dict]) -> set[str]:
+    acts = set()
+    for s in statements:
+        a = s["Action"]
+        acts.update([a] if isinstance(a, str) else a)
+    return acts
+
+
+def role_of(props: dict) -> str:
+    return props["Role"]["Fn::GetAtt"][0]
+
+
+# --- the state machine ----------------------------------------------------------------
+
+
+def test_deployed_definition_is_the_asl_file_verbatim(default_app):
+    _, template = default_app
+    machine = the_state_machine(template)
+    assert machine["DefinitionString"] == load_definition()
+    assert machine["StateMachineType"] == "STANDARD"
+    assert set(machine["DefinitionSubstitutions"]) == placeholders()
+
+
+def test_local_rendering_equals_the_synthesized_definition(default_app):
+    """What the local stack does (render_definition with the same keys) gives the deployed text."""
+    _, template = default_app
+    subs = synthesized_substitutions(template)
+    assert render_definition(subs) == synthesized_definition(template)
+    assert "${" not in synthesized_definition(template)
+
+
+def test_distributed_map_runs_standard_child_executions(default_app):
+    _, template = default_app
+    asl = json.loads(the_state_machine(template)["DefinitionString"])
+    maps = [s for s in asl["States"].values() if s["Type"] == "Map"]
+    assert any(m["ItemProcessor"]["ProcessorConfig"] == {"Mode": "DISTRIBUTED", "ExecutionType": "STANDARD"} for m in maps)
+
+
+def test_state_machine_logs_everything_and_traces(default_app):
+    _, template = default_app
+    machine = the_state_machine(template)
+    assert machine["LoggingConfiguration"]["Level"] == "ALL"
+    assert machine["TracingConfiguration"] == {"Enabled": True}
+
+
+def test_each_placeholder_names_the_function_with_that_handler(default_app):
+    _, template = default_app
+    by_cmd = functions_by_command(template)
+    subs = the_state_machine(template)["DefinitionSubstitutions"]
+    for spec in FUNCTIONS:
+        key = f"{spec.name}FunctionArn"
+        if key in subs:
+            assert subs[key] == {"Fn::GetAtt": [by_cmd[spec.handler][0], "Arn"]}, spec.name
+    assert subs["BucketName"] == {"Ref": _bucket_lid(template)}
+
+
+def test_state_machine_may_start_and_stop_its_own_children_and_read_items(default_app):
+    _, template = default_app
+    role_lid = the_state_machine(template)["RoleArn"]["Fn::GetAtt"][0]
+    stmts = statements_of_role(template, role_lid)
+    acts = actions_of(stmts)
+    assert {"states:StartExecution", "states:DescribeExecution", "states:StopExecution", "states:RedriveExecution",
+            "s3:GetObject", "lambda:InvokeFunction"} <= acts
+    start = [s for s in stmts if "states:StartExecution" in actions_of([s])]
+    assert all(s["Resource"] == {"Ref": "TrainingLoopStateMachine3DB5DC99"} or "TrainingLoopStateMachine" in json.dumps(s["Resource"])
+               for s in start)
+    invoked = {json.dumps(r) for s in stmts if "lambda:InvokeFunction" in actions_of([s]) for r in _as_list(s["Resource"])}
+    by_cmd = functions_by_command(template)
+    for spec in FUNCTIONS:
+        if f"{spec.name}FunctionArn" in placeholders():
+            assert json.dumps({"Fn::GetAtt": [by_cmd[spec.handler][0], "Arn"]}) in invoked, spec.name
+
+
+# --- functions ------------------------------------------------------------------------
+
+
+def test_every_registered_function_exists_with_its_handler_memory_and_timeout(default_app):
+    _, template = default_app
+    by_cmd = functions_by_command(template)
+    for spec in FUNCTIONS:
+        assert spec.handler in by_cmd, f"no image function runs {spec.handler}"
+        _, props = by_cmd[spec.handler]
+        assert props["PackageType"] == "Image"
+        assert props["MemorySize"] == spec.memory_mb and props["Timeout"] == spec.timeout_s, spec.name
+        env = props["Environment"]["Variables"]
+        assert env["STEPWISE_BUCKET"] == {"Ref": _bucket_lid(template)}
+        assert env["POWERTOOLS_METRICS_NAMESPACE"] == "Stepwise"
+        assert "FunctionUrl" in json.dumps(env["STEPWISE_GATEWAY_URL"])
+        assert props["TracingConfig"] == {"Mode": "Active"}
+
+
+def test_every_function_has_an_explicit_capability_list():
+    names = [s.name for s in FUNCTIONS] + [GATEWAY_FUNCTION.name]
+    missing = [n for n in names if n not in FUNCTION_CAPABILITIES]
+    assert not missing, f"add {missing} to infra.permissions.FUNCTION_CAPABILITIES (they get only RUN_STATE now)"
+
+
+def test_gateway_has_a_public_streaming_function_url(default_app):
+    _, template = default_app
+    (url,) = resources(template, "AWS::Lambda::Url").values()
+    assert url["Properties"]["AuthType"] == "NONE"
+    assert url["Properties"]["InvokeMode"] == "RESPONSE_STREAM"
+    _, props = gateway_function(template)
+    env = props["Environment"]["Variables"]
+    assert env["AWS_LWA_INVOKE_MODE"] == "response_stream"
+    assert props["MemorySize"] == GATEWAY_FUNCTION.memory_mb
+    assert template["Outputs"]["GatewayUrl"]["Value"]["Fn::GetAtt"][1] == "FunctionUrl"
+
+
+def test_agent_results_notify_on_rollout_result_by_prefix(default_app):
+    _, template = default_app
+    (notif,) = resources(template, "Custom::S3BucketNotifications").values()
+    (cfg,) = notif["Properties"]["NotificationConfiguration"]["LambdaFunctionConfigurations"]
+    assert cfg["Events"] == ["s3:ObjectCreated:*"]
+    assert cfg["Filter"]["Key"]["FilterRules"] == [{"Name": "prefix", "Value": "rollout-results/"}]
+    by_cmd = functions_by_command(template)
+    on_result = by_cmd[_spec("OnRolloutResult").handler][0]
+    assert cfg["LambdaFunctionArn"] == {"Fn::GetAtt": [on_result, "Arn"]}
+
+
+def test_abnormal_execution_ends_run_cleanup(default_app):
+    _, template = default_app
+    rules = [r["Properties"] for r in resources(template, "AWS::Events::Rule").values()]
+    (rule,) = [r for r in rules if set(r["EventPattern"]["detail"]["status"]) == {"ABORTED", "TIMED_OUT", "FAILED"}]
+    assert rule["EventPattern"]["source"] == ["aws.states"]
+    assert rule["EventPattern"]["detail-type"] == ["Step Functions Execution Status Change"]
+    assert rule["EventPattern"]["detail"]["stateMachineArn"] == [{"Ref": _sm_lid(template)}]
+    cleanup = functions_by_command(template)[_spec("Cleanup").handler][0]
+    assert [t["Arn"] for t in rule["Targets"]] == [{"Fn::GetAtt": [cleanup, "Arn"]}]
+
+
+# --- storage --------------------------------------------------------------------------
+
+
+def test_bucket_is_encrypted_private_tls_only_and_expires_bulky_data(default_app):
+    _, template = default_app
+    props = template["Resources"][_bucket_lid(template)]["Properties"]
+    assert props["BucketEncryption"]["ServerSideEncryptionConfiguration"][0]["ServerSideEncryptionByDefault"]["SSEAlgorithm"] == "AES256"
+    assert all(props["PublicAccessBlockConfiguration"][k] for k in
+               ("BlockPublicAcls", "BlockPublicPolicy", "IgnorePublicAcls", "RestrictPublicBuckets"))
+    assert "LoggingConfiguration" in props
+    rules = {r["Id"]: r for r in props["LifecycleConfiguration"]["Rules"]}
+    assert rules["expire-bulky-step-data"]["TagFilters"] == [{"Key": "stepwise-class", "Value": "bulk"}]
+    assert rules["expire-bulky-step-data"]["ExpirationInDays"] == 30
+    assert rules["expire-agent-results"]["Prefix"] == "rollout-results/"
+    assert rules["expire-map-results"]["Prefix"] == "map-results/"
+    policies = [r["Properties"] for r in resources(template, "AWS::S3::BucketPolicy").values()
+                if r["Properties"]["Bucket"] == {"Ref": _bucket_lid(template)}]
+    denies = [s for p in policies for s in p["PolicyDocument"]["Statement"] if s["Effect"] == "Deny"]
+    assert any(s["Condition"] == {"Bool": {"aws:SecureTransport": "false"}} for s in denies)
+
+
+# --- IAM ------------------------------------------------------------------------------
+
+#: Actions that support no resource-level permissions, so '*' is the narrowest resource.
+NO_RESOURCE_LEVEL = {
+    "xray:PutTraceSegments", "xray:PutTelemetryRecords", "xray:GetSamplingRules", "xray:GetSamplingTargets",
+    "logs:CreateLogDelivery", "logs:GetLogDelivery", "logs:UpdateLogDelivery", "logs:DeleteLogDelivery",
+    "logs:ListLogDeliveries", "logs:PutResourcePolicy", "logs:DescribeResourcePolicies", "logs:DescribeLogGroups",
+    "s3:PutBucketNotification",  # CDK's notification custom resource (its bucket is only known at run time)
+}
+
+
+def test_no_wildcard_resource_where_a_narrower_one_exists(default_app):
+    _, template = default_app
+    offenders = []
+    for lid, r in resources(template, "AWS::IAM::Policy").items():
+        for s in r["Properties"]["PolicyDocument"]["Statement"]:
+            if s["Effect"] == "Allow" and "*" in _as_list(s["Resource"]):
+                extra = actions_of([s]) - NO_RESOURCE_LEVEL
+                if extra:
+                    offenders.append((lid, sorted(extra)))
+            for a in actions_of([s]):
+                if a.endswith(":*") or a == "*":
+                    offenders.append((lid, a))
+    assert not offenders
+
+
+def test_only_start_rollout_invokes_agents_and_only_init_passes_roles(default_app):
+    _, template = default_app
+    holders: dict[str, set[str]] = {}
+    for handler, (lid, props) in functions_by_command(template).items():
+        holders[handler] = actions_of(statements_of_role(template, role_of(props)))
+    invokers = {h for h, a in holders.items() if "bedrock-agentcore:InvokeAgentRuntime" in a}
+    passers = {h for h, a in holders.items() if "iam:PassRole" in a}
+    creators = {h for h, a in holders.items() if "sagemaker:CreateTrainingSession" in a}
+    responders = {h for h, a in holders.items() if "states:SendTaskSuccess" in a}
+    assert invokers == {_spec("StartRollout").handler}
+    assert passers == creators == {_spec("Init").handler}
+    assert responders == {_spec("OnRolloutResult").handler}
+    _, gw = gateway_function(template)
+    gw_actions = actions_of(statements_of_role(template, role_of(gw)))
+    assert {"sagemaker:ExecuteSamplingOperation", "sagemaker:GetSamplingOperationResult"} <= gw_actions
+    assert not {a for a in gw_actions if a.startswith("sagemaker:") and "Sampling" not in a}
+
+
+def test_pass_role_only_to_sagemaker(default_app):
+    _, template = default_app
+    stmts = [s for r in resources(template, "AWS::IAM::Policy").values() for s in r["Properties"]["PolicyDocument"]["Statement"]
+             if "iam:PassRole" in actions_of([s])]
+    assert stmts and all(s["Condition"] == {"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}} for s in stmts)
+
+
+def test_context_values_scope_agent_invoke_and_pass_role(scoped_app):
+    _, template = scoped_app
+    stmts = [s for r in resources(template, "AWS::IAM::Policy").values() for s in r["Properties"]["PolicyDocument"]["Statement"]]
+    invoke = [s for s in stmts if "bedrock-agentcore:InvokeAgentRuntime" in actions_of([s])]
+    assert [sorted(_as_list(s["Resource"])) for s in invoke] == [sorted([RUNTIME, f"{RUNTIME}/runtime-endpoint/*"])]
+    pass_role = [s for s in stmts if "iam:PassRole" in actions_of([s])]
+    assert [s["Resource"] for s in pass_role] == [SM_ROLE]
+    bucket_stmts = [s for r in resources(template, "AWS::S3::BucketPolicy").values()
+                    for s in r["Properties"]["PolicyDocument"]["Statement"]]
+    agent_put = [s for s in bucket_stmts if s.get("Principal") == {"AWS": AGENT_ROLE}]
+    assert agent_put and agent_put[0]["Action"] == "s3:PutObject"
+    assert "rollout-results/*" in json.dumps(agent_put[0]["Resource"])
+
+
+def test_topic_hears_run_ends_and_alarms(scoped_app):
+    _, template = scoped_app
+    rules = [r["Properties"] for r in resources(template, "AWS::Events::Rule").values()]
+    notify = [r for r in rules if "SUCCEEDED" in r["EventPattern"]["detail"]["status"]]
+    assert len(notify) == 1 and notify[0]["Targets"][0]["Arn"] == TOPIC
+    assert set(notify[0]["EventPattern"]["detail"]["status"]) == {"SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED"}
+    alarms = resources(template, "AWS::CloudWatch::Alarm").values()
+    assert alarms and all(a["Properties"]["AlarmActions"] == [TOPIC] for a in alarms)
+
+
+# --- nag, monitoring, outputs ---------------------------------------------------------
+
+
+def test_cdk_nag_reports_no_unsuppressed_error_and_every_suppression_has_a_reason(default_app):
+    stack, template = default_app
+    errors = assertions.Annotations.from_stack(stack).find_error("*", assertions.Match.string_like_regexp("AwsSolutions-.*"))
+    assert [(e.id, str(e.entry.data)[:200]) for e in errors] == []
+    reasons = [s["reason"] for r in template["Resources"].values()
+               for s in r.get("Metadata", {}).get("cdk_nag", {}).get("rules_to_suppress", [])]
+    assert reasons and all(len(reason) >= 30 for reason in reasons)
+
+
+def test_dashboard_shows_training_gateway_and_sagemaker_metrics(default_app):
+    _, template = default_app
+    (dash,) = resources(template, "AWS::CloudWatch::Dashboard").values()
+    body = json.dumps(dash["Properties"]["DashboardBody"])
+    for needle in ("sampler/mean_reward", "eval/accuracy", "sampler/num_datums", "time/step", "time/train",
+                   "rollouts/failure_rate", "UrlRequestLatency", "Url5xxCount"):
+        assert needle in body, needle
+
+
+def test_alarms_for_stalled_runs_and_rollout_failures(default_app):
+    _, template = default_app
+    alarms = [a["Properties"] for a in resources(template, "AWS::CloudWatch::Alarm").values()]
+    exprs = [m.get("Expression", "") for a in alarms for m in a.get("Metrics", [])]
+    assert any(e.startswith("IF(") and "steps" in e for e in exprs)
+    assert any("rollouts/failure_rate" in e for e in exprs)
+
+
+def test_outputs_name_bucket_state_machine_gateway_and_dashboard(default_app):
+    _, template = default_app
+    assert set(template["Outputs"]) >= {"BucketName", "StateMachineArn", "GatewayUrl", "DashboardName"}
+    assert template["Outputs"]["StateMachineArn"]["Value"] == {"Ref": _sm_lid(template)}
+
+
+# --- helpers --------------------------------------------------------------------------
+
+
+def _as_list(x: Any) -> list:
+    return x if isinstance(x, list) else [x]
+
+
+def _spec(name: str):
+    return next(s for s in FUNCTIONS if s.name == name)
+
+
+def _bucket_lid(template: dict) -> str:
+    return next(lid for lid in resources(template, "AWS::S3::Bucket") if re.match(r"StorageBucket[0-9A-F]{8}$", lid))
+
+
+def _sm_lid(template: dict) -> str:
+    (lid,) = resources(template, "AWS::StepFunctions::StateMachine")
+    return lid
