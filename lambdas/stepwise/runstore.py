@@ -154,7 +154,10 @@ class PendingOperation(BaseModel):
     sequence_number: int | None = None  # training ops only
     client_token: str | None = None  # training ops only
     operation_id: str | None = None
-    status: str = "Planned"  # Planned | Submitted | Succeeded | Failed
+    status: str = "Planned"  # Planned | Submitted | Succeeded
+    submitted_at: float | None = None  # epoch seconds of the first submit
+    argument: str | None = None  # model package ARN of load_state / load_weights_for_sampling
+    description: str = ""  # saved on the model package (save_state / save_weights)
     result: dict[str, Any] | None = None
 
 
@@ -195,8 +198,13 @@ class RunState(BaseModel):
     generation_batch: int = 0
     step_cursor_start: int = 0  # cursor at the start of the current step (for DAPO generation batches)
     kept_groups: int = 0
+    datum_chunks: list[int] = Field(default_factory=list)  # datums per forward_backward chunk of the step
+    step_started_at: float | None = None
+    last_decision: dict[str, Any] | None = None  # ComputeAdvantages' last result (retry idempotence)
+    current_batch: dict[str, Any] | None = None  # the planned, not yet consumed generation batch (PlanStep idempotence)
     last_sequence_number: int = 0
-    phase: str = "idle"  # idle | train | rebind | checkpoint | resume
+    phase: str = "idle"  # idle | train | rebind | checkpoint | resume | resume_rebind
+    checkpoint_reason: str = ""  # why the pending checkpoint is saved: "save_every" | "final" | "weights_at_end"
     pending: list[PendingOperation] = Field(default_factory=list)
     checkpoints: list[Checkpoint] = Field(default_factory=list)
     last_eval_step: int | None = None

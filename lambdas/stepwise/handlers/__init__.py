@@ -1,0 +1,1 @@
+"""Thin Lambda handlers, one module per function family (see stepwise.functions)."""

@@ -1,0 +1,144 @@
+"""What every handler shares: event models, the run store, the run's config, logging and metrics.
+
+Environment (besides ``STEPWISE_BUCKET`` / ``STEPWISE_GATEWAY_URL``, docs/internals.md):
+``STEPWISE_POLL_SECONDS`` (Wait-state seconds between polls, integer >= 1, default 10) and
+``STEPWISE_INLINE_WAIT_SECONDS`` (how long a submit/poll handler may poll before handing the
+wait to the state machine, default 5; fast operations then need no Wait state at all).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import time
+from typing import Any
+
+from aws_lambda_powertools import Logger, Metrics
+from aws_lambda_powertools.metrics import MetricUnit
+from pydantic import BaseModel, ConfigDict
+
+from stepwise.runstore import RunStore, config_key
+
+logger = Logger(service=os.environ.get("POWERTOOLS_SERVICE_NAME", "stepwise"))
+metrics = Metrics(namespace=os.environ.get("POWERTOOLS_METRICS_NAMESPACE", "Stepwise"))
+
+
+class RunRef(BaseModel):
+    """The reference every step of the state machine carries: ``$.run``."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    run_id: str
+    execution_arn: str
+
+
+class BatchRef(BaseModel):
+    """One generation batch: ``$.plan.batch`` (also handed to every rollout child)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    kind: str  # "train" | "eval"
+    step: int
+    generation_batch: int = 0
+    timeout_seconds: int = 1800
+    final: bool = False
+
+
+class RunEvent(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    run: RunRef
+
+
+class BatchEvent(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    run: RunRef
+    batch: BatchRef
+
+
+def poll_seconds() -> int:
+    return max(1, int(os.environ.get("STEPWISE_POLL_SECONDS", "10")))
+
+
+def inline_wait_seconds() -> float:
+    return max(0.0, float(os.environ.get("STEPWISE_INLINE_WAIT_SECONDS", "5")))
+
+
+@functools.lru_cache(maxsize=1)
+def _store(bucket: str) -> RunStore:
+    return RunStore(bucket)
+
+
+def store() -> RunStore:
+    """The run store of ``STEPWISE_BUCKET`` (one client per container)."""
+    try:
+        return _store(os.environ["STEPWISE_BUCKET"])
+    except KeyError:
+        raise KeyError("STEPWISE_BUCKET is not set: the Lambda environment must name the run bucket") from None
+
+
+_CONFIGS: dict[tuple[str, str], Any] = {}
+
+
+def run_config(run_id: str) -> Any:
+    """The run's validated `RunConfig` from ``runs/{run_id}/config.json`` (cached per container)."""
+    from stepwise.config import RunConfig
+
+    key = (store().bucket, run_id)
+    if key not in _CONFIGS:
+        _CONFIGS[key] = RunConfig.model_validate(store().get_json(config_key(run_id)))
+    return _CONFIGS[key]
+
+
+def bind(run_id: str | None = None, step: int | None = None, sid: str | None = None) -> None:
+    """Append correlation keys to every log line of this invocation."""
+    keys = {k: v for k, v in (("run_id", run_id), ("step", step), ("sid", sid)) if v is not None}
+    if keys:
+        logger.append_keys(**keys)
+
+
+def emit(values: dict[str, float], *, run_id: str, units: dict[str, MetricUnit] | None = None) -> None:
+    """Emit slash-named metrics as one EMF record (dimension: run id), flushed immediately."""
+    units = units or {}
+    clean = {k: float(v) for k, v in values.items() if isinstance(v, (int, float)) and v == v}
+    if not clean:
+        return
+    metrics.add_dimension(name="run_id", value=run_id)
+    for name, value in clean.items():
+        default = MetricUnit.Seconds if name.startswith("time/") else (
+            MetricUnit.Count if "/num_" in name or name.endswith(("_rollouts", "/n")) else MetricUnit.NoUnit)
+        unit = units.get(name, default)
+        metrics.add_metric(name=name, unit=unit, value=value)
+    metrics.flush_metrics()
+
+
+def now() -> float:
+    return time.time()
+
+
+def dumps_small(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"), default=str)
+
+
+CONTINUATION_KEY = "continuation"
+
+
+def resolve_run(execution_name: str, execution_input: Any) -> tuple[str, dict[str, Any] | None]:
+    """``(run_id, continuation or None)`` of an execution.
+
+    The first execution of a run is started with the RunConfig JSON and its name is the run id.
+    A continuation (continue-as-new) is started with ``{"continuation": {"run_id": ...,
+    "parent_execution_arn": ..., "segment": n}}``. ``execution_input`` may be the JSON text
+    (EventBridge ``detail.input``) or the parsed object.
+    """
+    if isinstance(execution_input, str):
+        try:
+            execution_input = json.loads(execution_input)
+        except ValueError:
+            execution_input = None
+    if isinstance(execution_input, dict) and isinstance(execution_input.get(CONTINUATION_KEY), dict):
+        cont = execution_input[CONTINUATION_KEY]
+        return str(cont["run_id"]), cont
+    return execution_name, None

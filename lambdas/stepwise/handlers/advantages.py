@@ -1,0 +1,217 @@
+"""ComputeAdvantages and RecordEval: turn a rolled-out generation batch into a decision.
+
+ComputeAdvantages (train batches), following the reference `train_grpo.py` step and the DAPO
+proposal (shared/seeds/002):
+- group = the ``responses_per_prompt`` rollouts of one prompt (same ``input_id``), in prompt order;
+- GRPO: every group of the batch; DAPO: informative groups accumulated over the step's generation
+  batches until ``batch_size`` are kept (`stepwise.core.dapo.decide_generation_batch`), with the
+  optional overlong shaping added to each reward first;
+- advantages per group (`core.advantages.compute_grpo_advantages`), datums per TraceRecord
+  (`core.datums.group_to_datums`), chunked as the SDK chunks (`training.datum_chunks`) and
+  written to ``steps/{step}/datums/``; a step with no datums is skipped (reference);
+- the decision: ``train`` | ``need_more`` (another generation batch) | ``cap_reached`` (finish with
+  a reason: checkpoint and stop) | ``skip``; metrics go to ``steps/{step}/summary.json`` and EMF.
+
+RecordEval: mean reward of an eval batch -> ``eval/accuracy`` (reference ``run_eval``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from stepwise import training
+from stepwise.handlers._common import BatchEvent, BatchRef, bind, emit, logger, now, run_config, store
+from stepwise.runstore import RunState, datums_key, eval_summary_key, rollouts_prefix, summary_key
+
+
+class BatchMismatch(RuntimeError):
+    """The batch handed in is not the run's planned batch (names both)."""
+
+
+@dataclass
+class Group:
+    """One prompt's rollouts: ``rewards_G`` and ``records_G`` (TraceRecords per member)."""
+
+    input_id: str
+    rewards_G: list[float] = field(default_factory=list)
+    records_G: list[list[Any]] = field(default_factory=list)
+    empty: int = 0
+    zeroed: list[str | None] = field(default_factory=list)
+
+
+def load_rollouts(run_id: str, batch: BatchRef, generation_batch: int | None = None) -> list[dict[str, Any]]:
+    """The rollout records of a generation batch, in item order."""
+    rs = store()
+    g = batch.generation_batch if generation_batch is None else generation_batch
+    prefix = rollouts_prefix(run_id, batch.step, g, batch.kind)
+    rollouts = [rs.get_json(k) for k in rs.list_keys(prefix) if k.endswith(".json")]
+    return sorted(rollouts, key=lambda r: r["i"])
+
+
+def shaped_reward(rollout: dict[str, Any], cfg: Any) -> float:
+    """The reward, plus DAPO's overlong penalty when ``algorithm == "dapo"`` and a buffer is set."""
+    reward = float(rollout["reward"])
+    if cfg.algorithm == "dapo" and cfg.overlong_buffer_len > 0:
+        from stepwise.core.dapo import overlong_penalty
+
+        reward += overlong_penalty(int(rollout.get("sampled_tokens", 0)), max_len=cfg.max_tokens_per_rollout,
+                                   buffer_len=cfg.overlong_buffer_len, penalty_factor=cfg.overlong_penalty_factor)
+    return reward
+
+
+def group_rollouts(rollouts: list[dict[str, Any]], cfg: Any) -> list[Group]:
+    """Rollouts -> groups in prompt order, members in member order."""
+    from stepwise.core.replay import record_from_json
+
+    groups: dict[str, Group] = {}
+    for r in sorted(rollouts, key=lambda r: (r["i"], r.get("member", 0))):
+        g = groups.setdefault(r["input_id"], Group(r["input_id"]))
+        g.rewards_G.append(shaped_reward(r, cfg))
+        g.records_G.append([record_from_json(x) for x in r.get("records", [])])
+        g.empty += 0 if r.get("records") else 1
+        g.zeroed.append(r.get("reward_reason"))
+    return list(groups.values())
+
+
+def datums_for(groups: list[Group]) -> tuple[list[dict[str, Any]], list[list[float]]]:
+    """``(datums, advantages_P)``: GRPO advantages per group, then one datum per TraceRecord."""
+    from stepwise.core.advantages import compute_grpo_advantages
+    from stepwise.core.datums import group_to_datums
+
+    datums: list[dict[str, Any]] = []
+    advantages_P: list[list[float]] = []
+    for g in groups:
+        advantages_G = compute_grpo_advantages(g.rewards_G)
+        advantages_P.append(advantages_G)
+        datums.extend(group_to_datums(g.records_G, advantages_G))
+    return datums, advantages_P
+
+
+def select_groups(run_id: str, batch: BatchRef, cfg: Any) -> tuple[str, list[Group], list[Group], dict[str, float]]:
+    """``(status, groups to train on, every group rolled out this step, sampling metrics)``."""
+    if cfg.algorithm != "dapo":
+        groups = group_rollouts(load_rollouts(run_id, batch), cfg)
+        return "ready", groups, groups, {}
+    from stepwise.core.dapo import decide_generation_batch, sampling_metrics
+
+    kept: list[Group] = []
+    everything: list[Group] = []
+    decision = None
+    for g in range(batch.generation_batch + 1):
+        new = group_rollouts(load_rollouts(run_id, batch, g), cfg)
+        everything.extend(new)
+        decision = decide_generation_batch(kept, new, batch_size=cfg.batch_size, gen_batches_used=g + 1,
+                                           max_num_gen_batches=cfg.max_num_gen_batches,
+                                           rewards_of=lambda grp: grp.rewards_G)
+        kept = list(decision.keep)
+    assert decision is not None
+    metrics_ = sampling_metrics(gen_batches=batch.generation_batch + 1, groups_rolled_out=len(everything),
+                                groups_kept=len(kept), empty_rollouts=sum(grp.empty for grp in everything))
+    return decision.status, kept, everything, metrics_
+
+
+def _check_batch(state: RunState, batch: BatchRef) -> None:
+    cur = state.current_batch
+    if cur is None or (cur["kind"], cur["step"], cur["generation_batch"]) != (batch.kind, batch.step, batch.generation_batch):
+        raise BatchMismatch(f"batch {batch.kind} step {batch.step} gen {batch.generation_batch} is not the planned batch {cur}")
+
+
+def compute(event: BatchEvent) -> dict[str, Any]:
+    from stepwise.core.advantages import advantage_metrics
+    from stepwise.core.rewards import reward_metrics
+
+    rs = store()
+    run, batch = event.run, event.batch
+    bind(run_id=run.run_id, step=batch.step)
+    state = rs.owned_state(run.run_id, run.execution_arn)
+    if state.current_batch is None and state.last_decision and state.last_decision.get("batch") == batch.model_dump():
+        return dict(state.last_decision["result"])  # a retry after the state was already written
+    _check_batch(state, batch)
+    cfg = run_config(run.run_id)
+    status, train_groups, all_groups, sampling = select_groups(run.run_id, batch, cfg)
+    all_rewards = [r for g in all_groups for r in g.rewards_G]
+    metrics_: dict[str, Any] = {"step": batch.step, "epoch": state.epoch}
+    metrics_.update(reward_metrics(all_rewards, [z for g in all_groups for z in g.zeroed]))
+    metrics_.update(sampling)
+    if state.step_started_at:
+        metrics_["time/rollout"] = now() - state.step_started_at
+
+    chunk_sizes: list[int] = []
+    decision = {"ready": "train", "need_more": "need_more", "cap_reached": "cap_reached"}[status]
+    if decision == "train":
+        datums, advantages_P = datums_for(train_groups)
+        metrics_["sampler/num_datums"] = len(datums)
+        metrics_.update(advantage_metrics(advantages_P))
+        if not datums:
+            decision = "skip"
+            logger.warning("no valid datums; skipping the update (reference behaviour)")
+        else:
+            for i, chunk in enumerate(training.datum_chunks(datums, cfg.loss)):
+                rs.put_json(datums_key(run.run_id, batch.step, i), chunk)
+                chunk_sizes.append(len(chunk))
+    result = {"decision": decision, "step": batch.step, "generation_batch": batch.generation_batch,
+              "num_datums": int(metrics_.get("sampler/num_datums", 0)),
+              "mean_reward": metrics_["sampler/mean_reward"]}
+
+    def change(s: RunState) -> None:
+        _check_batch(s, batch)
+        s.current_batch = None
+        s.last_decision = {"batch": batch.model_dump(), "result": result}
+        if decision == "train":
+            s.datum_chunks = chunk_sizes
+            s.kept_groups = len(train_groups)
+        elif decision == "need_more":
+            s.generation_batch += 1
+        elif decision == "cap_reached":
+            s.stop_reason = f"max_num_gen_batches ({cfg.max_num_gen_batches}) reached at step {batch.step} " \
+                            f"with {len(train_groups)}/{cfg.batch_size} informative groups"
+            s.generation_batch = 0
+        elif decision == "skip":
+            s.step += 1
+            s.generation_batch = 0
+
+    if decision in ("train", "skip", "cap_reached"):
+        rs.put_json(summary_key(run.run_id, batch.step), metrics_ | {"decision": decision})
+        emit({k: v for k, v in metrics_.items() if k not in ("step", "epoch")}, run_id=run.run_id)
+    rs.update_state(run.run_id, change, execution_arn=run.execution_arn)
+    logger.info("advantages computed", extra=result)
+    return result
+
+
+def record_eval(event: BatchEvent) -> dict[str, Any]:
+    rs = store()
+    run, batch = event.run, event.batch
+    bind(run_id=run.run_id, step=batch.step)
+    state = rs.owned_state(run.run_id, run.execution_arn)
+    if state.current_batch is None and state.last_eval_step == batch.step:
+        return rs.get_json(eval_summary_key(run.run_id, batch.step))
+    _check_batch(state, batch)
+    rollouts = load_rollouts(run.run_id, batch)
+    scores = [float(r["reward"]) for r in rollouts]
+    accuracy = sum(scores) / len(scores) if scores else 0.0
+    summary = {"step": batch.step, "eval/accuracy": accuracy, "eval/n": len(scores), "final": batch.final,
+               "eval/failed_rollouts": sum(1 for r in rollouts if r.get("status") != "ok")}
+    rs.put_json(eval_summary_key(run.run_id, batch.step), summary)
+
+    def change(s: RunState) -> None:
+        _check_batch(s, batch)
+        s.current_batch = None
+        s.last_eval_step = batch.step
+        if batch.final:
+            s.final_eval_done = True
+
+    rs.update_state(run.run_id, change, execution_arn=run.execution_arn)
+    emit({"eval/accuracy": accuracy, "eval/n": len(scores)}, run_id=run.run_id)
+    logger.info("eval recorded", extra=summary)
+    return summary
+
+
+@logger.inject_lambda_context(clear_state=True)
+def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    return compute(BatchEvent.model_validate(event))
+
+
+@logger.inject_lambda_context(clear_state=True)
+def eval_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    return record_eval(BatchEvent.model_validate(event))

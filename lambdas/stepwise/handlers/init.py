@@ -1,0 +1,164 @@
+"""Init: validate everything, then create (or adopt) the training session; write config.json and state.json.
+
+Order matters (DESIGN.md section 6): config, dataset (>= batch_size rows with a payload column),
+eval dataset and bucket are all checked *before* CreateTrainingSession, so bad input never starts
+a billed session. The run is claimed in state.json (``IfNoneMatch``) before the session is
+created, and the session name is derived from the run id, so a retried Init adopts the session
+its first attempt created instead of starting a second one.
+
+A continuation execution (continue-as-new) takes the run over from its parent: it becomes the
+owner only if the parent still is.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from stepwise import training
+from stepwise.handlers._common import bind, logger, now, poll_seconds, resolve_run, store
+from stepwise.runstore import (
+    RunNotFound,
+    RunOwnedElsewhere,
+    RunState,
+    RunStore,
+    config_key,
+    tokenizer_prefix,
+)
+
+
+class InitEvent(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    input: Any
+    execution_arn: str
+    execution_name: str
+
+
+def _output(run_id: str, execution_arn: str, *, ready: bool) -> dict[str, Any]:
+    return {
+        "run": {"run_id": run_id, "execution_arn": execution_arn},
+        "session": {"ready": ready, "wait_seconds": poll_seconds()},
+    }
+
+
+def take_over(rs: RunStore, run_id: str, execution_arn: str, continuation: dict[str, Any]) -> RunState:
+    """Make ``execution_arn`` the owner of ``run_id`` if its parent owns it (or it already does)."""
+    parent = continuation.get("parent_execution_arn")
+
+    def change(state: RunState) -> None:
+        if state.owner_execution_arn == execution_arn:
+            return
+        if state.owner_execution_arn != parent:
+            raise RunOwnedElsewhere(
+                f"run {run_id!r} is owned by {state.owner_execution_arn}, not by this continuation's parent {parent}"
+            )
+        state.owner_execution_arn = execution_arn
+        state.segment += 1
+        state.segment_start_step = state.step
+
+    return rs.update_state(run_id, change, execution_arn=None)
+
+
+def validate_inputs(raw_config: Any, rs: RunStore) -> tuple[Any, int, int]:
+    """``(RunConfig, dataset rows, eval rows)``; raises ConfigError / DatasetError / ClientError first.
+
+    No SageMaker call happens here.
+    """
+    from stepwise.config import load_run_config
+    from stepwise.datasets import check_dataset
+
+    cfg = load_run_config(raw_config)
+    rows = check_dataset(cfg.dataset_path, cfg.batch_size, s3_client=rs.s3)
+    eval_rows = check_dataset(cfg.eval_dataset_path, 1, s3_client=rs.s3) if cfg.eval_dataset_path else 0
+    rs.s3.head_bucket(Bucket=rs.bucket)
+    return cfg, rows, eval_rows
+
+
+def cache_tokenizer(cfg: Any, created: training.CreatedSession, rs: RunStore, run_id: str) -> int:
+    """Copy the tokenizer files to ``runs/{run_id}/tokenizer/`` for the gateway; returns files written.
+
+    Source: ``cfg.tokenizer_path`` (an ``s3://`` prefix of tokenizer files, or a model id / local
+    directory), else the SDK's own resolution for the base model (``_utils.load_tokenizer``:
+    Hub lookup of the HuggingFace id, then ``AutoTokenizer.from_pretrained``).
+    """
+    prefix = tokenizer_prefix(run_id)
+    if cfg.tokenizer_path.startswith("s3://"):
+        from stepwise.config import parse_s3_uri
+
+        bucket, key = parse_s3_uri(cfg.tokenizer_path)
+        key = key if not key or key.endswith("/") else key + "/"
+        n = 0
+        for page in rs.s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key):
+            for obj in page.get("Contents", []):
+                name = obj["Key"][len(key):]
+                if name and "/" not in name:
+                    rs.s3.copy_object(Bucket=rs.bucket, Key=prefix + name, CopySource={"Bucket": bucket, "Key": obj["Key"]})
+                    n += 1
+        if n == 0:
+            raise ValueError(f"tokenizer_path {cfg.tokenizer_path!r} holds no files")
+        return n
+    from sagemaker.train.training_session._utils import load_tokenizer
+
+    if cfg.tokenizer_path:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer_path)
+    else:
+        svc = training.service_client(cfg)
+        tokenizer = load_tokenizer(created.base_model_arn, svc._get_hub_client(), created.hf_model_id)
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer.save_pretrained(tmp)
+        files = [p for p in Path(tmp).iterdir() if p.is_file()]
+        for p in files:
+            rs.put_bytes(prefix + p.name, p.read_bytes())
+    return len(files)
+
+
+def initialize(event: InitEvent) -> dict[str, Any]:
+    rs = store()
+    run_id, continuation = resolve_run(event.execution_name, event.input)
+    bind(run_id=run_id)
+    if continuation is not None:
+        state = take_over(rs, run_id, event.execution_arn, continuation)
+        logger.info("continuing run", extra={"segment": state.segment, "step": state.step})
+        return _output(run_id, event.execution_arn, ready=state.session_status == training.RUNNING)
+
+    try:
+        existing, _ = rs.read_state(run_id)
+    except RunNotFound:
+        existing = None
+    if existing is not None and existing.owner_execution_arn != event.execution_arn:
+        raise RunOwnedElsewhere(f"run {run_id!r} already exists, owned by {existing.owner_execution_arn}")
+
+    cfg, rows, eval_rows = validate_inputs(event.input, rs)
+    session_name = training.session_name_for(run_id)
+    if existing is None:
+        rs.put_json(config_key(run_id), cfg.model_dump(mode="json"))
+        rs.create_state(
+            RunState(
+                run_id=run_id,
+                owner_execution_arn=event.execution_arn,
+                training_session_name=session_name,
+                session_status="Creating",
+                session_created_at=now(),
+                dataset_rows=rows,
+                eval_rows=eval_rows,
+                resume_loaded=not cfg.resume_from_model_package,
+            )
+        )
+    created = training.create_session(cfg, session_name)
+    logger.info("training session created", extra={"training_session_name": session_name})
+    n = cache_tokenizer(cfg, created, rs, run_id)
+    logger.info("tokenizer cached", extra={"files": n, "prefix": tokenizer_prefix(run_id)})
+    return _output(run_id, event.execution_arn, ready=False)
+
+
+@logger.inject_lambda_context(clear_state=True)
+def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    return initialize(InitEvent.model_validate(event))
+
+

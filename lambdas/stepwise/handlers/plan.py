@@ -1,0 +1,186 @@
+"""PlanStep: decide the run's next action from state.json and write the generation batch's items.
+
+The decision (:func:`decide`) is a pure function of (state, config) that the handler applies
+as one conditional read-modify-write of state.json. Order of checks, following the reference
+loop (`train_grpo.py`) with the DAPO proposal (shared/seeds/002) and DESIGN.md section 8:
+
+1. eval due after a completed step (``eval_every > 0 and step % eval_every == 0``), once per step;
+2. at the start of a step: move to the next epoch when the queue cannot fill a batch (the
+   reference drops a partial last batch); when the run is finishing (epochs done, DAPO cap hit,
+   or data exhausted): final eval unless one ran at the last step, final ``save_state``,
+   ``save_weights_at_end``, then finish; else ``save_state`` when ``save_every`` is due, else
+   continue as a new execution every ``steps_per_execution`` steps;
+3. roll out the next generation batch of ``batch_size`` prompts x ``responses_per_prompt``.
+
+Eval generation batches use the first ``eval_max_prompts`` eval rows, one rollout each, at
+``eval_temperature`` (reference ``run_eval``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from stepwise.handlers._common import BatchRef, RunEvent, bind, logger, now, run_config, store
+from stepwise.handlers.train import PhaseMismatch, plan_checkpoint
+from stepwise.runstore import RunState, items_key, prompts_key
+
+#: Map concurrency per unit of ``acr_tps_limit``: children start in a burst of MaxConcurrency,
+#: then at the rate rollouts finish; ACR throttling beyond the limit is retried with jitter.
+CONCURRENCY_PER_TPS = 8
+MAX_MAP_CONCURRENCY = 1000
+
+
+@dataclass
+class Decision:
+    action: Literal["rollout", "checkpoint", "continue", "finish"]
+    reason: str
+    kind: Literal["train", "eval"] | None = None
+    step: int = 0
+    generation_batch: int = 0
+    rows: list[int] = field(default_factory=list)
+    responses_per_prompt: int = 1
+    final: bool = False
+
+
+def prompts_used(rows: int, limit: int) -> int:
+    """Rows a run uses: the first ``limit`` (0 = all)."""
+    return min(rows, limit) if limit > 0 else rows
+
+
+def _batch_decision(state: RunState) -> Decision:
+    b = state.current_batch or {}
+    return Decision("rollout", "planned", b["kind"], b["step"], b["generation_batch"], list(b["rows"]),
+                    b["responses_per_prompt"], b.get("final", False))
+
+
+def decide(state: RunState, cfg: Any) -> Decision:
+    """The next action; mutates ``state`` (cursor, epoch, planned batch, planned checkpoint)."""
+    if state.current_batch is not None:
+        return _batch_decision(state)  # a retried PlanStep re-plans the same batch
+    if state.phase == "checkpoint":
+        return Decision("checkpoint", state.checkpoint_reason)
+    if state.phase != "idle":
+        raise PhaseMismatch(f"PlanStep called in phase {state.phase!r}")
+    bs = cfg.batch_size
+    used = prompts_used(state.dataset_rows, cfg.max_prompts)
+    eval_n = prompts_used(state.eval_rows, cfg.eval_max_prompts)
+
+    def eval_batch(final: bool, reason: str) -> Decision:
+        d = Decision("rollout", reason, "eval", state.step, 0, list(range(eval_n)), 1, final)
+        state.current_batch = _batch_dict(d)
+        return d
+
+    if state.generation_batch == 0:
+        if eval_n and state.step > 0 and cfg.should_eval(state.step) and state.last_eval_step != state.step:
+            return eval_batch(False, f"eval_every {cfg.eval_every}")
+        if state.stop_reason is None and state.epoch < cfg.epochs and state.cursor + bs > used:
+            state.epoch += 1
+            state.cursor = 0
+        if state.stop_reason is not None or state.epoch >= cfg.epochs:
+            if eval_n and cfg.final_eval_needed(state.step, state.last_eval_step):
+                return eval_batch(True, "final eval")
+            if not state.final_checkpoint_done:
+                plan_checkpoint(state, "final")
+                return Decision("checkpoint", "final save_state")
+            if cfg.save_weights_at_end and not state.final_weights_done:
+                plan_checkpoint(state, "weights_at_end")
+                return Decision("checkpoint", "save_weights_at_end")
+            return Decision("finish", state.stop_reason or f"{cfg.epochs} epoch(s) done")
+        if cfg.should_save(state.step) and not any(
+            c.step == state.step and c.reason == "save_every" for c in state.checkpoints
+        ):
+            plan_checkpoint(state, "save_every")
+            return Decision("checkpoint", f"save_every {cfg.save_every}")
+        if state.step - state.segment_start_step >= cfg.steps_per_execution:
+            return Decision("continue", f"steps_per_execution {cfg.steps_per_execution}")
+        state.step_cursor_start = state.cursor
+        state.step_started_at = now()
+    elif state.cursor + bs > used:  # DAPO: the epoch ran dry in the middle of a step
+        if state.epoch + 1 < cfg.epochs:
+            state.epoch += 1
+            state.cursor = 0
+        else:
+            state.stop_reason = "dataset exhausted during dynamic sampling"
+            state.generation_batch = 0
+            return decide(state, cfg)
+    d = Decision("rollout", "generation batch", "train", state.step, state.generation_batch,
+                 list(range(state.cursor, state.cursor + bs)), cfg.responses_per_prompt)
+    state.cursor += bs
+    state.current_batch = _batch_dict(d)
+    return d
+
+
+def _batch_dict(d: Decision) -> dict[str, Any]:
+    return {"kind": d.kind, "step": d.step, "generation_batch": d.generation_batch, "rows": d.rows,
+            "responses_per_prompt": d.responses_per_prompt, "final": d.final}
+
+
+def input_id(kind: str, step: int, generation_batch: int, position: int) -> str:
+    """The toolkit ``input_id`` of a prompt in a batch (one S3 folder per prompt: its group)."""
+    return f"e{step}p{position}" if kind == "eval" else f"s{step}g{generation_batch}p{position}"
+
+
+def build_items(d: Decision, payloads: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """``(items, prompts)``: one item per rollout (references only), and ``{input_id: payload}``."""
+    items, prompts = [], {}
+    kind = d.kind or "train"
+    for position, row in enumerate(d.rows):
+        iid = input_id(kind, d.step, d.generation_batch, position)
+        prompts[iid] = payloads[row]
+        for member in range(d.responses_per_prompt):
+            items.append({"i": len(items), "input_id": iid, "row": row, "member": member})
+    return items, prompts
+
+
+_PAYLOADS: dict[str, list[dict[str, Any]]] = {}
+
+
+def payloads(path: str) -> list[dict[str, Any]]:
+    """The dataset's payloads (cached per container)."""
+    from stepwise.datasets import load_payloads
+
+    if path not in _PAYLOADS:
+        _PAYLOADS[path] = load_payloads(path, s3_client=store().s3)
+    return _PAYLOADS[path]
+
+
+def plan(event: RunEvent) -> dict[str, Any]:
+    rs = store()
+    run = event.run
+    cfg = run_config(run.run_id)
+    decision: list[Decision] = []
+
+    def change(state: RunState) -> None:
+        decision.clear()
+        decision.append(decide(state, cfg))
+
+    state = rs.update_state(run.run_id, change, execution_arn=run.execution_arn)
+    d = decision[0]
+    bind(run_id=run.run_id, step=state.step)
+    out: dict[str, Any] = {"action": d.action, "reason": d.reason, "step": state.step, "epoch": state.epoch}
+    if d.action != "rollout":
+        logger.info("planned", extra=out)
+        return out
+    kind = d.kind or "train"
+    source = cfg.eval_dataset_path if kind == "eval" else cfg.dataset_path
+    items, prompts = build_items(d, payloads(source))
+    rs.put_json(prompts_key(run.run_id, d.step, d.generation_batch, kind), prompts)
+    key = items_key(run.run_id, d.step, d.generation_batch, kind)
+    rs.put_json(key, items)
+    batch = BatchRef(kind=kind, step=d.step, generation_batch=d.generation_batch,
+                     timeout_seconds=max(1, math.ceil(cfg.max_rollout_time)), final=d.final)
+    out.update(
+        items_key=key,
+        num_items=len(items),
+        max_concurrency=max(1, min(len(items), cfg.acr_tps_limit * CONCURRENCY_PER_TPS, MAX_MAP_CONCURRENCY)),
+        batch=batch.model_dump(),
+    )
+    logger.info("planned generation batch", extra={k: v for k, v in out.items() if k != "batch"} | {"kind": kind})
+    return out
+
+
+@logger.inject_lambda_context(clear_state=True)
+def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    return plan(RunEvent.model_validate(event))

@@ -1,0 +1,295 @@
+"""StartRollout, OnRolloutResult and FinishRollout: one rollout child of the Distributed Map.
+
+DESIGN.md section 4. StartRollout opens the gateway session (``sessions/{sid}.json``), stores the
+task token keyed by sid *before* invoking the agent (a fast result cannot race it), then calls
+``InvokeAgentRuntime`` with ``runtimeSessionId = sid`` and ``_rollout`` (the toolkit's
+``exp_id``/``input_id``/``s3_bucket`` plus ``base_url``, ``model_id``, ``api_key = sid`` and the
+sampling params). The agent writes ``rollout-results/{run_id}/{input_id}/{sid}.json``; the S3
+notification runs OnRolloutResult, which resumes the task with ``{"sid", "result_key"}``.
+FinishRollout extracts the reward exactly as the reference does (0.0 on timeout or error),
+closes the session, replays the captured turns into `TraceRecord`s and writes the rollout record.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+import uuid
+from typing import Any
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import ClientError
+from pydantic import BaseModel, ConfigDict
+
+from stepwise.handlers._common import (
+    BatchRef,
+    RunRef,
+    bind,
+    logger,
+    now,
+    run_config,
+    store,
+)
+from stepwise.runstore import (
+    batch_prefix,
+    parse_result_key,
+    prompts_key,
+    result_key,
+    results_exp_id,
+    rollout_key,
+    session_key,
+    task_token_key,
+    tokenizer_prefix,
+    turns_prefix,
+)
+
+THROTTLING_CODES = frozenset({"ThrottlingException", "ServiceQuotaExceededException", "RetryableConflictException", "TooManyRequestsException"})
+#: Seconds the gateway session outlives the task timeout (the agent's last call may be in flight).
+SESSION_GRACE_S = 60
+
+
+class AgentRuntimeThrottled(RuntimeError):
+    """ACR refused the invoke for rate (retried by the state machine with backoff and jitter)."""
+
+
+class RolloutItem(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    i: int
+    input_id: str
+    row: int
+    member: int = 0
+
+
+class StartEvent(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    task_token: str
+    run: RunRef
+    batch: BatchRef
+    item: RolloutItem
+
+
+def start_marker_key(run_id: str, batch: BatchRef, i: int) -> str:
+    """Which sid item ``i`` of a batch was started with (the timeout path needs it)."""
+    return batch_prefix(run_id, batch.step, batch.generation_batch, batch.kind) + f"starts/{i}.json"
+
+
+def session_record(cfg: Any, state: Any, batch: BatchRef, sid: str, input_id: str) -> dict[str, Any]:
+    """The gateway session record (docs/internals.md), plus ``input_id`` and ``chat_template_kwargs``."""
+    sampling = cfg.eval_sampling_defaults if batch.kind == "eval" else cfg.sampling_defaults
+    return {
+        "sid": sid,
+        "run_id": state.run_id,
+        "step": batch.step,
+        "generation_batch": batch.generation_batch,
+        "kind": batch.kind,
+        "input_id": input_id,
+        "training_session_name": state.training_session_name,
+        "sampler_model_package_arn": state.sampler_model_package_arn,
+        "policy_version": state.policy_version,
+        "region": cfg.region,
+        "tokenizer_prefix": tokenizer_prefix(state.run_id),
+        "sampling_defaults": sampling,
+        "chat_template_kwargs": cfg.chat_template_kwargs,
+        "max_context_tokens": cfg.max_context_tokens,
+        "max_turns": cfg.max_turns_per_rollout,
+        "max_total_tokens": cfg.max_tokens_per_rollout,
+        "deadline": now() + batch.timeout_seconds + SESSION_GRACE_S,
+        "closed": False,
+    }
+
+
+def rollout_payload(payload: dict[str, Any], *, run_id: str, input_id: str, bucket: str, sid: str,
+                    gateway_url: str, model_id: str, sampling: dict[str, Any]) -> dict[str, Any]:
+    """The agent's invocation payload: the dataset row plus ``_rollout`` (toolkit ``RolloutConfig`` fields)."""
+    return {
+        **payload,
+        "_rollout": {
+            "exp_id": results_exp_id(run_id),
+            "input_id": input_id,
+            "s3_bucket": bucket,
+            "base_url": gateway_url,
+            "model_id": model_id,
+            "api_key": sid,
+            "sampling_params": {"temperature": sampling["temperature"], "max_tokens": sampling["max_new_tokens"]},
+        },
+    }
+
+
+def _acr_client(region: str) -> Any:
+    # Few in-client retries: the state machine's Retry (backoff + full jitter) paces throttled starts.
+    return boto3.client("bedrock-agentcore", region_name=region,
+                        config=Config(retries={"mode": "standard", "max_attempts": 2}))
+
+
+def start(event: StartEvent) -> dict[str, Any]:
+    import os
+
+    rs = store()
+    run, batch, item = event.run, event.batch, event.item
+    state = rs.owned_state(run.run_id, run.execution_arn)
+    cfg = run_config(run.run_id)
+    sid = str(uuid.uuid4())
+    bind(run_id=run.run_id, step=batch.step, sid=sid)
+    rs.put_json(task_token_key(run.run_id, sid), {"task_token": event.task_token, "created_at": now()})
+    rs.put_json(start_marker_key(run.run_id, batch, item.i), {"sid": sid, "input_id": item.input_id, "started_at": now()})
+    record = session_record(cfg, state, batch, sid, item.input_id)
+    rs.put_json(session_key(sid), record)
+    payload = rs.get_json(prompts_key(run.run_id, batch.step, batch.generation_batch, batch.kind))[item.input_id]
+    body = rollout_payload(payload, run_id=run.run_id, input_id=item.input_id, bucket=rs.bucket, sid=sid,
+                           gateway_url=os.environ.get("STEPWISE_GATEWAY_URL", ""), model_id=cfg.base_model_arn,
+                           sampling=record["sampling_defaults"])
+    try:
+        resp = _acr_client(cfg.region).invoke_agent_runtime(
+            agentRuntimeArn=cfg.agent_runtime_arn, runtimeSessionId=sid,
+            payload=json.dumps(body).encode(), contentType="application/json", accept="application/json",
+        )
+    except ClientError as e:
+        code = e.response.get("Error", {}).get("Code", "")
+        if code in THROTTLING_CODES:
+            raise AgentRuntimeThrottled(f"InvokeAgentRuntime throttled ({code}) for sid {sid}") from e
+        raise
+    stream = resp.get("response")
+    if stream is not None and hasattr(stream, "close"):
+        stream.close()
+    logger.info("rollout started", extra={"input_id": item.input_id, "status_code": resp.get("statusCode")})
+    return {"sid": sid}
+
+
+# ---------------------------------------------------------------------------- result notification
+
+
+def _s3_keys(event: dict[str, Any]) -> list[tuple[str, str]]:
+    """``(bucket, URL-decoded key)`` of every S3 record (S3 event keys arrive URL-encoded, '+' = space)."""
+    out = []
+    for rec in event.get("Records", []):
+        s3 = rec.get("s3", {})
+        out.append((s3.get("bucket", {}).get("name", ""), urllib.parse.unquote_plus(s3.get("object", {}).get("key", ""))))
+    return out
+
+
+def on_result(event: dict[str, Any]) -> dict[str, Any]:
+    """SendTaskSuccess for each result object. Unknown, duplicate and late results are logged and ignored."""
+    rs = store()
+    sfn = boto3.client("stepfunctions")
+    resumed, ignored = 0, 0
+    for _bucket, key in _s3_keys(event):
+        try:
+            run_id, input_id, sid = parse_result_key(key)
+        except ValueError:
+            logger.warning("not a rollout result key", extra={"key": key})
+            ignored += 1
+            continue
+        bind(run_id=run_id, sid=sid)
+        token = rs.get_json_or(task_token_key(run_id, sid))
+        if token is None:
+            logger.warning("no task token for this result (unknown session)", extra={"key": key})
+            ignored += 1
+            continue
+        try:
+            sfn.send_task_success(taskToken=token["task_token"], output=json.dumps({"sid": sid, "result_key": key}))
+            resumed += 1
+        except (sfn.exceptions.TaskTimedOut, sfn.exceptions.InvalidToken, sfn.exceptions.TaskDoesNotExist) as e:
+            logger.info("result arrived after its task ended (duplicate or late)", extra={"key": key, "why": type(e).__name__})
+            ignored += 1
+    return {"resumed": resumed, "ignored": ignored}
+
+
+# ---------------------------------------------------------------------------- finish
+
+
+class FinishEvent(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    run: RunRef
+    batch: BatchRef
+    item: RolloutItem
+    result: dict[str, Any] | None = None  # SendTaskSuccess output {"sid", "result_key"}
+    error: dict[str, Any] | None = None  # Catch output {"Error", "Cause"}
+
+
+def _load_turns(rs: Any, run_id: str, sid: str) -> list[dict[str, Any]]:
+    """Captured turns in key order (keys sort in completion order, docs/internals.md)."""
+    return [rs.get_json(k) for k in rs.list_keys(turns_prefix(run_id, sid)) if k.endswith(".json")]
+
+
+def _close_session(rs: Any, sid: str) -> None:
+    record = rs.get_json_or(session_key(sid))
+    if record is not None and not record.get("closed"):
+        record["closed"] = True
+        rs.put_json(session_key(sid), record)
+
+
+def finish(event: FinishEvent) -> dict[str, Any]:
+    from stepwise.core.replay import record_to_json, replay_turns
+    from stepwise.core.rewards import extract_reward
+
+    rs = store()
+    run, batch, item = event.run, event.batch, event.item
+    sid = (event.result or {}).get("sid")
+    if sid is None:
+        marker = rs.get_json_or(start_marker_key(run.run_id, batch, item.i)) or {}
+        sid = marker.get("sid")
+    bind(run_id=run.run_id, step=batch.step, sid=sid)
+    status, error, result_obj = "ok", None, None
+    if event.error is not None:
+        err = str(event.error.get("Error", "error"))
+        status = "timeout" if err == "States.Timeout" else "error"
+        error = {"error": err, "cause": str(event.error.get("Cause", ""))[:1000]}
+    elif event.result is not None:
+        result_obj = rs.get_json_or(event.result.get("result_key") or result_key(run.run_id, item.input_id, sid))
+        if result_obj is None:
+            status, error = "error", {"error": "ResultMissing", "cause": "the result object was not found"}
+    reward, reason = extract_reward(result_obj if status == "ok" else None)
+    if status != "ok":
+        reason = f"{status}: {error['error'] if error else ''}"
+        logger.warning("rollout did not complete; reward 0.0", extra={"status": status, "error": error})
+    elif reason:
+        logger.warning("reward zeroed", extra={"reason": reason})
+    records: list[Any] = []
+    num_turns = sampled_tokens = 0
+    if sid is not None:
+        _close_session(rs, sid)
+        turns = _load_turns(rs, run.run_id, sid)
+        num_turns = len(turns)
+        sampled_tokens = sum(len((t.get("turn") or {}).get("output_ids") or []) for t in turns)
+        cfg = run_config(run.run_id)
+        # The reference keeps records with tokens only (rollout.py run_one_rollout).
+        records = [r for r in replay_turns(sid, turns, reward, max_context_tokens=cfg.max_context_tokens) if r.token_ids]
+    rollout = {
+        "sid": sid,
+        "i": item.i,
+        "input_id": item.input_id,
+        "row": item.row,
+        "member": item.member,
+        "kind": batch.kind,
+        "step": batch.step,
+        "generation_batch": batch.generation_batch,
+        "reward": reward,
+        "reward_reason": reason,
+        "status": status,
+        "error": error,
+        "num_turns": num_turns,
+        "sampled_tokens": sampled_tokens,
+        "records": [record_to_json(r) for r in records],
+    }
+    key_sid = sid or f"unstarted-{item.i}"
+    rs.put_json(rollout_key(run.run_id, batch.step, batch.generation_batch, key_sid, batch.kind), rollout)
+    return {"sid": key_sid, "reward": reward, "status": status, "records": len(records)}
+
+
+@logger.inject_lambda_context(clear_state=True)
+def start_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    return start(StartEvent.model_validate(event))
+
+
+@logger.inject_lambda_context(clear_state=True)
+def result_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    return on_result(event)
+
+
+@logger.inject_lambda_context(clear_state=True)
+def finish_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    return finish(FinishEvent.model_validate(event))

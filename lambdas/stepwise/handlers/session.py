@@ -1,0 +1,188 @@
+"""PollSession, StopSession, Cleanup and ContinueRun: the training session's lifecycle.
+
+- PollSession: DescribeTrainingSession until ``Running`` (bounded by ``STEPWISE_SESSION_START_TIMEOUT``
+  seconds, default 1800, from creation); then, when resuming from a checkpoint, load_state with
+  the optimizer and rebind the sampler to the resumed weights before the first step.
+- StopSession: every terminal path of the state machine (success and the catch-all). Stops only
+  a session this execution owns, so a refused second execution cannot stop the owner's session.
+- Cleanup: EventBridge "Step Functions Execution Status Change" (ABORTED / TIMED_OUT / FAILED),
+  where no Catch runs; same ownership rule.
+- ContinueRun: start the next execution of the run (continue-as-new; moto's engine cannot run the
+  ``states:startExecution`` integration, so the stack and the local engine both do it here).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import boto3
+from pydantic import BaseModel, ConfigDict
+
+from stepwise import training
+from stepwise.handlers._common import (
+    RunEvent,
+    RunRef,
+    bind,
+    inline_wait_seconds,
+    logger,
+    now,
+    poll_seconds,
+    resolve_run,
+    run_config,
+    store,
+)
+from stepwise.handlers.train import drive, plan_resume
+from stepwise.runstore import RunNotFound, RunState
+
+
+class SessionStartTimeout(TimeoutError):
+    """The training session did not reach Running in time."""
+
+
+def session_start_timeout() -> float:
+    return float(os.environ.get("STEPWISE_SESSION_START_TIMEOUT", "1800"))
+
+
+def poll_session(event: RunEvent) -> dict[str, Any]:
+    rs = store()
+    run = event.run
+    bind(run_id=run.run_id)
+    state = rs.owned_state(run.run_id, run.execution_arn)
+    cfg = run_config(run.run_id)
+    if state.session_status != training.RUNNING:
+        status, reason = training.describe_session(training.control_plane(cfg.region), state.training_session_name)
+        if status in training.FAILED_SESSION_STATUSES:
+            raise training.SessionFailed(
+                f"training session {state.training_session_name} is {status}{f': {reason}' if reason else ''}"
+            )
+        if status != training.RUNNING:
+            waited = now() - state.session_created_at
+            if waited > session_start_timeout():
+                raise SessionStartTimeout(
+                    f"training session {state.training_session_name} still {status} after {waited:.0f}s "
+                    f"(STEPWISE_SESSION_START_TIMEOUT={session_start_timeout():g})"
+                )
+            if status != state.session_status:
+                rs.update_state(run.run_id, lambda s: setattr(s, "session_status", status), execution_arn=run.execution_arn)
+            return {"ready": False, "status": status, "wait_seconds": poll_seconds()}
+        state = rs.update_state(run.run_id, lambda s: setattr(s, "session_status", status), execution_arn=run.execution_arn)
+        logger.info("training session running", extra={"training_session_name": state.training_session_name})
+    if not state.resume_loaded:
+        if state.phase == "idle":
+            arn = cfg.resume_from_model_package
+            state = rs.update_state(run.run_id, lambda s: plan_resume(s, arn), execution_arn=run.execution_arn)
+        state, _, _ = drive(run.run_id, run.execution_arn, ("resume", "resume_rebind"), budget_s=inline_wait_seconds())
+        if not state.resume_loaded:
+            return {"ready": False, "status": "LoadingCheckpoint", "wait_seconds": poll_seconds()}
+        logger.info("resumed from checkpoint", extra={"sampler_model_package_arn": state.sampler_model_package_arn})
+    return {"ready": True, "status": training.RUNNING, "wait_seconds": poll_seconds()}
+
+
+class StopEvent(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    execution_arn: str
+    execution_name: str
+    input: Any = None
+    reason: str = "finished"
+    error: dict[str, Any] | None = None
+
+
+def stop_owned_session(execution_arn: str, execution_name: str, execution_input: Any, *, reason: str) -> dict[str, Any]:
+    """Stop the run's session if ``execution_arn`` owns the run; mark state.json. Idempotent."""
+    rs = store()
+    run_id, _ = resolve_run(execution_name, execution_input)
+    bind(run_id=run_id)
+    try:
+        state, _ = rs.read_state(run_id)
+    except RunNotFound:
+        logger.info("no run state: nothing to stop", extra={"reason": reason})
+        return {"stopped": False, "why": "no run state"}
+    if state.owner_execution_arn != execution_arn:
+        logger.warning("not the run's owner: leaving its session alone", extra={"owner": state.owner_execution_arn})
+        return {"stopped": False, "why": "not the owner"}
+    cfg = run_config(run_id)
+    training.stop_session(cfg, state.training_session_name)
+
+    def mark(s: RunState) -> None:
+        s.session_stopped = True
+        s.session_status = "Stopping"
+        if reason == "finished":
+            s.finished = True
+        elif s.stop_reason is None:
+            s.stop_reason = reason
+
+    rs.update_state(run_id, mark, execution_arn=execution_arn)
+    logger.info("training session stopped", extra={"training_session_name": state.training_session_name, "reason": reason})
+    return {"stopped": True, "training_session_name": state.training_session_name}
+
+
+def stop(event: StopEvent) -> dict[str, Any]:
+    reason = event.reason
+    if event.error:
+        reason = f"failed: {event.error.get('Error', 'error')}"
+        logger.error("execution failed", extra={"error": event.error.get("Error"), "cause": str(event.error.get("Cause"))[:2000]})
+    return stop_owned_session(event.execution_arn, event.execution_name, event.input, reason=reason)
+
+
+def cleanup(event: dict[str, Any]) -> dict[str, Any]:
+    """EventBridge "Step Functions Execution Status Change" -> stop the session of the run it owned."""
+    detail = event.get("detail") or {}
+    status = detail.get("status")
+    if status not in ("ABORTED", "TIMED_OUT", "FAILED"):
+        return {"stopped": False, "why": f"status {status!r} needs no cleanup"}
+    return stop_owned_session(
+        detail["executionArn"], detail.get("name") or detail["executionArn"].rsplit(":", 1)[-1], detail.get("input"),
+        reason=f"execution {status}",
+    )
+
+
+class ContinueEvent(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    run: RunRef
+    state_machine_arn: str
+
+
+def continuation_name(run_id: str, segment: int) -> str:
+    """Execution name of segment ``segment`` (<= 80 chars, deterministic so a retry cannot start two)."""
+    return f"{run_id[:70]}--{segment}"
+
+
+def continue_run(event: ContinueEvent) -> dict[str, Any]:
+    rs = store()
+    run = event.run
+    state = rs.owned_state(run.run_id, run.execution_arn)
+    bind(run_id=run.run_id, step=state.step)
+    segment = state.segment + 1
+    name = continuation_name(run.run_id, segment)
+    body = {"continuation": {"run_id": run.run_id, "parent_execution_arn": run.execution_arn, "segment": segment}}
+    sfn = boto3.client("stepfunctions")
+    try:
+        arn = sfn.start_execution(stateMachineArn=event.state_machine_arn, name=name, input=json.dumps(body))["executionArn"]
+    except sfn.exceptions.ExecutionAlreadyExists:
+        arn = f"{event.state_machine_arn.replace(':stateMachine:', ':execution:')}:{name}"
+    logger.info("continued as a new execution", extra={"next_execution": arn, "segment": segment})
+    return {"execution_arn": arn, "name": name}
+
+
+@logger.inject_lambda_context(clear_state=True)
+def poll_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    return poll_session(RunEvent.model_validate(event))
+
+
+@logger.inject_lambda_context(clear_state=True)
+def stop_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    return stop(StopEvent.model_validate(event))
+
+
+@logger.inject_lambda_context(clear_state=True)
+def cleanup_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    return cleanup(event)
+
+
+@logger.inject_lambda_context(clear_state=True)
+def continue_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    return continue_run(ContinueEvent.model_validate(event))

@@ -1,0 +1,171 @@
+"""Shared parts of the pipeline tests (tests/test_pipeline_*.py, tests/test_handlers_*.py):
+moto (S3 + Step Functions) on loopback, the SageMaker simulator, a valid run config, and
+helpers that play the agent + gateway side of a rollout (captured turns and a result object)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+TINY_MODEL = REPO / "local" / "assets" / "tiny-model"
+BUCKET = "stepwise-pipeline-test"
+REGION = "us-west-2"
+AGENT_ARN = "arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/toy_agent-abc"
+
+
+class Stack:
+    """moto server + simulator, with the environment every handler reads."""
+
+    def __init__(self) -> None:
+        from moto.server import ThreadedMotoServer
+
+        from local.simulator import start_simulator
+
+        self.mp = pytest.MonkeyPatch()
+        for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                     "AWS_DEFAULT_REGION": REGION, "AWS_REGION": REGION}.items():
+            self.mp.setenv(k, v)
+        self.moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        self.moto.start()
+        host, port = self.moto.get_host_and_port()
+        self.endpoint = f"http://{host}:{port}"
+        self.sim = start_simulator()
+        env = dict(self.sim.env)
+        env.update({
+            "AWS_ENDPOINT_URL_S3": self.endpoint,
+            "AWS_ENDPOINT_URL_SFN": self.endpoint,
+            "STEPWISE_BUCKET": BUCKET,
+            "STEPWISE_GATEWAY_URL": "http://127.0.0.1:9/gateway",
+            "STEPWISE_POLL_SECONDS": "1",
+            "STEPWISE_INLINE_WAIT_SECONDS": "10",
+            "POWERTOOLS_METRICS_NAMESPACE": "StepwiseTest",
+        })
+        for k, v in env.items():
+            self.mp.setenv(k, v)
+        self.s3 = boto3.client("s3", region_name=REGION)
+        self.s3.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": REGION})
+        from stepwise.handlers import _common
+
+        _common._store.cache_clear()
+
+    def stop(self) -> None:
+        self.sim.stop()
+        self.moto.stop()
+        self.mp.undo()
+
+    # ------------------------------------------------------------------ data and config
+
+    def put_dataset(self, key: str, payloads: list[dict[str, Any]]) -> str:
+        body = "\n".join(json.dumps({"payload": p}) for p in payloads) + "\n"
+        self.s3.put_object(Bucket=BUCKET, Key=key, Body=body.encode())
+        return f"s3://{BUCKET}/{key}"
+
+    def config(self, **overrides: Any) -> dict[str, Any]:
+        from local.agents import toy_task
+
+        cfg = {
+            "region": REGION,
+            "role_arn": self.sim.role_arn,
+            "base_model_arn": "stepwise-tiny",
+            "model_package_group_arn": self.sim.model_package_group_arn,
+            "s3_output_path": self.sim.s3_output_path,
+            "agent_runtime_arn": AGENT_ARN,
+            "dataset_path": self.put_dataset("data/toy.jsonl", toy_task.all_payloads()),
+            "tokenizer_path": str(TINY_MODEL),
+            "batch_size": 2,
+            "responses_per_prompt": 2,
+            "max_new_tokens": 8,
+            "learning_rate": 1e-3,
+            "loss": "importance_sampling",
+            "max_rollout_time": 30,
+        }
+        cfg.update(overrides)
+        return cfg
+
+
+def execution_arn(run_id: str) -> str:
+    return f"arn:aws:states:{REGION}:123456789012:execution:stepwise-training:{run_id}"
+
+
+def new_run_id(prefix: str = "run") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def run_ref(run_id: str) -> dict[str, str]:
+    return {"run_id": run_id, "execution_arn": execution_arn(run_id)}
+
+
+def init_run(stack: Stack, run_id: str, config: dict[str, Any]) -> dict[str, Any]:
+    from stepwise.handlers.init import InitEvent, initialize
+
+    return initialize(InitEvent(input=config, execution_arn=execution_arn(run_id), execution_name=run_id))
+
+
+def wait_ready(run_id: str, timeout: float = 30.0) -> dict[str, Any]:
+    from stepwise.handlers._common import RunEvent
+    from stepwise.handlers.session import poll_session
+
+    deadline = time.monotonic() + timeout
+    while True:
+        out = poll_session(RunEvent.model_validate({"run": run_ref(run_id)}))
+        if out["ready"] or time.monotonic() > deadline:
+            return out
+        time.sleep(0.2)
+
+
+def captured_turn(sid: str, prompt_ids: list[int], output_ids: list[int], logprobs: list[float]) -> dict[str, Any]:
+    """A turn body as the gateway persists it (docs/internals.md, "Captured turn")."""
+    return {
+        "sid": sid,
+        "turn": {"prompt_ids": prompt_ids, "output_ids": output_ids, "finish_reason": "stop",
+                 "output_log_probs": logprobs, "ill_formed": False},
+        "prompt_messages": [{"role": "user", "content": "q"}],
+        "response_message": {"role": "assistant", "content": "a"},
+        "metadata": {},
+    }
+
+
+def play_rollout(stack: Stack, run_id: str, sid: str, input_id: str, reward: float | None,
+                 output_ids: list[int], prompt_ids: list[int] | None = None) -> str:
+    """What the gateway and the agent leave in S3 for one rollout: one captured turn, then the
+    toolkit's result object (``reward=None`` writes none). Returns the result key."""
+    from stepwise.runstore import result_key, turns_prefix
+
+    prompt_ids = prompt_ids or [1, 2, 3, 4]
+    turn = captured_turn(sid, prompt_ids, output_ids, [-0.5] * len(output_ids))
+    stack.s3.put_object(Bucket=BUCKET, Key=f"{turns_prefix(run_id, sid)}{time.time_ns():020d}-{uuid.uuid4().hex}.json",
+                        Body=json.dumps(turn).encode())
+    key = result_key(run_id, input_id, sid)
+    if reward is not None:
+        stack.s3.put_object(Bucket=BUCKET, Key=key,
+                            Body=json.dumps({"rewards": reward, "status_code": 200, "input_id": input_id}).encode())
+    return key
+
+
+def roll_out_batch(stack: Stack, run_id: str, plan: dict[str, Any], rewards: list[float],
+                   output_ids: list[list[int]] | None = None) -> list[dict[str, Any]]:
+    """Run FinishRollout for every item of a planned batch, as if each agent finished with ``rewards[i]``."""
+    from stepwise.handlers.rollout import FinishEvent, finish
+
+    items = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=plan["items_key"])["Body"].read())
+    outs = []
+    for item in items:
+        sid = str(uuid.uuid4())
+        ids = (output_ids or [[10 + item["i"], 11, 12]] * len(items))[item["i"]]
+        key = play_rollout(stack, run_id, sid, item["input_id"], rewards[item["i"]], ids)
+        outs.append(finish(FinishEvent.model_validate({
+            "run": run_ref(run_id), "batch": plan["batch"], "item": item,
+            "result": {"sid": sid, "result_key": key}, "error": None})))
+    return outs
+
+
+def env_snapshot() -> dict[str, str]:
+    return dict(os.environ)
