@@ -75,9 +75,11 @@ class HandlerFunctions(Construct):
                  agent_runtime_arns: tuple[str, ...] = (), sagemaker_role_arns: tuple[str, ...] = ()) -> None:
         super().__init__(scope, id)
         self.functions: dict[str, lambda_.DockerImageFunction] = {}
+        self.log_groups: dict[str, logs.LogGroup] = {}
         env = environment(bucket=bucket.bucket_name, gateway_url=gateway_url, extra=extra_environment)
         for spec in FUNCTIONS:
             log_group = log_group_for(self, f"{spec.name}Logs", log_retention_days)
+            self.log_groups[spec.name] = log_group
             role = function_role(self, f"{spec.name}Role", spec=spec, bucket=bucket, log_group=log_group,
                                  agent_runtime_arns=agent_runtime_arns, sagemaker_role_arns=sagemaker_role_arns)
             self.functions[spec.name] = lambda_.DockerImageFunction(
@@ -120,9 +122,9 @@ def suppress_lambda_role_findings(scope: Construct) -> None:
             },
             {
                 "id": "AwsSolutions-IAM5",
-                "reason": "Training-session names are chosen per run by Init; SageMaker scopes them to this account "
-                          "and region (training-session/*). Model packages are created by the session's saves.",
-                "appliesTo": [{"regex": "/^Resource::arn:<AWS::Partition>:sagemaker:<AWS::Region>:<AWS::AccountId>:(training-session|model-package|model-package-group)\\/\\*$/"}],
+                "reason": "Init names training sessions stepwise-{run}-{hash} per run (training-session/stepwise-*); "
+                          "model packages and groups are created by the session's saves and named by the run config.",
+                "appliesTo": [{"regex": "/^Resource::arn:<AWS::Partition>:sagemaker:<AWS::Region>:<AWS::AccountId>:(training-session\\/stepwise-|model-package\\/|model-package-group\\/)\\*$/"}],
             },
             {
                 "id": "AwsSolutions-IAM5",

@@ -2,8 +2,9 @@
 
 Pipeline metrics are the handlers' Powertools EMF records: namespace ``Stepwise``, dimensions
 ``service`` (= ``stepwise``) and ``run_id`` (``stepwise.handlers._common.emit``). Graphs use
-``SEARCH`` so each run is its own line; alarms must not depend on a run id, so they use the
-Lambda service's own metrics of fixed functions or a Metrics Insights query over every run.
+``SEARCH`` so each run is its own line. Alarms must not depend on a run id, so they use the
+Lambda service's metrics of fixed functions and a metric filter on FinishRollout's log group
+(the warnings it logs for each rollout that failed or whose reward was zeroed).
 """
 
 from __future__ import annotations
@@ -14,20 +15,28 @@ from aws_cdk import Duration, Stack
 from aws_cdk import aws_cloudwatch as cw
 from aws_cdk import aws_cloudwatch_actions as cw_actions
 from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
 from aws_cdk import aws_sns as sns
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 NAMESPACE = "Stepwise"
-#: Metric names as the handlers emit them (slash-namespaced, tinker-cookbook style).
+#: Metric names as the handlers emit them (slash-namespaced, tinker-cookbook style):
+#: stepwise.core.rewards.reward_metrics, stepwise.core.dapo, handlers/advantages.py, handlers/train.py.
 MEAN_REWARD = "sampler/mean_reward"
 NUM_DATUMS = "sampler/num_datums"
+NUM_ROLLOUTS = "sampler/num_rollouts"
+ZEROED_ROLLOUTS = "sampler/zeroed_rollouts"
+KEPT_GROUPS = "sampling/kept_groups"
+FILTERED_FRACTION = "sampling/filtered_fraction"
 EVAL_ACCURACY = "eval/accuracy"
-TIME_STEP = "time/step"
 TIME_ROLLOUT = "time/rollout"
 TIME_TRAIN = "time/train"
-ROLLOUT_FAILURE_RATE = "rollouts/failure_rate"
-KEPT_GROUPS = "dapo/kept_groups"
+#: Published by this stack's metric filter on FinishRollout's logs (no run dimension: alarmable).
+FAILED_ROLLOUTS = "rollouts/failed"
+#: FinishRollout's Powertools log messages for a rollout that failed or whose reward was zeroed
+#: (handlers/rollout.py ``finish``); the metric filter counts them.
+FAILED_ROLLOUT_MESSAGES = ("rollout did not complete*", "reward zeroed*")
 
 #: Functions whose invocations show that a run is busy (rollouts, polls, planning).
 ACTIVITY_FUNCTIONS = ("PlanStep", "StartRollout", "FinishRollout", "PollSession", "PollOperation")
@@ -61,7 +70,8 @@ class Monitoring(Construct):
     """Dashboard (``self.dashboard``) and alarms (``self.stalled_alarm``, ``self.rollout_failure_alarm``)."""
 
     def __init__(self, scope: Construct, id: str, *, state_machine: sfn.StateMachine,
-                 functions: Mapping[str, lambda_.IFunction], gateway_function: lambda_.IFunction,
+                 functions: Mapping[str, lambda_.IFunction], log_groups: Mapping[str, logs.ILogGroup],
+                 gateway_function: lambda_.IFunction,
                  stall_minutes: int, rollout_failure_rate: float, topic: sns.ITopic | None = None) -> None:
         super().__init__(scope, id)
         period = Duration.minutes(stall_minutes)
@@ -79,17 +89,32 @@ class Monitoring(Construct):
             evaluation_periods=1,
             treat_missing_data=cw.TreatMissingData.NOT_BREACHING,
         )
-        failure_query = cw.MathExpression(
-            expression=(f"SELECT MAX(\"{ROLLOUT_FAILURE_RATE}\") FROM SCHEMA(\"{NAMESPACE}\", run_id, service)"),
-            using_metrics={},
-            label="worst run's rollout failure rate",
-            period=Duration.minutes(15),
+        # One count per failed rollout (FinishRollout runs once per rollout, ok or not).
+        failed_filter = logs.MetricFilter(
+            self, "FailedRollouts",
+            log_group=log_groups["FinishRollout"],
+            filter_pattern=logs.FilterPattern.any(
+                *(logs.FilterPattern.string_value("$.message", "=", m) for m in FAILED_ROLLOUT_MESSAGES)),
+            metric_namespace=NAMESPACE,
+            metric_name=FAILED_ROLLOUTS,
+            metric_value="1",
+            default_value=0,
         )
+        window = Duration.minutes(15)
+        failure_rate = cw.MathExpression(
+            expression="FILL(failed, 0) / IF(FILL(finished, 0) > 0, finished, 1)",
+            using_metrics={"failed": failed_filter.metric(statistic="Sum", period=window),
+                           "finished": functions["FinishRollout"].metric_invocations(statistic="Sum", period=window)},
+            label="rollout failure rate (all runs)",
+            period=window,
+        )
+        self.failure_rate = failure_rate
         self.rollout_failure_alarm = cw.Alarm(
             self, "RolloutFailureRate",
-            alarm_description=(f"More than {rollout_failure_rate:.0%} of a step's rollouts failed (agent error, "
-                               f"non-200 result, timeout, throttling) in some run."),
-            metric=failure_query,
+            alarm_description=(f"More than {rollout_failure_rate:.0%} of the rollouts finished in 15 minutes failed "
+                               f"or had their reward zeroed (agent error, non-200 result, missing reward, timeout, "
+                               f"throttling). FinishRollout's log group has each one with its reason."),
+            metric=failure_rate,
             threshold=rollout_failure_rate,
             comparison_operator=cw.ComparisonOperator.GREATER_THAN_THRESHOLD,
             evaluation_periods=1,
@@ -120,10 +145,12 @@ class Monitoring(Construct):
             cw.GraphWidget(title="Eval accuracy", left=[per_run(EVAL_ACCURACY)], width=12),
         )
         self.dashboard.add_widgets(
-            cw.GraphWidget(title="Datums per step", left=[per_run(NUM_DATUMS, "Sum")], width=8),
-            cw.GraphWidget(title="Step duration (s): whole step, rollouts, training",
-                           left=[per_run(TIME_STEP), per_run(TIME_ROLLOUT), per_run(TIME_TRAIN)], width=8),
-            cw.GraphWidget(title="Rollout failure rate", left=[per_run(ROLLOUT_FAILURE_RATE, "Maximum")], width=8,
+            cw.GraphWidget(title="Datums and kept groups per step",
+                           left=[per_run(NUM_DATUMS, "Sum")], right=[per_run(KEPT_GROUPS, "Sum")], width=8),
+            cw.GraphWidget(title="Step duration (s): rollouts, training",
+                           left=[per_run(TIME_ROLLOUT), per_run(TIME_TRAIN)], stacked=True, width=8),
+            cw.GraphWidget(title="Rollout failure rate (all runs) and zeroed rollouts per run",
+                           left=[failure_rate], right=[per_run(ZEROED_ROLLOUTS, "Sum")], width=8,
                            left_annotations=[cw.HorizontalAnnotation(value=rollout_failure_rate, label="alarm")]),
         )
         self.dashboard.add_widgets(

@@ -25,6 +25,11 @@ from aws_cdk import aws_s3 as s3
 from infra.storage import DATASETS_PREFIX, ROLLOUT_RESULTS_PREFIX, RUNS_PREFIX, SESSIONS_PREFIX
 
 PUBLIC_HUB = "SageMakerPublicHub"
+#: Init names every training session ``stepwise-{run}-{hash}`` (``stepwise.training.session_name_for``).
+SESSION_NAME_PATTERN = "stepwise-*"
+#: The SDK's defaults when a run config leaves them blank (``ServiceClient._auto_create_mpg``,
+#: ``ServiceClient._default_s3_output_path`` -> ``Session.default_bucket()``).
+SDK_DEFAULT_MODEL_PACKAGE_GROUP = "sagemaker-default"
 
 
 class Capability(enum.Enum):
@@ -82,8 +87,14 @@ def _sm_arn(stack: Stack, resource: str, name: str = "*", account: str | None = 
 
 
 def training_session_arns(stack: Stack) -> list[str]:
-    """``arn:aws:sagemaker:{region}:{account}:training-session/*`` (names are chosen per run by Init)."""
-    return [_sm_arn(stack, "training-session")]
+    """``arn:aws:sagemaker:{region}:{account}:training-session/stepwise-*`` (Init names them per run)."""
+    return [_sm_arn(stack, "training-session", SESSION_NAME_PATTERN)]
+
+
+def sdk_default_bucket_arn(stack: Stack) -> str:
+    """``arn:aws:s3:::sagemaker-{region}-{account}``: the SageMaker SDK's default bucket."""
+    return stack.format_arn(service="s3", region="", account="", resource=f"sagemaker-{stack.region}-{stack.account}",
+                            arn_format=ArnFormat.NO_RESOURCE_NAME)
 
 
 def agent_runtime_resources(stack: Stack, runtime_arns: tuple[str, ...]) -> list[str]:
@@ -155,6 +166,16 @@ def statements(
             iam.PolicyStatement(
                 actions=["sagemaker:DescribeModelPackage", "sagemaker:DescribeModelPackageGroup"],
                 resources=[_sm_arn(stack, "model-package"), _sm_arn(stack, "model-package-group")],
+            ),
+            # Only when a run config leaves model_package_group_arn / s3_output_path blank: the SDK
+            # then creates (or finds) its default group and the account's SageMaker default bucket.
+            iam.PolicyStatement(
+                actions=["sagemaker:CreateModelPackageGroup"],
+                resources=[_sm_arn(stack, "model-package-group", SDK_DEFAULT_MODEL_PACKAGE_GROUP)],
+            ),
+            iam.PolicyStatement(
+                actions=["s3:ListBucket", "s3:GetBucketLocation", "s3:CreateBucket"],
+                resources=[sdk_default_bucket_arn(stack)],
             ),
             iam.PolicyStatement(
                 actions=["iam:PassRole"],

@@ -97,6 +97,7 @@ class StepwiseStack(Stack):
             self, "Monitoring",
             state_machine=state_machine,
             functions=fns,
+            log_groups=self.functions.log_groups,
             gateway_function=self.gateway.function,
             stall_minutes=settings.stall_minutes,
             rollout_failure_rate=settings.rollout_failure_rate,

@@ -320,17 +320,37 @@ def test_dashboard_shows_training_gateway_and_sagemaker_metrics(default_app):
     _, template = default_app
     (dash,) = resources(template, "AWS::CloudWatch::Dashboard").values()
     body = json.dumps(dash["Properties"]["DashboardBody"])
-    for needle in ("sampler/mean_reward", "eval/accuracy", "sampler/num_datums", "time/step", "time/train",
-                   "rollouts/failure_rate", "UrlRequestLatency", "Url5xxCount"):
+    for needle in ("sampler/mean_reward", "eval/accuracy", "sampler/num_datums", "time/rollout", "time/train",
+                   "sampler/zeroed_rollouts", "rollouts/failed", "UrlRequestLatency", "Url4xxCount", "Url5xxCount"):
         assert needle in body, needle
 
 
 def test_alarms_for_stalled_runs_and_rollout_failures(default_app):
     _, template = default_app
     alarms = [a["Properties"] for a in resources(template, "AWS::CloudWatch::Alarm").values()]
-    exprs = [m.get("Expression", "") for a in alarms for m in a.get("Metrics", [])]
-    assert any(e.startswith("IF(") and "steps" in e for e in exprs)
-    assert any("rollouts/failure_rate" in e for e in exprs)
+    assert len(alarms) == 2
+    by_expr = {m["Expression"]: a for a in alarms for m in a["Metrics"] if m.get("ReturnData", True) and "Expression" in m}
+    stalled = next(a for e, a in by_expr.items() if e.startswith("IF(") and "steps" in e)
+    submit = functions_by_command(template)[_spec("SubmitTrain").handler][0]
+    assert submit in json.dumps(stalled["Metrics"]) and stalled["Threshold"] == 1
+    failing = next(a for e, a in by_expr.items() if "failed" in e and "finished" in e)
+    assert failing["Threshold"] == 0.5
+    assert "rollouts/failed" in json.dumps(failing["Metrics"])
+    (flt,) = resources(template, "AWS::Logs::MetricFilter").values()
+    finish_logs = functions_by_command(template)[_spec("FinishRollout").handler][1]["LoggingConfig"]["LogGroup"]
+    assert flt["Properties"]["LogGroupName"] == finish_logs
+    assert flt["Properties"]["MetricTransformations"][0]["MetricName"] == "rollouts/failed"
+
+
+def test_failed_rollout_filter_matches_what_finish_rollout_logs():
+    """The metric filter counts FinishRollout's warnings; pin them to the handler's source."""
+    from pathlib import Path
+
+    from infra.monitoring import FAILED_ROLLOUT_MESSAGES
+
+    source = (Path(__file__).resolve().parent.parent / "lambdas/stepwise/handlers/rollout.py").read_text()
+    for pattern in FAILED_ROLLOUT_MESSAGES:
+        assert f'logger.warning("{pattern.rstrip("*")}' in source, pattern
 
 
 def test_outputs_name_bucket_state_machine_gateway_and_dashboard(default_app):
