@@ -51,7 +51,10 @@ class Stack:
         for k, v in env.items():
             self.mp.setenv(k, v)
         self.s3 = boto3.client("s3", region_name=REGION)
-        self.s3.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": REGION})
+        try:  # moto's backends are process-wide: an earlier module may have made it
+            self.s3.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": REGION})
+        except self.s3.exceptions.BucketAlreadyOwnedByYou:
+            pass
         from stepwise.handlers import _common
 
         _common._store.cache_clear()
