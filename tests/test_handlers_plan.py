@@ -1,0 +1,126 @@
+"""PlanStep's decision: batches over epochs from the cursor, evals, checkpoints, continue-as-new, the end."""
+
+from __future__ import annotations
+
+from stepwise.config import RunConfig
+from stepwise.handlers.plan import build_items, decide
+from stepwise.runstore import Checkpoint, RunState
+
+BASE = {
+    "role_arn": "arn:aws:iam::123456789012:role/R",
+    "base_model_arn": "stepwise-tiny",
+    "agent_runtime_arn": "arn:aws:bedrock-agentcore:us-east-1:123456789012:runtime/agent",
+    "dataset_path": "s3://bucket-name/data.jsonl",
+    "model_package_group_arn": "arn:aws:sagemaker:us-east-1:123456789012:model-package-group/g",
+}
+
+
+def cfg(**kw) -> RunConfig:
+    return RunConfig(**(BASE | kw))
+
+
+def state(**kw) -> RunState:
+    return RunState(run_id="r", owner_execution_arn="arn:x", training_session_name="s", **kw)
+
+
+def finish_step(s: RunState) -> None:
+    """What ComputeAdvantages + Rebind do to the state after a trained step."""
+    s.current_batch = None
+    s.step += 1
+    s.generation_batch = 0
+
+
+def test_batches_walk_the_dataset_over_epochs_dropping_the_partial_batch():
+    c = cfg(batch_size=3, responses_per_prompt=2, epochs=2)
+    s = state(dataset_rows=7)
+    rows = []
+    while (d := decide(s, c)).action == "rollout":
+        assert d.kind == "train" and d.responses_per_prompt == 2 and d.step == len(rows)
+        rows.append((s.epoch, d.rows))
+        finish_step(s)
+    assert rows == [(0, [0, 1, 2]), (0, [3, 4, 5]), (1, [0, 1, 2]), (1, [3, 4, 5])]
+    assert d.action == "checkpoint" and d.reason == "final save_state" and s.phase == "checkpoint"
+
+
+def test_max_prompts_limits_the_rows_and_a_retry_replans_the_same_batch():
+    c = cfg(batch_size=2, max_prompts=4)
+    s = state(dataset_rows=100)
+    first = decide(s, c)
+    assert decide(s, c).rows == first.rows == [0, 1]  # PlanStep retried before the batch was consumed
+    finish_step(s)
+    assert decide(s, c).rows == [2, 3]
+    finish_step(s)
+    assert decide(s, c).action == "checkpoint"
+
+
+def test_eval_every_then_final_eval_unless_one_ran_at_the_last_step():
+    c = cfg(batch_size=1, eval_every=2, eval_dataset_path="s3://bucket-name/eval.jsonl", eval_max_prompts=3)
+    s = state(dataset_rows=3, eval_rows=5)
+    seen = []
+    for _ in range(20):
+        d = decide(s, c)
+        if d.action != "rollout":
+            break
+        seen.append((d.kind, d.step, d.final, len(d.rows)))
+        if d.kind == "eval":
+            s.current_batch = None
+            s.last_eval_step = d.step
+        else:
+            finish_step(s)
+    assert seen == [("train", 0, False, 1), ("train", 1, False, 1), ("eval", 2, False, 3),
+                    ("train", 2, False, 1), ("eval", 3, True, 3)]
+    s2 = state(dataset_rows=2, eval_rows=5)
+    for _ in range(2):
+        decide(s2, c)
+        finish_step(s2)
+    assert decide(s2, c).kind == "eval"  # step 2: periodic eval ...
+    s2.current_batch, s2.last_eval_step = None, 2
+    assert decide(s2, c).action == "checkpoint"  # ... and no second (final) eval at the same step
+
+
+def test_save_every_checkpoints_at_the_start_of_due_steps_once():
+    c = cfg(batch_size=1, save_every=2)
+    s = state(dataset_rows=10, step=2)
+    assert decide(s, c).action == "checkpoint" and s.checkpoint_reason == "save_every"
+    s.phase, s.pending = "idle", []
+    s.checkpoints.append(Checkpoint(step=2, kind="state", model_package_arn="arn:p", reason="save_every"))
+    assert decide(s, c).action == "rollout"
+
+
+def test_continue_as_new_every_steps_per_execution_then_end_sequence():
+    c = cfg(batch_size=1, steps_per_execution=2, save_weights_at_end=True)
+    s = state(dataset_rows=10, step=2, segment_start_step=0)
+    assert decide(s, c).action == "continue"
+    s.segment_start_step = 2  # the next execution took over
+    assert decide(s, c).action == "rollout"
+    s2 = state(dataset_rows=1, step=1, stop_reason="max_num_gen_batches (2) reached")
+    assert decide(s2, c).reason == "final save_state"
+    s2.phase, s2.pending, s2.final_checkpoint_done = "idle", [], True
+    assert decide(s2, c).reason == "save_weights_at_end" and s2.pending[0].name == "save_weights"
+    s2.phase, s2.pending, s2.final_weights_done = "idle", [], True
+    d = decide(s2, c)
+    assert d.action == "finish" and "max_num_gen_batches" in d.reason
+
+
+def test_dapo_generation_batches_draw_new_prompts_within_the_step():
+    c = cfg(algorithm="dapo", batch_size=2, epochs=1)
+    s = state(dataset_rows=5)
+    assert decide(s, c).rows == [0, 1]
+    s.current_batch, s.generation_batch = None, 1  # ComputeAdvantages: need more
+    d = decide(s, c)
+    assert (d.step, d.generation_batch, d.rows) == (0, 1, [2, 3])
+    s.current_batch, s.generation_batch = None, 2
+    d = decide(s, c)  # only one row left: the data ran out mid-step
+    assert d.action == "checkpoint" and s.stop_reason == "dataset exhausted during dynamic sampling"
+
+
+def test_items_are_references_one_per_rollout_grouped_by_prompt():
+    c = cfg(batch_size=2, responses_per_prompt=3)
+    s = state(dataset_rows=4)
+    d = decide(s, c)
+    payloads = [{"prompt": f"q{i}", "big": "x" * 10_000} for i in range(4)]
+    items, prompts = build_items(d, payloads)
+    assert [(it["input_id"], it["member"]) for it in items] == [
+        ("s0g0p0", 0), ("s0g0p0", 1), ("s0g0p0", 2), ("s0g0p1", 0), ("s0g0p1", 1), ("s0g0p1", 2)]
+    assert [it["i"] for it in items] == list(range(6)) and all(len(str(it)) < 100 for it in items)
+    assert prompts == {"s0g0p0": payloads[0], "s0g0p1": payloads[1]}
