@@ -1,0 +1,265 @@
+"""What the operator commands share: finding the deployment, a run's executions, its summaries.
+
+A run is identified by its run id. Its first execution is named after it; a continuation
+(continue-as-new, `stepwise.handlers.session.continuation_name`) is named ``{run_id[:70]}--{n}``.
+Everything else about a run is in the bucket: ``runs/{run_id}/state.json``, ``config.json``,
+``steps/{step}/summary.json`` and ``evals/{step}/summary.json`` (docs/internals.md).
+
+Kept light on purpose (boto3 and the stdlib only): `stepwise runs` and `stepwise --help` must not
+pay for torch, the SDK or mlflow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from stepwise.stackinfo import StackInfo, StackNotFound, resolve
+
+TERMINAL = ("SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED")
+#: Run ids become execution names (1-80 of [A-Za-z0-9_-]); continuations append ``--{n}`` to
+#: the first 70 characters, so run ids are kept to 70 characters and may not contain ``--``.
+RUN_ID_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9_]|-(?!-)){0,69}$")
+_CONTINUATION_RE = re.compile(r"^(?P<prefix>.+)--(?P<segment>\d+)$")
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class CommandError(RuntimeError):
+    """A problem the user must fix; printed without a traceback, exit code 1."""
+
+
+# ------------------------------------------------------------------------------ arguments
+
+
+def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--stack``, ``--bucket``, ``--state-machine-arn``, ``--region`` (see `stepwise.stackinfo`)."""
+    g = parser.add_argument_group("deployment (default: outputs of the CloudFormation stack 'Stepwise')")
+    g.add_argument("--stack", help="CloudFormation stack name (env STEPWISE_STACK; default Stepwise)")
+    g.add_argument("--bucket", help="run bucket (env STEPWISE_BUCKET; default: the stack's output)")
+    g.add_argument("--state-machine-arn", help="training loop ARN (env STEPWISE_STATE_MACHINE_ARN)")
+    g.add_argument("--region", help="AWS region of the stack (default: your AWS configuration)")
+
+
+@dataclass
+class Deployment:
+    """The deployment and its boto3 clients."""
+
+    info: StackInfo
+    sfn: Any
+    s3: Any
+
+    @property
+    def bucket(self) -> str:
+        return self.info.bucket
+
+    @property
+    def state_machine_arn(self) -> str:
+        return self.info.state_machine_arn
+
+
+def deployment(args: argparse.Namespace) -> Deployment:
+    """Resolve the deployment from the arguments; raises CommandError when it cannot be found."""
+    import boto3
+
+    try:
+        info = resolve(stack_name=args.stack, bucket=args.bucket, state_machine_arn=args.state_machine_arn,
+                       region=args.region)
+    except StackNotFound as e:
+        raise CommandError(str(e)) from None
+    region = args.region or info.region or None
+    return Deployment(info, boto3.client("stepfunctions", region_name=region), boto3.client("s3", region_name=region))
+
+
+def validate_run_id(run_id: str) -> str:
+    if not RUN_ID_RE.match(run_id):
+        raise CommandError(
+            f"run id {run_id!r} is not usable as an execution name: use 1-70 of letters, digits, '_' and '-', "
+            "starting with a letter or digit, without '--' (continuations append --N)"
+        )
+    return run_id
+
+
+# ------------------------------------------------------------------------------ executions
+
+
+def run_id_of_execution(name: str) -> str:
+    """The run id an execution name belongs to (a continuation's ``--N`` suffix removed)."""
+    m = _CONTINUATION_RE.match(name)
+    return m.group("prefix") if m else name
+
+
+def belongs_to(name: str, run_id: str) -> bool:
+    """Whether execution ``name`` is ``run_id`` itself or one of its continuations."""
+    if name == run_id:
+        return True
+    m = _CONTINUATION_RE.match(name)
+    return bool(m) and m.group("prefix") == run_id[:70]
+
+
+def list_executions(sfn: Any, state_machine_arn: str, *, limit: int | None = None) -> list[dict[str, Any]]:
+    """Executions of the state machine, newest first (``limit`` stops paging early)."""
+    out: list[dict[str, Any]] = []
+    kwargs: dict[str, Any] = {"stateMachineArn": state_machine_arn, "maxResults": 1000}
+    while True:
+        page = sfn.list_executions(**kwargs)
+        out.extend(page.get("executions", []))
+        token = page.get("nextToken")
+        if not token or (limit is not None and len(out) >= limit):
+            break
+        kwargs["nextToken"] = token
+    out.sort(key=lambda e: e["startDate"], reverse=True)
+    return out if limit is None else out[:limit]
+
+
+def run_executions(dep: Deployment, run_id: str) -> list[dict[str, Any]]:
+    """The run's executions, oldest first (the first one, then its continuations)."""
+    mine = [e for e in list_executions(dep.sfn, dep.state_machine_arn) if belongs_to(e["name"], run_id)]
+    return sorted(mine, key=lambda e: e["startDate"])
+
+
+def current_state_name(sfn: Any, execution_arn: str) -> str | None:
+    """The state the execution entered last (from its history, newest event first)."""
+    try:
+        kwargs: dict[str, Any] = {"executionArn": execution_arn, "reverseOrder": True, "maxResults": 100}
+        page = sfn.get_execution_history(**kwargs)
+        events = list(page.get("events", []))
+        # An engine that ignores reverseOrder (moto) returns the oldest events first: read them all.
+        while len(events) > 1 and events[0]["id"] < events[-1]["id"] and page.get("nextToken"):
+            page = sfn.get_execution_history(**kwargs, nextToken=page["nextToken"])
+            events.extend(page.get("events", []))
+    except Exception:  # history is a nicety; never fail the view on it
+        return None
+    for ev in sorted(events, key=lambda e: e["id"], reverse=True):
+        det = ev.get("stateEnteredEventDetails")
+        if det:
+            return det.get("name")
+    return None
+
+
+def console_url(execution_arn: str) -> str:
+    """The Step Functions console page of an execution."""
+    region = execution_arn.split(":")[3] if execution_arn.count(":") > 4 else "us-east-1"
+    return f"https://{region}.console.aws.amazon.com/states/home?region={region}#/v2/executions/details/{execution_arn}"
+
+
+# ------------------------------------------------------------------------------ S3 objects
+
+
+def get_json(s3: Any, bucket: str, key: str) -> Any | None:
+    """The JSON object at ``key``, or None when it does not exist."""
+    from botocore.exceptions import ClientError
+
+    try:
+        return json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+    except ClientError as e:
+        if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+            return None
+        raise
+
+
+def run_state(dep: Deployment, run_id: str) -> dict[str, Any] | None:
+    return get_json(dep.s3, dep.bucket, f"runs/{run_id}/state.json")
+
+
+def run_config(dep: Deployment, run_id: str) -> dict[str, Any] | None:
+    return get_json(dep.s3, dep.bucket, f"runs/{run_id}/config.json")
+
+
+@dataclass
+class SummaryCache:
+    """Step and eval summaries of one run, re-read only when their ETag changes.
+
+    ``steps`` / ``evals``: ``{step: summary}``; ``written``: ``{(kind, step): LastModified}``.
+    """
+
+    run_id: str
+    steps: dict[int, dict[str, Any]] = field(default_factory=dict)
+    evals: dict[int, dict[str, Any]] = field(default_factory=dict)
+    written: dict[tuple[str, int], datetime] = field(default_factory=dict)
+    _etags: dict[str, str] = field(default_factory=dict)
+
+    def refresh(self, s3: Any, bucket: str) -> list[tuple[str, int]]:
+        """Read new or changed summaries; returns ``[(kind, step), ...]`` that changed, in step order.
+
+        Lists step folders with a delimiter (never the rollout objects under them), reads each
+        summary once, and re-reads only the newest two of each kind (train metrics are merged
+        into a summary after its first write).
+        """
+        changed: list[tuple[str, int]] = []
+        for kind, target in (("steps", self.steps), ("evals", self.evals)):
+            steps = step_folders(s3, bucket, f"runs/{self.run_id}/{kind}/")
+            recent = set(steps[-2:])
+            for step in steps:
+                if step in target and step not in recent:
+                    continue
+                key = f"runs/{self.run_id}/{kind}/{step}/summary.json"
+                try:
+                    obj = s3.get_object(Bucket=bucket, Key=key)
+                except Exception as e:  # not written yet
+                    if getattr(e, "response", {}).get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+                        continue
+                    raise
+                if self._etags.get(key) == obj["ETag"]:
+                    obj["Body"].close()
+                    continue
+                target[step] = json.loads(obj["Body"].read())
+                self._etags[key] = obj["ETag"]
+                self.written[(kind, step)] = obj["LastModified"]
+                changed.append((kind, step))
+        return sorted(changed, key=lambda c: (c[1], c[0]))
+
+
+def step_folders(s3: Any, bucket: str, prefix: str) -> list[int]:
+    """The numeric sub-folders of ``prefix`` (``.../steps/0/``, ``.../steps/1/``, ...), sorted."""
+    out: list[int] = []
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix, Delimiter="/"):
+        for cp in page.get("CommonPrefixes", []):
+            name = cp["Prefix"][len(prefix):].rstrip("/")
+            if name.isdigit():
+                out.append(int(name))
+    return sorted(out)
+
+
+# ------------------------------------------------------------------------------ metrics
+
+
+def metric(summary: dict[str, Any] | None, *names: str) -> float | None:
+    """The first of ``names`` that holds a number in the summary (booleans are not numbers)."""
+    if not summary:
+        return None
+    for n in names:
+        v = summary.get(n)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return float(v)
+    return None
+
+
+def mean_reward(summary: dict[str, Any] | None) -> float | None:
+    """``sampler/mean_reward`` (the reference's name) of a step summary."""
+    return metric(summary, "sampler/mean_reward", "reward/mean")
+
+
+def eval_accuracy(summary: dict[str, Any] | None) -> float | None:
+    return metric(summary, "eval/accuracy")
+
+
+def step_seconds(summary: dict[str, Any] | None) -> float | None:
+    """Rollout plus training time of a step (``time/rollout`` + ``time/train``) when reported."""
+    parts = [metric(summary, "time/rollout"), metric(summary, "time/train")]
+    known = [p for p in parts if p is not None]
+    return sum(known) if known else None
+
+
+def fmt(value: float | None, spec: str = ".3f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def fail(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return EXIT_FAILED

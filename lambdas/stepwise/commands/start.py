@@ -1,0 +1,167 @@
+"""`stepwise start CONFIG.json [--run-id ID] [--resume]`: validate, upload local data, start the run.
+
+1. The config is validated (`stepwise.config.load_run_config`) and its datasets checked
+   (`stepwise.datasets.check_dataset`: readable, a ``payload`` on every row, >= ``batch_size``
+   train rows) -- the checks Init repeats before it creates a billed training session.
+2. Local files are uploaded to the stack's bucket and the config rewritten to point at them:
+   ``dataset_path`` / ``eval_dataset_path`` -> ``s3://BUCKET/datasets/{run_id}/{file name}``, and a
+   local ``tokenizer_path`` directory -> ``s3://BUCKET/tokenizers/{run_id}/``. ``s3://`` paths are
+   kept as they are.
+3. One execution of the training loop is started, named after the run id, with the rewritten
+   config as its input. The run id and the execution's console link are printed.
+
+An existing run id (an execution of that name, or ``runs/{run_id}/state.json``) is refused,
+unless ``--resume`` is given, which hands over to `stepwise resume` (the config is then ignored:
+the run continues with the config it started with).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from stepwise.commands._runs import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    CommandError,
+    Deployment,
+    add_stack_arguments,
+    console_url,
+    deployment,
+    fail,
+    run_executions,
+    run_state,
+    validate_run_id,
+)
+
+DATASET_FIELDS = ("dataset_path", "eval_dataset_path")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", help="run config, JSON (or YAML) file; see docs/config.md")
+    parser.add_argument("--run-id", help="run id = execution name (default: CONFIG-STEM-YYYYMMDD-HHMMSS, UTC)")
+    parser.add_argument("--resume", action="store_true",
+                        help="if the run id exists, resume that run (as `stepwise resume RUN`) instead of refusing")
+    parser.add_argument("--json", action="store_true", help="print {run_id, execution_arn, console_url} as JSON")
+    add_stack_arguments(parser)
+
+
+def default_run_id(config_path: str, now: datetime | None = None) -> str:
+    """``{config stem}-{YYYYMMDD-HHMMSS}`` (UTC), made safe for an execution name."""
+    now = now or datetime.now(timezone.utc)
+    stem = "".join(c if c.isalnum() or c == "_" else "-" for c in Path(config_path).stem).strip("-") or "run"
+    while "--" in stem:
+        stem = stem.replace("--", "-")
+    return f"{stem[:54]}-{now.strftime('%Y%m%d-%H%M%S')}"
+
+
+def run_exists(dep: Deployment, run_id: str) -> bool:
+    """An execution of the run, or its state in the bucket, exists."""
+    return bool(run_executions(dep, run_id)) or run_state(dep, run_id) is not None
+
+
+def upload_inputs(raw: dict[str, Any], *, s3: Any, bucket: str, run_id: str) -> tuple[dict[str, Any], list[str]]:
+    """Upload local dataset files and a local tokenizer directory; returns ``(rewritten config, uploaded URIs)``.
+
+    Raises:
+        CommandError: a local path does not exist.
+    """
+    out = dict(raw)
+    uploaded: list[str] = []
+    for field in DATASET_FIELDS:
+        value = out.get(field)
+        if not value or str(value).startswith("s3://"):
+            continue
+        path = Path(str(value))
+        if not path.is_file():
+            raise CommandError(f"{field}: {value} is not a file")
+        key = f"datasets/{run_id}/{path.name}"
+        s3.upload_file(str(path), bucket, key)
+        out[field] = f"s3://{bucket}/{key}"
+        uploaded.append(out[field])
+    tok = out.get("tokenizer_path")
+    if tok and not str(tok).startswith("s3://") and Path(str(tok)).is_dir():
+        prefix = f"tokenizers/{run_id}/"
+        files = [p for p in sorted(Path(str(tok)).iterdir()) if p.is_file()]
+        if not files:
+            raise CommandError(f"tokenizer_path: {tok} holds no files")
+        for p in files:
+            s3.upload_file(str(p), bucket, prefix + p.name)
+        out["tokenizer_path"] = f"s3://{bucket}/{prefix}"
+        uploaded.append(out["tokenizer_path"])
+    return out, uploaded
+
+
+def _read_raw(path: str) -> dict[str, Any]:
+    from stepwise.config import _read_source
+
+    raw = _read_source(Path(path))
+    if not isinstance(raw, dict):
+        raise CommandError(f"{path}: must be a JSON object of fields")
+    return raw
+
+
+def start(args: argparse.Namespace) -> dict[str, Any]:
+    """Validate, upload, start; returns ``{run_id, execution_arn, console_url, uploaded}``.
+
+    Raises:
+        ConfigError: the config or a dataset is invalid (every problem at once).
+        CommandError: the run exists (without ``--resume``) or the deployment cannot be found.
+    """
+    from stepwise.commands.validate import check_datasets
+    from stepwise.config import ConfigError, load_run_config
+
+    cfg = load_run_config(args.config)
+    raw = _read_raw(args.config)
+    run_id = validate_run_id(args.run_id or default_run_id(args.config))
+    dep = deployment(args)
+    if run_exists(dep, run_id):
+        raise CommandError(
+            f"run {run_id!r} already exists; resume it with `stepwise resume {run_id}` (or start --resume), "
+            "or choose another --run-id"
+        )
+    _, errors = check_datasets(cfg, s3_client=dep.s3)
+    if errors:
+        raise ConfigError(errors, args.config)
+    rewritten, uploaded = upload_inputs(raw, s3=dep.s3, bucket=dep.bucket, run_id=run_id)
+    load_run_config(rewritten)  # still valid with s3:// paths
+    resp = dep.sfn.start_execution(stateMachineArn=dep.state_machine_arn, name=run_id, input=json.dumps(rewritten))
+    arn = resp["executionArn"]
+    return {"run_id": run_id, "execution_arn": arn, "console_url": console_url(arn), "uploaded": uploaded,
+            "config_region": cfg.region, "stack_region": dep.info.region}
+
+
+def run(args: argparse.Namespace) -> int:
+    from stepwise.config import ConfigError
+
+    try:
+        if args.resume and args.run_id:
+            from stepwise.commands import resume
+
+            dep = deployment(args)
+            if run_exists(dep, validate_run_id(args.run_id)):
+                return resume.run(argparse.Namespace(**{**vars(args), "run": args.run_id, "wait": 0.0}))
+        out = start(args)
+    except ConfigError as e:
+        print(str(e), file=sys.stderr)
+        return EXIT_USAGE
+    except CommandError as e:
+        return fail(str(e))
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return EXIT_OK
+    for uri in out["uploaded"]:
+        print(f"uploaded {uri}")
+    if out["stack_region"] and out["config_region"] != out["stack_region"]:
+        print(f"note: the training session runs in {out['config_region']} (config 'region'), "
+              f"the stack in {out['stack_region']}", file=sys.stderr)
+    print(f"started run {out['run_id']}")
+    print(f"  execution  {out['execution_arn']}")
+    print(f"  console    {out['console_url']}")
+    print(f"  follow it  stepwise watch {out['run_id']}")
+    return EXIT_OK if out["execution_arn"] else EXIT_FAILED

@@ -1,0 +1,280 @@
+"""`stepwise watch RUN [--plot out.png] [--metrics out.jsonl] [--once]`: follow a run until it ends.
+
+Every ``--interval`` seconds (default 10) it reads the run's newest execution (the first one
+or a continuation), the state it is in, ``state.json`` (step, epoch, phase) and the step and
+eval summaries (``runs/{run_id}/steps/{step}/summary.json``, ``evals/{step}/summary.json``),
+and prints one line per completed step:
+
+    step  reward  kept  datums  zeroed  step_s
+       3   0.412   8/8      56    0/64    12.3
+
+``reward`` = ``sampler/mean_reward``; ``kept`` = groups trained on (DAPO ``sampling/kept_groups``;
+GRPO: every group) of ``batch_size``; ``zeroed`` = rollouts whose reward was forced to 0.0
+(failed, timed out, or no reward) of all rollouts (``sampler/zeroed_rollouts`` /
+``sampler/num_rollouts``); ``step_s`` = ``time/rollout`` + ``time/train`` when reported, else the
+time between two step summaries. Eval results print as their own lines. The status line
+changes when the execution, its current state or the run's phase changes.
+
+``--plot`` writes a PNG (matplotlib, Agg) of mean training reward per step and eval accuracy,
+refreshed as summaries arrive; the plotted series are also stored in the PNG's text chunk
+``stepwise-curves`` (JSON), read back from the drawn lines. ``--metrics`` writes the summaries
+as JSON lines in `stepwise run-local`'s ``metrics.jsonl`` form (``kind``, ``step``, then the
+summary's fields). Exit code: 0 when the run succeeded (or, with ``--once``, is running), 1 when it
+failed, timed out or was stopped, 130 on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from stepwise.commands._runs import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    TERMINAL,
+    CommandError,
+    Deployment,
+    SummaryCache,
+    add_stack_arguments,
+    console_url,
+    current_state_name,
+    deployment,
+    eval_accuracy,
+    fail,
+    fmt,
+    mean_reward,
+    metric,
+    run_config,
+    run_executions,
+    run_state,
+    step_seconds,
+)
+
+CURVES_KEY = "stepwise-curves"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run", help="run id (the execution name)")
+    parser.add_argument("--plot", type=Path, help="write reward and eval-accuracy curves to this PNG")
+    parser.add_argument("--metrics", type=Path, help="write the summaries as JSON lines (metrics.jsonl form)")
+    parser.add_argument("--once", action="store_true", help="print the current view once and exit")
+    parser.add_argument("--interval", type=float, default=10.0, help="seconds between polls (default 10)")
+    parser.add_argument("--timeout", type=float, help="give up watching after this many seconds (exit 1)")
+    add_stack_arguments(parser)
+
+
+# ------------------------------------------------------------------------------ pure formatting
+
+
+HEADER = f"{'step':>5}  {'reward':>7}  {'kept':>7}  {'datums':>6}  {'zeroed':>9}  {'step_s':>7}"
+
+
+def kept_groups(summary: dict[str, Any], cfg: dict[str, Any] | None) -> float | None:
+    """Groups trained on: DAPO's ``sampling/kept_groups``; GRPO trains on every group rolled out."""
+    kept = metric(summary, "sampling/kept_groups")
+    if kept is not None:
+        return kept
+    n = metric(summary, "sampler/num_rollouts")
+    k = (cfg or {}).get("responses_per_prompt")
+    return n / k if n is not None and k else None
+
+
+def step_line(step: int, summary: dict[str, Any], cfg: dict[str, Any] | None, wall_seconds: float | None) -> str:
+    """One table row of a step summary (columns of `HEADER`)."""
+    kept = kept_groups(summary, cfg)
+    bs = (cfg or {}).get("batch_size")
+    kept_s = "-" if kept is None else (f"{kept:g}/{bs}" if bs else f"{kept:g}")
+    zeroed, n = metric(summary, "sampler/zeroed_rollouts"), metric(summary, "sampler/num_rollouts")
+    zeroed_s = "-" if zeroed is None else (f"{zeroed:g}/{n:g}" if n is not None else f"{zeroed:g}")
+    secs = step_seconds(summary)
+    secs = wall_seconds if secs is None else secs
+    datums = metric(summary, "sampler/num_datums")
+    line = f"{step:>5}  {fmt(mean_reward(summary)):>7}  {kept_s:>7}  {fmt(datums, 'g'):>6}  {zeroed_s:>9}  {fmt(secs, '.1f'):>7}"
+    decision = summary.get("decision")
+    if decision and decision != "train":
+        line += f"  ({decision})"
+    return line
+
+
+def eval_line(step: int, summary: dict[str, Any]) -> str:
+    failed = metric(summary, "eval/failed_rollouts")
+    extra = f", {failed:g} failed rollouts" if failed else ""
+    final = " (final)" if summary.get("final") else ""
+    return f"  eval after step {step}{final}: accuracy {fmt(eval_accuracy(summary))} on {fmt(metric(summary, 'eval/n'), 'g')} prompts{extra}"
+
+
+def curves(cache: SummaryCache) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
+    """``(reward per step, eval accuracy per eval step)`` from the summaries, in step order."""
+    rewards = [(s, r) for s in sorted(cache.steps) if (r := mean_reward(cache.steps[s])) is not None]
+    evals = [(s, a) for s in sorted(cache.evals) if (a := eval_accuracy(cache.evals[s])) is not None]
+    return rewards, evals
+
+
+def metrics_lines(cache: SummaryCache) -> list[dict[str, Any]]:
+    """The summaries as `stepwise run-local` ``metrics.jsonl`` lines, in step order (eval after train)."""
+    rows = [({"kind": "train", "step": s, **cache.steps[s]}, (s, 0)) for s in cache.steps]
+    rows += [({"kind": "eval", "step": s, **cache.evals[s]}, (s, 1)) for s in cache.evals]
+    return [r for r, _ in sorted(rows, key=lambda x: x[1])]
+
+
+def write_plot(path: Path, rewards: list[tuple[int, float]], evals: list[tuple[int, float]], title: str) -> Path:
+    """A PNG of mean training reward per step (line) and eval accuracy (squares).
+
+    The series drawn are read back from the figure's lines and stored as JSON in the PNG text
+    chunk ``stepwise-curves``: ``{"reward": [[step, value], ...], "eval_accuracy": [...]}``.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    drawn: dict[str, Any] = {"reward": [], "eval_accuracy": []}
+    if rewards:
+        (line,) = ax.plot([s for s, _ in rewards], [r for _, r in rewards], marker=".", label="mean training reward")
+        drawn["reward"] = line.get_xydata().tolist()
+    if evals:
+        (line,) = ax.plot([s for s, _ in evals], [a for _, a in evals], "s", label="eval accuracy")
+        drawn["eval_accuracy"] = line.get_xydata().tolist()
+    ax.set_xlabel("step")
+    ax.set_ylabel("reward / accuracy")
+    ax.grid(alpha=0.3)
+    if rewards or evals:
+        ax.legend()
+    ax.set_title(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100, metadata={CURVES_KEY: json.dumps(drawn)})
+    plt.close(fig)
+    return path
+
+
+# ------------------------------------------------------------------------------ the loop
+
+
+class Watcher:
+    """One run's view; ``poll()`` prints what changed and returns the newest execution's description."""
+
+    def __init__(self, dep: Deployment, run_id: str, out: Any = None) -> None:
+        self.dep = dep
+        self.run_id = run_id
+        self.out = out or sys.stdout
+        self.cache = SummaryCache(run_id)
+        self.cfg: dict[str, Any] | None = None
+        self._status_line = ""
+        self._printed_header = False
+        self._seen: set[tuple[str, int]] = set()
+
+    def _print(self, text: str) -> None:
+        print(text, file=self.out, flush=True)
+
+    def poll(self) -> dict[str, Any] | None:
+        executions = run_executions(self.dep, self.run_id)
+        if self.cfg is None:
+            self.cfg = run_config(self.dep, self.run_id)
+        changed = self.cache.refresh(self.dep.s3, self.dep.bucket)
+        for kind, step in changed:
+            if (kind, step) in self._seen:
+                continue
+            if kind == "steps":
+                if not self._printed_header:
+                    self._print(HEADER)
+                    self._printed_header = True
+                prev = self.cache.written.get(("steps", step - 1))
+                wall = (self.cache.written[(kind, step)] - prev).total_seconds() if prev else None
+                self._print(step_line(step, self.cache.steps[step], self.cfg, wall))
+            else:
+                self._print(eval_line(step, self.cache.evals[step]))
+            self._seen.add((kind, step))
+        if not executions:
+            self._status(f"run {self.run_id}: no execution yet")
+            return None
+        desc = self.dep.sfn.describe_execution(executionArn=executions[-1]["executionArn"])
+        state = run_state(self.dep, self.run_id) or {}
+        where = current_state_name(self.dep.sfn, desc["executionArn"]) if desc["status"] == "RUNNING" else None
+        parts = [f"{desc['name']} {desc['status']}"]
+        if where:
+            parts.append(f"in '{where}'")
+        if state:
+            parts.append(f"step {state.get('step')} epoch {state.get('epoch')} phase {state.get('phase')}")
+            if state.get("stop_reason"):
+                parts.append(f"stop reason: {state['stop_reason']}")
+        self._status(" | ".join(parts))
+        return desc
+
+    def _status(self, line: str) -> None:
+        if line != self._status_line:
+            self._status_line = line
+            self._print(f"-- {line}")
+
+    def outputs(self, plot: Path | None, metrics_path: Path | None) -> None:
+        if plot is not None:
+            rewards, evals = curves(self.cache)
+            write_plot(plot, rewards, evals, self.run_id)
+        if metrics_path is not None:
+            metrics_path.parent.mkdir(parents=True, exist_ok=True)
+            metrics_path.write_text("".join(json.dumps(r, default=str) + "\n" for r in metrics_lines(self.cache)))
+
+
+def finished(desc: dict[str, Any] | None, watcher: Watcher) -> bool:
+    """The run ended: its newest execution is terminal and did not hand over to a continuation."""
+    if desc is None or desc["status"] not in TERMINAL:
+        return False
+    if desc["status"] == "SUCCEEDED":
+        state = run_state(watcher.dep, watcher.run_id) or {}
+        if not state.get("finished"):
+            # a continue-as-new hand-over: the successor may not be listed yet
+            time.sleep(0.5)
+            newest = run_executions(watcher.dep, watcher.run_id)[-1]
+            return newest["executionArn"] == desc["executionArn"] and newest["status"] in TERMINAL
+    return True
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        dep = deployment(args)
+        watcher = Watcher(dep, args.run)
+        deadline = None if args.timeout is None else time.monotonic() + args.timeout
+        last_steps = -1
+        while True:
+            desc = watcher.poll()
+            if desc is None and not watcher.cache.steps and run_state(dep, args.run) is None and args.once:
+                raise CommandError(f"no run {args.run!r} in this deployment")
+            if len(watcher.cache.steps) + len(watcher.cache.evals) != last_steps:
+                watcher.outputs(args.plot, args.metrics)
+                last_steps = len(watcher.cache.steps) + len(watcher.cache.evals)
+            if args.once:
+                return EXIT_FAILED if desc and desc["status"] in ("FAILED", "TIMED_OUT", "ABORTED") else EXIT_OK
+            if finished(desc, watcher):
+                watcher.poll()  # summaries written just before the end
+                watcher.outputs(args.plot, args.metrics)
+                return report_end(desc, watcher)
+            if deadline is not None and time.monotonic() > deadline:
+                print(f"still {desc['status'] if desc else 'not started'} after {args.timeout:g}s; stopped watching",
+                      file=sys.stderr)
+                return EXIT_FAILED
+            time.sleep(args.interval)
+    except CommandError as e:
+        return fail(str(e))
+    except KeyboardInterrupt:
+        print("\nstopped watching (the run goes on; `stepwise stop` ends it)", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def report_end(desc: dict[str, Any], watcher: Watcher) -> int:
+    rewards, evals = curves(watcher.cache)
+    print(f"run {watcher.run_id} {desc['status']}: {len(watcher.cache.steps)} step(s)"
+          + (f", last mean reward {rewards[-1][1]:.3f}" if rewards else "")
+          + (f", last eval accuracy {evals[-1][1]:.3f}" if evals else ""))
+    if desc["status"] != "SUCCEEDED":
+        if desc.get("error") or desc.get("cause"):
+            print(f"  error: {desc.get('error')}: {str(desc.get('cause') or '')[:1000]}")
+        print(f"  console: {console_url(desc['executionArn'])}")
+        print(f"  resume it: stepwise resume {watcher.run_id}")
+        return EXIT_FAILED
+    return EXIT_OK

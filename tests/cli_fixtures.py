@@ -1,0 +1,98 @@
+"""Fixtures for the operator-command tests: a moto deployment (bucket + a small state machine).
+
+The state machine stands in for the training loop where the tests exercise the commands, not
+the pipeline: input ``{"fail": true}`` fails at once, anything else waits ``wait`` seconds
+(default 60) then succeeds, so an execution stays RUNNING while a test stops it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import boto3
+import pytest
+from moto import mock_aws
+
+REGION = "us-east-1"
+ROLE = "arn:aws:iam::123456789012:role/StepwiseStates"
+BUCKET = "stepwise-cli-test"
+
+DEFINITION = {
+    "StartAt": "Choose",
+    "States": {
+        "Choose": {"Type": "Choice", "Choices": [{"Variable": "$.fail", "IsPresent": True, "Next": "Boom"}],
+                   "Default": "Wait a while"},
+        "Wait a while": {"Type": "Wait", "Seconds": 60, "Next": "Done"},
+        "Done": {"Type": "Succeed"},
+        "Boom": {"Type": "Fail", "Error": "Boom", "Cause": "failed on purpose"},
+    },
+}
+
+BASE_CONFIG = {
+    "role_arn": "arn:aws:iam::123456789012:role/StepwiseSageMaker",
+    "base_model_arn": "stepwise-tiny",
+    "agent_runtime_arn": "arn:aws:bedrock-agentcore:us-east-1:123456789012:runtime/toy_agent",
+    "batch_size": 2,
+    "responses_per_prompt": 2,
+}
+
+
+@dataclass
+class MotoDeployment:
+    bucket: str
+    state_machine_arn: str
+    s3: Any
+    sfn: Any
+
+    @property
+    def flags(self) -> list[str]:
+        return ["--bucket", self.bucket, "--state-machine-arn", self.state_machine_arn, "--region", REGION]
+
+    def put_json(self, key: str, obj: Any) -> None:
+        self.s3.put_object(Bucket=self.bucket, Key=key, Body=json.dumps(obj).encode())
+
+    def get_json(self, key: str) -> Any:
+        return json.loads(self.s3.get_object(Bucket=self.bucket, Key=key)["Body"].read())
+
+
+@pytest.fixture
+def moto_env(monkeypatch):
+    for key in ("STEPWISE_BUCKET", "STEPWISE_STATE_MACHINE_ARN", "STEPWISE_GATEWAY_URL", "STEPWISE_STACK",
+                "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL_SFN", "AWS_PROFILE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    with mock_aws(config={"stepfunctions": {"execute_state_machine": True}}):
+        yield
+
+
+@pytest.fixture
+def moto_dep(moto_env) -> MotoDeployment:
+    s3 = boto3.client("s3", region_name=REGION)
+    s3.create_bucket(Bucket=BUCKET)
+    sfn = boto3.client("stepfunctions", region_name=REGION)
+    arn = sfn.create_state_machine(name="stepwise-test-loop", definition=json.dumps(DEFINITION),
+                                   roleArn=ROLE)["stateMachineArn"]
+    return MotoDeployment(BUCKET, arn, s3, sfn)
+
+
+def run_state(run_id: str, execution_arn: str, **extra: Any) -> dict[str, Any]:
+    """A ``state.json`` body (the fields the commands read; RunState's own defaults otherwise)."""
+    from stepwise.runstore import RunState
+
+    return RunState(run_id=run_id, owner_execution_arn=execution_arn,
+                    training_session_name=f"stepwise-{run_id}", **extra).model_dump()
+
+
+def wait_status(sfn: Any, arn: str, statuses: tuple[str, ...], timeout: float = 10.0) -> dict[str, Any]:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        desc = sfn.describe_execution(executionArn=arn)
+        if desc["status"] in statuses or time.monotonic() > deadline:
+            return desc
+        time.sleep(0.05)
