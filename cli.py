@@ -14,6 +14,11 @@ import sys
 # name -> (module, one-line help). Keep sorted by workflow, not alphabetically.
 COMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("stepwise.commands.validate", "check a run config (and its datasets) without starting anything"),
+    "start": ("stepwise.commands.start", "validate a config, upload its local data, start a run on the deployed stack"),
+    "watch": ("stepwise.commands.watch", "follow a run until it ends: status, per-step reward, eval accuracy, plot"),
+    "stop": ("stepwise.commands.stop", "stop a run's execution and make sure its training session stops"),
+    "resume": ("stepwise.commands.resume", "continue a failed or stopped run from its saved state"),
+    "runs": ("stepwise.commands.runs", "recent runs with status and last metrics"),
     "simulator": ("local.simulator.cli", "run the SageMaker Training Sessions simulator (tiny model) on a loopback port"),
     "run-local": ("local.run", "run a whole training run on this machine (moto, simulator, gateway, ACR emulator)"),
 }
