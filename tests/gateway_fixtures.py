@@ -39,7 +39,10 @@ class MotoS3:
         host, port = self._server.get_host_and_port()
         self.endpoint = f"http://{host}:{port}"
         self.client = self.new_client()
-        self.client.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": REGION})
+        try:  # moto's state is per process: another module's server may have made it
+            self.client.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": REGION})
+        except self.client.exceptions.BucketAlreadyOwnedByYou:
+            pass
 
     def new_client(self) -> Any:
         return boto3.client("s3", endpoint_url=self.endpoint, region_name=REGION,
@@ -81,11 +84,23 @@ def open_session(s3: Any, run_id: str, *, sid: str | None = None, **fields: Any)
     return sid, record
 
 
-def turn_objects(s3: Any, run_id: str, sid: str) -> dict[str, dict]:
-    """{key name: body} of a session's captured turns."""
+def turn_objects(s3: Any, run_id: str, sid: str, *, expect: int = 0, timeout: float = 5.0) -> dict[str, dict]:
+    """{key name: body} of a session's captured turns.
+
+    ``expect``: wait up to ``timeout`` s for that many. A streamed turn is written after its
+    last chunk and before the response ends, but clients that stop reading at the stream's
+    end marker (the OpenAI client stops at ``[DONE]``) can return before the write lands;
+    FinishRollout's grace period covers the same window.
+    """
     prefix = f"runs/{run_id}/sessions/{sid}/turns/"
+    deadline = time.monotonic() + timeout
+    while True:
+        contents = s3.list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents", [])
+        if len(contents) >= expect or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     out = {}
-    for obj in s3.list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents", []):
+    for obj in contents:
         out[obj["Key"][len(prefix):]] = json.loads(s3.get_object(Bucket=BUCKET, Key=obj["Key"])["Body"].read())
     return out
 

@@ -110,7 +110,7 @@ def test_replayed_turns_equal_the_in_process_gateways_records(stack, name):
         agent(ours.base_url, sid)
     finally:
         ours.stop()
-    turns = turn_objects(s3.client, RUN, sid)
+    turns = turn_objects(s3.client, RUN, sid, expect=len(script))
     assert len(turns) == len(script) == len(sampler.calls)
     replayed = replay_turns(sid, turns, REWARD, tok, max_context_tokens=record["max_context_tokens"])
 

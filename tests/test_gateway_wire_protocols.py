@@ -83,7 +83,7 @@ def test_openai_streaming_turn(stack):
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == "streamed words"
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
-    assert len(turn_objects(s3.client, RUN, sid)) == 1
+    assert len(turn_objects(s3.client, RUN, sid, expect=1)) == 1
 
 
 def test_openai_tool_call_round_trip(stack):
@@ -132,7 +132,7 @@ def test_anthropic_streaming_turn(stack):
         text = "".join(stream.text_stream)
         final = stream.get_final_message()
     assert text == "streamed reply" and final.stop_reason == "end_turn"
-    assert len(turn_objects(s3.client, RUN, sid)) == 1
+    assert len(turn_objects(s3.client, RUN, sid, expect=1)) == 1
 
 
 def test_anthropic_tool_use_round_trip(stack):

@@ -284,8 +284,8 @@ def build_app(
     _install_redaction()
 
     app = web.Application(client_max_size=settings.max_body_bytes)
-    app.router.add_get("/healthz", _health)
-    app.router.add_get("/v1/models", _health)
+    for path in ("/healthz", "/health", "/v1/models"):  # the toolkit's probes, plus a common alias
+        app.router.add_get(path, _health)
     adapters = []
     for cls in (StepwiseOpenAIAdapter, StepwiseAnthropicAdapter):
         adapter = cls(backend=backend, renderer=renderer, tokenizer=None, max_turns_per_sid=None,
