@@ -1,0 +1,169 @@
+"""The training-loop ASL executed by moto's Step Functions engine with the real handlers.
+
+Everything the pipeline owns is real: the rendered definition, moto's engine (Distributed Map,
+callback tasks, S3 notification -> OnRolloutResult), every handler, S3 (moto) and the SageMaker
+simulator. Only the far side of InvokeAgentRuntime is a stand-in: a loopback server that plays
+the agent and the gateway (one captured turn, then the toolkit's result object). The full local
+stack with real agents and the real gateway is the e2e test (tests/test_e2e_*.py).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.parse
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import boto3
+import pytest
+from pipeline_fixtures import AGENT_ARN, TINY_MODEL, captured_turn
+
+BUCKET = "stepwise-asl-test"
+
+
+class FakeAgent:
+    """InvokeAgentRuntime on loopback: answers "processing", then writes a turn and a result.
+
+    The reward is 1.0 for even members of a group and 0.0 for odd ones, so every group has signal.
+    """
+
+    def __init__(self) -> None:
+        agent = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a):  # quiet
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                sid = self.headers["X-Amzn-Bedrock-AgentCore-Runtime-Session-Id"]
+                agent.invocations.append(body)
+                out = json.dumps({"status": "processing"}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+                threading.Thread(target=agent.finish, args=(body, sid), daemon=True).start()
+
+        self.invocations: list[dict] = []
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def finish(self, body: dict, sid: str) -> None:
+        ro = body["_rollout"]
+        run_id = ro["exp_id"].split("/", 1)[1]
+        s3 = boto3.client("s3")
+        turn = captured_turn(sid, [1, 2, 3], [20, 21, 22], [-0.3, -0.2, -0.1])
+        s3.put_object(Bucket=ro["s3_bucket"], Key=f"runs/{run_id}/sessions/{sid}/turns/{time.time_ns():020d}-{uuid.uuid4().hex}.json",
+                      Body=json.dumps(turn).encode())
+        reward = float(len(self.invocations) % 2)
+        # A key with characters S3 URL-encodes in notifications (the toolkit writes input ids verbatim).
+        s3.put_object(Bucket=ro["s3_bucket"], Key=f"{ro['exp_id']}/{ro['input_id']}/{sid}.json",
+                      Body=json.dumps({"rewards": reward, "status_code": 200}).encode())
+
+    def stop(self) -> None:
+        self.server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def local():
+    from infra.definition import substitutions
+    from local import engine
+    from local.simulator import start_simulator
+    from state_machine.definition import render_definition
+
+    moto = engine.MotoServer().start()
+    sim = start_simulator()
+    agent = FakeAgent()
+    moto.set_env({**sim.env, "AWS_REGION": engine.REGION, "AWS_DEFAULT_REGION": engine.REGION,
+                  "STEPWISE_BUCKET": BUCKET, "STEPWISE_GATEWAY_URL": "http://127.0.0.1:9",
+                  "STEPWISE_POLL_SECONDS": "1", "STEPWISE_INLINE_WAIT_SECONDS": "10",
+                  "AWS_ENDPOINT_URL_BEDROCK_AGENTCORE": agent.url})
+    from stepwise.handlers import _common
+
+    _common._store.cache_clear()
+    arns = engine.create_functions(moto, prefix="asl-test")
+    engine.create_bucket(moto, BUCKET, result_function_arn=arns["OnRolloutResult"])
+    definition = render_definition(substitutions(function_arns=arns, bucket_name=BUCKET))
+    sm_arn = engine.create_state_machine(moto, "asl-test", definition)
+    s3 = moto.client("s3")
+
+    def put(key: str, rows: list[dict]) -> str:
+        s3.put_object(Bucket=BUCKET, Key=key, Body="\n".join(json.dumps({"payload": r}) for r in rows).encode())
+        return f"s3://{BUCKET}/{key}"
+
+    base = {
+        "region": engine.REGION, "role_arn": sim.role_arn, "base_model_arn": "stepwise-tiny",
+        "model_package_group_arn": sim.model_package_group_arn, "s3_output_path": sim.s3_output_path,
+        "agent_runtime_arn": AGENT_ARN, "tokenizer_path": str(TINY_MODEL),
+        "dataset_path": put("data/train.jsonl", [{"prompt": f"p{i} & more", "answer": str(i)} for i in range(4)]),
+        "batch_size": 2, "responses_per_prompt": 2, "max_new_tokens": 8, "learning_rate": 1e-3,
+        "loss": "importance_sampling", "max_rollout_time": 20,
+    }
+    yield moto, sim, agent, sm_arn, s3, base, put
+    agent.stop()
+    sim.stop()
+    moto.stop()
+
+
+def _wait(sfn, arn: str, timeout: float = 240) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        d = sfn.describe_execution(executionArn=arn)
+        if d["status"] != "RUNNING":
+            return d
+        time.sleep(0.3)
+    raise AssertionError(f"{arn} still running after {timeout}s")
+
+
+def _state(s3, run_id: str) -> dict:
+    return json.loads(s3.get_object(Bucket=BUCKET, Key=f"runs/{run_id}/state.json")["Body"].read())
+
+
+def test_a_run_trains_evaluates_continues_as_new_saves_and_stops(local):
+    moto, sim, agent, sm_arn, s3, base, put = local
+    sfn = moto.client("stepfunctions")
+    config = dict(base, steps_per_execution=1, save_weights_at_end=True, eval_every=2,
+                  eval_dataset_path=put("data/eval.jsonl", [{"prompt": "e0", "answer": "0"}, {"prompt": "e1", "answer": "1"}]))
+    run_id = f"asl-{uuid.uuid4().hex[:6]}"
+    before = dict(sim.counters)
+    first = sfn.start_execution(stateMachineArn=sm_arn, name=run_id, input=json.dumps(config))["executionArn"]
+    assert _wait(sfn, first)["status"] == "SUCCEEDED"
+    # steps_per_execution=1: step 0 in the first execution, step 1 in the second.
+    second = _wait(sfn, first.replace(f":{run_id}", f":{run_id}--1"))
+    assert second["status"] == "SUCCEEDED", second.get("cause")
+    state = _state(s3, run_id)
+    assert state["step"] == 2 and state["policy_version"] == 2 and state["segment"] == 1
+    assert state["finished"] and state["session_stopped"] and state["final_checkpoint_done"] and state["final_weights_done"]
+    assert state["last_eval_step"] == 2 and state["pending"] == [] and state["owner_execution_arn"] == second["executionArn"]
+    delta = {k: sim.counters.get(k, 0) - before.get(k, 0) for k in ("optim_step", "save_state", "save_weights", "StopTrainingSession")}
+    assert delta == {"optim_step": 2, "save_state": 1, "save_weights": 3, "StopTrainingSession": 1}
+    assert sim.running_sessions() == []
+    assert len(agent.invocations) >= 10  # 2 steps x 4 rollouts + one eval of 2
+    ro = agent.invocations[0]["_rollout"]
+    assert ro["exp_id"] == f"rollout-results/{run_id}" and ro["api_key"] and ro["sampling_params"]["max_tokens"] == 8
+    summary = json.loads(s3.get_object(Bucket=BUCKET, Key=f"runs/{run_id}/steps/1/summary.json")["Body"].read())
+    assert summary["sampler/num_datums"] == 4 and "train/loss" in summary and summary["policy_version"] == 2
+    evals = json.loads(s3.get_object(Bucket=BUCKET, Key=f"runs/{run_id}/evals/2/summary.json")["Body"].read())
+    assert evals["eval/n"] == 2
+    # Step Functions never carried a payload or a trajectory: every event is small.
+    history = sfn.get_execution_history(executionArn=first, maxResults=1000)["events"]
+    assert max(len(json.dumps(e, default=str)) for e in history) < 8_000
+
+
+def test_a_failed_operation_stops_the_session_and_fails_with_the_cause(local):
+    moto, sim, agent, sm_arn, s3, base, put = local
+    sfn = moto.client("stepfunctions")
+    run_id = f"asl-fail-{uuid.uuid4().hex[:6]}"
+    sim.inject_fault("fail:optim_step:1")
+    arn = sfn.start_execution(stateMachineArn=sm_arn, name=run_id, input=json.dumps(base))["executionArn"]
+    d = _wait(sfn, arn)
+    assert d["status"] == "FAILED"
+    assert d.get("error") == "OperationFailed" and "optim_step" in d.get("cause", "")
+    state = _state(s3, run_id)
+    assert state["session_stopped"] and state["stop_reason"].startswith("failed")
+    assert sim.session_statuses()[state["training_session_name"]] in ("Stopping", "Stopped")
