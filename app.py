@@ -17,6 +17,11 @@ from infra.settings import StackSettings
 from infra.stack import StepwiseStack
 
 
+def apply_checks(app: cdk.App) -> None:
+    """cdk-nag's AwsSolutions rules on every construct of ``app`` (findings become synth errors)."""
+    cdk.Aspects.of(app).add(AwsSolutionsChecks(verbose=True))
+
+
 def build_app(context: dict | None = None) -> tuple[cdk.App, StepwiseStack]:
     """The app with its one stack and cdk-nag's AwsSolutions checks applied."""
     app = cdk.App(context=context or None)
@@ -25,7 +30,7 @@ def build_app(context: dict | None = None) -> tuple[cdk.App, StepwiseStack]:
     if os.environ.get("CDK_DEFAULT_ACCOUNT") and os.environ.get("CDK_DEFAULT_REGION"):
         env = cdk.Environment(account=os.environ["CDK_DEFAULT_ACCOUNT"], region=os.environ["CDK_DEFAULT_REGION"])
     stack = StepwiseStack(app, app.node.try_get_context("stackName") or "Stepwise", settings=settings, env=env)
-    cdk.Aspects.of(app).add(AwsSolutionsChecks(verbose=True))
+    apply_checks(app)
     return app, stack
 
 
