@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from aws_cdk import Duration, RemovalPolicy, Stack
+from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
@@ -28,8 +29,13 @@ ASSET_EXCLUDE = ["**/__pycache__", "**/*.pyc", "*.egg-info", "**/.pytest_cache"]
 
 
 def image_code(*, file: str = "Dockerfile", cmd: list[str] | None = None) -> lambda_.DockerImageCode:
-    """The image asset built from ``lambdas/{file}`` at deploy time (synth needs no Docker)."""
-    return lambda_.DockerImageCode.from_image_asset(str(LAMBDAS_DIR), file=file, cmd=cmd, exclude=ASSET_EXCLUDE)
+    """The image asset built from ``lambdas/{file}`` at deploy time (synth needs no Docker).
+
+    Built for linux/amd64 whatever the deploying machine is, to match the functions' default
+    x86_64 architecture.
+    """
+    return lambda_.DockerImageCode.from_image_asset(str(LAMBDAS_DIR), file=file, cmd=cmd, exclude=ASSET_EXCLUDE,
+                                                    platform=ecr_assets.Platform.LINUX_AMD64)
 
 
 def function_role(scope: Construct, id: str, *, spec: FunctionSpec, bucket: s3.IBucket,

@@ -353,9 +353,13 @@ def test_failed_rollout_filter_matches_what_finish_rollout_logs():
         assert f'logger.warning("{pattern.rstrip("*")}' in source, pattern
 
 
-def test_outputs_name_bucket_state_machine_gateway_and_dashboard(default_app):
-    _, template = default_app
-    assert set(template["Outputs"]) >= {"BucketName", "StateMachineArn", "GatewayUrl", "DashboardName"}
+def test_outputs_are_the_ones_the_cli_looks_up(default_app):
+    from stepwise import stackinfo
+
+    stack, template = default_app
+    assert set(template["Outputs"]) >= {stackinfo.OUTPUT_BUCKET, stackinfo.OUTPUT_STATE_MACHINE,
+                                        stackinfo.OUTPUT_GATEWAY_URL, stackinfo.OUTPUT_DASHBOARD}
+    assert stack.stack_name == stackinfo.DEFAULT_STACK_NAME
     assert template["Outputs"]["StateMachineArn"]["Value"] == {"Ref": _sm_lid(template)}
 
 
