@@ -1,8 +1,8 @@
 """Fixtures for the operator-command tests: a moto deployment (bucket + a small state machine).
 
 The state machine stands in for the training loop where the tests exercise the commands, not
-the pipeline: input ``{"fail": true}`` fails at once, anything else waits ``wait`` seconds
-(default 60) then succeeds, so an execution stays RUNNING while a test stops it.
+the pipeline: input ``{"fail": true}`` fails at once, ``{"wait": N}`` waits N seconds then succeeds,
+anything else waits 60 seconds then succeeds, so an execution stays RUNNING while a test stops it.
 """
 
 from __future__ import annotations
@@ -22,9 +22,11 @@ BUCKET = "stepwise-cli-test"
 DEFINITION = {
     "StartAt": "Choose",
     "States": {
-        "Choose": {"Type": "Choice", "Choices": [{"Variable": "$.fail", "IsPresent": True, "Next": "Boom"}],
+        "Choose": {"Type": "Choice", "Choices": [{"Variable": "$.fail", "IsPresent": True, "Next": "Boom"},
+                                                 {"Variable": "$.wait", "IsPresent": True, "Next": "Wait as told"}],
                    "Default": "Wait a while"},
         "Wait a while": {"Type": "Wait", "Seconds": 60, "Next": "Done"},
+        "Wait as told": {"Type": "Wait", "SecondsPath": "$.wait", "Next": "Done"},
         "Done": {"Type": "Succeed"},
         "Boom": {"Type": "Fail", "Error": "Boom", "Cause": "failed on purpose"},
     },

@@ -1,0 +1,80 @@
+"""`stepwise watch` against moto: per-step lines, eval lines, end status, the plot and metrics.jsonl."""
+
+from __future__ import annotations
+
+import json
+
+from cli_fixtures import moto_dep, moto_env, run_state  # noqa: F401 (fixtures)
+from PIL import Image
+
+from cli import main
+from stepwise.commands.watch import CURVES_KEY, HEADER, step_line
+
+SUMMARIES = {
+    0: {"sampler/mean_reward": 0.125, "sampler/num_rollouts": 8.0, "sampler/zeroed_rollouts": 1.0,
+        "sampler/num_datums": 8, "time/rollout": 3.0, "time/train": 1.5, "decision": "train"},
+    1: {"sampler/mean_reward": 0.25, "sampler/num_rollouts": 8.0, "sampler/zeroed_rollouts": 0.0,
+        "sampler/num_datums": 6, "time/rollout": 2.0, "decision": "train"},
+    2: {"sampler/mean_reward": 0.0, "sampler/num_rollouts": 8.0, "sampler/zeroed_rollouts": 8.0,
+        "sampler/num_datums": 0, "decision": "skip"},
+}
+EVALS = {2: {"eval/accuracy": 0.5, "eval/n": 4, "eval/failed_rollouts": 1, "final": True}}
+
+
+def _seed(moto_dep, run_id, execution_arn, **state):
+    moto_dep.put_json(f"runs/{run_id}/config.json", {"batch_size": 2, "responses_per_prompt": 4})
+    moto_dep.put_json(f"runs/{run_id}/state.json", run_state(run_id, execution_arn, **state))
+    for step, s in SUMMARIES.items():
+        moto_dep.put_json(f"runs/{run_id}/steps/{step}/summary.json", {"step": step, **s})
+    for step, s in EVALS.items():
+        moto_dep.put_json(f"runs/{run_id}/evals/{step}/summary.json", {"step": step, **s})
+
+
+def test_watch_follows_to_the_end_and_writes_plot_and_metrics(moto_dep, tmp_path, capsys):
+    arn = moto_dep.sfn.start_execution(stateMachineArn=moto_dep.state_machine_arn, name="w",
+                                       input=json.dumps({"wait": 1}))["executionArn"]
+    _seed(moto_dep, "w", arn, step=3, finished=True)
+    png, jsonl = tmp_path / "curves.png", tmp_path / "metrics.jsonl"
+    code = main(["watch", "w", "--interval", "0.2", "--timeout", "30", "--plot", str(png), "--metrics", str(jsonl),
+                 *moto_dep.flags])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    lines = out.splitlines()
+    assert HEADER in lines
+    rows = [x for x in lines if x[:5].strip().isdigit()]
+    assert [int(r.split()[0]) for r in rows] == [0, 1, 2]
+    assert rows[0].split()[1:6] == ["0.125", "2/2", "8", "1/8", "4.5"]  # reward, kept, datums, zeroed, rollout+train s
+    assert rows[2].endswith("(skip)")
+    assert "eval after step 2 (final): accuracy 0.500 on 4 prompts, 1 failed rollouts" in out
+    assert any(x.startswith("-- w RUNNING") for x in lines)
+    assert lines[-1].startswith("run w SUCCEEDED: 3 step(s), last mean reward 0.000, last eval accuracy 0.500")
+
+    metrics = [json.loads(x) for x in jsonl.read_text().splitlines()]
+    assert [(m["kind"], m["step"]) for m in metrics] == [("train", 0), ("train", 1), ("train", 2), ("eval", 2)]
+    drawn = json.loads(Image.open(png).text[CURVES_KEY])
+    assert drawn["reward"] == [[m["step"], m["sampler/mean_reward"]] for m in metrics if m["kind"] == "train"]
+    assert drawn["eval_accuracy"] == [[m["step"], m["eval/accuracy"]] for m in metrics if m["kind"] == "eval"]
+
+
+def test_watch_failed_run_exits_1_with_the_cause(moto_dep, capsys):
+    arn = moto_dep.sfn.start_execution(stateMachineArn=moto_dep.state_machine_arn, name="f",
+                                       input=json.dumps({"fail": True}))["executionArn"]
+    _seed(moto_dep, "f", arn, step=3, stop_reason="failed: Boom")
+    assert main(["watch", "f", "--interval", "0.2", "--timeout", "30", *moto_dep.flags]) == 1
+    out = capsys.readouterr().out
+    assert "run f FAILED" in out and "Boom: failed on purpose" in out and "stepwise resume f" in out
+
+
+def test_watch_once_prints_the_current_view(moto_dep, capsys):
+    arn = moto_dep.sfn.start_execution(stateMachineArn=moto_dep.state_machine_arn, name="o", input="{}")["executionArn"]
+    _seed(moto_dep, "o", arn, step=3, epoch=1, phase="train")
+    assert main(["watch", "o", "--once", *moto_dep.flags]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n    ") + out.count("\n  eval") >= 3
+    assert "-- o RUNNING" in out and "step 3 epoch 1 phase train" in out
+    assert main(["watch", "missing", "--once", *moto_dep.flags]) == 1
+
+
+def test_step_line_without_config_or_timings():
+    line = step_line(7, {"sampler/mean_reward": 0.5, "sampling/kept_groups": 3.0}, None, 12.25)
+    assert line.split() == ["7", "0.500", "3", "-", "-", "12.2"]
