@@ -112,7 +112,8 @@ def suppress_lambda_role_findings(scope: Construct) -> None:
         [
             {
                 "id": "AwsSolutions-IAM5",
-                "reason": "X-Ray PutTraceSegments/PutTelemetryRecords support no resource-level permissions.",
+                "reason": "X-Ray PutTraceSegments/PutTelemetryRecords (every function) and s3:ListAllMyBuckets (Init, "
+                          "for the SageMaker SDK's default bucket lookup) support no resource-level permissions.",
                 "appliesTo": ["Resource::*"],
             },
             {

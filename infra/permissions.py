@@ -177,6 +177,8 @@ def statements(
                 actions=["s3:ListBucket", "s3:GetBucketLocation", "s3:CreateBucket"],
                 resources=[sdk_default_bucket_arn(stack)],
             ),
+            # Session.default_bucket() asks Bucket.creation_date, which boto3 answers with ListBuckets.
+            iam.PolicyStatement(actions=["s3:ListAllMyBuckets"], resources=["*"]),
             iam.PolicyStatement(
                 actions=["iam:PassRole"],
                 resources=pass_role_resources(stack, sagemaker_role_arns),

@@ -237,6 +237,7 @@ NO_RESOURCE_LEVEL = {
     "logs:CreateLogDelivery", "logs:GetLogDelivery", "logs:UpdateLogDelivery", "logs:DeleteLogDelivery",
     "logs:ListLogDeliveries", "logs:PutResourcePolicy", "logs:DescribeResourcePolicies", "logs:DescribeLogGroups",
     "s3:PutBucketNotification",  # CDK's notification custom resource (its bucket is only known at run time)
+    "s3:ListAllMyBuckets",  # Init: the SageMaker SDK's default-bucket lookup
 }
 
 
