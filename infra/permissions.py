@@ -55,17 +55,19 @@ C = Capability
 #: missing here gets only RUN_STATE, and tests/test_stack_iam.py fails naming it.
 FUNCTION_CAPABILITIES: dict[str, frozenset[Capability]] = {
     "Init": frozenset({C.RUN_STATE, C.SESSION_LIFECYCLE}),
-    "PollSession": frozenset({C.RUN_STATE, C.SESSION_DESCRIBE}),
+    # PollSession also drives the resume phase (load_state, save_weights, load_weights_for_sampling).
+    "PollSession": frozenset({C.RUN_STATE, C.SESSION_DESCRIBE, C.TRAINING_OPS, C.SAMPLING_OPS, C.MODEL_PACKAGES_READ}),
     "PlanStep": frozenset({C.RUN_STATE}),
     "StartRollout": frozenset({C.RUN_STATE, C.GATEWAY_SESSIONS, C.INVOKE_AGENT}),
     "OnRolloutResult": frozenset({C.RUN_STATE, C.GATEWAY_SESSIONS, C.READ_RESULTS, C.TASK_RESPONSE}),
     "FinishRollout": frozenset({C.RUN_STATE, C.GATEWAY_SESSIONS, C.READ_RESULTS}),
     "ComputeAdvantages": frozenset({C.RUN_STATE}),
     "RecordEval": frozenset({C.RUN_STATE}),
-    "SubmitTrain": frozenset({C.RUN_STATE, C.TRAINING_OPS}),
+    # The operation drivers (handlers/train.py ``drive``) may submit or poll either kind of operation.
+    "SubmitTrain": frozenset({C.RUN_STATE, C.TRAINING_OPS, C.SAMPLING_OPS}),
     "PollOperation": frozenset({C.RUN_STATE, C.TRAINING_OPS, C.SAMPLING_OPS}),
     "Rebind": frozenset({C.RUN_STATE, C.TRAINING_OPS, C.SAMPLING_OPS}),
-    "Checkpoint": frozenset({C.RUN_STATE, C.TRAINING_OPS, C.MODEL_PACKAGES_READ}),
+    "Checkpoint": frozenset({C.RUN_STATE, C.TRAINING_OPS, C.SAMPLING_OPS, C.MODEL_PACKAGES_READ}),
     "ContinueRun": frozenset({C.RUN_STATE, C.CONTINUE_RUN}),
     "StopSession": frozenset({C.RUN_STATE, C.SESSION_STOP}),
     "Cleanup": frozenset({C.RUN_STATE, C.SESSION_STOP}),
