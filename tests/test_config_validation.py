@@ -131,6 +131,9 @@ BAD_VALUES = [
     ("eval_max_prompts", -1, "greater than or equal to 0"),
     ("eval_temperature", -1.0, "greater than or equal to 0"),
     ("exp_id", 5, "valid string"),
+    ("mlflow_tracking_uri", "mlflow.example.com", "SageMaker MLflow ARN"),
+    ("mlflow_tracking_uri", "arn:aws:sagemaker:us-east-1:123456789012:model-package/x/1", "http(s):// URL"),
+    ("mlflow_experiment_name", "", "at least 1 character"),
     ("vpc_config", {"subnets": [], "security_group_ids": ["sg-1"]}, "at least 1 item"),
 ]
 

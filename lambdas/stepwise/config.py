@@ -45,6 +45,8 @@ KMS_KEY_ARN_RE = re.compile(rf"^{_PARTITION}:kms:{_REGION}:\d{{12}}:(?:key|alias
 REGION_RE = re.compile(rf"^{_REGION}$")
 S3_URI_RE = re.compile(r"^s3://([a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])(?:/(.*))?$")
 VPC_ID_RE = re.compile(r"^[-0-9a-zA-Z]{1,32}$")
+#: SageMaker managed MLflow: resource types the sagemaker-mlflow plugin routes (mlflow-app, mlflow-tracking-server).
+MLFLOW_ARN_RE = re.compile(rf"^{_PARTITION}:sagemaker:{_REGION}:\d{{12}}:(?:mlflow-app|mlflow-tracking-server)/[A-Za-z0-9\-]+$")
 
 LOSSES = ("ppo", "importance_sampling", "cispo")
 CLIPPED_LOSSES = ("ppo", "cispo")
@@ -53,8 +55,8 @@ CLIPPED_LOSSES = ("ppo", "cispo")
 DROPPED_FIELDS: dict[str, str] = {
     "gateway_port": "the gateway is a Lambda Function URL; there is no port to choose",
     "history_mode": "only 'tree' is supported (turns are replayed per rollout); remove the key",
-    "wandb_project": "metrics go to CloudWatch and S3; W&B is not supported",
-    "wandb_run_name": "metrics go to CloudWatch and S3; W&B is not supported",
+    "wandb_project": "metrics go to CloudWatch and S3; W&B is not supported (MLflow is: mlflow_tracking_uri)",
+    "wandb_run_name": "metrics go to CloudWatch and S3; W&B is not supported (MLflow is: mlflow_tracking_uri)",
     "rollout_log_path": "rollout records are written to S3 under runs/{run_id}/steps/",
 }
 
@@ -208,6 +210,15 @@ class RunConfig(BaseModel):
     exp_id: str = Field(
         "", description="a label only: rollout results are written under rollout-results/{run_id}, whatever this says"
     )
+    mlflow_tracking_uri: str = Field(
+        "",
+        description="MLflow tracking of params and per-step metrics: a SageMaker managed MLflow ARN "
+        "(arn:aws:sagemaker:REGION:ACCOUNT:mlflow-app/ID or :mlflow-tracking-server/NAME), an http(s):// "
+        "tracking server, or a local sqlite:/// or file: store; '' = off",
+    )
+    mlflow_experiment_name: str = Field(
+        "stepwise", min_length=1, max_length=500, description="MLflow experiment the run is logged under"
+    )
 
     # ------------------------------------------------------------------ field checks
 
@@ -337,6 +348,16 @@ class RunConfig(BaseModel):
     def _eval_every(cls, v: int, info: ValidationInfo) -> int:
         if v and info.data.get("eval_dataset_path") == "":
             raise ValueError("evaluates nothing: eval_dataset_path is empty; set it or use eval_every 0")
+        return v
+
+    @field_validator("mlflow_tracking_uri")
+    @classmethod
+    def _mlflow(cls, v: str) -> str:
+        if v and not (MLFLOW_ARN_RE.match(v) or re.match(r"^(https?://\S+|file:\S+|sqlite:///\S+)$", v)):
+            raise ValueError(
+                "must be '', a SageMaker MLflow ARN (arn:aws:sagemaker:REGION:ACCOUNT:mlflow-app/ID or "
+                ":mlflow-tracking-server/NAME), an http(s):// URL, or a local sqlite:/// or file: store"
+            )
         return v
 
     # ------------------------------------------------------------------ derived values
