@@ -39,3 +39,54 @@ def test_handler_dockerfile_installs_requirements_and_copies_the_package():
     assert re.search(r"^COPY stepwise/ \$\{LAMBDA_TASK_ROOT\}/stepwise/", text, re.M)
     # the extension belongs to the gateway image only (it would wait for a web server here)
     assert "lambda-adapter" not in text.lower().replace("lambda web adapter", "")
+
+
+def _closure(requirements: list[str]) -> set[str]:
+    """Installed distributions (normalized names) that ``pip install -r`` of ``requirements`` pulls in."""
+    from importlib.metadata import PackageNotFoundError, requires
+
+    seen: set[str] = set()
+    todo = [Requirement(r) for r in requirements]
+    while todo:
+        req = todo.pop()
+        name = re.sub(r"[-_.]+", "-", req.name).lower()
+        key = f"{name}[{','.join(sorted(req.extras))}]"
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            deps = requires(req.name) or []
+        except PackageNotFoundError:
+            continue
+        for dep in deps:
+            d = Requirement(dep)
+            envs = [{"extra": e} for e in (req.extras or {""})]
+            if d.marker is None or any(d.marker.evaluate(env) for env in envs):
+                todo.append(d)
+    return {k.split("[", 1)[0] for k in seen}
+
+
+def test_every_third_party_module_the_lambda_code_imports_is_installed_by_the_image():
+    """Imports anywhere under lambdas/stepwise/ (but the operator CLI) resolve to requirements.txt's closure."""
+    import ast
+    import sys
+    from importlib.metadata import packages_distributions
+
+    lines = (ROOT / "lambdas" / "requirements.txt").read_text().splitlines()
+    installed = _closure([ln.split("#", 1)[0].strip() for ln in lines if ln.split("#", 1)[0].strip()])
+    providers = packages_distributions()
+    missing = {}
+    for path in (ROOT / "lambdas" / "stepwise").rglob("*.py"):
+        if "commands" in path.parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
+            for name in names:
+                top = name.split(".", 1)[0]
+                if top == "stepwise" or top in sys.stdlib_module_names:
+                    continue
+                dists = {re.sub(r"[-_.]+", "-", d).lower() for d in providers.get(top, [])}
+                if not dists & installed:
+                    missing.setdefault(top, set()).add(str(path.relative_to(ROOT)))
+    assert not missing, f"imported by the Lambda code but not installed by lambdas/requirements.txt: {missing}"
