@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "stop": ("stepwise.commands.stop", "stop a run's execution and make sure its training session stops"),
     "resume": ("stepwise.commands.resume", "continue a failed or stopped run from its saved state"),
     "runs": ("stepwise.commands.runs", "recent runs with status and last metrics"),
+    "cost": ("stepwise.commands.cost", "estimate the stack's Lambda, Step Functions and S3 cost per step and per run"),
     "simulator": ("local.simulator.cli", "run the SageMaker Training Sessions simulator (tiny model) on a loopback port"),
     "run-local": ("local.run", "run a whole training run on this machine (moto, simulator, gateway, ACR emulator)"),
 }

@@ -1,0 +1,93 @@
+"""`stepwise cost CONFIG.json`: estimate what the stack's own services cost per step and per run.
+
+The model is `stepwise.cost` (Lambda GB-seconds and requests, Step Functions transitions read
+off the deployed ASL, S3 requests), at list prices dated `stepwise.cost.PRICES_AS_OF`. Not
+included: the SageMaker training session, the ACR agent runtime, CloudWatch, data transfer.
+The run total needs the number of steps: ``--steps``, or the train dataset's rows when
+``dataset_path`` is a local file (or ``--check-datasets`` for an ``s3://`` one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from stepwise.commands._runs import EXIT_OK, EXIT_USAGE
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    from stepwise.cost import Assumptions
+
+    d = Assumptions()
+    parser.add_argument("config", help="run config, JSON (or YAML) file")
+    parser.add_argument("--steps", type=int, help="training steps of the run (default: from the dataset's rows)")
+    parser.add_argument("--check-datasets", action="store_true", help="count the rows of an s3:// dataset too")
+    parser.add_argument("--turns-per-rollout", type=float, default=d.turns_per_rollout,
+                        help=f"LLM calls per rollout (default {d.turns_per_rollout:g})")
+    parser.add_argument("--seconds-per-turn", type=float, default=d.seconds_per_turn,
+                        help=f"gateway seconds per LLM call (default {d.seconds_per_turn:g})")
+    parser.add_argument("--gen-batches-per-step", type=float, default=d.gen_batches_per_step,
+                        help=f"DAPO generation batches per step on average (default {d.gen_batches_per_step:g})")
+    parser.add_argument("--train-seconds", type=float, default=d.train_seconds,
+                        help=f"seconds the session takes per training step (default {d.train_seconds:g})")
+    parser.add_argument("--json", action="store_true", help="print the estimate as JSON")
+
+
+def total_steps(cfg: Any, args: argparse.Namespace) -> int | None:
+    if args.steps is not None:
+        return args.steps
+    path = cfg.dataset_path
+    if path.startswith("s3://") and not args.check_datasets:
+        return None
+    if not path.startswith("s3://") and not Path(path).is_file():
+        return None
+    from stepwise.datasets import DatasetError, check_dataset
+
+    try:
+        rows = check_dataset(path, 1)
+    except DatasetError as e:
+        print(f"note: cannot count dataset rows ({e}); pass --steps", file=sys.stderr)
+        return None
+    return cfg.steps_per_epoch(rows) * cfg.epochs
+
+
+def format_estimate(est: dict[str, Any]) -> str:
+    u, usd = est["usage_per_step"], est["usd_per_step"]
+    a = est["assumptions"]
+    lines = [
+        f"per training step ({est['rollouts_per_step']:g} rollouts, {a['turns_per_rollout']:g} LLM call(s) each, "
+        f"{a['seconds_per_turn']:g} s per call, {a['train_seconds']:g} s of training):",
+        f"  Lambda duration   {u['lambda_gb_seconds']:>12.1f} GB-s        ${usd['lambda_duration']:.5f}",
+        f"  Lambda requests   {u['lambda_requests']:>12.0f}             ${usd['lambda_requests']:.5f}",
+        f"  Step Functions    {u['state_transitions']:>12.0f} transitions ${usd['step_functions']:.5f}",
+        f"  S3 requests       {u['s3_put_class']:>6.0f} PUT/LIST {u['s3_get_class']:>5.0f} GET  ${usd['s3_requests']:.5f}",
+        f"  total per step                                ${usd['total']:.5f}",
+    ]
+    if est["usd_per_step_upper"]["total"] != usd["total"]:
+        lines.append(f"  DAPO upper bound (every step hits max_num_gen_batches): ${est['usd_per_step_upper']['total']:.5f}")
+    if "usd_per_run" in est:
+        lines.append(f"run of {est['total_steps']} steps: ${est['usd_per_run']['total']:.4f}")
+    else:
+        lines.append("run total: pass --steps N (or use a local dataset file) to get it")
+    lines.append(f"list prices us-east-1 as of {est['prices_as_of']}; not included: the SageMaker training "
+                 "session, the ACR agent runtime, CloudWatch, data transfer")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from stepwise.config import ConfigError, load_run_config
+    from stepwise.cost import Assumptions, estimate
+
+    try:
+        cfg = load_run_config(args.config)
+    except ConfigError as e:
+        print(str(e), file=sys.stderr)
+        return EXIT_USAGE
+    a = Assumptions(turns_per_rollout=args.turns_per_rollout, seconds_per_turn=args.seconds_per_turn,
+                    gen_batches_per_step=args.gen_batches_per_step, train_seconds=args.train_seconds)
+    est = estimate(cfg, a, total_steps=total_steps(cfg, args))
+    print(json.dumps(est, indent=2) if args.json else format_estimate(est))
+    return EXIT_OK

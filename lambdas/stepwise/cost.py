@@ -1,0 +1,290 @@
+"""The per-step cost model of the serverless pipeline: Lambda, Step Functions, S3 requests.
+
+What one training step costs *in this stack* (not the SageMaker training session, the ACR
+agent, or the model's tokens -- those are billed by their own services, see docs/operating.md):
+
+- **Lambda**: GB-seconds (memory from `stepwise.functions`, durations from `Assumptions`) and
+  requests, per rollout (StartRollout, OnRolloutResult, FinishRollout, the gateway once per
+  LLM call) and per step (PlanStep, ComputeAdvantages, SubmitTrain, PollOperation, Rebind);
+- **Step Functions** (Standard): state transitions, counted by walking the deployed ASL
+  (`state_machine/training_loop.asl.json`) along a training step's path, plus each rollout
+  child's states and the Wait/Poll loops the training and rebind operations take;
+- **S3**: PUT-class (PUT, COPY, POST, LIST) and GET-class requests, counted from what the
+  handlers and the gateway do per rollout, per LLM call and per step (constants below).
+
+Eval batches (``eval_max_prompts`` rollouts every ``eval_every`` steps) are spread over the steps.
+DAPO's extra generation batches multiply the rollout part (``Assumptions.gen_batches_per_step``;
+the cap ``max_num_gen_batches`` gives the upper bound).
+
+Prices are AWS public list prices for us-east-1 (x86 Lambda, Step Functions Standard, S3
+Standard) as published on the AWS pricing pages on `PRICES_AS_OF`; they were not re-checked
+online from this machine. Free tiers are ignored. Check your region's prices.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# ---------------------------------------------------------------------------- prices (us-east-1)
+
+PRICES_AS_OF = "2025-06"
+#: Lambda x86: USD per GB-second of duration, and per request.
+LAMBDA_USD_PER_GB_SECOND = 0.0000166667
+LAMBDA_USD_PER_REQUEST = 0.20 / 1_000_000
+#: Step Functions Standard workflows: USD per state transition ($0.025 per 1,000).
+SFN_USD_PER_TRANSITION = 0.025 / 1_000
+#: S3 Standard: PUT, COPY, POST, LIST requests ($0.005 per 1,000); GET, SELECT and others ($0.0004 per 1,000).
+S3_USD_PER_PUT_CLASS = 0.005 / 1_000
+S3_USD_PER_GET_CLASS = 0.0004 / 1_000
+
+# ---------------------------------------------------------------------------- S3 requests (from the handlers)
+
+#: StartRollout: PUT task token, start marker, session record; GET state.json, prompts.json.
+S3_START_ROLLOUT = {"put": 3, "get": 2}
+#: Gateway, per LLM call: GET the session record, LIST the session's turns (turn budget), PUT the turn.
+S3_GATEWAY_TURN = {"put": 1, "list": 1, "get": 1}
+#: The agent's result object (PUT) and OnRolloutResult's GET of the task token.
+S3_RESULT = {"put": 1, "get": 1}
+#: FinishRollout: GET result and session record, PUT the closed record and the rollout record,
+#: LIST the turns; plus one GET per captured turn (``S3_FINISH_PER_TURN``).
+S3_FINISH_ROLLOUT = {"put": 2, "list": 1, "get": 2}
+S3_FINISH_PER_TURN = {"get": 1}
+#: ComputeAdvantages reads every rollout record of the batch once (``get`` per rollout, counted per rollout).
+S3_ADVANTAGES_PER_ROLLOUT = {"get": 1}
+#: Per generation batch: PlanStep (state read/write, prompts + items PUT), the Map's ItemReader GET,
+#: ComputeAdvantages (LIST rollouts, state read/write, summary PUT).
+S3_PER_GENERATION_BATCH = {"put": 5, "list": 1, "get": 4}
+#: Per trained step: SubmitTrain/PollOperation/Rebind state reads and conditional writes, datum
+#: chunks (PUT then GET, counted as 2 chunks), summary merges.
+S3_PER_TRAIN_STEP = {"put": 10, "get": 14}
+S3_PER_POLL = {"put": 1, "get": 1}
+
+# ---------------------------------------------------------------------------- the step's path in the ASL
+
+#: The branch a plain training step takes at each Choice (the loops are counted separately).
+TRAIN_STEP_CHOICES = {
+    "What comes next?": "Roll out generation batch",
+    "Train or eval batch?": "Compute advantages and filter groups",
+    "Enough groups to train?": "Submit training step",
+    "Training step done?": "Rebind sampler to new weights",
+    "Sampler rebound?": "Plan next action",
+}
+EVAL_CHOICES = {**TRAIN_STEP_CHOICES, "Train or eval batch?": "Record eval accuracy"}
+STEP_START = "Plan next action"
+TRAIN_POLL_LOOP = ("Training step done?", "Wait for training step")  # (choice, its waiting branch)
+REBIND_POLL_LOOP = ("Sampler rebound?", "Wait for sampler")
+GENERATION_BATCH_END = "Enough groups to train?"
+
+
+@dataclass(frozen=True)
+class Assumptions:
+    """What the estimate cannot know from the config; each can be set from `stepwise cost` flags.
+
+    Attributes:
+        turns_per_rollout: LLM calls per rollout (gateway invocations); capped by ``max_turns_per_rollout``.
+        seconds_per_turn: gateway Lambda duration per LLM call (render + sample + capture), seconds.
+        gen_batches_per_step: DAPO generation batches per step, on average (GRPO: 1).
+        train_seconds: wall time of a step's training operations (forward_backward, optim_step,
+            save_weights) on the session, seconds; sets how many poll rounds the loop takes.
+        rebind_seconds: wall time of load_weights_for_sampling, seconds.
+        poll_seconds / inline_wait_seconds: ``STEPWISE_POLL_SECONDS`` / ``STEPWISE_INLINE_WAIT_SECONDS``.
+        handler_seconds: mean duration per invocation of each handler, seconds.
+    """
+
+    turns_per_rollout: float = 1.0
+    seconds_per_turn: float = 5.0
+    gen_batches_per_step: float = 1.0
+    train_seconds: float = 60.0
+    rebind_seconds: float = 10.0
+    poll_seconds: float = 10.0
+    inline_wait_seconds: float = 5.0
+    handler_seconds: dict[str, float] = field(default_factory=lambda: {
+        "PlanStep": 0.5, "StartRollout": 0.5, "OnRolloutResult": 0.15, "FinishRollout": 0.6,
+        "ComputeAdvantages": 2.0, "RecordEval": 1.0,
+    })
+
+
+@dataclass
+class Usage:
+    """Billable units: Lambda GB-seconds and requests, state transitions, S3 request classes."""
+
+    lambda_gb_seconds: float = 0.0
+    lambda_requests: float = 0.0
+    state_transitions: float = 0.0
+    s3_put_class: float = 0.0
+    s3_get_class: float = 0.0
+
+    def add(self, other: "Usage", times: float = 1.0) -> "Usage":
+        for k in asdict(self):
+            setattr(self, k, getattr(self, k) + times * getattr(other, k))
+        return self
+
+    def lambda_call(self, memory_mb: int, seconds: float, times: float = 1.0) -> "Usage":
+        self.lambda_gb_seconds += times * memory_mb / 1024 * seconds
+        self.lambda_requests += times
+        return self
+
+    def s3(self, requests: dict[str, float], times: float = 1.0) -> "Usage":
+        self.s3_put_class += times * (requests.get("put", 0) + requests.get("list", 0))
+        self.s3_get_class += times * requests.get("get", 0)
+        return self
+
+    def dollars(self) -> dict[str, float]:
+        """USD per service at the list prices above, and ``total``."""
+        out = {
+            "lambda_duration": self.lambda_gb_seconds * LAMBDA_USD_PER_GB_SECOND,
+            "lambda_requests": self.lambda_requests * LAMBDA_USD_PER_REQUEST,
+            "step_functions": self.state_transitions * SFN_USD_PER_TRANSITION,
+            "s3_requests": self.s3_put_class * S3_USD_PER_PUT_CLASS + self.s3_get_class * S3_USD_PER_GET_CLASS,
+        }
+        out["total"] = sum(out.values())
+        return out
+
+
+# ---------------------------------------------------------------------------- transitions from the ASL
+
+
+def _walk(states: dict[str, Any], start: str, choices: dict[str, str], stop: str) -> list[str]:
+    """State names entered from ``start`` until ``stop`` is entered again (or a terminal state).
+
+    Raises:
+        KeyError: a state or a choice branch is not in the ASL (names it): the model is out of date.
+    """
+    path: list[str] = []
+    name = start
+    for _ in range(200):
+        if name not in states:
+            raise KeyError(f"state {name!r} is not in the ASL; update stepwise.cost's path")
+        path.append(name)
+        s = states[name]
+        if s["Type"] == "Choice":
+            if name not in choices:
+                raise KeyError(f"no branch chosen for Choice {name!r} in stepwise.cost")
+            nxt = choices[name]
+            targets = [c["Next"] for c in s.get("Choices", [])] + [s.get("Default")]
+            if nxt not in targets:
+                raise KeyError(f"Choice {name!r} has no branch to {nxt!r} (has {targets})")
+        elif s.get("End") or s["Type"] in ("Succeed", "Fail"):
+            return path
+        else:
+            nxt = s["Next"]
+        if nxt == stop:
+            return path
+        name = nxt
+    raise RuntimeError(f"no way back to {stop!r} from {start!r} in 200 states")
+
+
+def asl_step_counts(asl: dict[str, Any] | None = None) -> dict[str, int]:
+    """Transition counts read off the ASL.
+
+    Returns ``{"train_step", "eval_batch", "generation_batch", "train_poll", "rebind_poll",
+    "rollout_child"}``: a training step with no waiting, an eval batch, one extra (DAPO)
+    generation batch, one extra round of each Wait/Poll loop, and one rollout child execution.
+    """
+    if asl is None:
+        from state_machine.definition import load_asl
+
+        asl = load_asl()
+    states = asl["States"]
+    train = _walk(states, STEP_START, TRAIN_STEP_CHOICES, STEP_START)
+    evals = _walk(states, STEP_START, EVAL_CHOICES, STEP_START)
+    gen = train[: train.index(GENERATION_BATCH_END) + 1]
+    loops = {}
+    for key, (choice, wait) in (("train_poll", TRAIN_POLL_LOOP), ("rebind_poll", REBIND_POLL_LOOP)):
+        if choice not in states or wait not in states:
+            raise KeyError(f"poll loop {choice!r} -> {wait!r} is not in the ASL; update stepwise.cost")
+        loops[key] = len(_walk(states, wait, {}, choice)) + 1  # the wait branch, then the Choice again
+    mapstate = states[train[train.index("Roll out generation batch")]]
+    processor = mapstate.get("ItemProcessor") or mapstate.get("Iterator") or {}
+    child = _walk(processor["States"], processor["StartAt"], {}, "")
+    return {"train_step": len(train), "eval_batch": len(evals), "generation_batch": len(gen),
+            "train_poll": loops["train_poll"], "rebind_poll": loops["rebind_poll"], "rollout_child": len(child)}
+
+
+# ---------------------------------------------------------------------------- the estimate
+
+
+def poll_rounds(op_seconds: float, a: Assumptions) -> int:
+    """Wait/Poll rounds an operation of ``op_seconds`` takes: the submit polls inline for
+    ``inline_wait_seconds``, then each round waits ``poll_seconds`` and polls inline again."""
+    rest = max(0.0, op_seconds - a.inline_wait_seconds)
+    return math.ceil(rest / (a.poll_seconds + a.inline_wait_seconds)) if rest > 0 else 0
+
+
+def _memory() -> dict[str, int]:
+    from stepwise.functions import FUNCTIONS, GATEWAY_FUNCTION
+
+    return {f.name: f.memory_mb for f in (*FUNCTIONS, GATEWAY_FUNCTION)}
+
+
+def rollout_usage(turns: float, a: Assumptions, counts: dict[str, int], mem: dict[str, int]) -> Usage:
+    """One rollout: its child execution, three handler calls, ``turns`` gateway calls, its S3 requests."""
+    u = Usage(state_transitions=counts["rollout_child"])
+    u.lambda_call(mem["StartRollout"], a.handler_seconds["StartRollout"])
+    u.lambda_call(mem["OnRolloutResult"], a.handler_seconds["OnRolloutResult"])
+    u.lambda_call(mem["FinishRollout"], a.handler_seconds["FinishRollout"])
+    u.lambda_call(mem["Gateway"], a.seconds_per_turn, times=turns)
+    u.s3(S3_START_ROLLOUT).s3(S3_RESULT).s3(S3_FINISH_ROLLOUT).s3(S3_ADVANTAGES_PER_ROLLOUT)
+    u.s3(S3_GATEWAY_TURN, times=turns).s3(S3_FINISH_PER_TURN, times=turns)
+    return u
+
+
+def estimate(cfg: Any, a: Assumptions | None = None, *, total_steps: int | None = None,
+             asl: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The cost of one training step (and of the run when ``total_steps`` is known).
+
+    Returns a dict: ``assumptions``, ``rollouts_per_step``, ``usage_per_step`` (`Usage` fields),
+    ``usd_per_step`` (per service and total), ``usd_per_step_upper`` (DAPO at the generation-batch
+    cap; equal to the estimate for GRPO), ``total_steps`` and ``usd_per_run`` (when known),
+    ``prices_as_of``.
+    """
+    a = a or Assumptions()
+    counts = asl_step_counts(asl)
+    mem = _memory()
+    turns = min(a.turns_per_rollout, float(cfg.max_turns_per_rollout))
+    rollouts_per_batch = cfg.batch_size * cfg.responses_per_prompt
+
+    def step(gen_batches: float) -> Usage:
+        u = Usage()
+        u.add(rollout_usage(turns, a, counts, mem), times=rollouts_per_batch * gen_batches)
+        # the step's fixed path, and the extra generation batches' part of it
+        u.state_transitions += counts["train_step"] + counts["generation_batch"] * (gen_batches - 1)
+        u.lambda_call(mem["PlanStep"], a.handler_seconds["PlanStep"], times=gen_batches)
+        u.lambda_call(mem["ComputeAdvantages"], a.handler_seconds["ComputeAdvantages"], times=gen_batches)
+        u.s3(S3_PER_GENERATION_BATCH, times=gen_batches)
+        # training: submit (polls inline), Wait/Poll rounds, rebind (inline, then its own rounds)
+        train_rounds, rebind_rounds = poll_rounds(a.train_seconds, a), poll_rounds(a.rebind_seconds, a)
+        u.lambda_call(mem["SubmitTrain"], min(a.train_seconds, a.inline_wait_seconds) + 0.5)
+        u.lambda_call(mem["PollOperation"], a.inline_wait_seconds, times=train_rounds)
+        u.lambda_call(mem["Rebind"], min(a.rebind_seconds, a.inline_wait_seconds) + 0.3, times=1 + rebind_rounds)
+        u.state_transitions += counts["train_poll"] * train_rounds + counts["rebind_poll"] * rebind_rounds
+        u.s3(S3_PER_TRAIN_STEP).s3(S3_PER_POLL, times=train_rounds + rebind_rounds)
+        # evals, spread over the steps between them
+        if cfg.eval_dataset_path and cfg.eval_every > 0:
+            eval_n = cfg.eval_max_prompts or cfg.batch_size
+            share = 1.0 / cfg.eval_every
+            u.add(rollout_usage(turns, a, counts, mem), times=eval_n * share)
+            u.state_transitions += counts["eval_batch"] * share
+            u.lambda_call(mem["PlanStep"], a.handler_seconds["PlanStep"], times=share)
+            u.lambda_call(mem["RecordEval"], a.handler_seconds["RecordEval"], times=share)
+            u.s3(S3_PER_GENERATION_BATCH, times=share)
+        return u
+
+    gen = a.gen_batches_per_step if cfg.algorithm == "dapo" else 1.0
+    per_step = step(gen)
+    upper = step(float(cfg.max_num_gen_batches)) if cfg.algorithm == "dapo" else per_step
+    out: dict[str, Any] = {
+        "assumptions": {**asdict(a), "turns_per_rollout": turns},
+        "rollouts_per_step": rollouts_per_batch * gen,
+        "transition_counts": counts,
+        "usage_per_step": asdict(per_step),
+        "usd_per_step": per_step.dollars(),
+        "usd_per_step_upper": upper.dollars(),
+        "prices_as_of": PRICES_AS_OF,
+    }
+    if total_steps is not None:
+        out["total_steps"] = total_steps
+        out["usd_per_run"] = {k: v * total_steps for k, v in out["usd_per_step"].items()}
+    return out

@@ -1,0 +1,97 @@
+"""The per-step cost model: transitions read off the real ASL, linear scaling, prices, `stepwise cost`."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from cli import main
+from state_machine.definition import load_asl
+from stepwise import cost
+from stepwise.config import load_run_config
+
+BASE = {
+    "role_arn": "arn:aws:iam::123456789012:role/StepwiseSageMaker",
+    "base_model_arn": "stepwise-tiny",
+    "agent_runtime_arn": "arn:aws:bedrock-agentcore:us-east-1:123456789012:runtime/toy_agent",
+    "dataset_path": "s3://bkt/train.jsonl",
+    "batch_size": 4,
+    "responses_per_prompt": 2,
+}
+
+
+def test_transition_counts_follow_the_deployed_asl():
+    counts = cost.asl_step_counts()
+    states = load_asl()["States"]
+    # a training step visits each state of its path once; the rollout child has its own states
+    assert counts["train_step"] == len(cost._walk(states, cost.STEP_START, cost.TRAIN_STEP_CHOICES, cost.STEP_START))
+    assert counts["rollout_child"] == len(states["Roll out generation batch"]["ItemProcessor"]["States"])
+    assert counts["train_poll"] == 3 and counts["rebind_poll"] == 3  # Wait, Check/Rebind, the Choice again
+    assert counts["generation_batch"] < counts["train_step"] and counts["eval_batch"] < counts["train_step"]
+
+
+def test_a_renamed_state_breaks_the_model_loudly():
+    asl = copy.deepcopy(load_asl())
+    asl["States"]["Submit the step"] = asl["States"].pop("Submit training step")
+    with pytest.raises(KeyError, match="Submit training step"):
+        cost.asl_step_counts(asl)
+
+
+def test_rollout_part_scales_with_rollouts_and_turns():
+    a = cost.Assumptions(turns_per_rollout=2)
+    small = cost.estimate(load_run_config(BASE), a)
+    big = cost.estimate(load_run_config({**BASE, "responses_per_prompt": 4}), a)
+    counts, mem = cost.asl_step_counts(), cost._memory()
+    one = cost.rollout_usage(2, a, counts, mem)
+    extra = 4 * 2  # 8 more rollouts
+    for k in ("lambda_gb_seconds", "lambda_requests", "state_transitions", "s3_put_class", "s3_get_class"):
+        assert big["usage_per_step"][k] == pytest.approx(small["usage_per_step"][k] + extra * getattr(one, k))
+    # per rollout: 3 handlers + 2 gateway calls; the gateway's GB-s = 2048 MB x 5 s per call
+    assert one.lambda_requests == 5
+    assert one.lambda_gb_seconds == pytest.approx(0.5 * 0.5 + 0.25 * 0.15 + 1.0 * 0.6 + 2 * 2.0 * 5.0)
+    assert one.state_transitions == counts["rollout_child"]
+
+
+def test_prices_turn_units_into_dollars():
+    u = cost.Usage(lambda_gb_seconds=1_000_000, lambda_requests=1_000_000, state_transitions=1000,
+                   s3_put_class=1000, s3_get_class=1000)
+    usd = u.dollars()
+    assert usd["lambda_duration"] == pytest.approx(16.6667)
+    assert usd["lambda_requests"] == pytest.approx(0.20)
+    assert usd["step_functions"] == pytest.approx(0.025)
+    assert usd["s3_requests"] == pytest.approx(0.0054)
+    assert usd["total"] == pytest.approx(16.6667 + 0.20 + 0.025 + 0.0054)
+
+
+def test_training_wait_adds_poll_rounds():
+    a = cost.Assumptions()
+    assert cost.poll_rounds(5, a) == 0 and cost.poll_rounds(20, a) == 1 and cost.poll_rounds(21, a) == 2
+    cfg = load_run_config(BASE)
+    fast = cost.estimate(cfg, cost.Assumptions(train_seconds=5))["usage_per_step"]
+    slow = cost.estimate(cfg, cost.Assumptions(train_seconds=65))["usage_per_step"]
+    assert slow["state_transitions"] - fast["state_transitions"] == 4 * 3
+
+
+def test_dapo_upper_bound_and_eval_share():
+    dapo = load_run_config({**BASE, "algorithm": "dapo", "max_num_gen_batches": 5})
+    est = cost.estimate(dapo)
+    assert est["usd_per_step_upper"]["total"] > 3 * est["usd_per_step"]["total"]  # 5 generation batches
+    with_eval = load_run_config({**BASE, "eval_dataset_path": "s3://bkt/e.jsonl", "eval_every": 2, "eval_max_prompts": 8})
+    plain = cost.estimate(load_run_config(BASE))
+    assert cost.estimate(with_eval)["usage_per_step"]["lambda_requests"] > plain["usage_per_step"]["lambda_requests"]
+
+
+def test_cost_command(tmp_path, capsys):
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps({"payload": {"q": i}}) + "\n" for i in range(10)))
+    cfg = tmp_path / "run.json"
+    cfg.write_text(json.dumps({**BASE, "dataset_path": str(train), "epochs": 3}))
+    assert main(["cost", str(cfg), "--json"]) == 0
+    est = json.loads(capsys.readouterr().out)
+    assert est["total_steps"] == 6  # 10 rows // 4 = 2 steps x 3 epochs
+    assert est["usd_per_run"]["total"] == pytest.approx(6 * est["usd_per_step"]["total"])
+    assert main(["cost", str(cfg), "--steps", "100"]) == 0
+    out = capsys.readouterr().out
+    assert "run of 100 steps" in out and "not included: the SageMaker training session" in out
