@@ -12,9 +12,8 @@ transformers or the SageMaker SDK change under us, that test fails first.
    ``tokenizer.parse_response(text, schema=<legacy response_schema>)``; transformers 5.13
    replaced that format with ``response_template`` plus a required ``prefix=``, so every
    turn would degrade to raw, ill-formed text (end-of-turn token included, no tool calls).
-   :func:`adapt_tokenizer` routes those calls to TRL's new-style template for the same
-   chat template, with the template's generation prefix, restoring the toolkit's intended
-   parse.
+   :func:`adapt_tokenizer` evaluates the toolkit's legacy schemas itself
+   (``response_schema.py``), restoring the toolkit's intended parse.
 3. SageMaker SDK ``SamplingClient._retire``: a directly constructed client owns a
    background submitter thread; retiring it when it leaves our cache stops the thread.
 """
@@ -92,48 +91,33 @@ def make_session(sampling_defaults: dict, max_context_tokens: int) -> Session:
 
 
 def _needs_parse_shim() -> bool:
-    from packaging.version import Version
     import transformers
+    from packaging.version import Version
 
     return Version(transformers.__version__) >= Version("5.13.0.dev0")
 
 
-def generation_prefix(tokenizer: Any, chat_template_kwargs: dict | None = None) -> str:
-    """Text the chat template writes after the last message when asked for a generation
-    prompt (e.g. ``<|im_start|>assistant\\n``): the ``prefix=`` transformers' parser needs."""
-    kwargs = {k: v for k, v in (chat_template_kwargs or {}).items() if k != "tokenizer_kwargs"}
-    probe = [{"role": "user", "content": "x"}]
-    with_prompt = tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=True, **kwargs)
-    without = tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=False, **kwargs)
-    return with_prompt[len(without) :] if with_prompt.startswith(without) else ""
-
-
 def adapt_tokenizer(tokenizer: Any, chat_template_kwargs: dict | None = None) -> Any:
-    """Return ``tokenizer`` with ``parse_response`` usable by toolkit 0.2.0's renderer.
+    """Return ``tokenizer`` with a ``parse_response`` that understands the toolkit's legacy
+    response schemas (evaluated by :mod:`stepwise.gateway.response_schema`).
 
-    A no-op on transformers < 5.13 or for chat templates TRL has no response template for
-    (the toolkit then takes its two-stage parse path, which never calls parse_response).
-    Mutates and returns the same object, so the reference gateway in tests can share it.
+    A no-op on transformers < 5.13, whose own parser reads that format. Any other call
+    (a new-style template, no schema) goes to the tokenizer's own method. Mutates and
+    returns the same object, so a reference gateway in tests can share it.
+    ``chat_template_kwargs`` is accepted for symmetry with the renderer; parsing needs none.
     """
     if not _needs_parse_shim() or getattr(tokenizer, "_stepwise_parse_shim", False):
         return tokenizer
-    from trl.chat_template_utils import add_response_schema
+    from .response_schema import parse_with_schema
 
-    try:
-        add_response_schema(tokenizer)
-    except ValueError:
-        return tokenizer
-    prefix = generation_prefix(tokenizer, chat_template_kwargs)
-    new_style = tokenizer.parse_response
+    original = tokenizer.parse_response
 
-    def parse_response(response: Any, schema: dict | None = None, *, prefix: Any = None, tools: Any = None) -> Any:
-        # The toolkit passes its vendored legacy schema; the tokenizer's response_template
-        # (set above, for the same template) is its new-style equivalent.
-        if schema is not None and "x-regex" in schema:
-            schema = None
-        return new_style(response, schema, prefix=prefix_text if prefix is None else prefix, tools=tools)
+    def parse_response(response: Any, schema: dict | None = None, **kwargs: Any) -> Any:
+        if isinstance(schema, dict) and "x-regex" in schema:
+            text = response if isinstance(response, str) else tokenizer.decode(response, skip_special_tokens=False)
+            return parse_with_schema(text, schema)
+        return original(response, schema, **kwargs)
 
-    prefix_text = prefix
     tokenizer.parse_response = parse_response
     tokenizer._stepwise_parse_shim = True
     return tokenizer

@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 import os
 import sys
+import threading
 from types import SimpleNamespace
 from typing import Any
 
@@ -56,11 +57,21 @@ def default_port(env: dict[str, str] | None = None) -> int:
     return int(env.get("AWS_LWA_PORT") or env.get("PORT") or 8080)
 
 
+def _warm_imports() -> None:
+    """Import transformers' tokenizer machinery off the request path (the first turn of a
+    container would otherwise pay ~2 s for it; more where torch is installed)."""
+    try:
+        from transformers import AutoTokenizer  # noqa: F401
+    except Exception:  # the first turn will report it
+        pass
+
+
 async def _serve(host: str, port: int) -> None:
     from agentcore_rl_toolkit.rollout_gateway.server import FilteredAccessLogger
 
     from .app import build_app
 
+    threading.Thread(target=_warm_imports, name="warm-imports", daemon=True).start()
     runner = web.AppRunner(build_app(), handler_cancellation=True, access_log_class=FilteredAccessLogger)
     await runner.setup()
     site = web.TCPSite(runner, host=host, port=port)
