@@ -129,6 +129,15 @@ def test_refusals_never_reach_the_simulator(stack):
     assert _samples(sim) == before
 
 
+def test_a_request_the_sampler_rejects_is_a_400_with_its_reason(stack):
+    s3, sim, gw, name = stack
+    sid, _ = _session(stack)
+    client = openai.OpenAI(base_url=gw.base_url, api_key=sid, max_retries=0)
+    with pytest.raises(openai.BadRequestError, match="512"):
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "1"}], max_tokens=30)
+    assert turn_objects(s3.client, RUN, sid) == {}
+
+
 def test_multi_turn_conversation_replays_to_the_in_process_records(stack):
     s3, sim, gw, name = stack
     sid, record = _session(stack)

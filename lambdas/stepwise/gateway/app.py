@@ -32,7 +32,7 @@ from typing import Any
 
 from aiohttp import web
 from aws_lambda_powertools import Logger
-from botocore.exceptions import ClientError
+from botocore.exceptions import ClientError, ParamValidationError
 
 from agentcore_rl_toolkit.rollout_gateway.adapters.anthropic import AnthropicAdapter
 from agentcore_rl_toolkit.rollout_gateway.adapters.common import sid_from_bearer
@@ -96,6 +96,7 @@ class RequestScope:
     """Everything one turn request needs from its session, visible to the seams."""
 
     sid: str
+    protocol: Protocol
     record: SessionRecord
     adapter_session: Any
     renderer: Any
@@ -140,11 +141,24 @@ class _TimedBackend:
         t0 = time.perf_counter()
         try:
             return await self.inner.generate(**kwargs)
+        except ParamValidationError as e:  # e.g. maxTokens below the service's 512 floor
+            raise _bad_request(f"the sampler rejected the request: {e}") from e
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") != "ValidationException":
+                raise
+            raise _bad_request(f"the sampler rejected the request: {e.response['Error'].get('Message', e)}") from e
         finally:
             scope = current_scope()
             if scope is not None:
                 scope.sample_seconds += time.perf_counter() - t0
                 scope.samples += 1
+
+
+def _bad_request(message: str) -> web.HTTPBadRequest:
+    scope = current_scope()
+    protocol = scope.protocol if scope is not None else "openai"
+    payload = error_response(protocol, 400, "invalid_request_error", message).body
+    return web.HTTPBadRequest(body=payload, content_type="application/json")
 
 
 class _ScopedSid:
@@ -335,6 +349,7 @@ def build_app(
                 return refuse(protocol, 429, "rate_limit_error", over)
             scope = RequestScope(
                 sid=sid,
+                protocol=protocol,
                 record=record,
                 adapter_session=_toolkit.make_session(record.sampling_defaults, record.max_context_tokens),
                 renderer=await renderers.get(record),

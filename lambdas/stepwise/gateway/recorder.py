@@ -18,7 +18,7 @@ from typing import Any
 
 from agentcore_rl_toolkit.rollout_gateway.trajectory import TurnRecord
 
-from .session import SessionRecord, turn_key
+from .session import SessionRecord, sid_digest, turn_key
 
 
 def turn_body(
@@ -88,6 +88,8 @@ class S3TurnRecorder:
             return
         scope = self._current_scope()
         record = scope.record if scope is not None and scope.sid == sid else self._record_for(sid)
+        if record is None:
+            raise ValueError(f"no session record for the turn being recorded (sid digest {sid_digest(sid)})")
         now_ns = time.time_ns()
         body = turn_body(
             sid,

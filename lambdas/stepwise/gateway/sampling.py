@@ -43,7 +43,9 @@ class SdkSamplerFactory:
         import boto3
         from botocore.config import Config
 
-        region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-west-2"
+        region = region or os.environ.get("AWS_REGION") or boto3.session.Session().region_name
+        if not region:
+            raise ValueError("no region for the sampler: set the session record's 'region' or AWS_REGION")
         with self._lock:
             client = self._runtimes.get(region)
             if client is None:

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 Protocol = Literal["openai", "anthropic"]
 
 _PositiveInt = Annotated[int, Field(strict=True, ge=1)]
-_Temperature = Annotated[float, Field(strict=True, ge=0.0, le=100.0)]
+_Temperature = Annotated[float, Field(strict=True, ge=0.0, le=2.0)]  # the sampling service accepts 0..2
 _TopP = Annotated[float, Field(strict=True, gt=0.0, le=1.0)]
 _TopK = Annotated[int, Field(strict=True, ge=-1)]
 _Bool = Annotated[bool, Field(strict=True)]
