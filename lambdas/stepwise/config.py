@@ -136,15 +136,15 @@ class RunConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, strict=True, allow_inf_nan=False)
 
     # --- SageMaker / model ---
-    region: str = "us-east-1"
+    region: str = Field("us-east-1", description="AWS region of the training session (and its SageMaker calls)")
     role_arn: str = Field(description="IAM role SageMaker assumes for the training session")
     base_model_arn: str = Field(
         description="hub-content ARN of the base model, or a hub model name/id from ServiceClient.list_base_models()"
     )
     s3_output_path: str = Field("", description="s3:// prefix for checkpoints; '' = the SDK's default")
     model_package_group_arn: str = Field("", description="model package group for checkpoints; '' = the SDK's default")
-    lora_rank: int = Field(32, ge=1, le=1024)
-    lora_alpha: int = Field(64, ge=1)
+    lora_rank: int = Field(32, ge=1, le=1024, description="LoRA rank of the trained adapter")
+    lora_alpha: int = Field(64, ge=1, description="LoRA alpha (scaling) of the trained adapter")
     resume_from_model_package: str = Field(
         "", description="model package ARN of a save_state checkpoint to resume from (weights + optimizer); '' = fresh"
     )
@@ -172,16 +172,20 @@ class RunConfig(BaseModel):
     )
 
     # --- RL training ---
-    algorithm: Literal["grpo", "dapo"] = "grpo"
+    algorithm: Literal["grpo", "dapo"] = Field(
+        "grpo", description="grpo: train on every group; dapo: dynamic sampling keeps only groups whose rewards differ"
+    )
     batch_size: int = Field(32, ge=1, description="prompts (groups) per optimizer step")
     responses_per_prompt: int = Field(4, ge=2, description="group size; a group of 1 has zero advantage")
-    learning_rate: float = Field(1e-5, gt=0, le=1.0)
-    max_context_tokens: int = Field(32768, ge=1)
-    max_new_tokens: int = Field(2048, ge=1)
-    temperature: float = Field(1.0, ge=0)
-    epochs: int = Field(1, ge=1)
+    learning_rate: float = Field(1e-5, gt=0, le=1.0, description="Adam learning rate of optim_step")
+    max_context_tokens: int = Field(32768, ge=1, description="prompt + completion tokens one LLM call may use")
+    max_new_tokens: int = Field(2048, ge=1, description="tokens one LLM call may sample (default max_tokens)")
+    temperature: float = Field(1.0, ge=0, description="sampling temperature of training rollouts")
+    epochs: int = Field(1, ge=1, description="passes over the (first max_prompts) training prompts")
     save_every: int = Field(-1, ge=-1, description="save_state every N steps (N > 0); -1 or 0 = only at the end")
-    loss: Literal["ppo", "importance_sampling", "cispo"] = "ppo"
+    loss: Literal["ppo", "importance_sampling", "cispo"] = Field(
+        "ppo", description="forward_backward loss function of the training session"
+    )
     clip_low_threshold: float | None = Field(None, description="ratio clip low bound, 0..1 (ppo/cispo loss_fn_config)")
     clip_high_threshold: float | None = Field(
         None, description="ratio clip high bound, 1..10 (ppo/cispo loss_fn_config); DAPO's Clip-Higher"
@@ -191,7 +195,7 @@ class RunConfig(BaseModel):
     )
     overlong_buffer_len: int = Field(0, ge=0, description="DAPO overlong shaping buffer L_cache in tokens; 0 = off")
     overlong_penalty_factor: float = Field(1.0, ge=0, description="DAPO overlong shaping scale")
-    save_weights_at_end: bool = False
+    save_weights_at_end: bool = Field(False, description="also save sampler weights (save_weights) at the end")
     train_op_timeout: float = Field(600.0, gt=0, description="seconds to wait on each training operation")
     seed: int = Field(0, ge=0, description="seed for randomness the pipeline adds (sampler seeds); data order is file order")
     steps_per_execution: int = Field(20, ge=1, description="continue as a new execution every N steps")
@@ -201,10 +205,10 @@ class RunConfig(BaseModel):
     max_prompts: int = Field(0, ge=0, description="use only the first N prompts; 0 = all")
 
     # --- Evaluation ---
-    eval_dataset_path: str = ""
+    eval_dataset_path: str = Field("", description="Parquet or JSONL eval prompts (one rollout each); '' = no eval")
     eval_every: int = Field(0, ge=0, description="eval every N steps; 0 = only at the end")
     eval_max_prompts: int = Field(200, ge=0, description="first N eval prompts; 0 = all")
-    eval_temperature: float = Field(0.0, ge=0)
+    eval_temperature: float = Field(0.0, ge=0, description="sampling temperature of eval rollouts")
 
     # --- Bookkeeping ---
     exp_id: str = Field(
