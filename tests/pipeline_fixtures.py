@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 TINY_MODEL = REPO / "local" / "assets" / "tiny-model"
 BUCKET = "stepwise-pipeline-test"
-REGION = "us-west-2"
+REGION = "us-east-1"  # the local engine's region: Lambdas talk to the state machine's region
 AGENT_ARN = "arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/toy_agent-abc"
 
 
@@ -25,23 +27,18 @@ class Stack:
     """moto server + simulator, with the environment every handler reads."""
 
     def __init__(self) -> None:
-        from moto.server import ThreadedMotoServer
-
+        from local import engine
         from local.simulator import start_simulator
 
+        # The project's moto seam: S3, Step Functions (executing) and Lambda dispatched in-process.
+        self.moto = engine.MotoServer().start()
         self.mp = pytest.MonkeyPatch()
-        for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                     "AWS_DEFAULT_REGION": REGION, "AWS_REGION": REGION}.items():
-            self.mp.setenv(k, v)
-        self.moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-        self.moto.start()
-        host, port = self.moto.get_host_and_port()
-        self.endpoint = f"http://{host}:{port}"
+        self.endpoint = self.moto.endpoint
         self.sim = start_simulator()
         env = dict(self.sim.env)
         env.update({
-            "AWS_ENDPOINT_URL_S3": self.endpoint,
-            "AWS_ENDPOINT_URL_SFN": self.endpoint,
+            "AWS_DEFAULT_REGION": REGION,
+            "AWS_REGION": REGION,
             "STEPWISE_BUCKET": BUCKET,
             "STEPWISE_GATEWAY_URL": "http://127.0.0.1:9/gateway",
             "STEPWISE_POLL_SECONDS": "1",
@@ -52,7 +49,7 @@ class Stack:
             self.mp.setenv(k, v)
         self.s3 = boto3.client("s3", region_name=REGION)
         try:  # moto's backends are process-wide: an earlier module may have made it
-            self.s3.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": REGION})
+            self.s3.create_bucket(Bucket=BUCKET)
         except self.s3.exceptions.BucketAlreadyOwnedByYou:
             pass
         from stepwise.handlers import _common
@@ -61,8 +58,8 @@ class Stack:
 
     def stop(self) -> None:
         self.sim.stop()
-        self.moto.stop()
         self.mp.undo()
+        self.moto.stop()
 
     # ------------------------------------------------------------------ data and config
 
@@ -170,5 +167,82 @@ def roll_out_batch(stack: Stack, run_id: str, plan: dict[str, Any], rewards: lis
     return outs
 
 
-def env_snapshot() -> dict[str, str]:
-    return dict(os.environ)
+class FakeAgent:
+    """InvokeAgentRuntime on loopback: answers "processing", then writes a turn and a result.
+
+    The first rollout of each prompt (``input_id``) to finish gets reward 1.0, the others 0.0,
+    so every group has signal.
+    """
+
+    def __init__(self) -> None:
+        agent = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a):  # quiet
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                sid = self.headers["X-Amzn-Bedrock-AgentCore-Runtime-Session-Id"]
+                if agent.throttle > 0:  # like ACR above its rate: 429 ThrottlingException
+                    agent.throttle -= 1
+                    err = json.dumps({"message": "Rate exceeded"}).encode()
+                    self.send_response(429)
+                    self.send_header("X-Amzn-ErrorType", "ThrottlingException")
+                    self.send_header("Content-Length", str(len(err)))
+                    self.end_headers()
+                    self.wfile.write(err)
+                    return
+                agent.visible_at_invoke[sid] = agent.visible(body, sid)
+                agent.invocations.append(body)
+                out = json.dumps({"status": "processing"}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+                threading.Thread(target=agent.finish, args=(body, sid), daemon=True).start()
+
+        self.invocations: list[dict] = []
+        self.throttle = 0
+        self.write_results = True
+        self.visible_at_invoke: dict[str, dict[str, bool]] = {}
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @staticmethod
+    def visible(body: dict, sid: str) -> dict[str, bool]:
+        """Which of the rollout's objects exist when the agent is invoked."""
+        ro = body["_rollout"]
+        run_id = ro["exp_id"].split("/", 1)[1]
+        s3 = boto3.client("s3")
+        keys = {"session": f"sessions/{sid}.json", "task_token": f"runs/{run_id}/sessions/{sid}/task_token.json"}
+        out = {}
+        for name, key in keys.items():
+            try:
+                s3.head_object(Bucket=ro["s3_bucket"], Key=key)
+                out[name] = True
+            except Exception:
+                out[name] = False
+        return out
+
+    def finish(self, body: dict, sid: str) -> None:
+        if not self.write_results:
+            return
+        ro = body["_rollout"]
+        run_id = ro["exp_id"].split("/", 1)[1]
+        s3 = boto3.client("s3")
+        turn = captured_turn(sid, [1, 2, 3], [20, 21, 22], [-0.3, -0.2, -0.1])
+        s3.put_object(Bucket=ro["s3_bucket"], Key=f"runs/{run_id}/sessions/{sid}/turns/{time.time_ns():020d}-{uuid.uuid4().hex}.json",
+                      Body=json.dumps(turn).encode())
+        with self._lock:
+            reward = 0.0 if ro["input_id"] in self._seen else 1.0
+            self._seen.add(ro["input_id"])
+        s3.put_object(Bucket=ro["s3_bucket"], Key=f"{ro['exp_id']}/{ro['input_id']}/{sid}.json",
+                      Body=json.dumps({"rewards": reward, "status_code": 200}).encode())
+
+    def stop(self) -> None:
+        self.server.shutdown()

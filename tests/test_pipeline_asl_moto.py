@@ -10,63 +10,13 @@ stack with real agents and the real gateway is the e2e test (tests/test_e2e_*.py
 from __future__ import annotations
 
 import json
-import threading
 import time
-import urllib.parse
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-import boto3
 import pytest
-from pipeline_fixtures import AGENT_ARN, TINY_MODEL, captured_turn
+from pipeline_fixtures import AGENT_ARN, TINY_MODEL, FakeAgent
 
 BUCKET = "stepwise-asl-test"
-
-
-class FakeAgent:
-    """InvokeAgentRuntime on loopback: answers "processing", then writes a turn and a result.
-
-    The reward is 1.0 for even members of a group and 0.0 for odd ones, so every group has signal.
-    """
-
-    def __init__(self) -> None:
-        agent = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *a):  # quiet
-                pass
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                sid = self.headers["X-Amzn-Bedrock-AgentCore-Runtime-Session-Id"]
-                agent.invocations.append(body)
-                out = json.dumps({"status": "processing"}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(out)))
-                self.end_headers()
-                self.wfile.write(out)
-                threading.Thread(target=agent.finish, args=(body, sid), daemon=True).start()
-
-        self.invocations: list[dict] = []
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def finish(self, body: dict, sid: str) -> None:
-        ro = body["_rollout"]
-        run_id = ro["exp_id"].split("/", 1)[1]
-        s3 = boto3.client("s3")
-        turn = captured_turn(sid, [1, 2, 3], [20, 21, 22], [-0.3, -0.2, -0.1])
-        s3.put_object(Bucket=ro["s3_bucket"], Key=f"runs/{run_id}/sessions/{sid}/turns/{time.time_ns():020d}-{uuid.uuid4().hex}.json",
-                      Body=json.dumps(turn).encode())
-        reward = float(len(self.invocations) % 2)
-        # A key with characters S3 URL-encodes in notifications (the toolkit writes input ids verbatim).
-        s3.put_object(Bucket=ro["s3_bucket"], Key=f"{ro['exp_id']}/{ro['input_id']}/{sid}.json",
-                      Body=json.dumps({"rewards": reward, "status_code": 200}).encode())
-
-    def stop(self) -> None:
-        self.server.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,106 @@
+"""StartRollout / OnRolloutResult / FinishRollout against moto's Step Functions engine and S3.
+
+StartRollout runs as the callback task of a real (moto) execution; the agent side of
+InvokeAgentRuntime is the loopback `FakeAgent`. OnRolloutResult gets the S3 event as S3 sends
+it: object keys URL-encoded.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.parse
+
+import pytest
+from pipeline_fixtures import BUCKET, FakeAgent, Stack, init_run, run_ref, wait_ready
+
+from state_machine.definition import load_asl
+from stepwise.handlers._common import RunEvent
+from stepwise.handlers.plan import plan
+from stepwise.handlers.rollout import AgentRuntimeThrottled, StartEvent, on_result, start
+
+
+@pytest.fixture(scope="module")
+def env():
+    from local import engine
+
+    stack = Stack()
+    agent = FakeAgent()
+    agent.write_results = False  # the tests deliver results themselves
+    stack.mp.setenv("AWS_ENDPOINT_URL_BEDROCK_AGENTCORE", agent.url)
+    arns = engine.create_functions(stack.moto, prefix="rollout-test")
+    # The rollout child's callback task, exactly as the ASL has it, as a one-state machine.
+    task = dict(load_asl()["States"]["Roll out generation batch"]["ItemProcessor"]["States"]["Start rollout"])
+    task.pop("Catch")
+    task.pop("Next")
+    task["End"] = True
+    text = json.dumps({"StartAt": "Start rollout", "States": {"Start rollout": task}})
+    text = text.replace("${StartRolloutFunctionArn}", arns["StartRollout"])
+    sm = engine.create_state_machine(stack.moto, "rollout-test", text)
+    # A run id with characters S3 URL-encodes in event keys ('=', '+', '@' are legal in execution names).
+    run_id = f"exp=1+a@b-{int(time.time())}"
+    init_run(stack, run_id, stack.config())
+    assert wait_ready(run_id)["ready"]
+    p = plan(RunEvent.model_validate({"run": run_ref(run_id)}))
+    items = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=p["items_key"])["Body"].read())
+    yield stack, agent, sm, run_id, p, items
+    agent.stop()
+    stack.stop()
+
+
+def _s3_event(key: str) -> dict:
+    return {"Records": [{"eventSource": "aws:s3", "eventName": "ObjectCreated:Put",
+                         "s3": {"bucket": {"name": BUCKET}, "object": {"key": urllib.parse.quote_plus(key, safe="/")}}}]}
+
+
+def _wait_for(pred, timeout: float = 20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError("timed out")
+
+
+def test_start_rollout_opens_the_session_and_stores_the_token_before_invoking(env):
+    stack, agent, sm, run_id, p, items = env
+    sfn = stack.moto.client("stepfunctions")
+    item = items[1]
+    arn = sfn.start_execution(stateMachineArn=sm, input=json.dumps({"run": run_ref(run_id), "batch": p["batch"], "item": item}))["executionArn"]
+    body = _wait_for(lambda: next((b for b in agent.invocations if b["_rollout"]["input_id"] == item["input_id"]), None))
+    ro = body["_rollout"]
+    sid = ro["api_key"]
+    assert agent.visible_at_invoke[sid] == {"session": True, "task_token": True}
+    assert ro["exp_id"] == f"rollout-results/{run_id}" and ro["s3_bucket"] == BUCKET and ro["model_id"] == "stepwise-tiny"
+    assert ro["sampling_params"] == {"temperature": 1.0, "max_tokens": 8}
+    assert body["prompt"] == "What digit comes after 0?"  # the dataset row's payload, by reference from S3
+    record = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=f"sessions/{sid}.json")["Body"].read())
+    assert record["run_id"] == run_id and record["closed"] is False and record["sampler_model_package_arn"] == ""
+    assert record["max_turns"] == 64 and record["deadline"] > time.time()
+
+    # The agent's result arrives; S3 sends its key URL-encoded.
+    key = f"rollout-results/{run_id}/{item['input_id']}/{sid}.json"
+    stack.s3.put_object(Bucket=BUCKET, Key=key, Body=json.dumps({"rewards": 1.0}).encode())
+    assert "%" in _s3_event(key)["Records"][0]["s3"]["object"]["key"]
+    assert on_result(_s3_event(key)) == {"resumed": 1, "ignored": 0}
+    done = _wait_for(lambda: (d := sfn.describe_execution(executionArn=arn))["status"] != "RUNNING" and d)
+    assert done["status"] == "SUCCEEDED"
+    assert json.loads(done["output"])["result"] == {"sid": sid, "result_key": key}
+
+    # Duplicate and late notifications are harmless; unknown sessions are ignored.
+    assert on_result(_s3_event(key)) == {"resumed": 0, "ignored": 1}
+    assert on_result(_s3_event(f"rollout-results/{run_id}/{item['input_id']}/no-such-sid.json")) == {"resumed": 0, "ignored": 1}
+    assert on_result(_s3_event("rollout-results/not-a-result-key")) == {"resumed": 0, "ignored": 1}
+
+
+def test_throttled_invokes_raise_the_error_the_state_machine_retries(env):
+    stack, agent, sm, run_id, p, items = env
+    agent.throttle = 10  # ACR keeps refusing: after botocore's few retries, the state machine's Retry takes over
+    event = StartEvent.model_validate({"task_token": "t", "run": run_ref(run_id), "batch": p["batch"], "item": items[0]})
+    with pytest.raises(AgentRuntimeThrottled):
+        start(event)
+    retry = load_asl()["States"]["Roll out generation batch"]["ItemProcessor"]["States"]["Start rollout"]["Retry"][0]
+    assert AgentRuntimeThrottled.__name__ in retry["ErrorEquals"]
+    assert 10 - agent.throttle <= 3  # no long in-Lambda retry loop: pacing belongs to the state machine
+    agent.throttle = 0
