@@ -243,7 +243,8 @@ class SessionDirectory:
             self._run_ids.popitem(last=False)
 
     async def lookup(self, sid: str) -> tuple[SessionRecord | None, TurnUsage | None]:
-        """Record and usage; the listing runs alongside the read when the sid's run is known."""
+        """Record and usage; the listing runs alongside the read when the sid's run is known,
+        and not at all for a session without a turn cap or token budget."""
         run_id = self.known_run_id(sid)
         if run_id is not None:
             record, usage = await asyncio.gather(
@@ -254,6 +255,8 @@ class SessionDirectory:
         record = await asyncio.to_thread(self.record, sid)
         if record is None:
             return None, None
+        if not (record.max_turns or record.max_total_tokens):
+            return record, TurnUsage(0, 0)
         return record, await asyncio.to_thread(self.usage, record.run_id, sid)
 
 
