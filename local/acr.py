@@ -86,7 +86,7 @@ class Faults:
 class AgentProcess:
     """One agent app served in its own process on an inherited loopback socket."""
 
-    def __init__(self, spec: str, env: dict[str, str]):
+    def __init__(self, spec: str, env: dict[str, str], log_path: str | None = None):
         self.spec = spec
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -94,10 +94,13 @@ class AgentProcess:
         sock.listen(128)
         self.port = sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
+        self._log = open(log_path, "ab") if log_path else None  # noqa: SIM115 (closed in stop)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "local.agents.serve", spec, "--fd", str(sock.fileno())],
             env=env,
             pass_fds=(sock.fileno(),),
+            stdout=self._log,
+            stderr=subprocess.STDOUT if self._log else None,
         )
         sock.close()  # the child holds its own copy
 
@@ -125,6 +128,8 @@ class AgentProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
+        if self._log is not None:
+            self._log.close()
 
 
 @dataclass
@@ -152,10 +157,13 @@ class AcrEmulator:
         tps_limit: invokes per second per runtime before ThrottlingException; None = no limit.
         faults: faults armed at start-up.
         agent_env: extra environment for the agent processes (e.g. the moto S3 endpoint).
+        log_dir: where each agent's output goes (``agent-NAME.log``); None = inherit.
     """
 
     def __init__(self, agents: dict[str, str] | None = None, *, tps_limit: float | None = None,
-                 faults: Faults | None = None, agent_env: dict[str, str] | None = None, autostart: bool = True):
+                 faults: Faults | None = None, agent_env: dict[str, str] | None = None, autostart: bool = True,
+                 log_dir: str | None = None):
+        self.log_dir = log_dir
         self._specs = dict(agents or {})
         self.tps_limit = tps_limit
         self.faults = faults or Faults()
@@ -266,7 +274,10 @@ class AcrEmulator:
                 except ValueError:
                     return None
             env = {**os.environ, **self.agent_env}
-            agent = AgentProcess(spec, env)
+            log_path = None
+            if self.log_dir:
+                log_path = os.path.join(self.log_dir, f"agent-{spec.split(':')[0].rsplit('.', 1)[-1]}.log")
+            agent = AgentProcess(spec, env, log_path)
             try:
                 agent.wait_ready()
             except RuntimeError:

@@ -22,12 +22,13 @@ _LISTENING = re.compile(r"listening on (http://127\.0\.0\.1:\d+)")
 class GatewayProcess:
     """A running gateway process. ``url`` is its base (agents use ``url + "/v1"``)."""
 
-    def __init__(self, env: dict[str, str], *, timeout: float = 60.0):
+    def __init__(self, env: dict[str, str], *, timeout: float = 60.0, log_path: str | None = None):
+        self._log = open(log_path, "a") if log_path else None  # noqa: SIM115 (closed in stop)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "stepwise.gateway", "--host", "127.0.0.1", "--port", "0"],
             env={**os.environ, **env},
             stdout=subprocess.PIPE,
-            stderr=None,
+            stderr=self._log,
             text=True,
         )
         lines: queue.Queue[str] = queue.Queue()
@@ -53,7 +54,10 @@ class GatewayProcess:
             if not self.url:
                 lines.put(line)
             else:
-                sys.stdout.write(line)
+                try:
+                    (self._log or sys.stdout).write(line)
+                except ValueError:  # log closed while stopping
+                    return
 
     def healthy(self) -> bool:
         try:
@@ -70,3 +74,5 @@ class GatewayProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
+        if self._log is not None:
+            self._log.close()

@@ -21,6 +21,8 @@ and cause are printed), 130 on Ctrl-C.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import logging
 import os
@@ -122,6 +124,71 @@ def upload_datasets(cfg: dict[str, Any], *, s3: Any, bucket: str, run_id: str, c
 # --------------------------------------------------------------------------------------
 
 
+class SimulatorProcess:
+    """The simulator in its own process (``stepwise simulator --port 0``), so the tiny model's
+    torch work runs beside, not inside, the process that hosts moto and the handlers.
+
+    Same surface as ``local.simulator.SimulatorHandle`` where the runner needs it: ``url``,
+    ``env``, ``counters`` and ``session_statuses`` (read from ``/_simulator/state``), ``stop()``.
+    """
+
+    def __init__(self, *, region: str, log_path: Path | None = None, options: dict[str, Any] | None = None,
+                 timeout: float = 120.0):
+        import re
+        import subprocess
+
+        args = [sys.executable, "-c", "import cli, sys; sys.exit(cli.main())", "simulator", "--port", "0",
+                "--region", region]
+        for key, value in (options or {}).items():
+            args += [f"--{key.replace('_', '-')}", str(value)]
+        self._log = log_path.open("a") if log_path else None
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self._log, text=True, cwd=str(REPO_ROOT))
+        self.url = ""
+        self.env: dict[str, str] = {}
+        deadline = time.monotonic() + timeout
+        assert self.proc.stdout is not None
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"simulator exited (code {self.proc.poll()}) before serving")
+            m = re.search(r"simulator on (http://\S+)", line)
+            if m:
+                self.url = m.group(1)
+            m = re.match(r"export (\w+)=(\S+)", line.strip())
+            if m:
+                self.env[m.group(1)] = m.group(2).strip("'\"")
+            if "Ctrl-C" in line:
+                break
+        if not self.url:
+            self.stop()
+            raise RuntimeError("simulator did not report its URL")
+        for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "AWS_REGION"):
+            self.env.pop(key, None)  # credentials and region stay the runner's
+
+    def state(self) -> dict[str, Any]:
+        import urllib.request
+
+        with urllib.request.urlopen(f"{self.url}/_simulator/state", timeout=10) as resp:
+            return json.loads(resp.read())
+
+    @property
+    def counters(self) -> dict[str, Any]:
+        return dict(self.state().get("counters", {}))
+
+    def stop(self) -> None:
+        import subprocess
+
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        if self._log is not None:
+            self._log.close()
+
+
 @dataclass
 class LocalStack:
     """Every local service of one run; ``stop()`` ends them all (idempotent)."""
@@ -132,6 +199,7 @@ class LocalStack:
     gateway: Any = None
     acr: Any = None
     resources: Any = None
+    simulator_in_process: bool = False
     _saved_env: dict[str, str | None] = field(default_factory=dict)
 
     def set_env(self, env: dict[str, str]) -> None:
@@ -140,21 +208,27 @@ class LocalStack:
             os.environ[key] = value
 
     def start(self, *, tps_limit: float | None, simulator_options: dict[str, Any] | None = None,
-              acr_faults: dict[str, int] | None = None) -> "LocalStack":
+              acr_faults: dict[str, int] | None = None, log_dir: Path | None = None) -> "LocalStack":
         from local import engine
         from local.acr import AcrEmulator, Faults
         from local.gateway import GatewayProcess
         from local.simulator import start_simulator
 
         self.moto = engine.MotoServer().start()
-        self.simulator = start_simulator(port=0, **(simulator_options or {}))
+        if self.simulator_in_process:
+            self.simulator = start_simulator(port=0, **(simulator_options or {}))
+        else:
+            self.simulator = SimulatorProcess(region=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
+                                              log_path=log_dir / "simulator.log" if log_dir else None,
+                                              options=simulator_options)
         self.set_env(dict(self.simulator.env))
         self.set_env({"STEPWISE_BUCKET": self.bucket})
         engine.create_bucket(self.moto, self.bucket, result_function_arn=None)
-        self.gateway = GatewayProcess(dict(os.environ))
+        self.gateway = GatewayProcess(dict(os.environ), log_path=str(log_dir / "gateway.log") if log_dir else None)
         self.set_env({"STEPWISE_GATEWAY_URL": self.gateway.url})
         self.acr = AcrEmulator(tps_limit=tps_limit, faults=Faults(**(acr_faults or {})),
-                               agent_env=engine.endpoint_env(self.moto.endpoint)).start()
+                               agent_env=engine.endpoint_env(self.moto.endpoint),
+                               log_dir=str(log_dir) if log_dir else None).start()
         self.set_env(self.acr.env)
         self.resources = create_resources(self.moto, self.bucket)
         return self
@@ -433,6 +507,21 @@ def timing_split(events: list[dict[str, Any]], steps: int) -> dict[str, Any]:
     return result
 
 
+def lambda_stats(invocations: list[Any]) -> dict[str, dict[str, float]]:
+    """Per function: invocation count, errors, total and mean seconds (in-process handler time)."""
+    out: dict[str, dict[str, float]] = {}
+    for inv in invocations:
+        name = inv.function_name.rsplit("-", 1)[-1]
+        st = out.setdefault(name, {"count": 0, "errors": 0, "seconds": 0.0})
+        st["count"] += 1
+        st["errors"] += 1 if inv.error else 0
+        st["seconds"] += inv.seconds
+    for st in out.values():
+        st["mean_seconds"] = round(st["seconds"] / st["count"], 4)
+        st["seconds"] = round(st["seconds"], 3)
+    return out
+
+
 def plot(run_dir: Path, rewards: list[tuple[int, float]], evals: list[tuple[int, float]]) -> Path | None:
     """``reward.png``: mean training reward per step, eval accuracy points."""
     if not rewards and not evals:
@@ -494,23 +583,21 @@ def _cleanup(stack: LocalStack, execution: dict[str, Any]) -> None:
         log.error("Cleanup failed: %s", resp["Payload"].read()[:2000])
 
 
+def simulator_sessions(simulator: Any) -> dict[str, str]:
+    """Session name -> status, from the simulator (in-process handle or process)."""
+    if hasattr(simulator, "state"):
+        return dict(simulator.state().get("sessions", {}))
+    return dict(simulator.simulator.session_statuses())
+
+
 def _session_status(stack: LocalStack, run_id: str) -> str | None:
-    """The training session's status, read from state.json then the simulator."""
+    """The run's training session status (name from state.json, status from the simulator)."""
     try:
         s3 = stack.moto.client("s3")
         state = json.loads(s3.get_object(Bucket=stack.bucket, Key=f"runs/{run_id}/state.json")["Body"].read())
-    except Exception:
-        return None
-    name = _flatten(state).get("training_session_name") or _flatten(state).get("session/name")
-    if not name:
-        return None
-    try:
-        import boto3
-
-        sm = boto3.client("sagemaker", region_name=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"))
-        return sm.describe_training_session(TrainingSessionName=name).get("TrainingSessionStatus")
+        return simulator_sessions(stack.simulator).get(state["training_session_name"])
     except Exception as exc:
-        log.warning("could not describe training session %s: %s", name, exc)
+        log.warning("could not read the training session status: %s", exc)
         return None
 
 
@@ -525,11 +612,13 @@ def load_local_config(path: Path) -> dict[str, Any]:
 def run_local(config_path: Path, *, run_id: str | None = None, out_root: Path = DEFAULT_OUT, progress: bool = True,
               simulator_options: dict[str, Any] | None = None, acr_faults: dict[str, int] | None = None,
               timeout: float | None = None, overrides: dict[str, Any] | None = None,
-              mirror_s3: bool = False) -> RunResult:
+              mirror_s3: bool = False, quiet: bool = False) -> RunResult:
     """Run one training run through the local stack; see the module docstring.
 
     ``mirror_s3`` copies every object under ``runs/{run_id}/`` (and the run's rollout
     results) into ``{run_dir}/s3/`` before moto stops, for inspection and tests.
+    ``quiet`` sends the handlers' output (Powertools logs, EMF lines) to
+    ``{run_dir}/logs/lambdas.log``; the gateway and agents always log under ``logs/``.
 
     Raises:
         stepwise.config.ConfigError: the config is invalid (nothing was started).
@@ -548,15 +637,69 @@ def run_local(config_path: Path, *, run_id: str | None = None, out_root: Path = 
     run_dir.mkdir(parents=True)
     (run_dir / "config.json").write_text(json.dumps(cfg, indent=2))
 
+    log_dir = run_dir / "logs"
+    log_dir.mkdir()
     bucket = f"stepwise-local-{uuid.uuid4().hex[:12]}"
     stack = LocalStack(bucket=bucket)
     follower: Follower | None = None
     desc: dict[str, Any] | None = None
     interrupted = False
+    with contextlib.ExitStack() as outputs:
+        if quiet:
+            lambda_log = outputs.enter_context((log_dir / "lambdas.log").open("a"))
+            stream = outputs.enter_context(_SwitchableStream.into(lambda_log))
+            outputs.enter_context(contextlib.redirect_stdout(stream))
+        result, interrupted = _run(stack, config, cfg, config_path, run_id, run_dir, log_dir, simulator_options,
+                                   acr_faults, timeout, progress, mirror_s3, t_start)
+    if interrupted:
+        raise KeyboardInterrupt
+    return result
+
+
+class _SwitchableStream(io.TextIOBase):
+    """stdout for the run: writes go to ``target`` until the run ends, then to the real stdout
+    (loggers created during the run keep a reference to this object, not to the closed file)."""
+
+    def __init__(self, target: Any):
+        self.target = target
+
+    def write(self, s: str) -> int:
+        try:
+            return self.target.write(s)
+        except ValueError:
+            return sys.__stdout__.write(s)
+
+    def flush(self) -> None:
+        try:
+            self.target.flush()
+        except ValueError:
+            pass
+
+    @classmethod
+    @contextlib.contextmanager
+    def into(cls, target: Any):
+        stream = cls(target)
+        try:
+            yield stream
+        finally:
+            stream.target = sys.__stdout__
+
+
+def _run(stack: LocalStack, config: Any, cfg: dict[str, Any], config_path: Path, run_id: str, run_dir: Path,
+         log_dir: Path, simulator_options: dict[str, Any] | None, acr_faults: dict[str, int] | None,
+         timeout: float | None, progress: bool, mirror_s3: bool, t_start: float) -> tuple[RunResult, bool]:
+    bucket = stack.bucket
+    follower: Follower | None = None
+    desc: dict[str, Any] | None = None
+    interrupted = False
     try:
-        stack.start(tps_limit=config.acr_tps_limit, simulator_options=simulator_options, acr_faults=acr_faults)
+        stack.start(tps_limit=config.acr_tps_limit, simulator_options=simulator_options, acr_faults=acr_faults,
+                    log_dir=log_dir)
         s3 = stack.moto.client("s3")
         run_cfg = upload_datasets(cfg, s3=s3, bucket=bucket, run_id=run_id, config_dir=config_path.parent)
+        if not run_cfg.get("s3_output_path"):
+            # the SDK's default (sagemaker-{region}-{account}) asks STS on a hard-wired endpoint
+            run_cfg["s3_output_path"] = f"s3://{bucket}/checkpoints/{run_id}/"
         (run_dir / "config.json").write_text(json.dumps(run_cfg, indent=2))
         sfn = stack.moto.client("stepfunctions")
         sfn.start_execution(stateMachineArn=stack.resources.state_machine_arn, name=run_id, input=json.dumps(run_cfg))
@@ -585,9 +728,7 @@ def run_local(config_path: Path, *, run_id: str | None = None, out_root: Path = 
         stack.stop()
         if follower is not None:
             follower.close()
-    if interrupted:
-        raise KeyboardInterrupt
-    return result
+    return result, interrupted
 
 
 def _total_steps(config: Any, s3: Any, bucket: str, run_cfg: dict[str, Any]) -> int | None:
@@ -643,6 +784,7 @@ def _finish(stack: LocalStack, follower: Follower | None, desc: dict[str, Any] |
                 if failure.cause is None:
                     failure.cause = desc.get("cause")
         timing = timing_split(all_events, len(follower.summaries))
+        timing["lambdas"] = lambda_stats(stack.moto.dispatcher.invocations)
         session_status = _session_status(stack, run_id)
         s3 = stack.moto.client("s3")
         for key in (f"runs/{run_id}/state.json", f"runs/{run_id}/config.json"):
@@ -718,12 +860,14 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not args.verbose:
-        for noisy in ("moto", "werkzeug", "botocore", "urllib3"):
-            logging.getLogger(noisy).setLevel(logging.ERROR)
+        os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")  # handlers' INFO lines
+        for noisy in ("moto", "werkzeug", "botocore", "urllib3", "sagemaker", "local.acr"):
+            logging.getLogger(noisy).setLevel(logging.CRITICAL if noisy == "moto" else logging.ERROR)
     try:
         result = run_local(args.config, run_id=args.run_id, out_root=args.out, progress=not args.no_progress,
                            timeout=args.timeout, overrides=_pairs(args.set, parse_json=True),
-                           acr_faults=_pairs(args.acr_fault, parse_json=False), mirror_s3=args.mirror_s3)
+                           acr_faults=_pairs(args.acr_fault, parse_json=False), mirror_s3=args.mirror_s3,
+                           quiet=not args.verbose)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
