@@ -51,6 +51,12 @@ class Capability(enum.Enum):
 
 
 C = Capability
+
+#: Actions of the capabilities that name the state machine (granted by ``infra.state_machine``).
+STATE_MACHINE_ACTIONS: dict[Capability, tuple[str, ...]] = {
+    Capability.TASK_RESPONSE: ("states:SendTaskSuccess", "states:SendTaskFailure", "states:SendTaskHeartbeat"),
+    Capability.CONTINUE_RUN: ("states:StartExecution", "states:DescribeExecution"),
+}
 #: Function name (``FunctionSpec.name``, or ``Gateway``) -> its capabilities. A function
 #: missing here gets only RUN_STATE, and tests/test_stack_iam.py fails naming it.
 FUNCTION_CAPABILITIES: dict[str, frozenset[Capability]] = {

@@ -35,6 +35,7 @@ from constructs import Construct
 
 from infra.definition import PLACEHOLDER_RE, used_substitutions
 from infra.functions import _retention
+from infra.permissions import STATE_MACHINE_ACTIONS, Capability
 from infra.storage import RUNS_PREFIX
 
 LAMBDA_INTEGRATIONS = ("arn:aws:states:::lambda:invoke", "arn:aws:states:::lambda:invoke.waitForTaskToken")
@@ -166,15 +167,17 @@ class TrainingLoop(Construct):
             bucket.add_lifecycle_rule(id=f"expire-{prefix.strip('/')}", prefix=prefix,
                                       expiration=Duration.days(bulk_retention_days))
         # Function roles that name the state machine: a policy of their own, for the same reason.
+        start, describe = STATE_MACHINE_ACTIONS[Capability.CONTINUE_RUN]
         for name in task_response_functions:
-            policy = iam.Policy(self, f"{name}TaskResponsePolicy")
+            policy = iam.Policy(self, f"{name}TaskResponsePolicy", statements=[iam.PolicyStatement(
+                actions=list(STATE_MACHINE_ACTIONS[Capability.TASK_RESPONSE]),
+                resources=[self.state_machine.state_machine_arn])])
             functions[name].role.attach_inline_policy(policy)
-            self.state_machine.grant_task_response(policy)
         for name in start_execution_functions:
-            policy = iam.Policy(self, f"{name}StartExecutionPolicy")
+            policy = iam.Policy(self, f"{name}StartExecutionPolicy", statements=[
+                iam.PolicyStatement(actions=[start], resources=[self.state_machine.state_machine_arn]),
+                iam.PolicyStatement(actions=[describe], resources=executions)])
             functions[name].role.attach_inline_policy(policy)
-            self.state_machine.grant_start_execution(policy)
-            policy.add_statements(iam.PolicyStatement(actions=["states:DescribeExecution"], resources=executions))
 
         NagSuppressions.add_resource_suppressions(
             self,

@@ -66,27 +66,56 @@ def _closure(requirements: list[str]) -> set[str]:
     return {k.split("[", 1)[0] for k in seen}
 
 
-def test_every_third_party_module_the_lambda_code_imports_is_installed_by_the_image():
-    """Imports anywhere under lambdas/stepwise/ (but the operator CLI) resolve to requirements.txt's closure."""
+def _imports(path: Path) -> list[str]:
     import ast
+
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.extend(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            out.append(node.module)
+            out.extend(f"{node.module}.{a.name}" for a in node.names)
+    return out
+
+
+def _module_file(name: str) -> Path | None:
+    base = ROOT / "lambdas" / Path(*name.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.exists():
+            return candidate
+    return None
+
+
+def test_every_third_party_module_the_lambdas_can_import_is_installed_by_the_image():
+    """Follow imports (module- and function-level) from every handler and the gateway entry point:
+    each third-party module reached must come from requirements.txt's dependency closure."""
     import sys
     from importlib.metadata import packages_distributions
+
+    from stepwise.functions import FUNCTIONS
 
     lines = (ROOT / "lambdas" / "requirements.txt").read_text().splitlines()
     installed = _closure([ln.split("#", 1)[0].strip() for ln in lines if ln.split("#", 1)[0].strip()])
     providers = packages_distributions()
-    missing = {}
-    for path in (ROOT / "lambdas" / "stepwise").rglob("*.py"):
-        if "commands" in path.parts:
+    roots = {spec.handler.rsplit(".", 1)[0] for spec in FUNCTIONS} | {"stepwise.gateway", "stepwise.gateway.__main__"}
+    todo, seen, missing = list(roots), set(), {}
+    while todo:
+        name = todo.pop()
+        path = _module_file(name)
+        if path is None or path in seen:
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
-            for name in names:
-                top = name.split(".", 1)[0]
-                if top == "stepwise" or top in sys.stdlib_module_names:
-                    continue
-                dists = {re.sub(r"[-_.]+", "-", d).lower() for d in providers.get(top, [])}
-                if not dists & installed:
-                    missing.setdefault(top, set()).add(str(path.relative_to(ROOT)))
-    assert not missing, f"imported by the Lambda code but not installed by lambdas/requirements.txt: {missing}"
+        seen.add(path)
+        for imported in _imports(path):
+            top = imported.split(".", 1)[0]
+            if top == "stepwise":
+                parts = imported.split(".")
+                todo.extend(".".join(parts[:i]) for i in range(2, len(parts) + 1))
+                continue
+            if top in sys.stdlib_module_names:
+                continue
+            dists = {re.sub(r"[-_.]+", "-", d).lower() for d in providers.get(top, [])}
+            if not dists & installed:
+                missing.setdefault(top, set()).add(str(path.relative_to(ROOT)))
+    assert len(seen) > len(roots), "the import walk found no modules"
+    assert not missing, f"reachable from a Lambda entry point but not installed by lambdas/requirements.txt: {missing}"
