@@ -219,3 +219,12 @@ def test_api_keys_never_reach_the_logs(stack, calls):
             t.removeHandler(handler)
     assert any("sid#" in line for line in seen), seen  # the toolkit's context-limit warning, redacted
     assert not any(sid in line for line in seen)
+
+
+def test_missing_tokenizer_is_a_503_naming_it_and_not_sampled(stack, calls):
+    s3, sampler, gw = stack
+    sid, _ = open_session(s3.client, "run-without-tokenizer")
+    r = assert_refused(stack, post(gw, "/v1/chat/completions", sid=sid), 503, "tokenizer",
+                       "runs/run-without-tokenizer/tokenizer/")
+    assert r.json()["error"]["type"] == "api_error"
+    assert calls() == 0

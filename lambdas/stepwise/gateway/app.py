@@ -315,12 +315,8 @@ def build_app(
         logger.info("turn refused", extra={"status": status, "reason": message})
         return error_response(protocol, status, error_type, message)
 
-    @web.middleware
-    async def guard(request: web.Request, handler):
-        protocol = TURN_ROUTES.get(request.path) if request.method == "POST" else None
-        if protocol is None:
-            return await handler(request)
-        t0 = time.perf_counter()
+    async def admit(request: web.Request, protocol: Protocol) -> tuple[str, SessionRecord] | web.Response:
+        """Checks 1-4 of the module docstring: the session and body, or the refusal."""
         if request.content_length is not None and request.content_length > settings.max_body_bytes:
             return refuse(protocol, 413, "request_too_large",
                           f"request body of {request.content_length} bytes exceeds {settings.max_body_bytes}")
@@ -338,24 +334,41 @@ def build_app(
         why = refusal(record, sid=sid, now=clock())
         if why is not None:
             return refuse(protocol, 401, "authentication_error", why)
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge as e:
+            return refuse(protocol, 413, "request_too_large", e.text or "request body too large")
+        body, reason = parse_body(raw, protocol)
+        if body is None:
+            return refuse(protocol, 400, "invalid_request_error", reason or "invalid request body")
+        over = limit_exceeded(record, usage)
+        if over is not None:
+            return refuse(protocol, 429, "rate_limit_error", over)
+        return sid, record
+
+    @web.middleware
+    async def guard(request: web.Request, handler):
+        protocol = TURN_ROUTES.get(request.path) if request.method == "POST" else None
+        if protocol is None:
+            return await handler(request)
+        t0 = time.perf_counter()
+        admitted = await admit(request, protocol)
+        if isinstance(admitted, web.StreamResponse):
+            return admitted
+        sid, record = admitted
         with logger.append_context_keys(run_id=record.run_id, sid=sid_digest(sid), step=record.step,
                                         policy_version=record.policy_version):
             try:
-                raw = await request.read()
-            except web.HTTPRequestEntityTooLarge as e:
-                return refuse(protocol, 413, "request_too_large", e.text or "request body too large")
-            body, reason = parse_body(raw, protocol)
-            if body is None:
-                return refuse(protocol, 400, "invalid_request_error", reason or "invalid request body")
-            over = limit_exceeded(record, usage)
-            if over is not None:
-                return refuse(protocol, 429, "rate_limit_error", over)
+                run_renderer = await renderers.get(record)
+            except Exception as e:
+                logger.exception("tokenizer load failed")
+                return refuse(protocol, 503, "api_error", f"the run's tokenizer could not be loaded: {e}")
             scope = RequestScope(
                 sid=sid,
                 protocol=protocol,
                 record=record,
                 adapter_session=_toolkit.make_session(record.sampling_defaults, record.max_context_tokens),
-                renderer=await renderers.get(record),
+                renderer=run_renderer,
             )
             token = _SCOPE.set(scope)
             try:
@@ -387,7 +400,7 @@ def build_app(
 
     app.middlewares.append(guard)
     app[GATEWAY] = {"stats": stats, "recorder": recorder, "backend": sampler, "renderers": renderers,
-                       "adapters": adapters, "directory": directory}
+                    "adapters": adapters, "directory": directory}
     return app
 
 
