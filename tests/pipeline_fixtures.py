@@ -43,6 +43,7 @@ class Stack:
             "STEPWISE_GATEWAY_URL": "http://127.0.0.1:9/gateway",
             "STEPWISE_POLL_SECONDS": "1",
             "STEPWISE_INLINE_WAIT_SECONDS": "10",
+            "STEPWISE_TURN_GRACE_SECONDS": "0.05",
             "POWERTOOLS_METRICS_NAMESPACE": "StepwiseTest",
         })
         for k, v in env.items():

@@ -31,7 +31,7 @@ def local():
     agent = FakeAgent()
     moto.set_env({**sim.env, "AWS_REGION": engine.REGION, "AWS_DEFAULT_REGION": engine.REGION,
                   "STEPWISE_BUCKET": BUCKET, "STEPWISE_GATEWAY_URL": "http://127.0.0.1:9",
-                  "STEPWISE_POLL_SECONDS": "1", "STEPWISE_INLINE_WAIT_SECONDS": "10",
+                  "STEPWISE_POLL_SECONDS": "1", "STEPWISE_INLINE_WAIT_SECONDS": "10", "STEPWISE_TURN_GRACE_SECONDS": "0.05",
                   "AWS_ENDPOINT_URL_BEDROCK_AGENTCORE": agent.url})
     from stepwise.handlers import _common
 

@@ -32,6 +32,8 @@ from botocore.exceptions import ClientError
 from pydantic import BaseModel, ConfigDict, Field
 
 RESULTS_PREFIX = "rollout-results"
+#: Object tag of bulky per-step data under runs/ (the stack's lifecycle rule expires it).
+BULK_TAGGING = "stepwise-class=bulk"
 
 
 class RunStoreError(RuntimeError):
@@ -261,9 +263,17 @@ class RunStore:
         except KeyError:
             return default
 
-    def put_json(self, key: str, obj: Any, *, if_match: str | None = None, if_none_match: bool = False) -> str:
-        """Write ``obj`` as JSON; returns the new ETag. Conditional writes raise ClientError PreconditionFailed."""
+    def put_json(
+        self, key: str, obj: Any, *, if_match: str | None = None, if_none_match: bool = False, bulk: bool = False
+    ) -> str:
+        """Write ``obj`` as JSON; returns the new ETag. Conditional writes raise ClientError PreconditionFailed.
+
+        ``bulk=True`` tags the object ``stepwise-class=bulk`` (Map items, rollout records, datums):
+        the stack's lifecycle rule expires those; config, state and summaries are never tagged.
+        """
         kwargs: dict[str, Any] = {}
+        if bulk:
+            kwargs["Tagging"] = BULK_TAGGING
         if if_match is not None:
             kwargs["IfMatch"] = if_match
         if if_none_match:

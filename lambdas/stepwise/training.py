@@ -286,7 +286,18 @@ def service_client(cfg: Any) -> Any:
     )
 
 
-def create_session(cfg: Any, session_name: str) -> CreatedSession:
+def default_output_path(run_id: str) -> str | None:
+    """``{STEPWISE_DEFAULT_S3_OUTPUT_PATH}{run_id}/`` when the stack sets that variable (its bucket
+    policy lets the SageMaker role write there), else None (the SDK's default bucket)."""
+    import os
+
+    base = os.environ.get("STEPWISE_DEFAULT_S3_OUTPUT_PATH", "")
+    if not base:
+        return None
+    return f"{base if base.endswith('/') else base + '/'}{run_id}/"
+
+
+def create_session(cfg: Any, session_name: str, run_id: str = "") -> CreatedSession:
     """CreateTrainingSession as ``ServiceClient.create_lora_training_client`` builds it, without its wait.
 
     Idempotent: a session of that name that already exists (a retried Init) is adopted.
@@ -302,7 +313,7 @@ def create_session(cfg: Any, session_name: str) -> CreatedSession:
     else:
         base_arn, hf_id = resolve_base_model(cfg.base_model_arn, svc._get_hub_client())
     mpg = cfg.model_package_group_arn or svc._auto_create_mpg()
-    s3_path = cfg.s3_output_path or svc._default_s3_output_path(session_name)
+    s3_path = cfg.s3_output_path or (run_id and default_output_path(run_id)) or svc._default_s3_output_path(session_name)
     args = _build_create_session_args(
         session_name=session_name,
         base_model_arn=base_arn,

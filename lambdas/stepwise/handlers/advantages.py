@@ -148,7 +148,7 @@ def compute(event: BatchEvent) -> dict[str, Any]:
             logger.warning("no valid datums; skipping the update (reference behaviour)")
         else:
             for i, chunk in enumerate(training.datum_chunks(datums, cfg.loss)):
-                rs.put_json(datums_key(run.run_id, batch.step, i), chunk)
+                rs.put_json(datums_key(run.run_id, batch.step, i), chunk, bulk=True)
                 chunk_sizes.append(len(chunk))
     result = {"decision": decision, "step": batch.step, "generation_batch": batch.generation_batch,
               "num_datums": int(metrics_.get("sampler/num_datums", 0)),

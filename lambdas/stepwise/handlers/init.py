@@ -150,7 +150,7 @@ def initialize(event: InitEvent) -> dict[str, Any]:
                 resume_loaded=not cfg.resume_from_model_package,
             )
         )
-    created = training.create_session(cfg, session_name)
+    created = training.create_session(cfg, session_name, run_id)
     logger.info("training session created", extra={"training_session_name": session_name})
     n = cache_tokenizer(cfg, created, rs, run_id)
     logger.info("tokenizer cached", extra={"files": n, "prefix": tokenizer_prefix(run_id)})

@@ -166,9 +166,9 @@ def plan(event: RunEvent) -> dict[str, Any]:
     kind = d.kind or "train"
     source = cfg.eval_dataset_path if kind == "eval" else cfg.dataset_path
     items, prompts = build_items(d, payloads(source))
-    rs.put_json(prompts_key(run.run_id, d.step, d.generation_batch, kind), prompts)
+    rs.put_json(prompts_key(run.run_id, d.step, d.generation_batch, kind), prompts, bulk=True)
     key = items_key(run.run_id, d.step, d.generation_batch, kind)
-    rs.put_json(key, items)
+    rs.put_json(key, items, bulk=True)
     batch = BatchRef(kind=kind, step=d.step, generation_batch=d.generation_batch,
                      timeout_seconds=max(1, math.ceil(cfg.max_rollout_time)), final=d.final)
     out.update(

@@ -13,6 +13,7 @@ closes the session, replays the captured turns into `TraceRecord`s and writes th
 from __future__ import annotations
 
 import json
+import time
 import urllib.parse
 import uuid
 from typing import Any
@@ -47,6 +48,14 @@ from stepwise.runstore import (
 THROTTLING_CODES = frozenset({"ThrottlingException", "ServiceQuotaExceededException", "RetryableConflictException", "TooManyRequestsException"})
 #: Seconds the gateway session outlives the task timeout (the agent's last call may be in flight).
 SESSION_GRACE_S = 60
+
+
+def turn_grace_seconds() -> float:
+    """Wait between closing a session and listing its turns (docs/internals.md: a turn object can
+    land a few ms after a streaming client saw the reply end). ``STEPWISE_TURN_GRACE_SECONDS``, default 1."""
+    import os
+
+    return max(0.0, float(os.environ.get("STEPWISE_TURN_GRACE_SECONDS", "1")))
 
 
 class AgentRuntimeThrottled(RuntimeError):
@@ -133,8 +142,9 @@ def start(event: StartEvent) -> dict[str, Any]:
     cfg = run_config(run.run_id)
     sid = str(uuid.uuid4())
     bind(run_id=run.run_id, step=batch.step, sid=sid)
-    rs.put_json(task_token_key(run.run_id, sid), {"task_token": event.task_token, "created_at": now()})
-    rs.put_json(start_marker_key(run.run_id, batch, item.i), {"sid": sid, "input_id": item.input_id, "started_at": now()})
+    rs.put_json(task_token_key(run.run_id, sid), {"task_token": event.task_token, "created_at": now()}, bulk=True)
+    rs.put_json(start_marker_key(run.run_id, batch, item.i), {"sid": sid, "input_id": item.input_id, "started_at": now()},
+                bulk=True)
     record = session_record(cfg, state, batch, sid, item.input_id)
     rs.put_json(session_key(sid), record)
     payload = rs.get_json(prompts_key(run.run_id, batch.step, batch.generation_batch, batch.kind))[item.input_id]
@@ -252,6 +262,7 @@ def finish(event: FinishEvent) -> dict[str, Any]:
     num_turns = sampled_tokens = 0
     if sid is not None:
         _close_session(rs, sid)
+        time.sleep(turn_grace_seconds())
         turns = _load_turns(rs, run.run_id, sid)
         num_turns = len(turns)
         sampled_tokens = sum(len((t.get("turn") or {}).get("output_ids") or []) for t in turns)
@@ -276,7 +287,7 @@ def finish(event: FinishEvent) -> dict[str, Any]:
         "records": [record_to_json(r) for r in records],
     }
     key_sid = sid or f"unstarted-{item.i}"
-    rs.put_json(rollout_key(run.run_id, batch.step, batch.generation_batch, key_sid, batch.kind), rollout)
+    rs.put_json(rollout_key(run.run_id, batch.step, batch.generation_batch, key_sid, batch.kind), rollout, bulk=True)
     return {"sid": key_sid, "reward": reward, "status": status, "records": len(records)}
 
 
