@@ -4,8 +4,8 @@ Runs a small training run through the real ASL in moto with the real handlers an
 simulator (as tests/test_pipeline_asl_moto.py does), records each botocore API call with the
 function whose handler made it, and checks the call's IAM action (and, for S3, its key) against
 ``infra.permissions`` for that function. A permission the stack forgets fails here, not at
-deploy time. (The gateway is not exercised: a stand-in agent plays it; Cleanup never runs in
-moto, whose EventBridge does not deliver to Lambda.)
+deploy time. (The gateway is not exercised: a stand-in agent plays it. moto's EventBridge does
+not deliver to Lambda, so the test hands Cleanup the status-change event itself.)
 """
 
 from __future__ import annotations
@@ -167,6 +167,11 @@ def recorded_calls():
                     break
                 time.sleep(0.3)
             assert last and last["status"] == "SUCCEEDED", last
+        # moto's EventBridge never calls Cleanup: deliver the status-change event it would get.
+        event = {"source": "aws.states", "detail-type": "Step Functions Execution Status Change",
+                 "detail": {"executionArn": last["executionArn"], "stateMachineArn": sm_arn, "name": last["name"],
+                            "status": "ABORTED", "input": last.get("input")}}
+        moto.dispatcher.call(engine.local_function_name(PREFIX, "Cleanup"), event, "Event")
         yield calls
     finally:
         botocore.client.BaseClient._make_api_call = original_api
@@ -179,7 +184,7 @@ def recorded_calls():
 def test_the_run_exercised_most_functions(recorded_calls):
     seen = {fn for fn, *_ in recorded_calls}
     assert {"Init", "PollSession", "PlanStep", "StartRollout", "OnRolloutResult", "FinishRollout",
-            "ComputeAdvantages", "SubmitTrain", "Rebind", "ContinueRun", "StopSession"} <= seen
+            "ComputeAdvantages", "SubmitTrain", "Rebind", "ContinueRun", "StopSession", "Cleanup"} <= seen
 
 
 def test_every_call_a_handler_made_is_allowed_by_its_role(recorded_calls):
