@@ -1,0 +1,76 @@
+"""ComputeAdvantages: DAPO dynamic sampling across generation batches, the cap, and retry idempotence."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pipeline_fixtures import BUCKET, Stack, init_run, new_run_id, roll_out_batch, run_ref, wait_ready
+
+from stepwise.handlers import advantages, plan
+from stepwise.handlers._common import BatchEvent, RunEvent
+from stepwise.runstore import RunStore
+
+
+@pytest.fixture(scope="module")
+def stack():
+    s = Stack()
+    yield s
+    s.stop()
+
+
+def _dapo_run(stack: Stack, **config) -> tuple[str, RunEvent]:
+    run_id = new_run_id("dapo")
+    init_run(stack, run_id, stack.config(algorithm="dapo", max_num_gen_batches=2, **config))
+    assert wait_ready(run_id)["ready"]
+    return run_id, RunEvent.model_validate({"run": run_ref(run_id)})
+
+
+def _generation_batch(stack: Stack, run_id: str, ev: RunEvent, rewards: list[float]) -> tuple[dict, dict]:
+    p = plan.plan(ev)
+    assert p["action"] == "rollout"
+    roll_out_batch(stack, run_id, p, rewards)
+    batch = BatchEvent.model_validate({"run": run_ref(run_id), "batch": p["batch"]})
+    return p, advantages.compute(batch)
+
+
+def test_dapo_keeps_informative_groups_across_generation_batches(stack):
+    run_id, ev = _dapo_run(stack)
+    p0, d0 = _generation_batch(stack, run_id, ev, [1.0, 0.0, 0.5, 0.5])  # one informative group of two
+    assert d0["decision"] == "need_more" and p0["batch"]["generation_batch"] == 0
+    p1, d1 = _generation_batch(stack, run_id, ev, [0.0, 0.0, 0.0, 1.0])  # another one, from new prompts
+    assert (p1["batch"]["step"], p1["batch"]["generation_batch"]) == (0, 1)
+    assert d1["decision"] == "train" and d1["num_datums"] == 4
+    rs = RunStore(BUCKET, stack.s3)
+    datums = [d for k in rs.list_keys(f"runs/{run_id}/steps/0/datums/") for d in rs.get_json(k)]
+    # gen0's first group (members 0, 1) and gen1's second group (members 2, 3): tokens 10+i, 11, 12
+    assert [d["modelInput"]["chunks"][0]["tokens"][4] for d in datums] == [10, 11, 12, 13]
+    summary = rs.get_json(f"runs/{run_id}/steps/0/summary.json")
+    assert summary["sampling/generation_batches"] == 2 and summary["sampling/kept_groups"] == 2
+    assert summary["sampling/filtered_fraction"] == 0.5 and summary["sampler/num_rollouts"] == 8
+    state, _ = rs.read_state(run_id)
+    assert state.cursor == 4 and state.generation_batch == 1 and len(state.datum_chunks) == 1
+
+    again = advantages.compute(BatchEvent.model_validate({"run": run_ref(run_id), "batch": p1["batch"]}))
+    assert again == d1  # a retried ComputeAdvantages returns the recorded decision, changing nothing
+    assert rs.read_state(run_id)[0].model_dump() == state.model_dump()
+
+
+def test_hitting_max_num_gen_batches_checkpoints_and_stops_with_a_reason(stack):
+    run_id, ev = _dapo_run(stack)
+    assert _generation_batch(stack, run_id, ev, [1.0, 1.0, 0.0, 0.0])[1]["decision"] == "need_more"
+    assert _generation_batch(stack, run_id, ev, [1.0, 0.0, 0.0, 0.0])[1]["decision"] == "cap_reached"
+    state, _ = RunStore(BUCKET, stack.s3).read_state(run_id)
+    assert "max_num_gen_batches (2) reached at step 0 with 1/2" in state.stop_reason
+    nxt = plan.plan(ev)
+    assert nxt["action"] == "checkpoint" and nxt["reason"] == "final save_state"
+    summary = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=f"runs/{run_id}/steps/0/summary.json")["Body"].read())
+    assert summary["decision"] == "cap_reached" and summary["sampling/kept_groups"] == 1
+
+
+def test_a_batch_that_is_not_the_planned_one_is_refused(stack):
+    run_id, ev = _dapo_run(stack)
+    p = plan.plan(ev)
+    stale = dict(p["batch"], generation_batch=3)
+    with pytest.raises(advantages.BatchMismatch):
+        advantages.compute(BatchEvent.model_validate({"run": run_ref(run_id), "batch": stale}))
