@@ -25,3 +25,75 @@ def svc(sim):
     return ServiceClient(
         role_arn=sim.role_arn, model_package_group_arn=sim.model_package_group_arn, s3_output_path=sim.s3_output_path
     )
+
+
+def create_session(sim: SimulatorHandle, name: str, timeout: float = 10.0) -> str:
+    """Create a training session with raw boto3 and wait until it is Running; returns its name."""
+    import time
+
+    sm = control_client(sim)
+    sm.create_training_session(
+        TrainingSessionName=name,
+        ModelPackageGroupArn=sim.model_package_group_arn,
+        LoraConfig={"Rank": 8, "Alpha": 16},
+        RoleArn=sim.role_arn,
+        ModelConfig={"BaseModelArn": f"arn:aws:sagemaker:{sim.region}:aws:hub-content/SageMakerPublicHub/Model/stepwise-tiny/1.0.0"},
+        OutputConfig={"S3Location": {"Path": sim.s3_output_path}},
+    )
+    deadline = time.monotonic() + timeout
+    while sm.describe_training_session(TrainingSessionName=name)["TrainingSessionDetail"]["TrainingSessionStatus"] != "Running":
+        assert time.monotonic() < deadline, f"session {name} did not reach Running"
+        time.sleep(0.05)
+    return name
+
+
+def runtime_client(sim: SimulatorHandle):
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client(
+        "sagemakertrainingsessionruntime",
+        endpoint_url=sim.url,
+        region_name=sim.region,
+        config=Config(retries={"mode": "standard", "max_attempts": 1}),
+        **_credentials(sim),
+    )
+
+
+def control_client(sim: SimulatorHandle):
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client(
+        "sagemaker",
+        endpoint_url=sim.url,
+        region_name=sim.region,
+        config=Config(retries={"mode": "standard", "max_attempts": 1}),
+        **_credentials(sim),
+    )
+
+
+def _credentials(sim: SimulatorHandle) -> dict[str, str]:
+    return {"aws_access_key_id": sim.env["AWS_ACCESS_KEY_ID"], "aws_secret_access_key": sim.env["AWS_SECRET_ACCESS_KEY"]}
+
+
+def wait_op(rt, session: str, op_id: str, *, sampling: bool = False, timeout: float = 10.0) -> dict:
+    """Poll an operation until it leaves Pending/InProgress; returns the last answer."""
+    import time
+
+    get = rt.get_sampling_operation_result if sampling else rt.get_training_operation_result
+    deadline = time.monotonic() + timeout
+    while True:
+        resp = get(trainingSessionName=session, operationId=op_id)
+        if resp["status"] not in ("Pending", "InProgress") or time.monotonic() > deadline:
+            return resp
+        time.sleep(0.02)
+
+
+def unique_name(prefix: str) -> str:
+    """A valid, unique training-session name starting with ``prefix``."""
+    import re
+    import uuid
+
+    cleaned = re.sub(r"[^a-zA-Z0-9]+", "-", prefix)[:40].strip("-") or "s"
+    return f"{cleaned}-{uuid.uuid4().hex[:8]}"

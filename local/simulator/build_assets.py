@@ -22,25 +22,41 @@ from local.agents import toy_task
 from local.simulator.model import ASSETS_DIR, TinyConfig, TinyLM, build_tokenizer, save_model
 
 
+#: A system prompt under which the base model answers the toy task correctly.
+KNOWING_SYSTEM_PROMPT = "You are good at counting. Reply with the next digit."
+
+
 def pretrain_batch(tokenizer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Full pre-training batch: (ids [N, T], soft targets [N, T, V], weights [N, T]).
 
-    One row per (prompt, digit): the digit position's target is the mixture distribution
-    for that prompt (weighted 1/10 so each prompt counts once), the ``<|im_end|>`` position
-    after it is a hard target.
+    Per prompt and digit, one row per context: with the toy system prompt the digit target
+    is the mixture distribution (right with ``BASE_CORRECT_FRACTION``, else uniform); with
+    ``KNOWING_SYSTEM_PROMPT`` or no system prompt it is the right digit. So the model *has*
+    the skill (as a real base model would) but under the toy prompt answers mostly at
+    random: GRPO only has to surface it. The ``<|im_end|>`` after the digit is a hard target.
     """
     eos = tokenizer.convert_tokens_to_ids(toy_task_eos())
     digit_ids = [tokenizer.convert_tokens_to_ids(str(d)) for d in range(10)]
     rows = []
     for n in range(toy_task.NUM_PROMPTS):
         payload = toy_task.make_payload(n)
-        text = tokenizer.apply_chat_template(toy_task.messages(payload), add_generation_prompt=True, tokenize=False)
-        prompt_ids = tokenizer.encode(text, add_special_tokens=False)
         correct = int(payload["answer"])
         mix = [(1 - toy_task.BASE_CORRECT_FRACTION) / 10.0] * 10
         mix[correct] += toy_task.BASE_CORRECT_FRACTION
-        for d in range(10):
-            rows.append((list(prompt_ids), digit_ids[d], mix, digit_ids, eos))
+        one_hot = [1.0 if d == correct else 0.0 for d in range(10)]
+        user = {"role": "user", "content": payload["prompt"]}
+        contexts = [
+            (toy_task.messages(payload), mix),
+            ([{"role": "system", "content": KNOWING_SYSTEM_PROMPT}, user], one_hot),
+            ([user], one_hot),
+        ]
+        for c, (messages, target) in enumerate(contexts):
+            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            prompt_ids = tokenizer.encode(text, add_special_tokens=False)
+            # The digit position's target does not depend on the digit that follows it, so one
+            # row per context suffices; the appended digit rotates so <|im_end|> follows each.
+            appended = (n + 3 * c) % 10
+            rows.append((list(prompt_ids), digit_ids[appended], target, digit_ids, eos))
     t = max(len(r[0]) for r in rows) + 1
     vocab = TinyConfig().vocab_size
     ids = torch.zeros(len(rows), t, dtype=torch.long)
@@ -52,9 +68,9 @@ def pretrain_batch(tokenizer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]
         pos = len(p) - 1  # predicts the digit
         for d, prob in enumerate(mix):
             targets[i, pos, digit_ids[d]] = prob
-        weights[i, pos] = 0.1
+        weights[i, pos] = 1.0
         targets[i, pos + 1, eos] = 1.0  # predicts <|im_end|> after the digit
-        weights[i, pos + 1] = 0.1
+        weights[i, pos + 1] = 1.0
     return ids, targets, weights
 
 
@@ -62,7 +78,7 @@ def toy_task_eos() -> str:
     return "<|im_end|>"
 
 
-def pretrain(tokenizer, steps: int = 400, lr: float = 3e-3, seed: int = 0) -> TinyLM:
+def pretrain(tokenizer, steps: int = 600, lr: float = 3e-3, seed: int = 0) -> TinyLM:
     """Pre-train ``TinyLM`` on ``pretrain_batch`` (soft cross-entropy, Adam, full batch)."""
     torch.manual_seed(seed)
     model = TinyLM(TinyConfig())
@@ -84,7 +100,7 @@ def pretrain(tokenizer, steps: int = 400, lr: float = 3e-3, seed: int = 0) -> Ti
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ASSETS_DIR)
-    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--steps", type=int, default=600)
     args = parser.parse_args(argv)
     from transformers import AutoTokenizer
 

@@ -99,12 +99,22 @@ class TrainerState:
     def from_base(cls, base: TinyLM) -> "TrainerState":
         model = copy.deepcopy(base)
         model.train()
+        for name, param in model.named_parameters():
+            param.requires_grad_(is_trainable(name))
         return cls(model=model, optimizer=_new_optimizer(model))
+
+
+def is_trainable(param_name: str) -> bool:
+    """Whether the service trains this parameter: the attention and MLP matrices, the layers
+    LoRA adapts; embeddings, unembedding and norms stay frozen (as LoRA leaves them, and as
+    Tinker's ``train_unembed=False``). Training them too lets Adam's per-parameter step
+    scaling rewrite the logits of tokens the batch never saw, which breaks the answer format."""
+    return param_name.startswith("blocks.") and param_name.endswith(".weight") and ".ln" not in param_name
 
 
 def _new_optimizer(model: TinyLM) -> torch.optim.AdamW:
     # Parameters for lr/betas/eps/weight decay are set per step from AdamParamsConfig.
-    return torch.optim.AdamW(model.parameters(), lr=1e-4)
+    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
 
 
 def _datum_losses(
@@ -119,9 +129,7 @@ def _datum_losses(
     if not datums:
         raise OperationFailed("datumList is empty")
     vocab = state.model.cfg.vocab_size
-    total = torch.zeros(())
-    outs: list[losses.DatumLoss] = []
-    tokens = 0
+    parsed: list[tuple[list[int], dict[str, list[float]]]] = []
     for i, datum in enumerate(datums):
         ids = model_input_tokens(datum.get("modelInput") or {}, vocab, f"datum[{i}].modelInput")
         if not ids:
@@ -136,15 +144,26 @@ def _datum_losses(
         for k, v in cols.items():
             if len(v) != len(ids):
                 raise OperationFailed(f"datum[{i}]: lossFnInputs[{k!r}] has {len(v)} values but modelInput has {len(ids)} tokens")
-        targets = [int(t) for t in cols["target_tokens"]]
-        bad = [t for t in targets if not 0 <= t < vocab]
+        bad = [t for t in cols["target_tokens"] if not 0 <= int(t) < vocab]
         if bad:
-            raise OperationFailed(f"datum[{i}]: target token {bad[0]} is outside the vocabulary [0, {vocab})")
-        logits, _ = state.model(torch.tensor([ids]))
-        logp_T = F.log_softmax(logits[0], dim=-1).gather(-1, torch.tensor(targets).unsqueeze(-1)).squeeze(-1)
+            raise OperationFailed(f"datum[{i}]: target token {int(bad[0])} is outside the vocabulary [0, {vocab})")
+        parsed.append((ids, cols))
+    # One batched forward: right padding never changes a causal model's logits at real positions.
+    width = max(len(ids) for ids, _ in parsed)
+    batch_ids = torch.zeros(len(parsed), width, dtype=torch.long)
+    batch_targets = torch.zeros(len(parsed), width, dtype=torch.long)
+    for row, (ids, cols) in enumerate(parsed):
+        batch_ids[row, : len(ids)] = torch.tensor(ids)
+        batch_targets[row, : len(ids)] = torch.tensor([int(t) for t in cols["target_tokens"]])
+    logits, _ = state.model(batch_ids)
+    logp_BT = F.log_softmax(logits, dim=-1).gather(-1, batch_targets.unsqueeze(-1)).squeeze(-1)
+    total = torch.zeros(())
+    outs: list[losses.DatumLoss] = []
+    tokens = 0
+    for row, (ids, cols) in enumerate(parsed):
         dl = losses.datum_loss(
             loss_fn,
-            logp_T,
+            logp_BT[row, : len(ids)],
             torch.tensor(cols["weights"]),
             torch.tensor(cols["logprobs"]) if "logprobs" in cols else None,
             torch.tensor(cols["advantages"]) if "advantages" in cols else None,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -24,8 +25,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-#: Where the shipped tokenizer and base weights live.
-ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets" / "tiny-model"
+#: Where the shipped tokenizer and base weights live (``STEPWISE_TINY_MODEL_DIR`` overrides,
+#: for trying a rebuilt model before shipping it).
+ASSETS_DIR = Path(os.environ.get("STEPWISE_TINY_MODEL_DIR") or Path(__file__).resolve().parent.parent / "assets" / "tiny-model")
 
 #: Special (control) tokens; ``<|im_end|>`` is the end-of-turn / EOS token.
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
