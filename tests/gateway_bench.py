@@ -20,7 +20,7 @@ def main() -> None:
 
     import openai
 
-    from gateway_fixtures import BUCKET, MotoS3, ScriptedSampler, cache_tokenizer, fixed_factory, open_session
+    from gateway_fixtures import BUCKET, MotoS3, ScriptedSampler, cache_tokenizer, open_session
     from stepwise.gateway import start_gateway
     from stepwise.gateway.session import SessionRecord
 

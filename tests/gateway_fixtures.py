@@ -11,7 +11,6 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import boto3
@@ -73,7 +72,8 @@ def open_session(s3: Any, run_id: str, *, sid: str | None = None, **fields: Any)
     sid = sid or str(uuid.uuid4())
     record = {
         "sid": sid, "run_id": run_id, "step": 3, "generation_batch": 0, "kind": "train",
-        "training_session_name": "ts-test", "sampler_model_package_arn": "arn:aws:sagemaker:us-west-2:1:model-package/p/3",
+        "training_session_name": "ts-test",
+        "sampler_model_package_arn": "arn:aws:sagemaker:us-west-2:1:model-package/p/3",
         "policy_version": 3, "region": REGION, "tokenizer_prefix": f"runs/{run_id}/tokenizer/",
         "sampling_defaults": {"max_new_tokens": 64, "temperature": 1.0},
         "max_context_tokens": 4096, "max_turns": 64, "max_total_tokens": 262144,
@@ -186,5 +186,5 @@ def fixed_factory(backend: Any):
     return lambda record: backend
 
 
-__all__ = ["BUCKET", "MotoS3", "ReferenceGateway", "ReplaySampler", "ScriptedSampler", "SimpleNamespace",
-           "cache_tokenizer", "fixed_factory", "load_tokenizer", "open_session", "serve_ours", "turn_objects"]
+__all__ = ["BUCKET", "MotoS3", "ReferenceGateway", "ReplaySampler", "ScriptedSampler", "cache_tokenizer",
+           "fixed_factory", "load_tokenizer", "open_session", "serve_ours", "turn_objects"]

@@ -48,7 +48,8 @@ def test_limits():
     assert limit_exceeded(RECORD, TurnUsage(2, 49)) is None
     assert "max_turns=3" in limit_exceeded(RECORD, TurnUsage(3, 0))
     assert "max_total_tokens=50" in limit_exceeded(RECORD, TurnUsage(0, 50))
-    assert limit_exceeded(RECORD.model_copy(update={"max_turns": 0, "max_total_tokens": 0}), TurnUsage(10**6, 10**9)) is None
+    unlimited = RECORD.model_copy(update={"max_turns": 0, "max_total_tokens": 0})
+    assert limit_exceeded(unlimited, TurnUsage(10**6, 10**9)) is None
 
 
 def test_record_defaults_and_extensions():

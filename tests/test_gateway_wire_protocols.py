@@ -13,7 +13,6 @@ import openai
 import pytest
 
 from gateway_fixtures import (
-    BUCKET,
     MotoS3,
     ScriptedSampler,
     cache_tokenizer,
