@@ -8,7 +8,9 @@ bulkRetentionDays, stallMinutes, rolloutFailureRateAlarm, logRetentionDays, dest
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 import aws_cdk as cdk
 from cdk_nag import AwsSolutionsChecks
@@ -22,9 +24,26 @@ def apply_checks(app: cdk.App) -> None:
     cdk.Aspects.of(app).add(AwsSolutionsChecks(verbose=True))
 
 
+CDK_JSON = Path(__file__).resolve().with_name("cdk.json")
+
+
+def default_context() -> dict:
+    """``cdk.json``'s context (feature flags and defaults) when not run by the CDK CLI.
+
+    The CLI passes it itself (``CDK_CONTEXT_JSON``); ``python app.py`` and the tests read it
+    here, so they synthesize the template ``cdk synth`` / ``cdk deploy`` would.
+    """
+    if "CDK_CONTEXT_JSON" in os.environ or not CDK_JSON.exists():
+        return {}
+    return dict(json.loads(CDK_JSON.read_text()).get("context", {}))
+
+
 def build_app(context: dict | None = None) -> tuple[cdk.App, StepwiseStack]:
-    """The app with its one stack and cdk-nag's AwsSolutions checks applied."""
-    app = cdk.App(context=context or None)
+    """The app with its one stack and cdk-nag's AwsSolutions checks applied.
+
+    ``context`` overrides ``cdk.json``'s values (like ``-c key=value``).
+    """
+    app = cdk.App(context={**default_context(), **(context or {})} or None)
     settings = StackSettings.from_context(app.node.try_get_context)
     env = None
     if os.environ.get("CDK_DEFAULT_ACCOUNT") and os.environ.get("CDK_DEFAULT_REGION"):

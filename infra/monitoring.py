@@ -49,7 +49,8 @@ def per_run(metric_name: str, stat: str = "Average", period_s: int = 300, label:
     return cw.MathExpression(
         expression=f"SEARCH('{{{NAMESPACE},run_id,service}} MetricName=\"{metric_name}\"', '{stat}', {period_s})",
         using_metrics={},
-        label=label or metric_name,
+        # A dynamic label: one legend entry per run id.
+        label=f"{label or metric_name} " + "${PROP('Dim.run_id')}",
         period=Duration.seconds(period_s),
     )
 
