@@ -74,3 +74,19 @@ def test_a_batch_that_is_not_the_planned_one_is_refused(stack):
     stale = dict(p["batch"], generation_batch=3)
     with pytest.raises(advantages.BatchMismatch):
         advantages.compute(BatchEvent.model_validate({"run": run_ref(run_id), "batch": stale}))
+
+
+def test_a_batch_whose_every_rollout_failed_fails_the_run_instead_of_training(stack):
+    from stepwise.handlers.rollout import FinishEvent, finish
+
+    run_id = new_run_id()
+    init_run(stack, run_id, stack.config())
+    assert wait_ready(run_id)["ready"]
+    ev = RunEvent.model_validate({"run": run_ref(run_id)})
+    p = plan.plan(ev)
+    items = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=p["items_key"])["Body"].read())
+    for item in items:  # e.g. a wrong agent ARN: every InvokeAgentRuntime is refused
+        finish(FinishEvent.model_validate({"run": run_ref(run_id), "batch": p["batch"], "item": item, "result": None,
+                                           "error": {"Error": "ResourceNotFoundException", "Cause": "no such runtime"}}))
+    with pytest.raises(advantages.RolloutsFailed, match="all 4 rollouts .* ResourceNotFoundException: no such runtime"):
+        advantages.compute(BatchEvent.model_validate({"run": run_ref(run_id), "batch": p["batch"]}))

@@ -29,6 +29,20 @@ class BatchMismatch(RuntimeError):
     """The batch handed in is not the run's planned batch (names both)."""
 
 
+class RolloutsFailed(RuntimeError):
+    """Every rollout of a generation batch failed to run (not timed out, not zero-reward: failed),
+    which is a broken agent, ARN or permission rather than a policy to train: fail the run."""
+
+
+def check_not_all_failed(rollouts: list[dict[str, Any]]) -> None:
+    """Raise RolloutsFailed when every rollout has status "error", naming the first cause."""
+    if rollouts and all(r.get("status") == "error" for r in rollouts):
+        err = rollouts[0].get("error") or {}
+        raise RolloutsFailed(
+            f"all {len(rollouts)} rollouts of the batch failed; first: {err.get('error')}: {str(err.get('cause'))[:500]}"
+        )
+
+
 @dataclass
 class Group:
     """One prompt's rollouts: ``rewards_G`` and ``records_G`` (TraceRecords per member)."""
@@ -91,7 +105,9 @@ def datums_for(groups: list[Group]) -> tuple[list[dict[str, Any]], list[list[flo
 def select_groups(run_id: str, batch: BatchRef, cfg: Any) -> tuple[str, list[Group], list[Group], dict[str, float]]:
     """``(status, groups to train on, every group rolled out this step, sampling metrics)``."""
     if cfg.algorithm != "dapo":
-        groups = group_rollouts(load_rollouts(run_id, batch), cfg)
+        rollouts = load_rollouts(run_id, batch)
+        check_not_all_failed(rollouts)
+        groups = group_rollouts(rollouts, cfg)
         return "ready", groups, groups, {}
     from stepwise.core.dapo import decide_generation_batch, sampling_metrics
 
@@ -99,7 +115,10 @@ def select_groups(run_id: str, batch: BatchRef, cfg: Any) -> tuple[str, list[Gro
     everything: list[Group] = []
     decision = None
     for g in range(batch.generation_batch + 1):
-        new = group_rollouts(load_rollouts(run_id, batch, g), cfg)
+        rollouts = load_rollouts(run_id, batch, g)
+        if g == batch.generation_batch:
+            check_not_all_failed(rollouts)
+        new = group_rollouts(rollouts, cfg)
         everything.extend(new)
         decision = decide_generation_batch(kept, new, batch_size=cfg.batch_size, gen_batches_used=g + 1,
                                            max_num_gen_batches=cfg.max_num_gen_batches,
@@ -188,6 +207,7 @@ def record_eval(event: BatchEvent) -> dict[str, Any]:
         return rs.get_json(eval_summary_key(run.run_id, batch.step))
     _check_batch(state, batch)
     rollouts = load_rollouts(run.run_id, batch)
+    check_not_all_failed(rollouts)
     scores = [float(r["reward"]) for r in rollouts]
     accuracy = sum(scores) / len(scores) if scores else 0.0
     summary = {"step": batch.step, "eval/accuracy": accuracy, "eval/n": len(scores), "final": batch.final,
