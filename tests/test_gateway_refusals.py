@@ -228,3 +228,24 @@ def test_missing_tokenizer_is_a_503_naming_it_and_not_sampled(stack, calls):
                        "runs/run-without-tokenizer/tokenizer/")
     assert r.json()["error"]["type"] == "api_error"
     assert calls() == 0
+
+
+def test_unreadable_session_record_is_a_503_and_the_sid_stays_out_of_the_logs(stack, calls):
+    s3, sampler, gw = stack
+    sid = "3f1c2a9e-0000-4000-8000-00000000beef"
+    s3.client.put_object(Bucket="stepwise-gateway-test", Key=f"sessions/{sid}.json", Body=b'{"sid": "' + sid.encode())
+    seen: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            seen.append(self.format(record) + str(getattr(record, "detail", "")))
+
+    handler = Collect()
+    logging.getLogger("stepwise").addHandler(handler)
+    try:
+        assert_refused(stack, post(gw, "/v1/chat/completions", sid=sid), 503, "retry")
+    finally:
+        logging.getLogger("stepwise").removeHandler(handler)
+    assert any("session lookup failed" in line for line in seen)
+    assert not any(sid in line for line in seen)
+    assert calls() == 0

@@ -66,6 +66,8 @@ _TOOLKIT_LOGGERS = (
     "agentcore_rl_toolkit.rollout_gateway.render",
     "agentcore_rl_toolkit.rollout_gateway.trajectory",
     "agentcore_rl_toolkit.rollout_gateway.sampling_backends.sagemaker_sdk",
+    "aiohttp.server",
+    "aiohttp.web",
 )
 
 
@@ -325,8 +327,10 @@ def build_app(
                           "missing or malformed api key: send the session id as Bearer token or x-api-key")
         try:
             record, usage = await directory.lookup(sid)
-        except Exception:
-            logger.exception("session lookup failed", extra={"sid": sid_digest(sid)})
+        except Exception as e:  # logged without the traceback: a bad record's text holds the sid
+            logger.error("session lookup failed", extra={
+                "sid": sid_digest(sid), "error": type(e).__name__,
+                "detail": str(e).replace(sid, f"sid#{sid_digest(sid)}")[:500]})
             return refuse(protocol, 503, "api_error", "session store unavailable; retry")
         if record is None:
             return refuse(protocol, 401, "authentication_error", "unknown session")
