@@ -15,13 +15,17 @@ from cli import main
 from local.simulator import start_simulator
 
 
-@pytest.fixture
-def sim(monkeypatch):
+@pytest.fixture(scope="module")
+def sim():
     handle = start_simulator()
-    for key, value in handle.env.items():
-        monkeypatch.setenv(key, value)
     yield handle
     handle.stop()
+
+
+@pytest.fixture(autouse=True)
+def sim_env(sim, monkeypatch):
+    for key, value in sim.env.items():
+        monkeypatch.setenv(key, value)
 
 
 def _session(sim, run_id):
@@ -37,9 +41,9 @@ def _session(sim, run_id):
 
 
 def _status(cfg, name):
-    from stepwise import training
+    from stepwise.commands.stop import session_status
 
-    return training.describe_session(training.control_plane(cfg.region), name)[0]
+    return session_status(cfg.region, name)
 
 
 def _running_run(moto_dep, sim, run_id):
