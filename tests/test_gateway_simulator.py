@@ -138,29 +138,48 @@ def test_a_request_the_sampler_rejects_is_a_400_with_its_reason(stack):
     assert turn_objects(s3.client, RUN, sid) == {}
 
 
-def test_multi_turn_conversation_replays_to_the_in_process_records(stack):
+def multi_turn(base_url: str, sid: str) -> None:
+    client = openai.OpenAI(base_url=base_url, api_key=sid, max_retries=0)
+    messages = [{"role": "system", "content": "Answer with the next digit."}]
+    for digit in ("1", "4", "8"):
+        messages.append({"role": "user", "content": digit})
+        reply = client.chat.completions.create(model="m", messages=messages).choices[0].message
+        messages.append(reply.model_dump(exclude_none=True))
+
+
+def forked_sub_agent(base_url: str, sid: str) -> None:
+    """A planner hands a sub-task to a worker (own system prompt, same session), then goes on
+    with the worker's answer: two branches of one trajectory tree."""
+    client = openai.OpenAI(base_url=base_url, api_key=sid, max_retries=0)
+    main = [{"role": "system", "content": "You plan."}, {"role": "user", "content": "2"}]
+    main.append(client.chat.completions.create(model="m", messages=main).choices[0].message.model_dump(
+        exclude_none=True))
+    sub = [{"role": "system", "content": "You work."}, {"role": "user", "content": "5"}]
+    sub.append(client.chat.completions.create(model="m", messages=sub).choices[0].message.model_dump(
+        exclude_none=True))
+    sub.append({"role": "user", "content": "6"})
+    answer = client.chat.completions.create(model="m", messages=sub).choices[0].message.content
+    main.append({"role": "user", "content": f"worker says {answer}"})
+    client.chat.completions.create(model="m", messages=main)
+
+
+@pytest.mark.parametrize("agent, n_turns", [(multi_turn, 3), (forked_sub_agent, 4)], ids=["multi-turn", "forked"])
+def test_conversations_replay_to_the_in_process_records(stack, agent, n_turns):
     s3, sim, gw, name = stack
     sid, record = _session(stack)
-
-    def agent(base_url):
-        client = openai.OpenAI(base_url=base_url, api_key=sid, max_retries=0)
-        messages = [{"role": "system", "content": "Answer with the next digit."}]
-        for digit in ("1", "4", "8"):
-            messages.append({"role": "user", "content": digit})
-            reply = client.chat.completions.create(model="m", messages=messages).choices[0].message
-            messages.append(reply.model_dump(exclude_none=True))
-
-    agent(gw.base_url)
-    turns = _check_captured(stack, sid, 3)
+    agent(gw.base_url, sid)
+    turns = _check_captured(stack, sid, n_turns)
     replayed = replay_turns(sid, turns, 1.0, load_tokenizer(), max_context_tokens=record["max_context_tokens"])
     outputs = [(b["turn"]["prompt_ids"], turn_record_from_json(b["turn"])) for b in turns.values()]
     ref = ReferenceGateway(ReplaySampler(outputs), load_tokenizer())
     try:
         ref.open(sid, record)
-        agent(ref.url + "/v1")
+        agent(ref.url + "/v1", sid)
         expected = ref.finish(sid, 1.0)
     finally:
         ref.stop()
     assert [dataclasses.asdict(r) for r in replayed] == [dataclasses.asdict(r) for r in expected]
-    assert len(expected) >= 1 and sum(r.loss_mask.count(1) for r in expected) == sum(
+    assert expected and sum(r.loss_mask.count(1) for r in expected) == sum(
         len(b["turn"]["output_ids"]) for b in turns.values())
+    if agent is forked_sub_agent:
+        assert len(expected) >= 2
