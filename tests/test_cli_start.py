@@ -36,12 +36,12 @@ def test_start_uploads_rewrites_and_names_the_execution(moto_dep, tmp_path, caps
     bucket = moto_dep.bucket
     assert sent["dataset_path"] == f"s3://{bucket}/datasets/r1/train.jsonl"
     assert sent["eval_dataset_path"] == f"s3://{bucket}/datasets/r1/eval.jsonl"
-    assert sent["tokenizer_path"] == f"s3://{bucket}/tokenizers/r1/"
+    assert sent["tokenizer_path"] == f"s3://{bucket}/datasets/r1/tokenizer/"
     assert sent["batch_size"] == 2  # the rest of the config is passed as written
     body = moto_dep.s3.get_object(Bucket=bucket, Key="datasets/r1/train.jsonl")["Body"].read()
     assert body == train.read_bytes()
-    keys = {o["Key"] for o in moto_dep.s3.list_objects_v2(Bucket=bucket, Prefix="tokenizers/r1/")["Contents"]}
-    assert keys == {"tokenizers/r1/tokenizer.json", "tokenizers/r1/tokenizer_config.json"}
+    keys = {o["Key"] for o in moto_dep.s3.list_objects_v2(Bucket=bucket, Prefix="datasets/r1/tokenizer/")["Contents"]}
+    assert keys == {"datasets/r1/tokenizer/tokenizer.json", "datasets/r1/tokenizer/tokenizer_config.json"}
 
 
 def test_default_run_id_from_config_name(moto_dep, tmp_path, capsys):

@@ -5,7 +5,7 @@
    train rows) -- the checks Init repeats before it creates a billed training session.
 2. Local files are uploaded to the stack's bucket and the config rewritten to point at them:
    ``dataset_path`` / ``eval_dataset_path`` -> ``s3://BUCKET/datasets/{run_id}/{file name}``, and a
-   local ``tokenizer_path`` directory -> ``s3://BUCKET/tokenizers/{run_id}/``. ``s3://`` paths are
+   local ``tokenizer_path`` directory -> ``s3://BUCKET/datasets/{run_id}/tokenizer/``. ``s3://`` paths are
    kept as they are.
 3. One execution of the training loop is started, named after the run id, with the rewritten
    config as its input. The run id and the execution's console link are printed.
@@ -86,7 +86,7 @@ def upload_inputs(raw: dict[str, Any], *, s3: Any, bucket: str, run_id: str) -> 
         uploaded.append(out[field])
     tok = out.get("tokenizer_path")
     if tok and not str(tok).startswith("s3://") and Path(str(tok)).is_dir():
-        prefix = f"tokenizers/{run_id}/"
+        prefix = f"datasets/{run_id}/tokenizer/"
         files = [p for p in sorted(Path(str(tok)).iterdir()) if p.is_file()]
         if not files:
             raise CommandError(f"tokenizer_path: {tok} holds no files")
