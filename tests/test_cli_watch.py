@@ -73,6 +73,8 @@ def test_watch_once_prints_the_current_view(moto_dep, capsys):
     assert out.count("\n    ") + out.count("\n  eval") >= 3
     assert "-- o RUNNING" in out and "step 3 epoch 1 phase train" in out
     assert main(["watch", "missing", "--once", *moto_dep.flags]) == 1
+    assert main(["watch", "missing", "--interval", "0.1", *moto_dep.flags]) == 1  # a typo does not wait forever
+    assert "see `stepwise runs`" in capsys.readouterr().err
 
 
 def test_step_line_without_config_or_timings():

@@ -145,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
 
             dep = deployment(args)
             if run_exists(dep, validate_run_id(args.run_id)):
-                return resume.run(argparse.Namespace(**{**vars(args), "run": args.run_id, "wait": 0.0}))
+                return resume.run(argparse.Namespace(**{**vars(args), "run": args.run_id}))
         out = start(args)
     except ConfigError as e:
         print(str(e), file=sys.stderr)

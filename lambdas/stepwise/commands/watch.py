@@ -241,10 +241,13 @@ def run(args: argparse.Namespace) -> int:
         watcher = Watcher(dep, args.run)
         deadline = None if args.timeout is None else time.monotonic() + args.timeout
         last_steps = -1
+        first = True
         while True:
             desc = watcher.poll()
-            if desc is None and not watcher.cache.steps and run_state(dep, args.run) is None and args.once:
-                raise CommandError(f"no run {args.run!r} in this deployment")
+            if first and desc is None and run_state(dep, args.run) is None:
+                raise CommandError(f"no run {args.run!r} in this deployment (no execution of that name, no "
+                                   f"runs/{args.run}/state.json in s3://{dep.bucket}); see `stepwise runs`")
+            first = False
             if len(watcher.cache.steps) + len(watcher.cache.evals) != last_steps:
                 watcher.outputs(args.plot, args.metrics)
                 last_steps = len(watcher.cache.steps) + len(watcher.cache.evals)
