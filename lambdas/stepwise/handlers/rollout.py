@@ -127,7 +127,10 @@ def rollout_payload(payload: dict[str, Any], *, run_id: str, input_id: str, buck
     }
 
 
-def _acr_client(region: str) -> Any:
+def _acr_client(agent_runtime_arn: str, default_region: str) -> Any:
+    """A ``bedrock-agentcore`` client in the runtime's own region (read from its ARN)."""
+    parts = agent_runtime_arn.split(":")
+    region = parts[3] if len(parts) > 3 and parts[3] else default_region
     # Few in-client retries: the state machine's Retry (backoff + full jitter) paces throttled starts.
     return boto3.client("bedrock-agentcore", region_name=region,
                         config=Config(retries={"mode": "standard", "max_attempts": 2}))
@@ -152,7 +155,7 @@ def start(event: StartEvent) -> dict[str, Any]:
                            gateway_url=os.environ.get("STEPWISE_GATEWAY_URL", ""), model_id=cfg.base_model_arn,
                            sampling=record["sampling_defaults"])
     try:
-        resp = _acr_client(cfg.region).invoke_agent_runtime(
+        resp = _acr_client(cfg.agent_runtime_arn, cfg.region).invoke_agent_runtime(
             agentRuntimeArn=cfg.agent_runtime_arn, runtimeSessionId=sid,
             payload=json.dumps(body).encode(), contentType="application/json", accept="application/json",
         )
