@@ -1,0 +1,89 @@
+"""The run store: conditional state.json writes (S3 If-Match / If-None-Match, as moto honours them)."""
+
+from __future__ import annotations
+
+import boto3
+import pytest
+from botocore.exceptions import ClientError
+from moto import mock_aws
+
+from stepwise.runstore import (
+    RunOwnedElsewhere,
+    RunState,
+    RunStore,
+    StateConflict,
+    parse_result_key,
+    result_key,
+    state_key,
+)
+
+OWNER = "arn:aws:states:us-east-1:123456789012:execution:sm:run-1"
+
+
+@pytest.fixture
+def rs(monkeypatch):
+    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(k, v)
+    for k in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(k, raising=False)
+    with mock_aws():
+        s3 = boto3.client("s3", region_name="us-east-1")
+        s3.create_bucket(Bucket="runstore-test")
+        store = RunStore("runstore-test", s3)
+        store.create_state(RunState(run_id="run-1", owner_execution_arn=OWNER, training_session_name="s"))
+        yield store
+
+
+def test_a_concurrent_write_is_not_lost_the_change_is_reapplied(rs):
+    calls = []
+
+    def change(state: RunState) -> None:
+        calls.append(state.step)
+        if len(calls) == 1:  # another writer gets in between our read and our write
+            other, etag = rs.read_state("run-1")
+            other.cursor = 7
+            rs.put_json(state_key("run-1"), other.model_dump(), if_match=etag)
+        state.step += 1
+
+    state = rs.update_state("run-1", change, execution_arn=OWNER)
+    assert len(calls) == 2 and state.step == 1 and state.cursor == 7
+    assert rs.read_state("run-1")[0].cursor == 7
+
+
+def test_stale_etags_and_second_creations_are_refused(rs):
+    _, etag = rs.read_state("run-1")
+    rs.update_state("run-1", lambda s: setattr(s, "step", 3), execution_arn=OWNER)
+    with pytest.raises(ClientError) as e:
+        rs.put_json(state_key("run-1"), {"x": 1}, if_match=etag)
+    assert e.value.response["Error"]["Code"] == "PreconditionFailed"
+    with pytest.raises(RunOwnedElsewhere, match="already exists"):
+        rs.create_state(RunState(run_id="run-1", owner_execution_arn="arn:other", training_session_name="s"))
+    assert rs.read_state("run-1")[0].step == 3
+
+
+def test_only_the_owner_may_change_the_run_and_conflicts_are_bounded(rs):
+    with pytest.raises(RunOwnedElsewhere, match="owned by execution"):
+        rs.update_state("run-1", lambda s: setattr(s, "step", 9), execution_arn=OWNER + "-2")
+
+    def always_conflicting(state: RunState) -> None:
+        other, etag = rs.read_state("run-1")
+        rs.put_json(state_key("run-1"), other.model_dump() | {"cursor": other.cursor + 1}, if_match=etag)
+
+    with pytest.raises(StateConflict):
+        rs.update_state("run-1", always_conflicting, execution_arn=OWNER, attempts=3)
+    assert rs.read_state("run-1")[0].step == 0
+
+
+def test_bulky_objects_are_tagged_for_expiry(rs):
+    rs.put_json("runs/run-1/steps/0/gen0/items.json", [{"i": 0}], bulk=True)
+    tags = rs.s3.get_object_tagging(Bucket="runstore-test", Key="runs/run-1/steps/0/gen0/items.json")["TagSet"]
+    assert tags == [{"Key": "stepwise-class", "Value": "bulk"}]
+    assert rs.s3.get_object_tagging(Bucket="runstore-test", Key=state_key("run-1"))["TagSet"] == []
+
+
+def test_result_keys_round_trip_and_bad_keys_are_named():
+    key = result_key("exp=1+a", "s3g0p1", "sid-1")
+    assert key == "rollout-results/exp=1+a/s3g0p1/sid-1.json"
+    assert parse_result_key(key) == ("exp=1+a", "s3g0p1", "sid-1")
+    with pytest.raises(ValueError, match="expected rollout-results/RUN_ID/INPUT_ID/SID.json"):
+        parse_result_key("rollout-results/run/sid.json")
