@@ -108,9 +108,10 @@ def test_replayed_turns_equal_the_in_process_gateways_records(stack, name):
     ours = serve_ours(s3.new_client(), fixed_factory(sampler))
     try:
         agent(ours.base_url, sid)
+        # Listed before stopping: a stopping server cancels a streamed turn still being written.
+        turns = turn_objects(s3.client, RUN, sid, expect=len(script))
     finally:
         ours.stop()
-    turns = turn_objects(s3.client, RUN, sid, expect=len(script))
     assert len(turns) == len(script) == len(sampler.calls)
     replayed = replay_turns(sid, turns, REWARD, tok, max_context_tokens=record["max_context_tokens"])
 
