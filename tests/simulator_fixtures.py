@@ -55,7 +55,7 @@ def runtime_client(sim: SimulatorHandle):
         "sagemakertrainingsessionruntime",
         endpoint_url=sim.url,
         region_name=sim.region,
-        config=Config(retries={"mode": "standard", "max_attempts": 1}),
+        config=Config(retries={"mode": "standard", "total_max_attempts": 1}),
         **_credentials(sim),
     )
 
@@ -68,7 +68,7 @@ def control_client(sim: SimulatorHandle):
         "sagemaker",
         endpoint_url=sim.url,
         region_name=sim.region,
-        config=Config(retries={"mode": "standard", "max_attempts": 1}),
+        config=Config(retries={"mode": "standard", "total_max_attempts": 1}),
         **_credentials(sim),
     )
 

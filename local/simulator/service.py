@@ -156,6 +156,7 @@ class Simulator:
         self.tokenizer = AutoTokenizer.from_pretrained(str(ASSETS_DIR))
         self._eos_ids = [self.tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
         self._op_ids = itertools.count(1)
+        engine.TrainerState.from_base(self._base)  # warm torch.optim's lazy imports off the request path
 
     # ------------------------------------------------------------ public helpers
 
@@ -248,6 +249,7 @@ class Simulator:
             raise error(CONTROL, "not_found", f"Base model {base_arn!r} is not served here; the simulator serves {self._hub_arn()}")
         group_arn = p.get("ModelPackageGroupArn") or self._ensure_group("sagemaker-default")
         group_name = group_arn.rsplit("/", 1)[-1]
+        trainer = engine.TrainerState.from_base(self._base)
         now = time.time()
         with self._lock:
             if name in self._sessions:
@@ -263,7 +265,7 @@ class Simulator:
                 modified=now,
                 ready_at=now + self.session_start_seconds,
                 start_mode=self.session_start,
-                trainer=engine.TrainerState.from_base(self._base),
+                trainer=trainer,
             )
             self._sessions[name] = s
         s.worker = threading.Thread(target=self._training_worker, args=(s,), name=f"sim-train-{name}", daemon=True)
