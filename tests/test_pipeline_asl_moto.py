@@ -117,3 +117,40 @@ def test_a_failed_operation_stops_the_session_and_fails_with_the_cause(local):
     state = _state(s3, run_id)
     assert state["session_stopped"] and state["stop_reason"].startswith("failed")
     assert sim.session_statuses()[state["training_session_name"]] in ("Stopping", "Stopped")
+
+
+def test_a_bad_config_fails_the_execution_before_any_session_exists(local):
+    moto, sim, agent, sm_arn, s3, base, put = local
+    sfn = moto.client("stepfunctions")
+    before = sim.counters.get("CreateTrainingSession", 0)
+    arn = sfn.start_execution(stateMachineArn=sm_arn, name=f"asl-bad-{uuid.uuid4().hex[:6]}",
+                              input=json.dumps(dict(base, batch_size=0)))["executionArn"]
+    d = _wait(sfn, arn)
+    assert d["status"] == "FAILED" and d["error"] == "ConfigError" and "batch_size" in d["cause"]
+    assert sim.counters.get("CreateTrainingSession", 0) == before
+
+
+def test_rollouts_that_time_out_score_zero_and_late_results_are_harmless(local):
+    moto, sim, agent, sm_arn, s3, base, put = local
+    sfn = moto.client("stepfunctions")
+    run_id = f"asl-timeout-{uuid.uuid4().hex[:6]}"
+    before = sim.counters.get("optim_step", 0)
+    agent.write_results = False  # the agent never reports back
+    try:
+        arn = sfn.start_execution(stateMachineArn=sm_arn, name=run_id,
+                                  input=json.dumps(dict(base, max_rollout_time=2, max_prompts=2)))["executionArn"]
+        d = _wait(sfn, arn)
+    finally:
+        agent.write_results = True
+    assert d["status"] == "SUCCEEDED", d.get("cause")
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix=f"runs/{run_id}/steps/0/gen0/rollouts/")["Contents"]]
+    records = [json.loads(s3.get_object(Bucket=BUCKET, Key=k)["Body"].read()) for k in keys]
+    assert len(records) == 4 and {(r["status"], r["reward"]) for r in records} == {("timeout", 0.0)}
+    assert all(r["sid"] for r in records)  # the timeout path still knows which session it closes
+    assert sim.counters.get("optim_step", 0) == before  # nothing to train on: the step was skipped
+    # A result that arrives after its task timed out resumes nothing and breaks nothing.
+    late = f"rollout-results/{run_id}/{records[0]['input_id']}/{records[0]['sid']}.json"
+    s3.put_object(Bucket=BUCKET, Key=late, Body=json.dumps({"rewards": 1.0}).encode())
+    moto.dispatcher.drain(timeout=10)
+    late_calls = [i for i in moto.dispatcher.invocations if i.function_name.endswith("OnRolloutResult")]
+    assert late_calls and late_calls[-1].error is None
