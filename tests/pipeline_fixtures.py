@@ -5,7 +5,6 @@ helpers that play the agent + gateway side of a rollout (captured turns and a re
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 import uuid

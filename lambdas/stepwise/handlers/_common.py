@@ -20,8 +20,10 @@ from pydantic import BaseModel, ConfigDict
 
 from stepwise.runstore import RunStore, config_key
 
-logger = Logger(service=os.environ.get("POWERTOOLS_SERVICE_NAME", "stepwise"))
-metrics = Metrics(namespace=os.environ.get("POWERTOOLS_METRICS_NAMESPACE", "Stepwise"))
+SERVICE = os.environ.get("POWERTOOLS_SERVICE_NAME", "stepwise")
+logger = Logger(service=SERVICE)
+#: EMF dimensions: ``service`` and ``run_id`` (the dashboard's SEARCH expressions rely on both).
+metrics = Metrics(namespace=os.environ.get("POWERTOOLS_METRICS_NAMESPACE", "Stepwise"), service=SERVICE)
 
 
 class RunRef(BaseModel):
@@ -100,7 +102,12 @@ def bind(run_id: str | None = None, step: int | None = None, sid: str | None = N
 
 
 def emit(values: dict[str, float], *, run_id: str, units: dict[str, MetricUnit] | None = None) -> None:
-    """Emit slash-named metrics as one EMF record (dimension: run id), flushed immediately."""
+    """Emit slash-named metrics as one EMF record (dimensions: service, run_id), flushed immediately.
+
+    Units: ``time/*`` Seconds, counts (``*/num_*``, ``*_rollouts``, ``*/n``) Count, the rest None.
+    The log messages FinishRollout writes for failed or zeroed rollouts ("rollout did not complete",
+    "reward zeroed") are counted by the stack's metric filter: keep them stable.
+    """
     units = units or {}
     clean = {k: float(v) for k, v in values.items() if isinstance(v, (int, float)) and v == v}
     if not clean:
@@ -116,10 +123,6 @@ def emit(values: dict[str, float], *, run_id: str, units: dict[str, MetricUnit] 
 
 def now() -> float:
     return time.time()
-
-
-def dumps_small(obj: Any) -> str:
-    return json.dumps(obj, separators=(",", ":"), default=str)
 
 
 CONTINUATION_KEY = "continuation"
