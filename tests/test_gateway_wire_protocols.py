@@ -161,3 +161,43 @@ def test_anthropic_streaming_tool_use(stack):
         final = stream.get_final_message()
     assert final.stop_reason == "tool_use"
     assert [(b.name, b.input) for b in final.content if b.type == "tool_use"] == [("add", {"a": 2, "b": 3})]
+
+
+class SlowPuts:
+    """An S3 client whose writes take a while (real S3 latency is tens of ms)."""
+
+    def __init__(self, client, delay: float) -> None:
+        self._client, self._delay = client, delay
+
+    def put_object(self, **kwargs):
+        import time
+
+        time.sleep(self._delay)
+        return self._client.put_object(**kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._client, name)
+
+
+def test_streamed_turn_is_kept_when_the_client_hangs_up_at_the_end_marker(stack):
+    """The OpenAI client closes the connection at [DONE]; the turn it received must still land
+    even though the server cancels the request on disconnect."""
+    import socket
+
+    s3, sampler, gw, tok = stack
+    slow = serve_ours(SlowPuts(s3.new_client(), 0.3), fixed_factory(sampler))
+    try:
+        sid, _ = open_session(s3.client, RUN)
+        port = int(slow.url.rsplit(":", 1)[1])
+        body = json.dumps({"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}).encode()
+        with socket.create_connection(("127.0.0.1", port)) as conn:
+            conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         + f"Authorization: Bearer {sid}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+            received = b""
+            while b"[DONE]" not in received:
+                chunk = conn.recv(65536)
+                assert chunk, received
+                received += chunk
+        assert len(turn_objects(s3.client, RUN, sid, expect=1)) == 1
+    finally:
+        slow.stop()

@@ -378,7 +378,7 @@ def build_app(
                 response = await handler(request)
                 written = sum(len(p.body) for p in scope.pending)
                 try:
-                    await recorder.flush(scope.pending)
+                    await _uncancellable(recorder.flush(scope.pending))
                 except Exception:
                     logger.exception("turn capture failed")
                     if not response.prepared:  # not streamed yet: fail the turn, the agent retries
@@ -405,6 +405,24 @@ def build_app(
     app[GATEWAY] = {"stats": stats, "recorder": recorder, "backend": sampler, "renderers": renderers,
                     "adapters": adapters, "directory": directory}
     return app
+
+
+async def _uncancellable(coro) -> None:
+    """Await ``coro`` to completion even if this task is cancelled meanwhile, then re-raise.
+
+    A streaming client may close the connection as soon as it reads the stream's end marker
+    (the OpenAI client stops at ``[DONE]``); with handler cancellation on (the toolkit's
+    server setting) that cancels the request while its turn, already delivered, is being
+    written. The write must finish regardless.
+    """
+    task = asyncio.ensure_future(coro)
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        try:
+            await task
+        finally:
+            raise asyncio.CancelledError
 
 
 async def _health(request: web.Request) -> web.Response:
