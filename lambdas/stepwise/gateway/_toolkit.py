@@ -16,6 +16,8 @@ transformers or the SageMaker SDK change under us, that test fails first.
    (``response_schema.py``), restoring the toolkit's intended parse.
 3. SageMaker SDK ``SamplingClient._retire``: a directly constructed client owns a
    background submitter thread; retiring it when it leaves our cache stops the thread.
+4. ``BaseAdapter._session_id`` (a documented wire hook): ``app.py``'s adapter subclasses
+   return the sid the guard authenticated, so both protocols agree on bearer vs x-api-key.
 """
 
 from __future__ import annotations
