@@ -140,7 +140,11 @@ class SimulatorProcess:
         args = [sys.executable, "-c", "import cli, sys; sys.exit(cli.main())", "simulator", "--port", "0",
                 "--region", region]
         for key, value in (options or {}).items():
-            args += [f"--{key.replace('_', '-')}", str(value)]
+            flag = f"--{key.replace('_', '-')}"
+            if value is True:
+                args.append(flag)
+            elif value is not False and value is not None:
+                args += [flag, str(value)]
         self._log = log_path.open("a") if log_path else None
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self._log, text=True, cwd=str(REPO_ROOT))
         self.url = ""
@@ -709,9 +713,8 @@ def _run(stack: LocalStack, config: Any, cfg: dict[str, Any], config_path: Path,
         while desc is None:
             if deadline is not None and time.monotonic() > deadline:
                 newest = follower.current_execution()
-                sfn.stop_execution(executionArn=newest["executionArn"], error="States.Timeout",
-                                   cause=f"run-local timeout of {timeout:.0f}s")
-                desc = sfn.describe_execution(executionArn=newest["executionArn"])
+                desc = stop_execution(sfn, newest["executionArn"], error="States.Timeout",
+                                      cause=f"run-local timeout of {timeout:.0f}s")
                 break
             time.sleep(0.5)
             desc = follower.poll()
@@ -720,15 +723,28 @@ def _run(stack: LocalStack, config: Any, cfg: dict[str, Any], config_path: Path,
         if follower is not None and stack.moto is not None:
             newest = follower.current_execution()
             if newest is not None:
-                stack.moto.client("stepfunctions").stop_execution(executionArn=newest["executionArn"],
-                                                                  error="Interrupted", cause="Ctrl-C in run-local")
-                desc = stack.moto.client("stepfunctions").describe_execution(executionArn=newest["executionArn"])
+                desc = stop_execution(stack.moto.client("stepfunctions"), newest["executionArn"],
+                                      error="Interrupted", cause="Ctrl-C in run-local")
     finally:
         result = _finish(stack, follower, desc, run_id, run_dir, t_start, mirror_s3)
         stack.stop()
         if follower is not None:
             follower.close()
     return result, interrupted
+
+
+def stop_execution(sfn: Any, arn: str, *, error: str, cause: str, wait: float = 15.0) -> dict[str, Any]:
+    """StopExecution, then wait until moto's worker reports it ended; the description it ends with
+    (status forced to ABORTED if the worker is still winding down, as the API reports at once)."""
+    sfn.stop_execution(executionArn=arn, error=error, cause=cause)
+    deadline = time.monotonic() + wait
+    desc = sfn.describe_execution(executionArn=arn)
+    while desc["status"] == "RUNNING" and time.monotonic() < deadline:
+        time.sleep(0.2)
+        desc = sfn.describe_execution(executionArn=arn)
+    if desc["status"] == "RUNNING":
+        desc = {**desc, "status": "ABORTED", "error": error, "cause": cause}
+    return desc
 
 
 def _total_steps(config: Any, s3: Any, bucket: str, run_cfg: dict[str, Any]) -> int | None:
