@@ -49,7 +49,7 @@ def _session(stack):
     return sid, record
 
 
-def test_openai_plain_turn_is_answered_and_captured(stack):
+def test_openai_plain_turn_is_answered_and_captured(stack, capsys):
     s3, sampler, gw, tok = stack
     sid, record = _session(stack)
     sampler.script[:] = ["Hello from the sampler"]
@@ -71,6 +71,9 @@ def test_openai_plain_turn_is_answered_and_captured(stack):
     assert body["policy_version"] == 3 and body["sid"] == sid and body["metadata"] == {"sid": sid}
     # The prompt was rendered with the run's chat template, ending in the generation header.
     assert tok.decode(prompt_ids).endswith("<|im_start|>assistant\n")
+    # One EMF record per served turn (CloudWatch metrics from the log stream), without the sid.
+    emf = [line for line in capsys.readouterr().out.splitlines() if "GatewayTurnOverhead" in line]
+    assert len(emf) == 1 and '"GatewayTurnBytes":[' in emf[0] and sid not in emf[0]
 
 
 def test_openai_streaming_turn(stack):

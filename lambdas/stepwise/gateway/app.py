@@ -30,7 +30,8 @@ from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
-from aws_lambda_powertools import Logger
+from aws_lambda_powertools import Logger, Metrics
+from aws_lambda_powertools.metrics import MetricUnit
 from botocore.exceptions import ClientError, ParamValidationError
 
 from agentcore_rl_toolkit.rollout_gateway.adapters.anthropic import AnthropicAdapter
@@ -55,6 +56,9 @@ from .session import (
 from .validation import TURN_ROUTES, Protocol, error_response, parse_body
 
 logger = Logger(service=os.environ.get("POWERTOOLS_SERVICE_NAME", "stepwise"))
+#: EMF metrics (namespace from POWERTOOLS_METRICS_NAMESPACE), one flush per served turn.
+metrics = Metrics(namespace=os.environ.get("POWERTOOLS_METRICS_NAMESPACE", "Stepwise"),
+                  service=os.environ.get("POWERTOOLS_SERVICE_NAME", "stepwise"))
 
 #: Lambda Function URLs accept request payloads up to 6 MB.
 DEFAULT_MAX_BODY_BYTES = 6 * 1024 * 1024
@@ -390,11 +394,16 @@ def build_app(
                     stats.sample_seconds.append(scope.sample_seconds)
                     stats.overhead_seconds.append(total - scope.sample_seconds)
                     stats.turn_bytes.append(written)
+                    overhead_ms = round((total - scope.sample_seconds) * 1e3, 2)
                     logger.info("turn served", extra={
                         "protocol": protocol, "status": response.status, "turn_bytes": written,
-                        "sample_ms": round(scope.sample_seconds * 1e3, 2),
-                        "overhead_ms": round((total - scope.sample_seconds) * 1e3, 2),
+                        "sample_ms": round(scope.sample_seconds * 1e3, 2), "overhead_ms": overhead_ms,
                     })
+                    metrics.add_metric(name="GatewayTurnOverhead", unit=MetricUnit.Milliseconds, value=overhead_ms)
+                    metrics.add_metric(name="GatewaySampleTime", unit=MetricUnit.Milliseconds,
+                                       value=round(scope.sample_seconds * 1e3, 2))
+                    metrics.add_metric(name="GatewayTurnBytes", unit=MetricUnit.Bytes, value=written)
+                    metrics.flush_metrics()
                 return response
             finally:
                 _SCOPE.reset(token)
