@@ -316,8 +316,14 @@ def mean_reward(summary: dict[str, Any]) -> float | None:
     return _metric(summary, "sampler/mean_reward", "reward/mean", "mean_reward", contains="mean_reward")
 
 
-def kept_groups(summary: dict[str, Any]) -> float | None:
-    return _metric(summary, "sampling/kept_groups", "dapo/kept_groups", contains="kept_groups")
+def kept_groups(summary: dict[str, Any], batch_size: int | None = None) -> float | None:
+    """Groups that carried signal: DAPO's count, else (GRPO) the groups whose rewards differed."""
+    kept = _metric(summary, "sampling/kept_groups", "dapo/kept_groups", contains="kept_groups")
+    if kept is None and batch_size:
+        zero = _metric(summary, "advantages/zero_groups_fraction")
+        if zero is not None:
+            kept = round(batch_size * (1.0 - zero))
+    return kept
 
 
 def eval_accuracy(summary: dict[str, Any]) -> float | None:
@@ -370,8 +376,10 @@ class RunResult:
 class Follower:
     """Polls the run's executions and S3 summaries; writes ``metrics.jsonl`` as they appear."""
 
-    def __init__(self, stack: LocalStack, run_id: str, run_dir: Path, total_steps: int | None, progress: bool):
+    def __init__(self, stack: LocalStack, run_id: str, run_dir: Path, total_steps: int | None, progress: bool,
+                 batch_size: int | None = None):
         self.stack = stack
+        self.batch_size = batch_size
         self.run_id = run_id
         self.run_dir = run_dir
         self.sfn = stack.moto.client("stepfunctions")
@@ -424,7 +432,7 @@ class Follower:
         self._step_seconds.append(now - self._last_step_t)
         self._last_step_t = now
         if self.bar is not None:
-            reward, kept = mean_reward(summary), kept_groups(summary)
+            reward, kept = mean_reward(summary), kept_groups(summary, self.batch_size)
             self.bar.set_postfix(step=step, reward=None if reward is None else f"{reward:.3f}",
                                  kept=None if kept is None else int(kept), s_per_step=f"{self._step_seconds[-1]:.1f}")
             self.bar.update(1)
@@ -708,7 +716,7 @@ def _run(stack: LocalStack, config: Any, cfg: dict[str, Any], config_path: Path,
         sfn = stack.moto.client("stepfunctions")
         sfn.start_execution(stateMachineArn=stack.resources.state_machine_arn, name=run_id, input=json.dumps(run_cfg))
         total = _total_steps(config, s3, bucket, run_cfg)
-        follower = Follower(stack, run_id, run_dir, total, progress)
+        follower = Follower(stack, run_id, run_dir, total, progress, batch_size=config.batch_size)
         deadline = None if timeout is None else time.monotonic() + timeout
         while desc is None:
             if deadline is not None and time.monotonic() > deadline:
@@ -877,7 +885,7 @@ def run(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not args.verbose:
         os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")  # handlers' INFO lines
-        for noisy in ("moto", "werkzeug", "botocore", "urllib3", "sagemaker", "local.acr"):
+        for noisy in ("moto", "werkzeug", "botocore", "urllib3", "sagemaker", "sagemaker.config", "local.acr"):
             logging.getLogger(noisy).setLevel(logging.CRITICAL if noisy == "moto" else logging.ERROR)
     try:
         result = run_local(args.config, run_id=args.run_id, out_root=args.out, progress=not args.no_progress,
