@@ -342,7 +342,8 @@ def create_functions(moto: MotoServer, *, prefix: str = "stepwise-local") -> dic
     """Create one moto Lambda per ``stepwise.functions.FUNCTIONS`` entry, routed in-process.
 
     Returns logical name -> function ARN. The environment is the one the stack gives
-    (``functions.environment``); in-process it is the runner's process environment.
+    (``functions.environment``), set on the moto function and in this process's environment
+    (restored by ``MotoServer.stop``).
     """
     from stepwise import functions
 
@@ -350,6 +351,9 @@ def create_functions(moto: MotoServer, *, prefix: str = "stepwise-local") -> dic
     role = _ensure_role(moto.client("iam"), LAMBDA_ROLE_NAME, "lambda.amazonaws.com")
     env = functions.environment(bucket=os.environ.get("STEPWISE_BUCKET", ""),
                                 gateway_url=os.environ.get("STEPWISE_GATEWAY_URL", ""))
+    # Handlers run in this process: they see the stack's environment (plus the local endpoints
+    # already set here). Every function gets the same one, so the process env can carry it.
+    moto.set_env(env)
     arns: dict[str, str] = {}
     for spec in functions.FUNCTIONS:
         name = local_function_name(prefix, spec.name)

@@ -7,6 +7,7 @@ through it, these tests fail loudly (instead of moto silently echoing payloads).
 from __future__ import annotations
 
 import json
+import os
 import time
 from urllib.parse import unquote_plus
 
@@ -115,3 +116,23 @@ def test_tasks_and_s3_notifications_dispatch_to_handlers():
         calls = [(r.function_name, r.invocation_type, r.error) for r in moto.dispatcher.invocations]
         assert ("on-result", "Event", None) in calls
         assert ("boom", "RequestResponse", "ValueError") in calls
+
+
+def test_functions_are_created_with_the_stack_environment(monkeypatch):
+    from stepwise import functions
+
+    monkeypatch.setenv("STEPWISE_BUCKET", "stepwise-env-test")
+    monkeypatch.setenv("STEPWISE_GATEWAY_URL", "http://127.0.0.1:1")
+    monkeypatch.delenv("POWERTOOLS_SERVICE_NAME", raising=False)
+    expected = functions.environment(bucket="stepwise-env-test", gateway_url="http://127.0.0.1:1")
+    with engine.MotoServer() as moto:
+        arns = engine.create_functions(moto)
+        assert set(arns) == {spec.name for spec in functions.FUNCTIONS}
+        lam = moto.client("lambda")
+        for spec in functions.FUNCTIONS:
+            conf = lam.get_function_configuration(FunctionName=arns[spec.name])
+            assert conf["Environment"]["Variables"] == expected
+            assert conf["MemorySize"] == spec.memory_mb and conf["Timeout"] == spec.timeout_s
+        # the in-process handlers see the same environment
+        assert {k: os.environ.get(k) for k in expected} == expected
+    assert "POWERTOOLS_SERVICE_NAME" not in os.environ
