@@ -7,7 +7,7 @@ import json
 import pytest
 from pipeline_fixtures import BUCKET, Stack, init_run, new_run_id, roll_out_batch, run_ref, wait_ready
 
-from stepwise.handlers import advantages, plan
+from stepwise.handlers import advantages, plan, train
 from stepwise.handlers._common import BatchEvent, RunEvent
 from stepwise.runstore import RunStore
 
@@ -45,15 +45,22 @@ def test_dapo_keeps_informative_groups_across_generation_batches(stack):
     datums = [d for k in rs.list_keys(f"runs/{run_id}/steps/0/datums/") for d in rs.get_json(k)]
     # gen0's first group (members 0, 1) and gen1's second group (members 2, 3): tokens 10+i, 11, 12
     assert [d["modelInput"]["chunks"][0]["tokens"][4] for d in datums] == [10, 11, 12, 13]
-    summary = rs.get_json(f"runs/{run_id}/steps/0/summary.json")
-    assert summary["sampling/generation_batches"] == 2 and summary["sampling/kept_groups"] == 2
-    assert summary["sampling/filtered_fraction"] == 0.5 and summary["sampler/num_rollouts"] == 8
     state, _ = rs.read_state(run_id)
     assert state.cursor == 4 and state.generation_batch == 1 and len(state.datum_chunks) == 1
 
     again = advantages.compute(BatchEvent.model_validate({"run": run_ref(run_id), "batch": p1["batch"]}))
     assert again == d1  # a retried ComputeAdvantages returns the recorded decision, changing nothing
     assert rs.read_state(run_id)[0].model_dump() == state.model_dump()
+
+    assert not rs.exists(f"runs/{run_id}/steps/0/summary.json")  # written once, when the step is trained
+    while not train.submit(ev)["done"]:
+        pass
+    while not train.rebind(ev)["done"]:
+        pass
+    summary = rs.get_json(f"runs/{run_id}/steps/0/summary.json")
+    assert summary["sampling/generation_batches"] == 2 and summary["sampling/kept_groups"] == 2
+    assert summary["sampling/filtered_fraction"] == 0.5 and summary["sampler/num_rollouts"] == 8
+    assert "train/loss" in summary and "time/train" in summary and summary["policy_version"] == 1
 
 
 def test_hitting_max_num_gen_batches_checkpoints_and_stops_with_a_reason(stack):

@@ -202,6 +202,7 @@ class RunState(BaseModel):
     kept_groups: int = 0
     datum_chunks: list[int] = Field(default_factory=list)  # datums per forward_backward chunk of the step
     step_started_at: float | None = None
+    step_metrics: dict[str, Any] = Field(default_factory=dict)  # the training step's metrics until its summary is written
     last_decision: dict[str, Any] | None = None  # ComputeAdvantages' last result (retry idempotence)
     current_batch: dict[str, Any] | None = None  # the planned, not yet consumed generation batch (PlanStep idempotence)
     last_sequence_number: int = 0

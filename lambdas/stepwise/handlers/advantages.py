@@ -180,6 +180,7 @@ def compute(event: BatchEvent) -> dict[str, Any]:
         if decision == "train":
             s.datum_chunks = chunk_sizes
             s.kept_groups = len(train_groups)
+            s.step_metrics = dict(metrics_)  # the summary is written once the step is trained (Rebind)
         elif decision == "need_more":
             s.generation_batch += 1
         elif decision == "cap_reached":
@@ -190,8 +191,9 @@ def compute(event: BatchEvent) -> dict[str, Any]:
             s.step += 1
             s.generation_batch = 0
 
-    if decision in ("train", "skip", "cap_reached"):
+    if decision in ("skip", "cap_reached"):
         rs.put_json(summary_key(run.run_id, batch.step), metrics_ | {"decision": decision})
+    if decision in ("train", "skip", "cap_reached"):
         emit({k: v for k, v in metrics_.items() if k not in ("step", "epoch")}, run_id=run.run_id)
     rs.update_state(run.run_id, change, execution_arn=run.execution_arn)
     logger.info("advantages computed", extra=result)

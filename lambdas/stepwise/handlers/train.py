@@ -36,6 +36,10 @@ from stepwise.handlers._common import (
 from stepwise.runstore import Checkpoint, PendingOperation, RunState, datums_key, summary_key
 
 
+#: Seconds between status reads while a handler polls inline (its budget: STEPWISE_INLINE_WAIT_SECONDS).
+POLL_INTERVAL_S = 0.25
+
+
 class PhaseMismatch(RuntimeError):
     """The handler was called while the run is in another phase (names both)."""
 
@@ -102,6 +106,7 @@ def complete_phase(state: RunState) -> dict[str, Any]:
         started = min((o.submitted_at for o in state.pending if o.submitted_at), default=None)
         if started:
             out["time/train"] = now() - started
+        state.step_metrics.update(out)
         state.pending = [_sampling_op(_saved_weights(state))]
         state.phase = "rebind"
     elif state.phase == "resume":
@@ -204,7 +209,7 @@ def drive(run_id: str, execution_arn: str, phases: tuple[str, ...], *, budget_s:
             continue
         if time.monotonic() >= deadline:
             return state, False, reported
-        time.sleep(0.2)
+        time.sleep(POLL_INTERVAL_S)
 
 
 def _result(done: bool, **extra: Any) -> dict[str, Any]:
@@ -212,15 +217,10 @@ def _result(done: bool, **extra: Any) -> dict[str, Any]:
 
 
 def _report_train(run_id: str, step: int, metrics_: dict[str, Any]) -> None:
-    """Merge train/* metrics into the step summary and emit them."""
+    """Emit the train/* metrics of a completed training phase (they join the step summary at Rebind)."""
     numeric = {k: v for k, v in metrics_.items() if isinstance(v, (int, float)) and k != "policy_version"}
-    if not numeric:
-        return
-    rs = store()
-    summary = rs.get_json_or(summary_key(run_id, step), {}) or {}
-    summary.update(numeric)
-    rs.put_json(summary_key(run_id, step), summary)
-    emit(numeric, run_id=run_id)
+    if numeric:
+        emit(numeric, run_id=run_id)
 
 
 # ---------------------------------------------------------------------------- handlers
@@ -263,10 +263,11 @@ def rebind(event: RunEvent) -> dict[str, Any]:
     if before.phase == "train":
         raise PhaseMismatch("Rebind called before the training operations completed")
     state, done, _ = drive(run.run_id, run.execution_arn, ("rebind",), budget_s=inline_wait_seconds())
-    if done:
-        summary = store().get_json_or(summary_key(run.run_id, before.step), {}) or {}
-        summary.update({"policy_version": state.policy_version, "sampler_model_package_arn": state.sampler_model_package_arn})
-        store().put_json(summary_key(run.run_id, before.step), summary)
+    if done and state.step_metrics.get("step") == state.step - 1:
+        # The step's summary is written once, complete: sampling, advantages, train/* and the new policy.
+        summary = dict(state.step_metrics, decision="train", policy_version=state.policy_version,
+                       sampler_model_package_arn=state.sampler_model_package_arn)
+        store().put_json(summary_key(run.run_id, state.step - 1), summary)
         logger.info("sampler rebound", extra={"policy_version": state.policy_version})
     return _result(done, step=state.step, policy_version=state.policy_version)
 
