@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from gateway_fixtures import BUCKET, REGION, MotoS3, open_session
+from gateway_fixtures import BUCKET, REGION, TINY_MODEL, MotoS3, open_session
 
 from stepwise.gateway.server import default_port
 
@@ -56,3 +56,26 @@ def test_port_follows_the_web_adapter():
     assert default_port({"AWS_LWA_PORT": "9001"}) == 9001
     assert default_port({"PORT": "7000"}) == 7000
     assert default_port({}) == 8080
+
+
+def test_tokenizer_loads_from_concurrent_threads_in_a_fresh_process():
+    """The server's warm-up import and a first turn's load (or two runs' first turns) run in
+    parallel threads; transformers' lazy import is not thread-safe on its own."""
+    code = """
+import threading
+from stepwise.gateway.renderers import auto_tokenizer_class, load_tokenizer_dir
+errors = []
+def run(fn):
+    try:
+        fn()
+    except Exception as e:
+        errors.append(repr(e))
+threads = [threading.Thread(target=run, args=(auto_tokenizer_class,))] + [
+    threading.Thread(target=run, args=(lambda: load_tokenizer_dir(%r),)) for _ in range(2)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+print("errors:", errors)
+""" % str(TINY_MODEL)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "errors: []" in out.stdout, out.stdout

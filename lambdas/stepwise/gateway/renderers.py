@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import tempfile
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +22,25 @@ from .session import SessionRecord
 
 #: (record) -> tokenizer; the default downloads from S3. Tests may inject a local loader.
 TokenizerLoader = Callable[[SessionRecord], Any]
+
+#: transformers' lazy module is not safe to import from two threads at once (the server's
+#: warm-up thread and a first turn's loader, or two runs' first turns): that fails with
+#: "cannot import name 'AutoTokenizer'". Every import and tokenizer load holds this lock.
+_IMPORT_LOCK = threading.RLock()
+
+
+def auto_tokenizer_class() -> Any:
+    """``transformers.AutoTokenizer``, imported under the gateway's import lock."""
+    with _IMPORT_LOCK:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer
+
+
+def load_tokenizer_dir(path: str) -> Any:
+    """``AutoTokenizer.from_pretrained(path)`` under the import lock (loads import lazily too)."""
+    with _IMPORT_LOCK:
+        return auto_tokenizer_class().from_pretrained(path)
 
 
 def download_prefix(s3: Any, bucket: str, prefix: str, dest: str) -> list[str]:
@@ -53,11 +73,9 @@ class S3TokenizerLoader:
         self.root = root or os.path.join(tempfile.gettempdir(), "stepwise-tokenizers")
 
     def __call__(self, record: SessionRecord) -> Any:
-        from transformers import AutoTokenizer
-
         dest = tempfile.mkdtemp(prefix=f"{record.run_id}-", dir=_ensure(self.root))
         download_prefix(self.s3, self.bucket, record.resolved_tokenizer_prefix(), dest)
-        return AutoTokenizer.from_pretrained(dest)
+        return load_tokenizer_dir(dest)
 
 
 def _ensure(path: str) -> str:

@@ -60,8 +60,10 @@ def default_port(env: dict[str, str] | None = None) -> int:
 def _warm_imports() -> None:
     """Import transformers' tokenizer machinery off the request path (the first turn of a
     container would otherwise pay ~2 s for it; more where torch is installed)."""
+    from .renderers import auto_tokenizer_class
+
     try:
-        from transformers import AutoTokenizer  # noqa: F401
+        auto_tokenizer_class()
     except Exception:  # the first turn will report it
         pass
 
