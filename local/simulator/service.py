@@ -131,6 +131,7 @@ class Simulator:
         session_start: str = "ok",
         sampling_workers: int = 2,
         fault_seed: int = 0,
+        torch_threads: int | None = 1,
     ) -> None:
         if session_start not in ("ok", "hang", "fail"):
             raise ValueError(f"session_start must be ok, hang or fail, got {session_start!r}")
@@ -141,6 +142,12 @@ class Simulator:
         self.session_stop_seconds = float(session_stop_seconds)
         self.session_start = session_start
         self.faults = FaultPlan(seed=fault_seed)
+        if torch_threads:
+            # Process-wide. The model's matrices are 64 wide: intra-op threads only add
+            # synchronisation, and on a loaded machine they thrash (10-50x slower sampling).
+            import torch
+
+            torch.set_num_threads(torch_threads)
         self._lock = threading.RLock()
         self._sessions: dict[str, Session] = {}
         self._packages: dict[str, engine.ModelPackage] = {}
