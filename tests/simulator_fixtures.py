@@ -74,6 +74,8 @@ def control_client(sim: SimulatorHandle):
 
 
 def _credentials(sim: SimulatorHandle) -> dict[str, str]:
+    if "AWS_ACCESS_KEY_ID" not in sim.env:
+        return {}  # the environment has credentials of its own
     return {"aws_access_key_id": sim.env["AWS_ACCESS_KEY_ID"], "aws_secret_access_key": sim.env["AWS_SECRET_ACCESS_KEY"]}
 
 

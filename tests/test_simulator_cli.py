@@ -16,9 +16,11 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def test_cli_prints_exports_serves_and_stops_on_ctrl_c():
+    # No AWS settings inherited: the simulator prints dummy ones, and only then.
+    child_env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     proc = subprocess.Popen(
         [sys.executable, "-m", "cli", "simulator", "--port", "0", "--fault", "throttle:ListTrainingSessions:1"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env,
     )
     try:
         env: dict[str, str] = {}

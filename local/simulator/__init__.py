@@ -29,7 +29,7 @@ from local.simulator.service import BASE_MODEL_NAME, Simulator
 
 __all__ = ["BASE_MODEL_NAME", "Fault", "SimulatorHandle", "TOY_RECIPE", "start_simulator"]
 
-#: Dummy credentials/region used when the caller's environment has none (never real ones).
+#: Dummy credentials/region used when the caller's environment has none.
 _DEFAULT_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing",
@@ -62,12 +62,15 @@ class SimulatorHandle:
             "AWS_ENDPOINT_URL_SAGEMAKER": self.url,
             "AWS_ENDPOINT_URL_SAGEMAKERTRAININGSESSIONRUNTIME": self.url,
         }
+        # Dummy credentials/region only where the environment has none: the caller's own
+        # values are never copied (``env`` gets printed by `stepwise simulator`).
         for key, value in _DEFAULT_ENV.items():
-            env[key] = os.environ.get(key) or value
+            if not os.environ.get(key):
+                env[key] = value
         if os.environ.get("AWS_DEFAULT_REGION") and not os.environ.get("AWS_REGION"):
             env["AWS_REGION"] = os.environ["AWS_DEFAULT_REGION"]
         self.env: dict[str, str] = env
-        self.region = env["AWS_REGION"]
+        self.region = env.get("AWS_REGION") or os.environ["AWS_REGION"]
         self.role_arn = f"arn:aws:iam::{simulator.account_id}:role/StepwiseSimulatorRole"
         self.model_package_group_arn = (
             f"arn:aws:sagemaker:{simulator.region}:{simulator.account_id}:model-package-group/stepwise-local"
