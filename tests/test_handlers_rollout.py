@@ -17,7 +17,7 @@ from pipeline_fixtures import BUCKET, FakeAgent, Stack, init_run, run_ref, wait_
 from state_machine.definition import load_asl
 from stepwise.handlers._common import RunEvent
 from stepwise.handlers.plan import plan
-from stepwise.handlers.rollout import AgentRuntimeThrottled, StartEvent, on_result, start
+from stepwise.handlers.rollout import AgentRuntimeThrottled, FinishEvent, StartEvent, finish, on_result, start
 
 
 @pytest.fixture(scope="module")
@@ -104,3 +104,19 @@ def test_throttled_invokes_raise_the_error_the_state_machine_retries(env):
     assert AgentRuntimeThrottled.__name__ in retry["ErrorEquals"]
     assert 10 - agent.throttle <= 3  # no long in-Lambda retry loop: pacing belongs to the state machine
     agent.throttle = 0
+
+
+def test_malformed_and_failed_agent_results_score_zero_without_failing_the_rollout(env):
+    stack, agent, sm, run_id, p, items = env
+    item = items[2]
+    outcomes = []
+    for body in (b"{not json", b"[1, 2]", json.dumps({"status_code": 500, "rewards": 1.0}).encode()):
+        sid = f"sid-{len(outcomes)}"
+        key = f"rollout-results/{run_id}/{item['input_id']}/{sid}.json"
+        stack.s3.put_object(Bucket=BUCKET, Key=key, Body=body)
+        out = finish(FinishEvent.model_validate({"run": run_ref(run_id), "batch": p["batch"], "item": item,
+                                                 "result": {"sid": sid, "result_key": key}, "error": None}))
+        outcomes.append((out["status"], out["reward"]))
+    assert outcomes == [("error", 0.0), ("error", 0.0), ("ok", 0.0)]
+    record = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=f"runs/{run_id}/steps/0/gen0/rollouts/sid-0.json")["Body"].read())
+    assert record["error"]["error"] == "MalformedResult" and record["reward_reason"].startswith("error")

@@ -252,9 +252,17 @@ def finish(event: FinishEvent) -> dict[str, Any]:
         status = "timeout" if err == "States.Timeout" else "error"
         error = {"error": err, "cause": str(event.error.get("Cause", ""))[:1000]}
     elif event.result is not None:
-        result_obj = rs.get_json_or(event.result.get("result_key") or result_key(run.run_id, item.input_id, sid))
-        if result_obj is None:
-            status, error = "error", {"error": "ResultMissing", "cause": "the result object was not found"}
+        key = event.result.get("result_key") or result_key(run.run_id, item.input_id, sid)
+        try:
+            result_obj = rs.get_json_or(key)
+        except ValueError as e:  # not JSON: the agent's fault, scored 0.0 like any bad result (never raised)
+            status, error = "error", {"error": "MalformedResult", "cause": f"{key}: {e}"[:1000]}
+        else:
+            if result_obj is None:
+                status, error = "error", {"error": "ResultMissing", "cause": "the result object was not found"}
+            elif not isinstance(result_obj, dict):
+                status, error = "error", {"error": "MalformedResult", "cause": f"{key}: not a JSON object"}
+                result_obj = None
     reward, reason = extract_reward(result_obj if status == "ok" else None)
     if status != "ok":
         reason = f"{status}: {error['error'] if error else ''}"
