@@ -11,7 +11,7 @@ from botocore.exceptions import ClientError
 from local.simulator import start_simulator
 from sagemaker.train.training_session import AdamParams, ModelPackageKind, SamplingParams, ServiceClient
 
-from simulator_fixtures import control_client, create_session
+from simulator_fixtures import control_client
 
 
 @pytest.fixture(scope="module")

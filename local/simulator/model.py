@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -183,14 +182,6 @@ class TinyLM(nn.Module):
         return self.head(self.ln_f(x)), present
 
 
-def token_logprobs(model: TinyLM, input_ids: list[int], target_ids: list[int]) -> torch.Tensor:
-    """Log p(target_t | input_<=t) for one sequence, as a [T] tensor (graph kept)."""
-    ids = torch.tensor([input_ids], dtype=torch.long)
-    logits, _ = model(ids)
-    logp = F.log_softmax(logits[0].float(), dim=-1)
-    return logp.gather(-1, torch.tensor(target_ids, dtype=torch.long).unsqueeze(-1)).squeeze(-1)
-
-
 def load_base_model(assets_dir: Path = ASSETS_DIR) -> TinyLM:
     """Load the shipped base weights (``model.safetensors`` + ``tiny_lm.json``)."""
     from safetensors.torch import load_file
@@ -231,8 +222,6 @@ __all__ = [
     "build_tokenizer",
     "load_base_model",
     "save_model",
-    "token_logprobs",
     "qwen3_chat_template",
     "estimated_flops",
-    "math",
 ]

@@ -34,7 +34,7 @@ from typing import Any, Callable
 from local.simulator import engine
 from local.simulator.faults import FaultPlan
 from local.simulator.model import ASSETS_DIR
-from local.simulator.validation import CONTROL, RUNTIME, ApiError, error, validate
+from local.simulator.validation import CONTROL, RUNTIME, error, validate
 
 BASE_MODEL_NAME = "stepwise-tiny"
 BASE_MODEL_VERSION = "1.0.0"
