@@ -153,3 +153,34 @@ def test_model_packages_restore_exactly_what_was_saved(sim):
     while sim.running_sessions() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert sim.running_sessions() == []
+
+
+def test_model_packages_survive_a_restart_with_a_state_dir(tmp_path):
+    from simulator_fixtures import create_session, runtime_client, wait_op
+
+    first = start_simulator(state_dir=str(tmp_path))
+    try:
+        name = create_session(first, "persist")
+        rt = runtime_client(first)
+        op = rt.execute_training_operation(trainingSessionName=name, sequenceNumber=1, clientToken="s", operationConfig={"saveState": {}})
+        arn = wait_op(rt, name, op["operationId"])["operationResult"]["saveState"]["modelPackageArn"]
+        saved = first.simulator.session_weights(name)
+    finally:
+        first.stop()
+    second = start_simulator(state_dir=str(tmp_path))
+    try:
+        name = create_session(second, "resumed")
+        rt = runtime_client(second)
+        op = rt.execute_training_operation(
+            trainingSessionName=name, sequenceNumber=1, clientToken="l",
+            operationConfig={"loadState": {"modelPackageArn": arn, "loadOptimizer": True}},
+        )
+        assert wait_op(rt, name, op["operationId"])["status"] == "Completed"
+        restored = second.simulator.session_weights(name)
+        assert all(torch.equal(restored[k], saved[k]) for k in saved)
+        # New saves continue the group's version numbers instead of overwriting.
+        op = rt.execute_training_operation(trainingSessionName=name, sequenceNumber=2, clientToken="s2", operationConfig={"saveWeights": {}})
+        new_arn = wait_op(rt, name, op["operationId"])["operationResult"]["saveWeights"]["modelPackageArn"]
+        assert new_arn != arn and int(new_arn.rsplit("/", 1)[-1]) == int(arn.rsplit("/", 1)[-1]) + 1
+    finally:
+        second.stop()

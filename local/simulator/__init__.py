@@ -165,7 +165,8 @@ def start_simulator(
     Options (``Simulator``): ``region``, ``account_id``, ``result_wait_seconds`` (long-poll,
     default 5), ``session_start_seconds`` / ``session_stop_seconds`` (default 0),
     ``session_start`` (``ok`` | ``hang`` | ``fail``), ``sampling_workers`` (default 2),
-    ``fault_seed``, ``torch_threads`` (default 1, set process-wide; None leaves torch's). ``faults``: specs like ``"throttle:ExecuteTrainingOperation:2"``;
+    ``fault_seed``, ``torch_threads`` (default 1, set process-wide; None leaves torch's),
+    ``state_dir`` (keep model packages on disk there, so a restarted simulator still has them). ``faults``: specs like ``"throttle:ExecuteTrainingOperation:2"``;
     ``latency``: ``{"optim_step": 0.5, ...}``.
     """
     from local.simulator.server import SimulatorHTTPServer, serve_in_thread

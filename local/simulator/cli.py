@@ -25,6 +25,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="delay an operation kind or API, e.g. optim_step=0.5 or sample=0.05",
     )
     parser.add_argument("--fault-seed", type=int, default=0)
+    parser.add_argument("--state-dir", default=None, help="keep model packages here across restarts (default: memory only)")
     parser.add_argument("--verbose", action="store_true", help="log every request")
 
 
@@ -53,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
         session_stop_seconds=args.session_stop_seconds,
         session_start=args.session_start,
         fault_seed=args.fault_seed,
+        state_dir=args.state_dir,
     )
     print(f"# SageMaker Training Sessions simulator on {handle.url} (base model: stepwise-tiny)")
     print("# Point the SDK and boto3 at it:")

@@ -29,6 +29,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 from local.simulator import engine
@@ -132,6 +133,7 @@ class Simulator:
         sampling_workers: int = 2,
         fault_seed: int = 0,
         torch_threads: int | None = 1,
+        state_dir: str | None = None,
     ) -> None:
         if session_start not in ("ok", "hang", "fail"):
             raise ValueError(f"session_start must be ok, hang or fail, got {session_start!r}")
@@ -163,6 +165,9 @@ class Simulator:
         self.tokenizer = AutoTokenizer.from_pretrained(str(ASSETS_DIR))
         self._eos_ids = [self.tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
         self._op_ids = itertools.count(1)
+        self.state_dir = Path(state_dir) if state_dir else None
+        if self.state_dir is not None:
+            self._load_packages()
         engine.TrainerState.from_base(self._base)  # warm torch.optim's lazy imports off the request path
 
     # ------------------------------------------------------------ public helpers
@@ -508,7 +513,38 @@ class Simulator:
                 optimizer_state=optimizer_state,
             )
             self._packages[mp.arn] = mp
-            return mp
+        if self.state_dir is not None:
+            self._save_package(mp)
+        return mp
+
+    # ------------------------------------------------------------ persistence (state_dir)
+
+    def _save_package(self, mp: engine.ModelPackage) -> None:
+        """Write a package to ``state_dir`` (``{group}-{version}.pt`` + ``.json``), so a later
+        simulator started on the same directory can load or sample it (local resume)."""
+        import dataclasses
+
+        import torch
+
+        assert self.state_dir is not None
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        stem = self.state_dir / f"{mp.group_name}-{mp.version}"
+        torch.save({"weights": mp.weights, "optimizer_state": mp.optimizer_state}, f"{stem}.pt")
+        meta = {k: v for k, v in dataclasses.asdict(mp).items() if k not in ("weights", "optimizer_state")}
+        stem.with_suffix(".json").write_text(json.dumps(meta))
+
+    def _load_packages(self) -> None:
+        import torch
+
+        assert self.state_dir is not None
+        for meta_path in sorted(self.state_dir.glob("*.json")):
+            meta = json.loads(meta_path.read_text())
+            tensors = torch.load(meta_path.with_suffix(".pt"), weights_only=True)
+            mp = engine.ModelPackage(**meta, weights=tensors["weights"], optimizer_state=tensors["optimizer_state"])
+            self._packages[mp.arn] = mp
+            self._ensure_group(mp.group_name)
+            g = self._groups[mp.group_name]
+            g["versions"] = max(g["versions"], mp.version)
 
     # ------------------------------------------------------------ runtime: training
 
