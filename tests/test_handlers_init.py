@@ -47,8 +47,9 @@ def test_init_claims_the_run_caches_the_tokenizer_and_a_retry_adopts_the_same_se
     run_id = new_run_id()
     out = init_run(stack, run_id, stack.config())
     assert out["run"] == {"run_id": run_id, "execution_arn": execution_arn(run_id)}
-    assert out["session"]["ready"] is False
     state = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=f"runs/{run_id}/state.json")["Body"].read())
+    # Already Running (the simulator starts fast): no Wait state needed; else PollSession waits.
+    assert out["session"]["ready"] == (state["session_status"] == "Running")
     assert state["owner_execution_arn"] == execution_arn(run_id)
     assert state["dataset_rows"] == 10 and state["step"] == 0 and state["last_sequence_number"] == 0
     config = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=f"runs/{run_id}/config.json")["Body"].read())
@@ -71,3 +72,14 @@ def test_a_second_execution_of_an_existing_run_is_refused_without_a_session(stac
     with pytest.raises(RunOwnedElsewhere, match="already exists"):
         initialize(InitEvent(input=stack.config(), execution_arn=execution_arn(run_id) + "-other", execution_name=run_id))
     assert _creates(stack) == before
+
+
+def test_a_slow_session_start_is_left_to_the_poll_loop(stack):
+    stack.sim.set_session_start("ok", seconds=1.5)
+    try:
+        run_id = new_run_id()
+        out = init_run(stack, run_id, stack.config())
+        assert out["session"]["ready"] is False and out["session"]["wait_seconds"] == 1
+        assert wait_ready(run_id)["ready"] is True
+    finally:
+        stack.sim.set_session_start("ok", seconds=0.0)

@@ -154,6 +154,12 @@ def initialize(event: InitEvent) -> dict[str, Any]:
     logger.info("training session created", extra={"training_session_name": session_name})
     n = cache_tokenizer(cfg, created, rs, run_id)
     logger.info("tokenizer cached", extra={"files": n, "prefix": tokenizer_prefix(run_id)})
+    # A session that is already Running (warm capacity, the local simulator) needs no Wait state;
+    # a resumed one still goes through PollSession, which loads the checkpoint.
+    status, _ = training.describe_session(training.control_plane(cfg.region), session_name)
+    if status == training.RUNNING and not cfg.resume_from_model_package:
+        rs.update_state(run_id, lambda s: setattr(s, "session_status", status), execution_arn=event.execution_arn)
+        return _output(run_id, event.execution_arn, ready=True)
     return _output(run_id, event.execution_arn, ready=False)
 
 
