@@ -18,7 +18,7 @@ from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.metrics import MetricUnit
 from pydantic import BaseModel, ConfigDict
 
-from stepwise.runstore import RunStore, config_key
+from stepwise.runstore import RunStore, config_key, eval_summary_key, summary_key
 
 SERVICE = os.environ.get("POWERTOOLS_SERVICE_NAME", "stepwise")
 logger = Logger(service=SERVICE)
@@ -119,6 +119,20 @@ def emit(values: dict[str, float], *, run_id: str, units: dict[str, MetricUnit] 
         unit = units.get(name, default)
         metrics.add_metric(name=name, unit=unit, value=value)
     metrics.flush_metrics()
+
+
+def write_summary(run_id: str, step: int, summary: dict[str, Any], *, kind: str = "train") -> None:
+    """Write a step (``kind="train"``) or eval (``kind="eval"``) summary to S3, then to MLflow.
+
+    The one place summaries are published: ``runs/{run_id}/steps/{step}/summary.json`` or
+    ``runs/{run_id}/evals/{step}/summary.json``, then `stepwise.tracking.log_step_metrics`, which
+    does nothing unless the config names an MLflow tracking server and never raises.
+    """
+    from stepwise import tracking
+
+    key = summary_key(run_id, step) if kind == "train" else eval_summary_key(run_id, step)
+    store().put_json(key, summary)
+    tracking.log_step_metrics(run_config(run_id), run_id, step, summary, kind=kind)
 
 
 def now() -> float:

@@ -21,8 +21,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stepwise import training
-from stepwise.handlers._common import BatchEvent, BatchRef, bind, emit, logger, now, run_config, store
-from stepwise.runstore import RunState, datums_key, eval_summary_key, rollouts_prefix, summary_key
+from stepwise.handlers._common import (
+    BatchEvent,
+    BatchRef,
+    bind,
+    emit,
+    logger,
+    now,
+    run_config,
+    store,
+    write_summary,
+)
+from stepwise.runstore import RunState, datums_key, eval_summary_key, rollouts_prefix
 
 
 class BatchMismatch(RuntimeError):
@@ -60,7 +70,26 @@ def load_rollouts(run_id: str, batch: BatchRef, generation_batch: int | None = N
     g = batch.generation_batch if generation_batch is None else generation_batch
     prefix = rollouts_prefix(run_id, batch.step, g, batch.kind)
     rollouts = [rs.get_json(k) for k in rs.list_keys(prefix) if k.endswith(".json")]
-    return sorted(rollouts, key=lambda r: r["i"])
+    return sorted(current_rollouts(rs, run_id, batch, g, rollouts), key=lambda r: r["i"])
+
+
+def current_rollouts(rs: Any, run_id: str, batch: BatchRef, generation_batch: int,
+                     rollouts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One record per item: when an item has several (a resumed run re-doing a step after a
+    rewind, a re-run Map child), keep the one whose sid its start marker names (the newest start)."""
+    from stepwise.handlers.rollout import start_marker_key
+
+    by_i: dict[int, list[dict[str, Any]]] = {}
+    for r in rollouts:
+        by_i.setdefault(r["i"], []).append(r)
+    out = []
+    for i, records in by_i.items():
+        if len(records) > 1:
+            ref = batch.model_copy(update={"generation_batch": generation_batch})
+            sid = (rs.get_json_or(start_marker_key(run_id, ref, i)) or {}).get("sid")
+            records = [r for r in records if r.get("sid") == sid] or records[-1:]
+        out.append(records[0])
+    return out
 
 
 def shaped_reward(rollout: dict[str, Any], cfg: Any) -> float:
@@ -126,7 +155,8 @@ def select_groups(run_id: str, batch: BatchRef, cfg: Any) -> tuple[str, list[Gro
         kept = list(decision.keep)
     assert decision is not None
     metrics_ = sampling_metrics(gen_batches=batch.generation_batch + 1, groups_rolled_out=len(everything),
-                                groups_kept=len(kept), empty_rollouts=sum(grp.empty for grp in everything))
+                                groups_kept=len(kept), empty_rollouts=sum(grp.empty for grp in everything),
+                                surplus_groups=decision.surplus)
     return decision.status, kept, everything, metrics_
 
 
@@ -173,6 +203,9 @@ def compute(event: BatchEvent) -> dict[str, Any]:
               "num_datums": int(metrics_.get("sampler/num_datums", 0)),
               "mean_reward": metrics_["sampler/mean_reward"]}
 
+    cap_reason = (f"max_num_gen_batches ({cfg.max_num_gen_batches}) reached at step {batch.step} "
+                  f"with {len(train_groups)}/{cfg.batch_size} informative groups")
+
     def change(s: RunState) -> None:
         _check_batch(s, batch)
         s.current_batch = None
@@ -184,18 +217,25 @@ def compute(event: BatchEvent) -> dict[str, Any]:
         elif decision == "need_more":
             s.generation_batch += 1
         elif decision == "cap_reached":
-            s.stop_reason = f"max_num_gen_batches ({cfg.max_num_gen_batches}) reached at step {batch.step} " \
-                            f"with {len(train_groups)}/{cfg.batch_size} informative groups"
+            s.stop_reason = cap_reason
             s.generation_batch = 0
         elif decision == "skip":
             s.step += 1
             s.generation_batch = 0
 
     if decision in ("skip", "cap_reached"):
-        rs.put_json(summary_key(run.run_id, batch.step), metrics_ | {"decision": decision})
+        reason = {"stop_reason": cap_reason} if decision == "cap_reached" else {}
+        write_summary(run.run_id, batch.step, metrics_ | {"decision": decision} | reason)
     if decision in ("train", "skip", "cap_reached"):
         emit({k: v for k, v in metrics_.items() if k not in ("step", "epoch")}, run_id=run.run_id)
     rs.update_state(run.run_id, change, execution_arn=run.execution_arn)
+    if sampling and decision != "need_more":
+        # the seed's per-step "sampling:" line (DAPO): generation batches, filtered fraction, kept, empty
+        logger.info("sampling", extra={k.removeprefix("sampling/"): v for k, v in sampling.items()}
+                    | {"decision": decision})
+    if decision == "cap_reached":
+        logger.warning("DAPO cap reached: saving a checkpoint and stopping the run",
+                       extra={"stop_reason": cap_reason})
     logger.info("advantages computed", extra=result)
     return result
 
@@ -214,7 +254,10 @@ def record_eval(event: BatchEvent) -> dict[str, Any]:
     accuracy = sum(scores) / len(scores) if scores else 0.0
     summary = {"step": batch.step, "eval/accuracy": accuracy, "eval/n": len(scores), "final": batch.final,
                "eval/failed_rollouts": sum(1 for r in rollouts if r.get("status") != "ok")}
-    rs.put_json(eval_summary_key(run.run_id, batch.step), summary)
+    write_summary(run.run_id, batch.step, summary, kind="eval")
+
+    cap_reason = (f"max_num_gen_batches ({cfg.max_num_gen_batches}) reached at step {batch.step} "
+                  f"with {len(train_groups)}/{cfg.batch_size} informative groups")
 
     def change(s: RunState) -> None:
         _check_batch(s, batch)

@@ -20,7 +20,7 @@ from typing import Any
 import boto3
 from pydantic import BaseModel, ConfigDict
 
-from stepwise import training
+from stepwise import tracking, training
 from stepwise.handlers._common import (
     RunEvent,
     RunRef,
@@ -90,6 +90,15 @@ class StopEvent(BaseModel):
     error: dict[str, Any] | None = None
 
 
+def _tracking_status(reason: str) -> str:
+    """The MLflow run status for a stop reason: finished, stopped by the user, or failed."""
+    if reason == "finished":
+        return "FINISHED"
+    if reason == "execution ABORTED":
+        return "KILLED"
+    return "FAILED"
+
+
 def stop_owned_session(execution_arn: str, execution_name: str, execution_input: Any, *, reason: str) -> dict[str, Any]:
     """Stop the run's session if ``execution_arn`` owns the run; mark state.json. Idempotent."""
     rs = store()
@@ -116,6 +125,7 @@ def stop_owned_session(execution_arn: str, execution_name: str, execution_input:
 
     rs.update_state(run_id, mark, execution_arn=execution_arn)
     logger.info("training session stopped", extra={"training_session_name": state.training_session_name, "reason": reason})
+    tracking.finish_run(cfg, run_id, _tracking_status(reason))
     return {"stopped": True, "training_session_name": state.training_session_name}
 
 

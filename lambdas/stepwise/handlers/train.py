@@ -32,8 +32,9 @@ from stepwise.handlers._common import (
     poll_seconds,
     run_config,
     store,
+    write_summary,
 )
-from stepwise.runstore import Checkpoint, PendingOperation, RunState, datums_key, summary_key
+from stepwise.runstore import Checkpoint, PendingOperation, RunState, datums_key
 
 
 #: Seconds between status reads while a handler polls inline (its budget: STEPWISE_INLINE_WAIT_SECONDS).
@@ -129,7 +130,8 @@ def complete_phase(state: RunState) -> dict[str, Any]:
         op = state.pending[0]
         arn = training.saved_weights_arn(op.result or {}) if op.name == "save_weights" else training.saved_state_arn(op.result or {})
         kind = "weights" if op.name == "save_weights" else "state"
-        state.checkpoints.append(Checkpoint(step=state.step, kind=kind, model_package_arn=arn, reason=state.checkpoint_reason))
+        state.checkpoints.append(Checkpoint(step=state.step, kind=kind, model_package_arn=arn, reason=state.checkpoint_reason,
+                                            epoch=state.epoch, cursor=state.cursor, policy_version=state.policy_version))
         if state.checkpoint_reason == "final":
             state.final_checkpoint_done = True
         elif state.checkpoint_reason == "weights_at_end":
@@ -267,7 +269,7 @@ def rebind(event: RunEvent) -> dict[str, Any]:
         # The step's summary is written once, complete: sampling, advantages, train/* and the new policy.
         summary = dict(state.step_metrics, decision="train", policy_version=state.policy_version,
                        sampler_model_package_arn=state.sampler_model_package_arn)
-        store().put_json(summary_key(run.run_id, state.step - 1), summary)
+        write_summary(run.run_id, state.step - 1, summary)
         logger.info("sampler rebound", extra={"policy_version": state.policy_version})
     return _result(done, step=state.step, policy_version=state.policy_version)
 

@@ -1,0 +1,68 @@
+"""The pipeline publishes every step and eval summary to S3 and, when configured, to MLflow."""
+
+from __future__ import annotations
+
+import json
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from stepwise import tracking
+from stepwise.config import load_run_config
+from stepwise.handlers import _common, session
+from stepwise.runstore import config_key, eval_summary_key, summary_key
+
+BUCKET = "stepwise-tracking-test"
+
+
+@pytest.fixture
+def run(tmp_path, monkeypatch):
+    monkeypatch.setenv("STEPWISE_BUCKET", BUCKET)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    tracking._RUNS.clear()
+    _common._CONFIGS.clear()
+    cfg = load_run_config({
+        "role_arn": "arn:aws:iam::123456789012:role/StepwiseSageMaker",
+        "base_model_arn": "stepwise-tiny",
+        "agent_runtime_arn": "arn:aws:bedrock-agentcore:us-east-1:123456789012:runtime/toy_agent",
+        "dataset_path": f"s3://{BUCKET}/train.jsonl",
+        "batch_size": 4,
+        "mlflow_tracking_uri": f"file:{tmp_path / 'mlruns'}",
+    })
+    with mock_aws():
+        s3 = boto3.client("s3", region_name="us-east-1")
+        s3.create_bucket(Bucket=BUCKET)
+        s3.put_object(Bucket=BUCKET, Key=config_key("run-7"), Body=cfg.model_dump_json())
+        yield cfg, s3
+    tracking._RUNS.clear()
+    _common._CONFIGS.clear()
+
+
+def test_write_summary_lands_in_s3_and_mlflow(run):
+    cfg, s3 = run
+    _common.write_summary("run-7", 0, {"step": 0, "sampler/mean_reward": 0.25, "decision": "train"})
+    _common.write_summary("run-7", 1, {"step": 1, "sampler/mean_reward": 0.75, "decision": "train"})
+    _common.write_summary("run-7", 1, {"step": 1, "eval/accuracy": 0.5, "eval/n": 10}, kind="eval")
+
+    body = json.loads(s3.get_object(Bucket=BUCKET, Key=summary_key("run-7", 1))["Body"].read())
+    assert body["sampler/mean_reward"] == 0.75
+    assert json.loads(s3.get_object(Bucket=BUCKET, Key=eval_summary_key("run-7", 1))["Body"].read())["eval/n"] == 10
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=cfg.mlflow_tracking_uri)
+    mlflow_id = tracking.mlflow_run_id(cfg, "run-7", client=client)
+    rewards = sorted((m.step, m.value) for m in client.get_metric_history(mlflow_id, "sampler/mean_reward"))
+    assert rewards == [(0, 0.25), (1, 0.75)]
+    assert [(m.step, m.value) for m in client.get_metric_history(mlflow_id, "eval/accuracy")] == [(1, 0.5)]
+
+
+@pytest.mark.parametrize(("reason", "status"), [
+    ("finished", "FINISHED"),
+    ("execution ABORTED", "KILLED"),
+    ("execution TIMED_OUT", "FAILED"),
+    ("failed: States.TaskFailed", "FAILED"),
+])
+def test_stop_reason_maps_to_the_mlflow_run_status(reason, status):
+    assert session._tracking_status(reason) == status
