@@ -256,9 +256,6 @@ def record_eval(event: BatchEvent) -> dict[str, Any]:
                "eval/failed_rollouts": sum(1 for r in rollouts if r.get("status") != "ok")}
     write_summary(run.run_id, batch.step, summary, kind="eval")
 
-    cap_reason = (f"max_num_gen_batches ({cfg.max_num_gen_batches}) reached at step {batch.step} "
-                  f"with {len(train_groups)}/{cfg.batch_size} informative groups")
-
     def change(s: RunState) -> None:
         _check_batch(s, batch)
         s.current_batch = None
