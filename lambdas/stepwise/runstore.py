@@ -170,6 +170,10 @@ class Checkpoint(BaseModel):
     kind: Literal["state", "weights"]
     model_package_arn: str
     reason: str = ""
+    # Where the run stood when it was saved (a resume rewinds to it); -1 = not recorded (older state).
+    epoch: int = -1
+    cursor: int = -1
+    policy_version: int = -1
 
 
 class RunState(BaseModel):

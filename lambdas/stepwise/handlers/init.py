@@ -7,7 +7,10 @@ created, and the session name is derived from the run id, so a retried Init adop
 its first attempt created instead of starting a second one.
 
 A continuation execution (continue-as-new) takes the run over from its parent: it becomes the
-owner only if the parent still is.
+owner only if the parent still is. A continuation with ``"resume": true`` (``stepwise resume``,
+docs/internals.md "Resuming a run") also clears a failure ``stop_reason`` and, when the run's
+session was stopped, rewinds the run to its newest ``save_state`` checkpoint on a new session
+(:func:`rewind_to_checkpoint`); PollSession then loads that checkpoint with its optimizer.
 """
 
 from __future__ import annotations
@@ -19,8 +22,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from stepwise import training
-from stepwise.handlers._common import bind, logger, now, poll_seconds, resolve_run, store
+from stepwise.handlers._common import bind, logger, now, poll_seconds, resolve_run, run_config, store
+from stepwise.handlers.train import plan_resume
 from stepwise.runstore import (
+    Checkpoint,
     RunNotFound,
     RunOwnedElsewhere,
     RunState,
@@ -61,6 +66,93 @@ def take_over(rs: RunStore, run_id: str, execution_arn: str, continuation: dict[
         state.segment_start_step = state.step
 
     return rs.update_state(run_id, change, execution_arn=None)
+
+
+def is_failure_stop(reason: str | None) -> bool:
+    """A stop reason a resume clears: the catch-all's ``failed: ...`` or Cleanup's ``execution ...``
+    (ABORTED / TIMED_OUT / FAILED). End-of-data reasons (DAPO cap, dataset exhausted) stay."""
+    return reason is not None and reason.startswith(("failed", "execution "))
+
+
+def resume_session_name(run_id: str, segment: int) -> str:
+    """The session of a resumed run: deterministic per (run, segment), so a retried Init adopts it."""
+    return training.session_name_for(f"{run_id}/resume-{segment}")
+
+
+def rewind_to_checkpoint(state: RunState, *, session_name: str, created_at: float, base_resume_arn: str = "") -> Checkpoint | None:
+    """Move a run whose session was stopped onto a new session at its newest ``save_state`` checkpoint (pure).
+
+    Rewinds step / epoch / cursor / policy version to the checkpoint, drops what was in flight
+    (pending operations, the planned batch, the step's metrics, checkpoints saved after it), resets
+    the sequence numbers (a new session starts at 1) and plans ``load_state`` (with optimizer) +
+    ``save_weights`` write-ahead; PollSession drives them once the session runs. Without any
+    ``save_state`` checkpoint the run restarts from step 0 (from ``resume_from_model_package`` if
+    the config names one). Returns the checkpoint used, or None.
+    """
+    states = [c for c in state.checkpoints if c.kind == "state"]
+    ckpt = max(states, key=lambda c: c.step) if states else None
+    state.training_session_name = session_name
+    state.session_status = "Creating"
+    state.session_created_at = created_at
+    state.session_stopped = False
+    state.last_sequence_number = 0
+    state.pending = []
+    state.phase = "idle"
+    state.checkpoint_reason = ""
+    state.current_batch = None
+    state.last_decision = None
+    state.step_metrics = {}
+    state.datum_chunks = []
+    state.generation_batch = 0
+    state.kept_groups = 0
+    state.eval_step_pending = None
+    state.sampler_model_package_arn = ""
+    state.finished = False
+    if ckpt is None:
+        state.step = state.epoch = state.cursor = state.policy_version = 0
+        state.checkpoints = []
+        state.resume_loaded = not base_resume_arn
+    else:
+        state.step = ckpt.step
+        if ckpt.epoch >= 0 and ckpt.cursor >= 0:
+            state.epoch, state.cursor = ckpt.epoch, ckpt.cursor
+        state.policy_version = ckpt.policy_version if ckpt.policy_version >= 0 else ckpt.step
+        state.checkpoints = [c for c in state.checkpoints if c.step <= ckpt.step]
+        state.resume_loaded = False
+        plan_resume(state, ckpt.model_package_arn)
+    state.step_cursor_start = state.cursor
+    if state.last_eval_step is not None and state.last_eval_step > state.step:
+        state.last_eval_step = None
+    state.final_eval_done = state.final_eval_done and state.last_eval_step == state.step
+    state.final_checkpoint_done = any(c.reason == "final" and c.step == state.step for c in state.checkpoints)
+    state.final_weights_done = any(c.reason == "weights_at_end" and c.step == state.step for c in state.checkpoints)
+    state.segment_start_step = state.step
+    return ckpt
+
+
+def resume(rs: RunStore, run_id: str, execution_arn: str, state: RunState) -> RunState:
+    """Apply ``"resume": true``: clear a failure stop; a stopped session is replaced (see module doc)."""
+    found: list[Checkpoint | None] = []
+    session_name = resume_session_name(run_id, state.segment)
+    cfg = run_config(run_id)
+
+    def change(s: RunState) -> None:
+        found.clear()
+        if is_failure_stop(s.stop_reason):
+            s.stop_reason = None
+        if s.session_stopped:
+            found.append(rewind_to_checkpoint(s, session_name=session_name, created_at=now(),
+                                              base_resume_arn=cfg.resume_from_model_package))
+
+    state = rs.update_state(run_id, change, execution_arn=execution_arn)
+    if found:
+        ckpt = found[0]
+        logger.info("resuming on a new training session", extra={
+            "training_session_name": session_name, "step": state.step, "epoch": state.epoch, "cursor": state.cursor,
+            "checkpoint": ckpt.model_package_arn if ckpt else None})
+    if state.session_status == "Creating":  # also a retried Init: CreateTrainingSession adopts by name
+        training.create_session(cfg, state.training_session_name, run_id)
+    return state
 
 
 def validate_inputs(raw_config: Any, rs: RunStore) -> tuple[Any, int, int]:
@@ -124,6 +216,8 @@ def initialize(event: InitEvent) -> dict[str, Any]:
     bind(run_id=run_id)
     if continuation is not None:
         state = take_over(rs, run_id, event.execution_arn, continuation)
+        if continuation.get("resume"):
+            state = resume(rs, run_id, event.execution_arn, state)
         logger.info("continuing run", extra={"segment": state.segment, "step": state.step})
         return _output(run_id, event.execution_arn, ready=state.session_status == training.RUNNING)
 
