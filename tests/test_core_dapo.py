@@ -75,5 +75,6 @@ def test_sampling_metrics():
         "sampling/generation_batches": 3.0,
         "sampling/filtered_fraction": pytest.approx(64 / 96),
         "sampling/kept_groups": 32.0,
+        "sampling/surplus_groups": 0.0,
         "sampling/empty_rollouts": 2.0,
     }

@@ -141,14 +141,21 @@ def overlong_penalty(length: int, *, max_len: int, buffer_len: int, penalty_fact
 
 
 def sampling_metrics(
-    *, gen_batches: int, groups_rolled_out: int, groups_kept: int, empty_rollouts: int
+    *, gen_batches: int, groups_rolled_out: int, groups_kept: int, empty_rollouts: int, surplus_groups: int = 0
 ) -> dict[str, float]:
-    """The per-step ``sampling/`` metrics the seed logs: generation batches, filtered
-    fraction (groups dropped / groups rolled out), kept groups, and empty rollouts (no records)."""
-    filtered = (groups_rolled_out - groups_kept) / groups_rolled_out if groups_rolled_out else 0.0
+    """The per-step ``sampling/`` metrics the seed logs: generation batches, filtered fraction,
+    kept groups, and empty rollouts (no captured turn, so no trainable datum).
+
+    ``filtered_fraction`` = groups dropped for equal rewards / groups rolled out, i.e.
+    ``(rolled_out - kept - surplus) / rolled_out``: informative groups cut off by the truncation to
+    ``batch_size`` (``surplus_groups``, reported on their own) are not "filtered", so the fraction
+    estimates the share of all-equal groups in the data the policy sees.
+    """
+    filtered = (groups_rolled_out - groups_kept - surplus_groups) / groups_rolled_out if groups_rolled_out else 0.0
     return {
         "sampling/generation_batches": float(gen_batches),
         "sampling/filtered_fraction": max(0.0, filtered),
         "sampling/kept_groups": float(groups_kept),
+        "sampling/surplus_groups": float(surplus_groups),
         "sampling/empty_rollouts": float(empty_rollouts),
     }
