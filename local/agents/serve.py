@@ -32,8 +32,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     app = load_app(args.app)
+    # Keep-alive longer than the caller's pool idle time (aiohttp: 15 s), or uvicorn's 5 s default
+    # closes a pooled connection just as the ACR emulator reuses it ("Connection reset by peer").
     config = uvicorn.Config(app, host="127.0.0.1", port=args.port or 0, log_level=args.log_level,
-                            access_log=False, lifespan="on")
+                            access_log=False, lifespan="on", timeout_keep_alive=75)
     server = uvicorn.Server(config)
     sockets = [socket.socket(fileno=args.fd)] if args.fd is not None else None
     server.run(sockets=sockets)
