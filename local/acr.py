@@ -145,6 +145,9 @@ class AcrCounters:
     error_results: int = 0
     not_found: int = 0
     agent_errors: int = 0
+    stopped_sessions: int = 0
+    forward_seconds: float = 0.0  # summed wall time of forwarded invocations (agent answer included)
+    max_forward_seconds: float = 0.0
     by_session: dict[str, int] = field(default_factory=dict)
 
 
@@ -204,6 +207,7 @@ class AcrEmulator:
         asyncio.set_event_loop(self._loop)
         app = web.Application(client_max_size=100 * 1024 * 1024)
         app.router.add_post("/runtimes/{arn:.+}/invocations", self._handle)
+        app.router.add_post("/runtimes/{arn:.+}/stopruntimesession", self._stop_session)
 
         async def setup() -> None:
             import aiohttp
@@ -367,6 +371,7 @@ class AcrEmulator:
                                      headers={SESSION_HEADER: sid})
 
         headers = {"Content-Type": request.headers.get("Content-Type", "application/json"), SESSION_HEADER: sid}
+        t0 = time.monotonic()
         try:
             async with self._client.post(f"{agent.url}/invocations", data=body, headers=headers) as resp:
                 answer = await resp.read()
@@ -379,7 +384,21 @@ class AcrEmulator:
             self._count("agent_errors")
             return self._error("RuntimeClientError", f"agent answered {status}: {answer[:500].decode(errors='replace')}")
         self._count("forwarded")
+        elapsed = time.monotonic() - t0
+        with self._lock:
+            self.counters.forward_seconds += elapsed
+            self.counters.max_forward_seconds = max(self.counters.max_forward_seconds, elapsed)
         return web.Response(body=answer, status=200, headers={"Content-Type": ctype, SESSION_HEADER: sid})
+
+
+    async def _stop_session(self, request: Any) -> Any:
+        """``StopRuntimeSession`` (the toolkit's ``AgentCoreHttpSession`` calls it after each rollout):
+        counted and acknowledged; agent processes here are shared, not per session."""
+        from aiohttp import web
+
+        self._count("stopped_sessions")
+        sid = request.headers.get(SESSION_HEADER, "")
+        return web.json_response({}, headers={SESSION_HEADER: sid})
 
 
 def _put_object(bucket: str, key: str, body: bytes) -> None:
