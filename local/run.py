@@ -809,6 +809,11 @@ def _finish(stack: LocalStack, follower: Follower | None, desc: dict[str, Any] |
                     failure.cause = desc.get("cause")
         timing = timing_split(all_events, len(follower.summaries))
         timing["lambdas"] = lambda_stats(stack.moto.dispatcher.invocations)
+        if stack.acr is not None:
+            c = stack.acr.counters
+            timing["acr"] = {"invocations": c.invocations, "forwarded": c.forwarded, "throttled": c.throttled,
+                             "mean_forward_seconds": round(c.forward_seconds / max(1, c.forwarded), 4),
+                             "max_forward_seconds": round(c.max_forward_seconds, 4)}
         session_status = _session_status(stack, run_id)
         s3 = stack.moto.client("s3")
         for key in (f"runs/{run_id}/state.json", f"runs/{run_id}/config.json"):
