@@ -327,6 +327,8 @@ class RunConfig(BaseModel):
         cap = info.data.get("max_tokens_per_rollout")
         if v and cap is not None and v >= cap:
             raise ValueError(f"must be < max_tokens_per_rollout ({cap}), the L_max of overlong shaping")
+        if v and info.data.get("algorithm", "dapo") != "dapo":
+            raise ValueError("overlong shaping applies only to algorithm 'dapo'; set algorithm 'dapo' or use 0")
         return v
 
     @field_validator("dataset_path")
