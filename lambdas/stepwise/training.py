@@ -155,6 +155,22 @@ def load_weights_for_sampling_config(model_package_arn: str) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------- submit and poll
 
+#: Attempts per runtime call. The SDK's runtime client sends each call once (its retry loops live
+#: in TrainingClient/futures, which Lambdas do not use), so throttling and 5xx are retried here with
+#: the SDK's own full-jitter backoff (0.5 s doubling, capped at 4 s: about 12 s at most).
+RUNTIME_CALL_ATTEMPTS = 6
+
+
+def _with_retry(fn: Any) -> Any:
+    """``fn()`` retried on ThrottlingException / InternalServerException / 429 / 5xx
+    (``sagemaker.train.training_session.futures.call_with_transient_retry``). Safe for training
+    submits (same sequenceNumber + clientToken), polls, and sampling submits (loading weights twice
+    is harmless)."""
+    from sagemaker.train.training_session.futures import call_with_transient_retry
+
+    return call_with_transient_retry(fn, max_attempts=RUNTIME_CALL_ATTEMPTS)
+
+
 
 def submit_training_op(rt: Any, session_name: str, op: PendingOperation, operation_config: dict[str, Any]) -> str:
     """ExecuteTrainingOperation with the op's planned (sequenceNumber, clientToken); returns operationId.
@@ -163,20 +179,19 @@ def submit_training_op(rt: Any, session_name: str, op: PendingOperation, operati
     """
     if op.sequence_number is None or op.client_token is None:
         raise ValueError(f"training operation {op.name!r} has no planned sequence number / client token")
-    resp = rt.execute_training_operation(
+    resp = _with_retry(lambda: rt.execute_training_operation(
         trainingSessionName=session_name,
         sequenceNumber=op.sequence_number,
         clientToken=op.client_token,
         operationConfig=operation_config,
-    )
+    ))
     return resp["operationId"]
 
 
 def submit_sampling_op(rt: Any, session_name: str, operation_config: dict[str, Any]) -> str:
     """ExecuteSamplingOperation (no sequence number, no client token); returns operationId."""
-    return rt.execute_sampling_operation(trainingSessionName=session_name, operationConfig=operation_config)[
-        "operationId"
-    ]
+    return _with_retry(lambda: rt.execute_sampling_operation(
+        trainingSessionName=session_name, operationConfig=operation_config))["operationId"]
 
 
 def read_op(rt: Any, session_name: str, op: PendingOperation) -> tuple[str, dict[str, Any]]:
@@ -184,7 +199,7 @@ def read_op(rt: Any, session_name: str, op: PendingOperation) -> tuple[str, dict
     if op.operation_id is None:
         raise ValueError(f"operation {op.name!r} was never submitted")
     get = rt.get_training_operation_result if op.kind == "training" else rt.get_sampling_operation_result
-    resp = get(trainingSessionName=session_name, operationId=op.operation_id)
+    resp = _with_retry(lambda: get(trainingSessionName=session_name, operationId=op.operation_id))
     status = str(resp.get("status", ""))
     if status in OP_FAILED:
         raise OperationFailed(
