@@ -94,9 +94,20 @@ def run_config(run_id: str) -> Any:
     return _CONFIGS[key]
 
 
+def redact(text: str, sid: str | None) -> str:
+    """``text`` with ``sid`` replaced by ``sid#{digest}``: the sid is the agent's gateway api key,
+    so it never reaches a log in clear (the gateway logs the same digest)."""
+    if not sid:
+        return text
+    from stepwise.gateway.session import sid_digest
+
+    return text.replace(sid, f"sid#{sid_digest(sid)}")
+
+
 def bind(run_id: str | None = None, step: int | None = None, sid: str | None = None) -> None:
-    """Append correlation keys to every log line of this invocation."""
-    keys = {k: v for k, v in (("run_id", run_id), ("step", step), ("sid", sid)) if v is not None}
+    """Append correlation keys to every log line of this invocation (``sid`` as its digest, see `redact`)."""
+    keys = {k: v for k, v in (("run_id", run_id), ("step", step), ("sid", redact(sid, sid) if sid else None))
+            if v is not None}
     if keys:
         logger.append_keys(**keys)
 

@@ -29,6 +29,7 @@ from stepwise.handlers._common import (
     bind,
     logger,
     now,
+    redact,
     run_config,
     store,
 )
@@ -192,20 +193,20 @@ def on_result(event: dict[str, Any]) -> dict[str, Any]:
         try:
             run_id, input_id, sid = parse_result_key(key)
         except ValueError:
-            logger.warning("not a rollout result key", extra={"key": key})
+            logger.warning("not a rollout result key", extra={"key": redact(key, key.rsplit("/", 1)[-1].removesuffix(".json"))})
             ignored += 1
             continue
         bind(run_id=run_id, sid=sid)
         token = rs.get_json_or(task_token_key(run_id, sid))
         if token is None:
-            logger.warning("no task token for this result (unknown session)", extra={"key": key})
+            logger.warning("no task token for this result (unknown session)", extra={"key": redact(key, sid)})
             ignored += 1
             continue
         try:
             sfn.send_task_success(taskToken=token["task_token"], output=json.dumps({"sid": sid, "result_key": key}))
             resumed += 1
         except (sfn.exceptions.TaskTimedOut, sfn.exceptions.InvalidToken, sfn.exceptions.TaskDoesNotExist) as e:
-            logger.info("result arrived after its task ended (duplicate or late)", extra={"key": key, "why": type(e).__name__})
+            logger.info("result arrived after its task ended (duplicate or late)", extra={"key": redact(key, sid), "why": type(e).__name__})
             ignored += 1
     return {"resumed": resumed, "ignored": ignored}
 
@@ -266,7 +267,7 @@ def finish(event: FinishEvent) -> dict[str, Any]:
     reward, reason = extract_reward(result_obj if status == "ok" else None)
     if status != "ok":
         reason = f"{status}: {error['error'] if error else ''}"
-        logger.warning("rollout did not complete; reward 0.0", extra={"status": status, "error": error})
+        logger.warning("rollout did not complete; reward 0.0", extra={"status": status, "error": redact(json.dumps(error), sid)})
     elif reason:
         logger.warning("reward zeroed", extra={"reason": reason})
     records: list[Any] = []
