@@ -114,6 +114,17 @@ def test_keeps_exactly_the_mixed_groups_in_the_predicted_generation_batches(resu
     assert "step 1 with 1/2" in step1["stop_reason"]
 
 
+def test_sampling_report_is_logged_and_emitted_as_metrics(result):
+    lines = [json.loads(x) for x in (result.run_dir / "logs" / "lambdas.log").read_text().splitlines()
+             if x.startswith("{")]
+    logged = [x for x in lines if x.get("message") == "sampling"]
+    assert [(x["step"], x["generation_batches"], x["kept_groups"], x["filtered_fraction"], x["decision"])
+            for x in logged] == [(0, 3.0, 2.0, 0.5, "train"), (1, 3.0, 1.0, pytest.approx(5 / 6), "cap_reached")]
+    emf = [x for x in lines if "_aws" in x and "sampling/kept_groups" in x]
+    assert [x["sampling/kept_groups"] for x in emf] == [[2.0], [1.0]]  # EMF values are lists
+    assert all(x["run_id"] == "dapo-mix" and "sampling/filtered_fraction" in x for x in emf)
+
+
 def test_each_generation_batch_draws_the_next_prompts_once(result):
     s3 = result.run_dir / "s3" / "runs" / "dapo-mix"
     rows = []
