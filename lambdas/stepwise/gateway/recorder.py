@@ -34,7 +34,9 @@ def turn_body(
     """The JSON body of one captured turn (shape: docs/internals.md, "Captured turn")."""
     return {
         "sid": sid,
-        "turn": dataclasses.asdict(turn),
+        # Shallow: the fields are flat lists/str/bool and the body is serialised at once.
+        # dataclasses.asdict deep-copies every element (13 ms for an 8k-token prompt, on the event loop).
+        "turn": {f.name: getattr(turn, f.name) for f in dataclasses.fields(turn)},
         "prompt_messages": prompt_messages,
         "response_message": response_message,
         "metadata": dict(metadata or {}),
