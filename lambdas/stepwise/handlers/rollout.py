@@ -12,7 +12,9 @@ closes the session, replays the captured turns into `TraceRecord`s and writes th
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import time
 import urllib.parse
 import uuid
@@ -129,12 +131,31 @@ def rollout_payload(payload: dict[str, Any], *, run_id: str, input_id: str, buck
 
 
 def _acr_client(agent_runtime_arn: str, default_region: str) -> Any:
-    """A ``bedrock-agentcore`` client in the runtime's own region (read from its ARN)."""
+    """A ``bedrock-agentcore`` client in the runtime's own region (read from its ARN), one per
+    region and container (creating a boto3 client costs ~10-50 ms of CPU)."""
     parts = agent_runtime_arn.split(":")
     region = parts[3] if len(parts) > 3 and parts[3] else default_region
+    return _acr_client_for(region, os.environ.get("AWS_ENDPOINT_URL_BEDROCK_AGENTCORE", ""))
+
+
+@functools.lru_cache(maxsize=8)
+def _acr_client_for(region: str, _endpoint: str) -> Any:
     # Few in-client retries: the state machine's Retry (backoff + full jitter) paces throttled starts.
     return boto3.client("bedrock-agentcore", region_name=region,
                         config=Config(retries={"mode": "standard", "max_attempts": 2}))
+
+
+@functools.lru_cache(maxsize=4)
+def _sfn_client(_endpoint: str) -> Any:
+    """The Step Functions client OnRolloutResult resumes tasks with (one per container)."""
+    return boto3.client("stepfunctions")
+
+
+@functools.lru_cache(maxsize=16)
+def _prompts(bucket: str, key: str) -> dict[str, Any]:
+    """A generation batch's ``prompts.json`` (written once by PlanStep, never changed): read once
+    per container instead of once per rollout."""
+    return store().get_json(key)
 
 
 def start(event: StartEvent) -> dict[str, Any]:
@@ -151,7 +172,7 @@ def start(event: StartEvent) -> dict[str, Any]:
                 bulk=True)
     record = session_record(cfg, state, batch, sid, item.input_id)
     rs.put_json(session_key(sid), record)
-    payload = rs.get_json(prompts_key(run.run_id, batch.step, batch.generation_batch, batch.kind))[item.input_id]
+    payload = _prompts(rs.bucket, prompts_key(run.run_id, batch.step, batch.generation_batch, batch.kind))[item.input_id]
     body = rollout_payload(payload, run_id=run.run_id, input_id=item.input_id, bucket=rs.bucket, sid=sid,
                            gateway_url=os.environ.get("STEPWISE_GATEWAY_URL", ""), model_id=cfg.base_model_arn,
                            sampling=record["sampling_defaults"])
@@ -187,7 +208,7 @@ def _s3_keys(event: dict[str, Any]) -> list[tuple[str, str]]:
 def on_result(event: dict[str, Any]) -> dict[str, Any]:
     """SendTaskSuccess for each result object. Unknown, duplicate and late results are logged and ignored."""
     rs = store()
-    sfn = boto3.client("stepfunctions")
+    sfn = _sfn_client(os.environ.get("AWS_ENDPOINT_URL_SFN", ""))
     resumed, ignored = 0, 0
     for _bucket, key in _s3_keys(event):
         try:
