@@ -197,3 +197,14 @@ def test_eval_runs_at_the_end_when_the_last_step_was_skipped_for_no_datums(stack
 def test_final_eval_needed_unless_an_eval_ran_after_the_last_step(stack, eval_every, steps_done, last_eval_step, needed):
     cfg = load_run_config(stack.config(eval_dataset_path="s3://bkt-x/eval.jsonl", eval_every=eval_every))
     assert cfg.final_eval_needed(steps_done, last_eval_step) is needed
+
+
+def test_empty_rollouts_count_rollouts_without_a_trainable_datum(stack):
+    run_id, ev = _start(stack, algorithm="dapo")
+    # members 0 and 3 captured a turn that sampled nothing: no loss-mask token, so no datum
+    p, d = _batch(stack, run_id, ev, [1.0, 0.0, 0.0, 1.0], output_ids=[[], [20, 21], [22], []])
+    rollouts = advantages.load_rollouts(run_id, advantages.BatchRef.model_validate(p["batch"]))
+    assert [len(r["records"]) for r in rollouts] == [0, 1, 1, 0]
+    assert d["decision"] == "train" and d["num_datums"] == 2
+    state, _ = RunStore(BUCKET, stack.s3).read_state(run_id)
+    assert state.step_metrics["sampling/empty_rollouts"] == 2

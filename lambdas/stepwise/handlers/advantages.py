@@ -105,14 +105,17 @@ def shaped_reward(rollout: dict[str, Any], cfg: Any) -> float:
 
 def group_rollouts(rollouts: list[dict[str, Any]], cfg: Any) -> list[Group]:
     """Rollouts -> groups in prompt order, members in member order."""
+    from stepwise.core.datums import trace_record_to_datum
     from stepwise.core.replay import record_from_json
 
     groups: dict[str, Group] = {}
     for r in sorted(rollouts, key=lambda r: (r["i"], r.get("member", 0))):
         g = groups.setdefault(r["input_id"], Group(r["input_id"]))
         g.rewards_G.append(shaped_reward(r, cfg))
-        g.records_G.append([record_from_json(x) for x in r.get("records", [])])
-        g.empty += 0 if r.get("records") else 1
+        records = [record_from_json(x) for x in r.get("records", [])]
+        g.records_G.append(records)
+        # empty = no trainable datum (the reference's rule: no loss-mask token or no prompt token)
+        g.empty += 0 if any(trace_record_to_datum(rec, 0.0) is not None for rec in records) else 1
         g.zeroed.append(r.get("reward_reason"))
     return list(groups.values())
 
