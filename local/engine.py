@@ -197,6 +197,13 @@ def check_seam() -> None:
             f"moto LambdaFunction.invoke signature changed: {params}, expected {_EXPECTED_INVOKE_PARAMS}; "
             "port local/engine.py to the new moto"
         )
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication
+
+    lookup = getattr(DomainDispatcherApplication, "get_backend_for_host", None)
+    lookup = getattr(lookup, "__stepwise_original__", lookup)
+    if lookup is None or tuple(inspect.signature(lookup).parameters) != ("self", "host"):
+        raise SeamBroken("moto's DomainDispatcherApplication.get_backend_for_host(self, host) changed; "
+                         "port local/engine.py's cached_backend_lookup")
     from moto.s3 import notifications
 
     if "func.invoke(" not in inspect.getsource(notifications._invoke_awslambda):
@@ -219,6 +226,36 @@ def patched_lambda_invoke(dispatcher: LambdaDispatcher) -> Iterator[None]:
         yield
     finally:
         cls.invoke = original
+
+
+@contextlib.contextmanager
+def cached_backend_lookup() -> Iterator[None]:
+    """Memoize moto's per-request backend lookup (``DomainDispatcherApplication.get_backend_for_host``).
+
+    moto's server resolves every request's backend under one process-wide lock, and the lookup
+    lists moto's package directory (``list_of_moto_modules``: a listdir plus an isdir per module)
+    and tries every service URL pattern: ~1-3 ms idle, ~10 ms on a loaded 2-core machine, so the
+    whole local stack (S3, Step Functions, Lambda) was capped near 100 requests/s. The answer
+    depends only on the host string, so it is cached per host for the server's life.
+    """
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication
+
+    original = DomainDispatcherApplication.get_backend_for_host
+    cache: dict[Any, Any] = {}
+
+    def get_backend_for_host(self: Any, host: Any) -> Any:
+        try:
+            return cache[host]
+        except KeyError:
+            backend = cache[host] = original(self, host)
+            return backend
+
+    get_backend_for_host.__stepwise_original__ = original  # type: ignore[attr-defined]
+    DomainDispatcherApplication.get_backend_for_host = get_backend_for_host
+    try:
+        yield
+    finally:
+        DomainDispatcherApplication.get_backend_for_host = original
 
 
 # --------------------------------------------------------------------------------------
@@ -262,6 +299,7 @@ class MotoServer:
 
         self._patch = contextlib.ExitStack()
         self._patch.enter_context(patched_lambda_invoke(self.dispatcher))
+        self._patch.enter_context(cached_backend_lookup())
         sfn_config = default_user_config.setdefault("stepfunctions", {})
         self._saved_config = sfn_config.get("execute_state_machine", False)
         sfn_config["execute_state_machine"] = True
