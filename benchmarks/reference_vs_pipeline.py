@@ -48,13 +48,15 @@ class _StepClock(logging.Handler):
         super().__init__(logging.INFO)
         self.starts: list[float] = []
         self.rewards: list[float] = []
-        self.rollout_s: list[float] = []
+        self.rollout_s: list[float] = []  # step start -> "Training on N datums" (rollouts + advantages)
         self.end: float | None = None
 
     def emit(self, record: logging.LogRecord) -> None:
         msg = record.getMessage()
         if msg.startswith("=== Epoch"):
             self.starts.append(record.created)
+        elif msg.lstrip().startswith("Training on") and self.starts:
+            self.rollout_s.append(record.created - self.starts[-1])
         elif m := re.match(r"\s*step=\d+\s+reward=([0-9.]+)", msg):
             self.rewards.append(float(m.group(1)))
         elif re.match(r"Epoch \d+ complete", msg):
@@ -121,7 +123,8 @@ def run_reference(cfg: dict[str, Any], *, steps: int, out: Path, evals: bool = F
         os.environ.clear()
         os.environ.update(saved)
     secs = clock.step_seconds()
-    return {"steps": len(secs), "step_seconds": secs, "rewards": clock.rewards, "wall_seconds": wall,
+    return {"steps": len(secs), "step_seconds": secs, "rollout_seconds": clock.rollout_s, "rewards": clock.rewards,
+            "wall_seconds": wall,
             "optim_steps": counters.get("optim_step"), "acr": acr_counters, "load_average": load_average()}
 
 

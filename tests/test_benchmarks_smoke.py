@@ -1,0 +1,70 @@
+"""The benchmark scripts in trivially small modes, so they cannot rot (benchmarks/README.md has the figures).
+
+Full runs of ``reference_vs_pipeline`` and ``scaling`` start the whole local stack and take minutes;
+here their pure parts run on real inputs (the toolkit's Config, a real-shaped history) and the two
+fast scripts run end to end.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from benchmarks import cost_model, gateway_overhead, reference_vs_pipeline, scaling
+from benchmarks._common import percentile
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_cost_model_prints_rows_that_grow_with_the_step(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert cost_model.main(["--sizes", "8x4,32x4", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "cost_model.json").read_text())["rows"]
+    assert [r["size"] for r in rows] == ["8x4", "32x4"]
+    assert rows[1]["lambda_gb_seconds"] > rows[0]["lambda_gb_seconds"] > 0
+    assert rows[1]["usd_pipeline"] > rows[0]["usd_pipeline"] > 0
+    assert "8x4" in capsys.readouterr().out
+
+
+def test_gateway_overhead_measures_both_gateways(tmp_path: Path) -> None:
+    assert gateway_overhead.main(["--turns", "3", "--kinds", "short", "--out", str(tmp_path)]) == 0
+    row = json.loads((tmp_path / "gateway_overhead.json").read_text())["short"]
+    assert row["ours_ms"]["50"] > 0 and row["toolkit_ms"]["50"] > 0
+    assert row["s3_bytes_per_turn"] > 100  # the captured turn object
+
+
+def test_reference_config_maps_the_toy_config_onto_the_toolkit_config() -> None:
+    cfg = json.loads((REPO / "examples" / "toy.json").read_text())
+    config = reference_vs_pipeline.reference_config(cfg, steps=3, evals=False)
+    assert config.max_prompts == 3 * cfg["batch_size"]
+    assert (config.batch_size, config.responses_per_prompt, config.loss) == (
+        cfg["batch_size"], cfg["responses_per_prompt"], cfg["loss"])
+    assert config.agent_runtime_arn == reference_vs_pipeline.REF_AGENT_ARN and config.eval_every == 0
+    assert Path(config.dataset_path).is_file()
+
+
+def test_step_clock_reads_the_reference_loop_log_lines() -> None:
+    clock = reference_vs_pipeline._StepClock()
+    for t, msg in [(0.0, "=== Epoch 0 | Step 0 [x] ==="), (2.0, "  Training on 64 datums…"),
+                   (3.0, "  step=0  reward=0.2500"), (3.0, "=== Epoch 0 | Step 1 [x] ==="),
+                   (7.5, "  step=1  reward=0.5000"), (8.0, "Epoch 0 complete (2 steps)")]:
+        rec = logging.LogRecord("x", logging.INFO, __file__, 0, msg, None, None)
+        rec.created = t
+        clock.emit(rec)
+    assert clock.step_seconds() == [3.0, 5.0]
+    assert clock.rewards == [0.25, 0.5] and clock.rollout_s == [2.0]
+
+
+def test_events_per_step_counts_between_plans_and_sizes_parse() -> None:
+    def entered(name: str) -> dict:
+        return {"type": "TaskStateEntered", "stateEnteredEventDetails": {"name": name}}
+
+    history = [entered("Initialize run")] + [entered("Plan next action"), {"type": "X"}, {"type": "Y"}] * 3
+    got = scaling.events_per_step([history], steps=2)
+    assert got["per_step"] == 3 and got["steps_before_limit"] == scaling.HISTORY_LIMIT // 3
+    assert scaling.parse_size("128x4") == (128, 4)
+    with pytest.raises(ValueError, match="BATCHxRESPONSES"):
+        scaling.parse_size("128")
+    assert percentile([1, 2, 3, 4], 50) == 2.5
