@@ -4,8 +4,9 @@ with the real handlers in-process, the SageMaker simulator injects faults, and a
 
 One faulty run is shared by several checks (module fixture): it must still finish, apply each
 optimizer step exactly once, stop its session, and leave no sid or task token in the handlers'
-logs. A second drill stops an execution mid-step, runs Cleanup as the stack's EventBridge rule
-would (moto cannot deliver it), and resumes the run as `stepwise resume` does.
+logs. Other drills break one handler at a time (the catch-all must stop the session; when StopSession
+itself is broken, the Cleanup rule must), and stop an execution mid-step, run Cleanup as the
+stack's EventBridge rule would (moto cannot deliver it), and resume the run as `stepwise resume` does.
 """
 
 from __future__ import annotations
@@ -216,3 +217,64 @@ def test_stop_execution_mid_step_stops_the_session_and_a_resumed_run_finishes(lo
     assert state["training_session_name"] != session
     assert sim.counters.get("optim_step", 0) - before.get("optim_step", 0) == 2
     assert sim.running_sessions() == []
+
+
+class DrillFault(RuntimeError):
+    """Raised by a handler the drill breaks."""
+
+
+def _break(moto, logical: str, arns: dict) -> "callable":
+    """Make the Lambda ``logical`` raise DrillFault; returns the function that restores it."""
+    name = arns[logical].rsplit(":", 1)[-1]
+    reg = moto.dispatcher._functions[name]
+    original = reg.handler_path
+
+    def broken(event, context):
+        raise DrillFault(f"{logical} broken by the drill")
+
+    moto.dispatcher.register(name, handler_path=original, memory_mb=reg.memory_mb, timeout_s=reg.timeout_s,
+                             arn=reg.arn, handler=broken)
+    return lambda: moto.dispatcher.register(name, handler_path=original, memory_mb=reg.memory_mb,
+                                            timeout_s=reg.timeout_s, arn=reg.arn)
+
+
+@pytest.mark.parametrize("logical", ["PollSession", "PlanStep", "ComputeAdvantages", "Rebind"])
+def test_a_failure_in_any_state_stops_the_session(local, logical):
+    moto, sim, agent, sm_arn, s3, base, arns = local
+    sfn = moto.client("stepfunctions")
+    run_id = f"drill-{logical.lower()}-{uuid.uuid4().hex[:6]}"
+    if logical == "PollSession":
+        sim.set_session_start("ok", seconds=1.5)  # Init hands the wait to PollSession
+    restore = _break(moto, logical, arns)
+    try:
+        arn = sfn.start_execution(stateMachineArn=sm_arn, name=run_id, input=json.dumps(base))["executionArn"]
+        d = _wait(sfn, arn)
+    finally:
+        restore()
+        sim.set_session_start("ok", seconds=0.0)
+    assert d["status"] == "FAILED" and d["error"] == "DrillFault", (d.get("error"), d.get("cause"))
+    state = _state(s3, run_id)
+    assert state["session_stopped"] and state["stop_reason"] == "failed: DrillFault"
+    assert sim.session_statuses()[state["training_session_name"]] in ("Stopping", "Stopped")
+
+
+def test_when_the_catch_all_cannot_stop_the_session_the_cleanup_rule_does(local):
+    moto, sim, agent, sm_arn, s3, base, arns = local
+    sfn = moto.client("stepfunctions")
+    run_id = f"drill-nostop-{uuid.uuid4().hex[:6]}"
+    restore = [_break(moto, "PlanStep", arns), _break(moto, "StopSession", arns)]
+    try:
+        arn = sfn.start_execution(stateMachineArn=sm_arn, name=run_id, input=json.dumps(base))["executionArn"]
+        d = _wait(sfn, arn)
+    finally:
+        for r in restore:
+            r()
+    assert d["status"] == "FAILED"
+    session = _state(s3, run_id)["training_session_name"]
+    assert session in sim.running_sessions()
+    event = {"source": "aws.states", "detail-type": "Step Functions Execution Status Change",
+             "detail": {"executionArn": arn, "name": run_id, "status": "FAILED", "input": d.get("input")}}
+    resp = moto.client("lambda").invoke(FunctionName=arns["Cleanup"], Payload=json.dumps(event).encode())
+    assert not resp.get("FunctionError"), resp["Payload"].read()
+    assert session not in sim.running_sessions()
+    assert _state(s3, run_id)["stop_reason"] == "execution FAILED"
