@@ -9,18 +9,31 @@ from transformers import AutoTokenizer
 from local.simulator import engine
 from local.simulator.model import ASSETS_DIR
 
-PROMPT = list(b"<x>")  # bytes the base model never saw: it babbles
+PROMPT = list(b"<x>")
 
 
 @pytest.fixture(scope="module")
-def sampler():
+def tok():
+    return AutoTokenizer.from_pretrained(str(ASSETS_DIR))
+
+
+def _sampler(tok, model):
+    eos = [tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")]
+    return engine.Sampler(model, eos, lambda ids: tok.decode(ids, skip_special_tokens=False))
+
+
+@pytest.fixture(scope="module")
+def sampler(tok):
+    """A freshly initialised (seeded) model: near-uniform over the vocabulary, so it babbles
+    and rarely ends a turn, which exercises every stopping rule."""
     import torch
+
+    from local.simulator.model import TinyConfig, TinyLM
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the simulator runs it
-    tok = AutoTokenizer.from_pretrained(str(ASSETS_DIR))
-    eos = [tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")]
-    yield engine.Sampler.from_weights(engine.base_model(), None, eos, lambda ids: tok.decode(ids, skip_special_tokens=False))
+    torch.manual_seed(0)
+    yield _sampler(tok, TinyLM(TinyConfig()))
     torch.set_num_threads(threads)
 
 
@@ -34,25 +47,25 @@ def test_max_tokens_ends_with_length(sampler):
     assert any(s["stopReason"] == "length" for s in seqs)
 
 
-def test_end_of_turn_token_stops_and_is_kept(sampler):
+def test_end_of_turn_token_stops_and_is_kept(tok):
     from local.agents import toy_task
 
-    tok = AutoTokenizer.from_pretrained(str(ASSETS_DIR))
+    base = _sampler(tok, engine.base_model())
     text = tok.apply_chat_template(toy_task.messages(toy_task.make_payload(1)), add_generation_prompt=True, tokenize=False)
-    seqs = sampler.sample(tok.encode(text, add_special_tokens=False), 8, {"maxTokens": 512, "seed": 3})
+    seqs = base.sample(tok.encode(text, add_special_tokens=False), 8, {"maxTokens": 512, "seed": 3})
     for s in seqs:
-        assert s["stopReason"] == "stop" and s["tokens"][-1] in sampler.eos_ids
+        assert s["stopReason"] == "stop" and s["tokens"][-1] in base.eos_ids
 
 
 def test_stop_sequences_end_generation_on_decoded_text(sampler):
     free = sampler.sample(PROMPT, 1, {"maxTokens": 40, "temperature": 0.0})[0]
-    text = sampler.decode(free["tokens"])
-    assert len(free["tokens"]) > 4
-    stop = text[2:4]
+    assert free["stopReason"] == "length" and len(free["tokens"]) == 40
+    index = next(i for i, t in enumerate(free["tokens"]) if i >= 1 and 32 < t < 127)  # an ASCII byte
+    stop = chr(free["tokens"][index])
     stopped = sampler.sample(PROMPT, 1, {"maxTokens": 40, "temperature": 0.0, "stop": [stop]})[0]
     assert stopped["stopReason"] == "stop"
-    assert sampler.decode(stopped["tokens"]).endswith(stop) or stop in sampler.decode(stopped["tokens"])
-    assert len(stopped["tokens"]) < len(free["tokens"])
+    assert stopped["tokens"] == free["tokens"][: len(stopped["tokens"])]  # same greedy path, cut short
+    assert len(stopped["tokens"]) <= index + 1 and sampler.decode(stopped["tokens"]).endswith(stop)
 
 
 def test_greedy_equals_top_k_1_and_seeds_reproduce(sampler):

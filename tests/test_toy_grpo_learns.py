@@ -19,14 +19,28 @@ from sagemaker.train.training_session import AdamParams, SamplingParams
 from simulator_fixtures import sim, svc  # noqa: F401  (fixtures)
 
 
-def grpo_curve(svc, steps: int, *, prompts_per_step: int = 8, group_size: int = 8, seed: int = 0) -> list[float]:
-    """Run ``steps`` GRPO steps; returns the mean reward of each step's rollouts."""
+def greedy_reward(sc, tok) -> float:
+    """Mean toy reward of greedy (temperature 0) answers over all prompts: the eval metric."""
+    params = SamplingParams(max_tokens=512, temperature=0.0)
+    rewards = []
+    for payload in toy_task.all_payloads():
+        text = tok.apply_chat_template(toy_task.messages(payload), add_generation_prompt=True, tokenize=False)
+        seq = sc.sample(tok.encode(text, add_special_tokens=False), num_samples=1, sampling_params=params).result().sequences[0]
+        rewards.append(toy_task.score(payload, tok.decode(seq.tokens, skip_special_tokens=True)))
+    return statistics.fmean(rewards)
+
+
+def grpo_curve(svc, steps: int, *, prompts_per_step: int = 8, group_size: int = 8, seed: int = 0, greedy: list | None = None) -> list[float]:
+    """Run ``steps`` GRPO steps; returns the mean reward of each step's rollouts. If ``greedy``
+    is a list, the greedy eval reward before and after training is appended to it."""
     rng = random.Random(seed)
     tc = svc.create_lora_training_client(base_model="stepwise-tiny")
     try:
         tok = tc.get_tokenizer()
         sc = tc.create_sampling_client()
         params = SamplingParams(max_tokens=TOY_RECIPE["max_tokens"], temperature=TOY_RECIPE["temperature"], seed=seed)
+        if greedy is not None:
+            greedy.append(greedy_reward(sc, tok))
         curve = []
         for step in range(steps):
             payloads = [toy_task.make_payload(rng.randrange(toy_task.NUM_PROMPTS)) for _ in range(prompts_per_step)]
@@ -64,6 +78,8 @@ def grpo_curve(svc, steps: int, *, prompts_per_step: int = 8, group_size: int = 
                 tc.forward_backward(datums, loss_fn=TOY_RECIPE["loss"])
                 tc.optim_step(AdamParams(learning_rate=TOY_RECIPE["learning_rate"]))
                 sc = tc.save_weights_and_get_sampling_client()
+        if greedy is not None:
+            greedy.append(greedy_reward(sc, tok))
         return curve
     finally:
         tc.stop()
@@ -92,11 +108,14 @@ def test_toy_task_base_model_starts_low_and_grpo_learns_it(sim, svc):
     base = expected_base_reward(svc)
     assert 0.1 <= base <= 0.3, base
     started = time.monotonic()
-    curve = grpo_curve(svc, steps=20)
+    greedy: list[float] = []
+    curve = grpo_curve(svc, steps=20, greedy=greedy)
     elapsed = time.monotonic() - started
-    print(f"toy base expected reward {base:.3f}; GRPO curve:", [round(r, 3) for r in curve], f"{elapsed:.1f}s")
+    print(f"toy base expected reward {base:.3f}; greedy {greedy}; GRPO curve:", [round(r, 3) for r in curve], f"{elapsed:.1f}s")
     assert statistics.fmean(curve[:3]) <= 0.4, curve
     assert statistics.fmean(curve[-3:]) >= 0.8, curve
+    # Greedy eval: the base model's most likely answer is wrong; the trained one's is right.
+    assert greedy[0] <= 0.2 and greedy[1] >= 0.9, greedy
     assert sim.running_sessions() == []
 
 

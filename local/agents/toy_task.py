@@ -3,8 +3,9 @@
 Ten distinct prompts (N = 0..9); the answer is ``(N + 1) % 10`` as one digit. The simulator's
 base model was pre-trained on exactly the text the gateway renders for this task (the Qwen3
 chat template with ``SYSTEM_PROMPT`` and one user message, ``add_generation_prompt=True``)
-followed by one digit and ``<|im_end|>``, with the digit right only ``BASE_CORRECT_FRACTION``
-of the time: it knows the answer *format*, barely the task, so GRPO has something to learn
+followed by one digit and ``<|im_end|>``, drawn from ``base_answer_distribution``: right 20% of
+the time, a favourite digit (0) 40% of the time, so greedy evaluation of the base model is
+mostly wrong. It knows the answer *format*, barely the task, so GRPO has something to learn
 (FINDINGS.md, "Toy-task learnability").
 
 Payload rows look like ``{"prompt": "What digit comes after 3?", "answer": "4"}``.
@@ -18,8 +19,22 @@ from typing import Any
 
 SYSTEM_PROMPT = "Reply with one digit."
 NUM_PROMPTS = 10
-#: Fraction of pre-training answers that were right (the rest uniform over the 10 digits).
-BASE_CORRECT_FRACTION = 0.15
+#: Base-model answer distribution under the toy prompt: 5% on every digit, plus
+#: ``BASE_CORRECT_BONUS`` on the right one and ``BASE_FAVORITE_BONUS`` on ``BASE_FAVORITE_DIGIT``
+#: (its most likely answer, so greedy evaluation of the base model is mostly wrong).
+BASE_CORRECT_BONUS = 0.15
+BASE_FAVORITE_BONUS = 0.35
+BASE_FAVORITE_DIGIT = 0
+
+
+def base_answer_distribution(n: int) -> list[float]:
+    """The base model's intended p(digit d | prompt n), d = 0..9 (what it was pre-trained on)."""
+    floor = (1.0 - BASE_CORRECT_BONUS - BASE_FAVORITE_BONUS) / 10
+    probs = [floor] * 10
+    probs[(n + 1) % 10] += BASE_CORRECT_BONUS
+    probs[BASE_FAVORITE_DIGIT] += BASE_FAVORITE_BONUS
+    return probs
+
 
 _THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
 

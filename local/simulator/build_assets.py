@@ -5,7 +5,7 @@ Writes the byte-level tokenizer (with ``trl``'s Qwen3 chat template) and the bas
 full batch), on the text the gateway renders for the toy task (``local/agents/toy_task.py``):
 the chat template applied to the toy system prompt and each user prompt with
 ``add_generation_prompt=True``, then one digit and ``<|im_end|>``. The digit target is the
-mixture "right with probability ``BASE_CORRECT_FRACTION``, else uniform over 0-9", so the
+mixture ``toy_task.base_answer_distribution`` (right 20%, a favourite digit 40%), so the
 model learns the answer format and a little of the task (FINDINGS.md, toy-task learnability).
 """
 
@@ -30,7 +30,7 @@ def pretrain_batch(tokenizer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]
     """Full pre-training batch: (ids [N, T], soft targets [N, T, V], weights [N, T]).
 
     Per prompt and digit, one row per context: with the toy system prompt the digit target
-    is the mixture distribution (right with ``BASE_CORRECT_FRACTION``, else uniform); with
+    is the mixture ``toy_task.base_answer_distribution`` (mostly wrong); with
     ``KNOWING_SYSTEM_PROMPT`` or no system prompt it is the right digit. So the model *has*
     the skill (as a real base model would) but under the toy prompt answers mostly at
     random: GRPO only has to surface it. The ``<|im_end|>`` after the digit is a hard target.
@@ -41,8 +41,7 @@ def pretrain_batch(tokenizer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]
     for n in range(toy_task.NUM_PROMPTS):
         payload = toy_task.make_payload(n)
         correct = int(payload["answer"])
-        mix = [(1 - toy_task.BASE_CORRECT_FRACTION) / 10.0] * 10
-        mix[correct] += toy_task.BASE_CORRECT_FRACTION
+        mix = toy_task.base_answer_distribution(n)
         one_hot = [1.0 if d == correct else 0.0 for d in range(10)]
         user = {"role": "user", "content": payload["prompt"]}
         contexts = [
