@@ -227,6 +227,9 @@ class LocalStack:
                                               options=simulator_options)
         self.set_env(dict(self.simulator.env))
         self.set_env({"STEPWISE_BUCKET": self.bucket})
+        # Loopback gateway: a streamed turn lands within ms of [DONE]; the 1 s default grace sat on
+        # every rollout's critical path (FinishRollout sleeps it). A value set by the user wins.
+        self.set_env({"STEPWISE_TURN_GRACE_SECONDS": os.environ.get("STEPWISE_TURN_GRACE_SECONDS", "0.2")})
         engine.create_bucket(self.moto, self.bucket, result_function_arn=None)
         self.gateway = GatewayProcess(dict(os.environ), log_path=str(log_dir / "gateway.log") if log_dir else None)
         self.set_env({"STEPWISE_GATEWAY_URL": self.gateway.url})
