@@ -25,7 +25,7 @@ from gateway_fixtures import MotoS3, ScriptedSampler, cache_tokenizer, fixed_fac
 RUN = "run-fuzz"
 MAX_BODY = 16 * 1024
 PATHS = ["/v1/chat/completions", "/v1/messages", "/chat/completions", "/v1/models", "/", "/v1/completions"]
-FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+FUZZ = settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                          HealthCheck.too_slow])
 
 
@@ -82,7 +82,8 @@ def hostile_auth(draw, gw) -> dict[str, str]:
     if value is not None:
         scheme = draw(st.sampled_from(["authorization", "x-api-key", "api-key"]))
         headers[scheme] = f"{draw(st.sampled_from(['Bearer ', 'bearer ', 'Basic ', '']))}{value}" if scheme == "authorization" else value
-    return headers
+    # HTTP clients cannot send leading/trailing whitespace in a header value (h11 refuses it).
+    return {k: v.strip() for k, v in headers.items()}
 
 
 @FUZZ
@@ -102,7 +103,11 @@ def test_without_a_live_session_nothing_is_sampled_and_nothing_is_a_5xx(gw, data
 def test_a_live_session_with_fuzzed_bodies_is_served_or_refused_unsampled_never_a_5xx(gw, data):
     path = data.draw(st.sampled_from(["/v1/chat/completions", "/v1/messages"]))
     strategy = chat_bodies if path == "/v1/chat/completions" else anthropic_bodies
-    body = data.draw(raw_bodies | strategy.map(lambda b: json.dumps(b).encode()) | st.just(b"x" * (MAX_BODY + 1)))
+    valid = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    if path == "/v1/messages":
+        valid["max_tokens"] = 16
+    body = data.draw(st.just(json.dumps(valid).encode()) | raw_bodies | strategy.map(lambda b: json.dumps(b).encode())
+                     | st.just(b"x" * (MAX_BODY + 1)))
     header = data.draw(st.sampled_from(["authorization", "x-api-key"]))
     value = f"Bearer {gw['live']}" if header == "authorization" else gw["live"]
     before = len(gw["sampler"].calls)
