@@ -399,9 +399,15 @@ class Follower:
 
             self.bar = tqdm(total=total_steps, unit="step", desc=run_id, dynamic_ncols=True)
 
-    def _new_summaries(self) -> None:
+    def _new_summaries(self, *, full: bool = False) -> None:
+        """Record summaries that appeared since the last call. While the run goes on, the next
+        train step's summary is probed with one GET: listing ``steps/`` returned every rollout
+        record and datum chunk of the run, so each poll cost moto and this process more as the
+        run grew. ``full`` lists both prefixes (at the end, nothing can be missed)."""
         prefix = f"runs/{self.run_id}/"
-        for kind in ("steps", "evals"):
+        if not full:
+            self._probe_steps(prefix)
+        for kind in ("steps", "evals") if full else ("evals",):
             paginator = self.s3.get_paginator("list_objects_v2")
             for page in paginator.paginate(Bucket=self.stack.bucket, Prefix=f"{prefix}{kind}/"):
                 for obj in page.get("Contents", []):
@@ -415,6 +421,17 @@ class Follower:
                     body = json.loads(self.s3.get_object(Bucket=self.stack.bucket, Key=key)["Body"].read())
                     self.seen.add(key)
                     self._record(kind, step, body)
+
+    def _probe_steps(self, prefix: str) -> None:
+        while True:
+            step = max(self.summaries, default=-1) + 1
+            key = f"{prefix}steps/{step}/summary.json"
+            try:
+                body = json.loads(self.s3.get_object(Bucket=self.stack.bucket, Key=key)["Body"].read())
+            except self.s3.exceptions.NoSuchKey:
+                return
+            self.seen.add(key)
+            self._record("steps", step, body)
 
     def _record(self, kind: str, step: int, summary: dict[str, Any]) -> None:
         line = {"kind": "train" if kind == "steps" else "eval", "step": step,
@@ -463,7 +480,7 @@ class Follower:
         time.sleep(0.5)  # a continue-as-new successor may be starting right now
         if self.current_execution()["executionArn"] != newest["executionArn"]:
             return None
-        self._new_summaries()
+        self._new_summaries(full=True)
         return desc
 
     def close(self) -> None:
@@ -799,7 +816,7 @@ def _finish(stack: LocalStack, follower: Follower | None, desc: dict[str, Any] |
                 log.exception("Cleanup")
         stack.moto.dispatcher.drain(timeout=10)
         try:
-            follower._new_summaries()
+            follower._new_summaries(full=True)
         except Exception:
             log.exception("reading summaries")
         histories = [(_arn, _history(sfn, _arn)) for _arn in follower.executions]
