@@ -204,6 +204,11 @@ def check_seam() -> None:
     if lookup is None or tuple(inspect.signature(lookup).parameters) != ("self", "host"):
         raise SeamBroken("moto's DomainDispatcherApplication.get_backend_for_host(self, host) changed; "
                          "port local/engine.py's cached_backend_lookup")
+    from moto.stepfunctions.parser.asl.component.state.exec.state_task import lambda_eval_utils
+
+    if "boto_client_for(" not in inspect.getsource(lambda_eval_utils._invoke_lambda_function):
+        raise SeamBroken("moto's lambda:invoke integration no longer calls boto_client_for; "
+                         "port local/engine.py's cached_lambda_clients")
     from moto.s3 import notifications
 
     if "func.invoke(" not in inspect.getsource(notifications._invoke_awslambda):
@@ -258,6 +263,35 @@ def cached_backend_lookup() -> Iterator[None]:
         DomainDispatcherApplication.get_backend_for_host = original
 
 
+@contextlib.contextmanager
+def cached_lambda_clients() -> Iterator[None]:
+    """One boto3 Lambda client per region for moto's ASL interpreter.
+
+    moto's ``lambda:invoke`` task integration builds a new boto3 client for every task
+    (``boto_client_for``; it ignores the state's credentials and uses fixed dummy ones), which
+    cost ~6% of this process's GIL time at 64 rollouts per step. boto3 clients are thread-safe,
+    so the interpreter's task threads share one per region.
+    """
+    from moto.stepfunctions.parser.asl.component.state.exec.state_task import lambda_eval_utils
+
+    original = lambda_eval_utils.boto_client_for
+    clients: dict[tuple[str, str], Any] = {}
+    lock = threading.Lock()
+
+    def boto_client_for(region: str, service: str, state_credentials: Any = None) -> Any:
+        with lock:
+            key = (region, service)
+            if key not in clients:
+                clients[key] = original(region=region, service=service, state_credentials=state_credentials)
+            return clients[key]
+
+    lambda_eval_utils.boto_client_for = boto_client_for
+    try:
+        yield
+    finally:
+        lambda_eval_utils.boto_client_for = original
+
+
 # --------------------------------------------------------------------------------------
 # The moto server
 # --------------------------------------------------------------------------------------
@@ -300,6 +334,7 @@ class MotoServer:
         self._patch = contextlib.ExitStack()
         self._patch.enter_context(patched_lambda_invoke(self.dispatcher))
         self._patch.enter_context(cached_backend_lookup())
+        self._patch.enter_context(cached_lambda_clients())
         sfn_config = default_user_config.setdefault("stepfunctions", {})
         self._saved_config = sfn_config.get("execute_state_machine", False)
         sfn_config["execute_state_machine"] = True
