@@ -52,13 +52,10 @@ class MotoS3:
 
 
 def load_tokenizer() -> Any:
-    """The tiny model's tokenizer (byte-level, TRL's qwen3 chat template), adapted for the
-    toolkit's parser exactly as the gateway adapts it."""
+    """The tiny model's tokenizer (byte-level, TRL's qwen3 chat template), as the gateway loads it."""
     from transformers import AutoTokenizer
 
-    from stepwise.gateway._toolkit import adapt_tokenizer
-
-    return adapt_tokenizer(AutoTokenizer.from_pretrained(str(TINY_MODEL)))
+    return AutoTokenizer.from_pretrained(str(TINY_MODEL))
 
 
 def cache_tokenizer(s3: Any, run_id: str) -> None:

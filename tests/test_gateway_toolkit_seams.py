@@ -83,22 +83,17 @@ def test_tokenizer_is_loaded_once_per_run(stack):
     assert renderers.loads == 1
 
 
-def test_transformers_parse_shim_is_still_needed_and_works():
-    """toolkit 0.2.0 passes a legacy response_schema to parse_response, which transformers
-    >= 5.13 no longer understands. If this starts failing because the raw renderer parses
-    tool calls by itself, the shim in _toolkit.adapt_tokenizer can go."""
+def test_toolkit_renderer_parses_tool_calls_with_the_pinned_transformers():
+    """toolkit 0.2.0 passes a legacy response_schema to parse_response, a format transformers
+    5.13 replaced: past the pin every turn would degrade to raw, ill-formed text."""
     from transformers import AutoTokenizer
 
     raw = AutoTokenizer.from_pretrained(str(TINY_MODEL))
     ids = raw.encode(TOOL_CALL, add_special_tokens=False)
-    if _toolkit._needs_parse_shim():
-        broken = HfTemplateRenderer(raw).parse(ids, tools_schema=[{}])
-        assert broken.ill_formed and broken.tool_uses == []
-    adapted = _toolkit.adapt_tokenizer(raw)  # mutates and returns the same tokenizer
-    fixed = HfTemplateRenderer(adapted).parse(ids, tools_schema=[{}])
-    assert fixed.tool_uses == [{"name": "add", "input": {"a": 2}}] and not fixed.ill_formed
-    plain = HfTemplateRenderer(adapted).parse(adapted.encode("<think>\nhm\n</think>\n\nHi<|im_end|>",
-                                                             add_special_tokens=False))
+    parsed = HfTemplateRenderer(raw).parse(ids, tools_schema=[{}])
+    assert parsed.tool_uses == [{"name": "add", "input": {"a": 2}}] and not parsed.ill_formed
+    plain = HfTemplateRenderer(raw).parse(raw.encode("<think>\nhm\n</think>\n\nHi<|im_end|>",
+                                                     add_special_tokens=False))
     assert (plain.reasoning, plain.text, plain.ill_formed) == ("hm", "Hi", False)
 
 

@@ -8,12 +8,10 @@ transformers or the SageMaker SDK change under us, that test fails first.
    We swap in a mapping that answers from the current request's session record, so no
    session state lives in a container's memory, and we drop the adapter's per-sid
    in-flight bookkeeping after each request so a long-lived container does not grow.
-2. toolkit 0.2.0 x transformers >= 5.13: ``HfTemplateRenderer`` parses model output with
-   ``tokenizer.parse_response(text, schema=<legacy response_schema>)``; transformers 5.13
-   replaced that format with ``response_template`` plus a required ``prefix=``, so every
-   turn would degrade to raw, ill-formed text (end-of-turn token included, no tool calls).
-   :func:`adapt_tokenizer` evaluates the toolkit's legacy schemas itself
-   (``response_schema.py``), restoring the toolkit's intended parse.
+2. toolkit 0.2.0 x transformers: ``HfTemplateRenderer`` parses model output with
+   ``tokenizer.parse_response(text, schema=<legacy response_schema>)``, a format transformers
+   5.13 replaced. ``pyproject.toml`` pins ``transformers<5.13`` (the toolkit's own line), and
+   ``tests/test_gateway_transformers_parsing.py`` fails if an upgrade slips past the pin.
 3. SageMaker SDK ``SamplingClient._retire``: a directly constructed client owns a
    background submitter thread; retiring it when it leaves our cache stops the thread.
 4. ``BaseAdapter._session_id`` (a documented wire hook): ``app.py``'s adapter subclasses
@@ -87,42 +85,6 @@ def release_sid(adapter: BaseAdapter, sid: str) -> None:
 def make_session(sampling_defaults: dict, max_context_tokens: int) -> Session:
     """The adapters' per-sid ``Session`` value."""
     return Session(sampling_defaults=dict(sampling_defaults), max_context_tokens=int(max_context_tokens or 0))
-
-
-# --- 2. response parsing on transformers >= 5.13 -----------------------------------
-
-
-def _needs_parse_shim() -> bool:
-    import transformers
-    from packaging.version import Version
-
-    return Version(transformers.__version__) >= Version("5.13.0.dev0")
-
-
-def adapt_tokenizer(tokenizer: Any, chat_template_kwargs: dict | None = None) -> Any:
-    """Return ``tokenizer`` with a ``parse_response`` that understands the toolkit's legacy
-    response schemas (evaluated by :mod:`stepwise.gateway.response_schema`).
-
-    A no-op on transformers < 5.13, whose own parser reads that format. Any other call
-    (a new-style template, no schema) goes to the tokenizer's own method. Mutates and
-    returns the same object, so a reference gateway in tests can share it.
-    ``chat_template_kwargs`` is accepted for symmetry with the renderer; parsing needs none.
-    """
-    if not _needs_parse_shim() or getattr(tokenizer, "_stepwise_parse_shim", False):
-        return tokenizer
-    from .response_schema import parse_with_schema
-
-    original = tokenizer.parse_response
-
-    def parse_response(response: Any, schema: dict | None = None, **kwargs: Any) -> Any:
-        if isinstance(schema, dict) and "x-regex" in schema:
-            text = response if isinstance(response, str) else tokenizer.decode(response, skip_special_tokens=False)
-            return parse_with_schema(text, schema)
-        return original(response, schema, **kwargs)
-
-    tokenizer.parse_response = parse_response
-    tokenizer._stepwise_parse_shim = True
-    return tokenizer
 
 
 # --- 3. SageMaker SDK sampling client ------------------------------------------------

@@ -17,7 +17,6 @@ from typing import Any
 
 from agentcore_rl_toolkit.rollout_gateway.render import ParsedOutput
 
-from . import _toolkit
 from .session import SessionRecord
 
 #: (record) -> tokenizer; the default downloads from S3. Tests may inject a local loader.
@@ -116,7 +115,7 @@ class RunRenderers:
     def _build(self, record: SessionRecord) -> Any:
         from agentcore_rl_toolkit.rollout_gateway import HfTemplateRenderer
 
-        tokenizer = _toolkit.adapt_tokenizer(self._loader(record), record.chat_template_kwargs)
+        tokenizer = self._loader(record)
         return HfTemplateRenderer(tokenizer, chat_template_kwargs=record.chat_template_kwargs or None)
 
 

@@ -1,12 +1,27 @@
-"""The toolkit's legacy response schemas, evaluated by stepwise.gateway.response_schema, parse
-each model family's output (reasoning, text, tool calls) as the schemas describe."""
+"""The toolkit's response schemas, evaluated by the pinned transformers' own ``parse_response``
+(what ``HfTemplateRenderer`` calls), parse each model family's output (reasoning, text, tool
+calls) as the schemas describe.
+
+transformers 5.13 replaced this schema format; pyproject pins ``transformers<5.13`` for it. If
+an upgrade slips past the pin, these cases fail before any agent sees raw, unparsed output."""
 
 from __future__ import annotations
 
 import pytest
 
 from agentcore_rl_toolkit.rollout_gateway.response_schemas import RESPONSE_SCHEMAS
-from stepwise.gateway.response_schema import parse_with_schema
+from transformers import AutoTokenizer
+
+from gateway_fixtures import TINY_MODEL
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return AutoTokenizer.from_pretrained(str(TINY_MODEL))
+
+
+def parse_with_schema(tokenizer, text, schema):
+    return tokenizer.parse_response(text, schema=schema)
 
 
 def call(name, **arguments):
@@ -35,18 +50,18 @@ CASES = [
 
 
 @pytest.mark.parametrize("family, text, expected", CASES)
-def test_family_outputs_parse(family, text, expected):
-    assert parse_with_schema(text, RESPONSE_SCHEMAS[family]) == {"role": "assistant", **expected}
+def test_family_outputs_parse(tokenizer, family, text, expected):
+    assert parse_with_schema(tokenizer, text, RESPONSE_SCHEMAS[family]) == {"role": "assistant", **expected}
 
 
-def test_truncated_tool_call_does_not_match():
+def test_truncated_tool_call_does_not_match(tokenizer):
     """The toolkit then degrades the turn to raw text flagged ill_formed."""
-    assert parse_with_schema('<tool_call>\n{"name": "add", "argu', RESPONSE_SCHEMAS["qwen3"]) is None
+    assert parse_with_schema(tokenizer, '<tool_call>\n{"name": "add", "argu', RESPONSE_SCHEMAS["qwen3"]) is None
 
 
-def test_malformed_tool_json_raises_for_the_toolkit_to_degrade():
+def test_malformed_tool_json_raises_for_the_toolkit_to_degrade(tokenizer):
     with pytest.raises(ValueError):
-        parse_with_schema("<tool_call>\n{not json}\n</tool_call><|im_end|>", RESPONSE_SCHEMAS["qwen3"])
+        parse_with_schema(tokenizer, "<tool_call>\n{not json}\n</tool_call><|im_end|>", RESPONSE_SCHEMAS["qwen3"])
 
 
 def test_every_toolkit_schema_is_covered():
