@@ -15,6 +15,7 @@ step 1: gen0 [solved, solved]; gen1 [unsolved, mixed]; gen2 [solved, unsolved] -
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -72,11 +73,28 @@ def result(tmp_path_factory):
         seen["description"] = desc
         return finish(stack, follower, desc, *args, **kwargs)
 
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(run_module, "_finish", spy)
-        result = run_local(CONFIG, run_id="dapo-mix", out_root=tmp, progress=False, overrides=overrides,
-                           mirror_s3=True, timeout=300, quiet=True)
+    # The handlers' Powertools logger keeps the stream it was created with (in one pytest process,
+    # maybe an earlier module's), so read its lines here rather than from logs/lambdas.log.
+    from stepwise.handlers._common import logger
+
+    lines: list[dict] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(json.loads(self.format(record)))
+
+    keep = Keep()
+    keep.setFormatter(logger.registered_formatter)
+    logging.getLogger(logger._logger.name).addHandler(keep)
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(run_module, "_finish", spy)
+            result = run_local(CONFIG, run_id="dapo-mix", out_root=tmp, progress=False, overrides=overrides,
+                               mirror_s3=True, timeout=300, quiet=True)
+    finally:
+        logging.getLogger(logger._logger.name).removeHandler(keep)
     result.execution = seen
+    result.log_lines = lines
     return result
 
 
@@ -91,8 +109,7 @@ def test_run_succeeds_with_the_cap_reason_in_the_execution_output(result):
     assert result.session_status == "Stopped"
     out = json.loads(result.execution["description"]["output"])
     assert out["plan"] == {**out["plan"], "action": "finish", "reason": reason}
-    log = (result.run_dir / "logs" / "lambdas.log").read_text()
-    assert "DAPO cap reached" in log and reason in log
+    assert any(x["message"].startswith("DAPO cap reached") and x["stop_reason"] == reason for x in result.log_lines)
 
 
 def test_keeps_exactly_the_mixed_groups_in_the_predicted_generation_batches(result):
@@ -115,12 +132,11 @@ def test_keeps_exactly_the_mixed_groups_in_the_predicted_generation_batches(resu
 
 
 def test_sampling_report_is_logged_and_emitted_as_metrics(result):
-    lines = [json.loads(x) for x in (result.run_dir / "logs" / "lambdas.log").read_text().splitlines()
-             if x.startswith("{")]
-    logged = [x for x in lines if x.get("message") == "sampling"]
+    logged = [x for x in result.log_lines if x.get("message") == "sampling"]
     assert [(x["step"], x["generation_batches"], x["kept_groups"], x["filtered_fraction"], x["decision"])
             for x in logged] == [(0, 3.0, 2.0, 0.5, "train"), (1, 3.0, 1.0, pytest.approx(5 / 6), "cap_reached")]
-    emf = [x for x in lines if "_aws" in x and "sampling/kept_groups" in x]
+    emf = [json.loads(x) for x in (result.run_dir / "logs" / "lambdas.log").read_text().splitlines()
+           if x.startswith("{") and "sampling/kept_groups" in x and "_aws" in x]
     assert [x["sampling/kept_groups"] for x in emf] == [[2.0], [1.0]]  # EMF values are lists
     assert all(x["run_id"] == "dapo-mix" and "sampling/filtered_fraction" in x for x in emf)
 
