@@ -443,7 +443,12 @@ def create_functions(moto: MotoServer, *, prefix: str = "stepwise-local") -> dic
                 Environment={"Variables": env},
             )["FunctionArn"]
         except lam.exceptions.ResourceConflictException:
-            arn = lam.get_function(FunctionName=name)["Configuration"]["FunctionArn"]
+            # moto's backends outlive a server in this process: a function left by an earlier
+            # local stack must take this stack's environment, not keep the old one.
+            arn = lam.update_function_configuration(
+                FunctionName=name, MemorySize=spec.memory_mb, Timeout=spec.timeout_s,
+                Environment={"Variables": env},
+            )["FunctionArn"]
         moto.dispatcher.register(name, handler_path=spec.handler, memory_mb=spec.memory_mb,
                                  timeout_s=spec.timeout_s, arn=arn)
         arns[spec.name] = arn

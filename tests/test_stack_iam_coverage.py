@@ -125,7 +125,9 @@ def recorded_calls():
     engine.LambdaDispatcher.call = call
     botocore.client.BaseClient._make_api_call = make_api_call
     moto = engine.MotoServer().start()
-    sim = start_simulator()
+    # A session that takes a moment to start sends the loop through PollSession (a session
+    # already Running at Init skips the Wait state).
+    sim = start_simulator(session_start_seconds=1.5)
     agent = FakeAgent()
     try:
         moto.set_env({**sim.env, "AWS_REGION": engine.REGION, "AWS_DEFAULT_REGION": engine.REGION,

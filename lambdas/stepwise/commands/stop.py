@@ -13,7 +13,6 @@ Exit code 0 when the session is stopping or stopped (or was never created), 1 ot
 from __future__ import annotations
 
 import argparse
-import functools
 import time
 from typing import Any
 
@@ -43,13 +42,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_stack_arguments(parser)
 
 
-@functools.lru_cache(maxsize=4)
-def _control_plane(region: str) -> Any:
-    from stepwise import training
-
-    return training.control_plane(region)
-
-
 def session_status(region: str, session_name: str) -> str:
     """DescribeTrainingSession status ('NotFound' when the session does not exist)."""
     from botocore.exceptions import ClientError
@@ -57,7 +49,7 @@ def session_status(region: str, session_name: str) -> str:
     from stepwise import training
 
     try:
-        return training.describe_session(_control_plane(region), session_name)[0]
+        return training.describe_session(training.control_plane(region), session_name)[0]
     except ClientError as e:
         if e.response.get("Error", {}).get("Code") in ("ResourceNotFound", "ValidationException"):
             return "NotFound"
