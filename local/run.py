@@ -37,6 +37,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
+from stepwise.commands.watch import kept_groups
+
 log = logging.getLogger("stepwise.run_local")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -319,16 +321,6 @@ def mean_reward(summary: dict[str, Any]) -> float | None:
     return _metric(summary, "sampler/mean_reward", "reward/mean", "mean_reward", contains="mean_reward")
 
 
-def kept_groups(summary: dict[str, Any], batch_size: int | None = None) -> float | None:
-    """Groups that carried signal: DAPO's count, else (GRPO) the groups whose rewards differed."""
-    kept = _metric(summary, "sampling/kept_groups", "dapo/kept_groups", contains="kept_groups")
-    if kept is None and batch_size:
-        zero = _metric(summary, "advantages/zero_groups_fraction")
-        if zero is not None:
-            kept = round(batch_size * (1.0 - zero))
-    return kept
-
-
 def eval_accuracy(summary: dict[str, Any]) -> float | None:
     return _metric(summary, "eval/accuracy", "accuracy", contains="accuracy")
 
@@ -380,9 +372,9 @@ class Follower:
     """Polls the run's executions and S3 summaries; writes ``metrics.jsonl`` as they appear."""
 
     def __init__(self, stack: LocalStack, run_id: str, run_dir: Path, total_steps: int | None, progress: bool,
-                 batch_size: int | None = None):
+                 responses_per_prompt: int | None = None):
         self.stack = stack
-        self.batch_size = batch_size
+        self.responses_per_prompt = responses_per_prompt
         self.run_id = run_id
         self.run_dir = run_dir
         self.sfn = stack.moto.client("stepfunctions")
@@ -452,7 +444,8 @@ class Follower:
         self._step_seconds.append(now - self._last_step_t)
         self._last_step_t = now
         if self.bar is not None:
-            reward, kept = mean_reward(summary), kept_groups(summary, self.batch_size)
+            reward = mean_reward(summary)
+            kept = kept_groups(summary, {"responses_per_prompt": self.responses_per_prompt})
             self.bar.set_postfix(step=step, reward=None if reward is None else f"{reward:.3f}",
                                  kept=None if kept is None else int(kept), s_per_step=f"{self._step_seconds[-1]:.1f}")
             self.bar.update(1)
@@ -736,7 +729,7 @@ def _run(stack: LocalStack, config: Any, cfg: dict[str, Any], config_path: Path,
         sfn = stack.moto.client("stepfunctions")
         sfn.start_execution(stateMachineArn=stack.resources.state_machine_arn, name=run_id, input=json.dumps(run_cfg))
         total = _total_steps(config, s3, bucket, run_cfg)
-        follower = Follower(stack, run_id, run_dir, total, progress, batch_size=config.batch_size)
+        follower = Follower(stack, run_id, run_dir, total, progress, responses_per_prompt=config.responses_per_prompt)
         deadline = None if timeout is None else time.monotonic() + timeout
         while desc is None:
             if deadline is not None and time.monotonic() > deadline:
@@ -936,6 +929,8 @@ def report(result: RunResult) -> str:
         lines.append(f"mean reward: first 3 steps {sum(head) / len(head):.3f}, last 3 steps {sum(tail) / len(tail):.3f}")
     for e in result.evals:
         lines.append(f"eval after step {e['step']}: accuracy {e['accuracy']:.3f}")
+    for ckpt in _checkpoints(result.run_dir):
+        lines.append(f"checkpoint at step {ckpt.get('step')} ({ckpt.get('reason')}): {ckpt.get('model_package_arn')}")
     per = result.timing.get("per_step")
     if per:
         lines.append("per step (s): " + ", ".join(f"{k} {v:.2f}" for k, v in per.items()))
@@ -946,6 +941,14 @@ def report(result: RunResult) -> str:
         if result.failure.cause:
             lines.append(f"cause: {result.failure.cause[:2000]}")
     return "\n".join(lines)
+
+
+def _checkpoints(run_dir: Path) -> list[dict[str, Any]]:
+    """The run's saved checkpoints, as recorded in the run folder's ``state.json`` (none if absent)."""
+    try:
+        return list(json.loads((run_dir / "state.json").read_text()).get("checkpoints") or [])
+    except (OSError, ValueError):
+        return []
 
 
 def _interrupt(*_: Any) -> None:
