@@ -154,7 +154,8 @@ class RunConfig(BaseModel):
         "",
         description="where the gateway loads the tokenizer: an s3:// prefix holding tokenizer files, a model id, "
         "or a local directory (local stack); "
-        "'' = ask the training session (TrainingClient.get_tokenizer)",
+        "'' = the SDK's own resolution for the base model (SageMaker Hub lookup of its HuggingFace id, "
+        "then AutoTokenizer.from_pretrained: the Init Lambda must reach the model hub)",
     )
 
     # --- ACR / rollout ---
