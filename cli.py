@@ -39,6 +39,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _aws_setup_error(exc: Exception) -> str | None:
+    """A one-line explanation when ``exc`` means the AWS client setup is missing, else None."""
+    try:
+        from botocore.exceptions import NoCredentialsError, NoRegionError
+    except ImportError:  # pragma: no cover - botocore is a dependency
+        return None
+    if isinstance(exc, NoRegionError):
+        return "no AWS region configured: set AWS_REGION (or AWS_DEFAULT_REGION), or pass --region where offered"
+    if isinstance(exc, NoCredentialsError):
+        return ("no AWS credentials found: configure a profile (aws configure / AWS_PROFILE) or set "
+                "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -48,7 +62,14 @@ def main(argv: list[str] | None = None) -> int:
         sub = argparse.ArgumentParser(prog=f"stepwise {argv[0]}", description=COMMANDS[argv[0]][1])
         module.configure(sub)
         args = sub.parse_args(argv[1:])
-        return int(module.run(args) or 0)
+        try:
+            return int(module.run(args) or 0)
+        except Exception as exc:
+            message = _aws_setup_error(exc)
+            if message is None:
+                raise
+            print(f"stepwise {argv[0]}: {message}", file=sys.stderr)
+            return 2
     parser.parse_args(argv)  # prints usage / errors for unknown commands
     return 2
 
