@@ -39,6 +39,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 from urllib.parse import unquote
 
+from local._proc import stop_process
+
 log = logging.getLogger(__name__)
 
 SESSION_HEADER = "X-Amzn-Bedrock-AgentCore-Runtime-Session-Id"
@@ -121,15 +123,7 @@ class AgentProcess:
         raise RuntimeError(f"agent {self.spec} did not answer /ping within {timeout:.0f}s")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        if self._log is not None:
-            self._log.close()
+        stop_process(self.proc, self._log, timeout=10)
 
 
 @dataclass

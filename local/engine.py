@@ -30,6 +30,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
+from local._proc import restore_env
+
 log = logging.getLogger(__name__)
 
 REGION = "us-east-1"
@@ -364,12 +366,7 @@ class MotoServer:
             self._patch = None
         if self._saved_config is not None:
             default_user_config["stepfunctions"]["execute_state_machine"] = self._saved_config
-        for key, value in self._saved_env.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        self._saved_env.clear()
+        restore_env(self._saved_env)
 
     def __enter__(self) -> "MotoServer":
         return self.start()

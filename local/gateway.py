@@ -16,6 +16,8 @@ import threading
 import time
 import urllib.request
 
+from local._proc import stop_process
+
 _LISTENING = re.compile(r"listening on (http://127\.0\.0\.1:\d+)")
 
 
@@ -67,12 +69,4 @@ class GatewayProcess:
             return False
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        if self._log is not None:
-            self._log.close()
+        stop_process(self.proc, self._log, timeout=10)

@@ -37,6 +37,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
+from local._proc import restore_env, stop_process
 from stepwise.commands.watch import kept_groups
 
 log = logging.getLogger("stepwise.run_local")
@@ -182,17 +183,7 @@ class SimulatorProcess:
         return dict(self.state().get("counters", {}))
 
     def stop(self) -> None:
-        import subprocess
-
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        if self._log is not None:
-            self._log.close()
+        stop_process(self.proc, self._log, timeout=15)
 
 
 @dataclass
@@ -262,12 +253,7 @@ class LocalStack:
         if self.moto is not None:
             self.moto.stop()
             self.moto = None
-        for key, value in self._saved_env.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        self._saved_env.clear()
+        restore_env(self._saved_env)
 
 
 def local_substitutions(function_arns: dict[str, str], bucket: str) -> dict[str, str]:
