@@ -2,20 +2,29 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from local.simulator import SimulatorHandle, start_simulator
 
 
-@pytest.fixture(scope="module")
-def sim() -> SimulatorHandle:
-    handle = start_simulator()
+def running_simulator(**options) -> Iterator[SimulatorHandle]:
+    """Yield a simulator started with ``options``, its environment exported; stop it afterwards."""
+    handle = start_simulator(**options)
     mp = pytest.MonkeyPatch()
     for key, value in handle.env.items():
         mp.setenv(key, value)
-    yield handle
-    mp.undo()
-    handle.stop()
+    try:
+        yield handle
+    finally:
+        mp.undo()
+        handle.stop()
+
+
+@pytest.fixture(scope="module")
+def sim() -> SimulatorHandle:
+    yield from running_simulator()
 
 
 @pytest.fixture(scope="module")

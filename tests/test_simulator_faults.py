@@ -10,21 +10,14 @@ import urllib.request
 import pytest
 from botocore.exceptions import ClientError
 
-from local.simulator import start_simulator
 from sagemaker.train.training_session import AdamParams, OperationError, SamplingParams
 
-from simulator_fixtures import control_client, create_session, runtime_client
+from simulator_fixtures import control_client, create_session, running_simulator, runtime_client
 
 
 @pytest.fixture(scope="module")
 def sim():
-    handle = start_simulator(fault_seed=7)
-    mp = pytest.MonkeyPatch()
-    for key, value in handle.env.items():
-        mp.setenv(key, value)
-    yield handle
-    mp.undo()
-    handle.stop()
+    yield from running_simulator(fault_seed=7)
 
 
 @pytest.fixture(scope="module")

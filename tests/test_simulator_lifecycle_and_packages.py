@@ -11,18 +11,7 @@ from botocore.exceptions import ClientError
 from local.simulator import start_simulator
 from sagemaker.train.training_session import AdamParams, ModelPackageKind, SamplingParams, ServiceClient
 
-from simulator_fixtures import control_client
-
-
-@pytest.fixture(scope="module")
-def sim():
-    handle = start_simulator()
-    mp = pytest.MonkeyPatch()
-    for key, value in handle.env.items():
-        mp.setenv(key, value)
-    yield handle
-    mp.undo()
-    handle.stop()
+from simulator_fixtures import control_client, sim  # noqa: F401 (the module's simulator fixture)
 
 
 def _status(sm, name):
