@@ -246,3 +246,14 @@ class FakeAgent:
 
     def stop(self) -> None:
         self.server.shutdown()
+
+
+def wait_execution(sfn: Any, arn: str, timeout: float = 240) -> dict[str, Any]:
+    """DescribeExecution once the execution is no longer RUNNING; AssertionError after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        d = sfn.describe_execution(executionArn=arn)
+        if d["status"] != "RUNNING":
+            return d
+        time.sleep(0.3)
+    raise AssertionError(f"{arn} still running after {timeout}s")

@@ -18,7 +18,7 @@ import uuid
 
 import boto3
 import pytest
-from pipeline_fixtures import AGENT_ARN, TINY_MODEL, FakeAgent
+from pipeline_fixtures import AGENT_ARN, TINY_MODEL, FakeAgent, wait_execution as _wait
 
 BUCKET = "stepwise-drill-test"
 
@@ -94,16 +94,6 @@ def local():
     agent.stop()
     sim.stop()
     moto.stop()
-
-
-def _wait(sfn, arn: str, timeout: float = 240) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        d = sfn.describe_execution(executionArn=arn)
-        if d["status"] != "RUNNING":
-            return d
-        time.sleep(0.3)
-    raise AssertionError(f"{arn} still running after {timeout}s")
 
 
 def _state(s3, run_id: str) -> dict:

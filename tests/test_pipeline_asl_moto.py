@@ -10,11 +10,10 @@ stack with real agents and the real gateway is the e2e test (tests/test_e2e_*.py
 from __future__ import annotations
 
 import json
-import time
 import uuid
 
 import pytest
-from pipeline_fixtures import AGENT_ARN, TINY_MODEL, FakeAgent
+from pipeline_fixtures import AGENT_ARN, TINY_MODEL, FakeAgent, wait_execution as _wait
 
 BUCKET = "stepwise-asl-test"
 
@@ -58,16 +57,6 @@ def local():
     agent.stop()
     sim.stop()
     moto.stop()
-
-
-def _wait(sfn, arn: str, timeout: float = 240) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        d = sfn.describe_execution(executionArn=arn)
-        if d["status"] != "RUNNING":
-            return d
-        time.sleep(0.3)
-    raise AssertionError(f"{arn} still running after {timeout}s")
 
 
 def _state(s3, run_id: str) -> dict:
