@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import cost_model, gateway_overhead, reference_vs_pipeline, scaling
+from benchmarks import cost_model, dapo_vs_grpo, gateway_overhead, reference_vs_pipeline, scaling
 from benchmarks._common import percentile
 
 REPO = Path(__file__).resolve().parents[1]
@@ -68,3 +68,35 @@ def test_events_per_step_counts_between_plans_and_sizes_parse() -> None:
     with pytest.raises(ValueError, match="BATCHxRESPONSES"):
         scaling.parse_size("128")
     assert percentile([1, 2, 3, 4], 50) == 2.5
+
+
+def test_dapo_vs_grpo_arms_are_valid_configs_with_the_same_rollout_budget() -> None:
+    from stepwise.config import load_run_config
+
+    budgets = set()
+    for arm, (config, sets) in dapo_vs_grpo.ARMS.items():
+        raw = json.loads((REPO / config).read_text())
+        raw.update({k: json.loads(v) for k, v in (s.split("=", 1) for s in sets)})
+        cfg = load_run_config(raw)
+        assert cfg.algorithm == ("dapo" if arm.startswith("dapo") else "grpo"), arm
+        budgets.add(cfg.max_prompts * cfg.epochs * cfg.responses_per_prompt)
+    assert budgets == {1280}  # every arm gets the same rollout budget
+
+
+def test_dapo_vs_grpo_reads_curves_by_rollouts_consumed(tmp_path: Path) -> None:
+    rows = [{"kind": "train", "step": 0, "sampler/num_rollouts": 128, "sampler/mean_reward": 0.25,
+             "sampling/generation_batches": 2, "sampling/filtered_fraction": 0.1},
+            {"kind": "train", "step": 1, "sampler/num_rollouts": 64, "sampler/mean_reward": 0.5,
+             "sampling/generation_batches": 1, "sampling/filtered_fraction": 0.0},
+            {"kind": "eval", "step": 2, "eval/accuracy": 1.0},
+            {"kind": "train", "step": 2, "sampler/num_rollouts": 64, "sampler/mean_reward": 1.0}]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    curve = dapo_vs_grpo.read_curve(tmp_path)
+    assert [s["cum_rollouts"] for s in curve["steps"]] == [128, 192, 256]
+    assert curve["evals"] == [{"step": 2, "cum_rollouts": 192, "accuracy": 1.0}]
+    # window (0, 256]: 128 rollouts at 0.25, 64 at 0.5, 64 at 1.0
+    assert dapo_vs_grpo.reward_at(curve["steps"], 256) == pytest.approx((128 * 0.25 + 64 * 0.5 + 64 * 1.0) / 256)
+    assert dapo_vs_grpo.reward_at(curve["steps"], 512) is None
+    assert dapo_vs_grpo.rollouts_to(curve["steps"], 0.5) == 256  # the window (0, 256] averages 0.5
+    assert dapo_vs_grpo.rollouts_to(curve["steps"], 0.3, window=128) == 192  # (64, 192]: 0.375; (0, 128]: 0.25
+    assert dapo_vs_grpo.rollouts_to(curve["steps"], 0.9) is None
