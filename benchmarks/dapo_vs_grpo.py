@@ -58,16 +58,26 @@ ARMS: dict[str, tuple[str, list[str]]] = {
 def read_curve(run_dir: Path) -> dict[str, Any]:
     """Per-step (cumulative rollouts, mean train reward) and evals from ``run_dir/metrics.jsonl``.
 
-    Returns ``{"steps": [{"step", "rollouts", "cum_rollouts", "reward", "generation_batches",
-    "filtered_fraction"}], "evals": [{"step", "cum_rollouts", "accuracy"}]}``. Raises
+    Returns ``{"steps": [{"step", "rollouts", "cum_rollouts", "useful_rollouts", "reward",
+    "generation_batches", "filtered_fraction"}], "evals": [{"step", "cum_rollouts", "accuracy"}]}``;
+    ``useful_rollouts`` are the step's rollouts in groups it trained on with a non-zero advantage
+    (DAPO: kept groups x K; GRPO: all but the all-equal groups). Raises
     FileNotFoundError when the run wrote no metrics."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    config_file = run_dir / "run_config.json"
+    k = json.loads(config_file.read_text()).get("responses_per_prompt", 1) if config_file.exists() else 1
     steps, evals, cum = [], [], 0
     for row in rows:
         if row.get("kind") == "train":
             n = int(row.get("sampler/num_rollouts", 0))
             cum += n
-            steps.append({"step": row["step"], "rollouts": n, "cum_rollouts": cum,
+            if row.get("decision", "train") != "train":  # skipped or capped: nothing trained
+                useful = 0
+            elif "sampling/kept_groups" in row:  # DAPO: every kept group is informative
+                useful = int(row["sampling/kept_groups"]) * k
+            else:  # GRPO: every group but the all-equal ones
+                useful = round(n * (1 - float(row.get("advantages/zero_groups_fraction") or 0.0)))
+            steps.append({"step": row["step"], "rollouts": n, "cum_rollouts": cum, "useful_rollouts": useful,
                           "reward": row.get("sampler/mean_reward"),
                           "generation_batches": row.get("sampling/generation_batches", 1),
                           "filtered_fraction": row.get("sampling/filtered_fraction",
@@ -127,10 +137,11 @@ def summarize(runs: list[dict[str, Any]], budgets: list[int], threshold: float,
               at_steps: list[int]) -> dict[str, Any]:
     """Print and return, per arm (in first-seen order): mean train reward in the 256 rollouts up to
     each budget, rollouts to ``threshold`` per repeat, train reward at optimizer steps ``at_steps``,
-    steps and generation batches per step, all averaged over the arm's repeats."""
+    steps, generation batches per step and the useful share of rollouts (``useful_rollouts`` /
+    rollouts), all averaged over the arm's repeats."""
     arms = list(dict.fromkeys(r["arm"] for r in runs))
     print(f"{'arm':<20}" + "".join(f"{b:>7}" for b in budgets) + f"{'to ' + str(threshold):>16}"
-          + "".join(f"{'@s' + str(k):>7}" for k in at_steps) + f"{'steps':>7}{'gen/st':>7}{'n':>3}")
+          + "".join(f"{'@s' + str(k):>7}" for k in at_steps) + f"{'steps':>7}{'gen/st':>7}{'useful':>7}{'n':>3}")
     table = {}
     for arm in arms:
         mine = [r for r in runs if r["arm"] == arm]
@@ -144,12 +155,15 @@ def summarize(runs: list[dict[str, Any]], budgets: list[int], threshold: float,
         reach = [rollouts_to(r["steps"], threshold) for r in mine]
         steps = statistics.fmean(len(r["steps"]) for r in mine)
         gen = mean([s["generation_batches"] for r in mine for s in r["steps"]]) or 0.0
+        useful = sum(s.get("useful_rollouts", 0) for r in mine for s in r["steps"]) / max(
+            1, sum(s["rollouts"] for r in mine for s in r["steps"]))
         table[arm] = {"reward_at": dict(zip(budgets, cells)), "rollouts_to_threshold": reach,
                       "reward_at_step": dict(zip(at_steps, per_step)), "steps": steps,
-                      "generation_batches_per_step": gen, "repeats": len(mine)}
+                      "generation_batches_per_step": gen, "useful_share": useful,
+                      "repeats": len(mine)}
         fmt = lambda c: f"{c:>7.3f}" if c is not None else f"{'-':>7}"  # noqa: E731
         print(f"{arm:<20}" + "".join(fmt(c) for c in cells) + f"{'/'.join(str(x) if x else '-' for x in reach):>16}"
-              + "".join(fmt(c) for c in per_step) + f"{steps:>7.1f}{gen:>7.2f}{len(mine):>3}")
+              + "".join(fmt(c) for c in per_step) + f"{steps:>7.1f}{gen:>7.2f}{useful:>7.2f}{len(mine):>3}")
     return table
 
 
@@ -167,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tag", default="", help="suffix for run folders and the result file, e.g. --tag=-lr4e-4")
     p.add_argument("--report", nargs="+", type=Path, metavar="RESULT_JSON",
                    help="run nothing: summarize earlier result files (arms are suffixed with their tag)")
+    p.add_argument("--merge", action="store_true",
+                   help="with --report: pool an arm's runs across the files (for files of the same settings)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = p.parse_args(argv)
     budgets = [int(b) for b in args.budgets.split(",")]
@@ -176,7 +192,10 @@ def main(argv: list[str] | None = None) -> int:
         for path in args.report:
             data = json.loads(path.read_text())
             tag = data.get("tag", path.stem.removeprefix("dapo_vs_grpo"))
-            runs += [{**r, "arm": r["arm"] + tag} for r in data["runs"]]
+            for r in data["runs"]:
+                run_dir = path.parent / "dapo_vs_grpo" / f"{r['arm']}{tag}-r{r['repeat']}"
+                curve = read_curve(run_dir) if (run_dir / "metrics.jsonl").exists() else {}
+                runs.append({**r, **curve, "arm": r["arm"] + ("" if args.merge else tag)})
         print("mean train reward in the 256 rollouts up to each budget")
         summarize(runs, budgets, args.threshold, at_steps)
         return 0
