@@ -21,7 +21,10 @@ def test_ctrl_c_stops_everything(tmp_path):
     cmd = [sys.executable, "-c", "import cli, sys; sys.exit(cli.main())", "run-local", str(ROOT / "examples" / "toy.json"),
            "--run-id", "e2e-interrupt", "--out", str(tmp_path), "--no-progress",
            "--set", "batch_size=4", "--set", "responses_per_prompt=4", "--set", "max_prompts=40"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # A shell that starts jobs in the background (CI under nohup, `cmd &`) leaves SIGINT ignored, and
+    # Python then installs no KeyboardInterrupt handler: restore the default for the child.
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     parent = psutil.Process(proc.pid)
     run_dir = tmp_path / "e2e-interrupt"
     deadline = time.monotonic() + 120

@@ -21,6 +21,9 @@ def test_cli_prints_exports_serves_and_stops_on_ctrl_c():
     proc = subprocess.Popen(
         [sys.executable, "-m", "cli", "simulator", "--port", "0", "--fault", "throttle:ListTrainingSessions:1"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env,
+        # A shell that starts jobs in the background (CI under nohup, `cmd &`) leaves SIGINT ignored,
+        # and Python then installs no KeyboardInterrupt handler: restore the default for the child.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         env: dict[str, str] = {}
