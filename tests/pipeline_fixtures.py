@@ -23,9 +23,11 @@ AGENT_ARN = "arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/toy_agent-
 
 
 class Stack:
-    """moto server + simulator, with the environment every handler reads."""
+    """moto server + simulator, with the environment every handler reads; ``deploy`` adds the
+    functions and the state machine for tests of whole executions. ``simulator_options`` go to
+    ``start_simulator``."""
 
-    def __init__(self) -> None:
+    def __init__(self, bucket: str = BUCKET, **simulator_options: Any) -> None:
         from local import engine
         from local.simulator import start_simulator
 
@@ -33,12 +35,13 @@ class Stack:
         self.moto = engine.MotoServer().start()
         self.mp = pytest.MonkeyPatch()
         self.endpoint = self.moto.endpoint
-        self.sim = start_simulator()
+        self.bucket = bucket
+        self.sim = start_simulator(**simulator_options)
         env = dict(self.sim.env)
         env.update({
             "AWS_DEFAULT_REGION": REGION,
             "AWS_REGION": REGION,
-            "STEPWISE_BUCKET": BUCKET,
+            "STEPWISE_BUCKET": bucket,
             "STEPWISE_GATEWAY_URL": "http://127.0.0.1:9/gateway",
             "STEPWISE_POLL_SECONDS": "1",
             "STEPWISE_INLINE_WAIT_SECONDS": "10",
@@ -49,12 +52,27 @@ class Stack:
             self.mp.setenv(k, v)
         self.s3 = boto3.client("s3", region_name=REGION)
         try:  # moto's backends are process-wide: an earlier module may have made it
-            self.s3.create_bucket(Bucket=BUCKET)
+            self.s3.create_bucket(Bucket=bucket)
         except self.s3.exceptions.BucketAlreadyOwnedByYou:
             pass
         from stepwise.handlers import _common
 
         _common._store.cache_clear()
+
+    def deploy(self, agent: FakeAgent, prefix: str, name: str | None = None) -> tuple[dict[str, str], str]:
+        """Deploy as `stepwise run-local` does: the stack's functions (local names from ``prefix``),
+        the bucket's ObjectCreated notification on ``rollout-results/`` -> OnRolloutResult, and the
+        state machine ``name`` (default ``prefix``) with the real ASL; ``agent`` plays ACR.
+        Returns (function ARNs by spec name, state machine ARN)."""
+        from infra.definition import substitutions
+        from local import engine
+        from state_machine.definition import render_definition
+
+        self.mp.setenv("AWS_ENDPOINT_URL_BEDROCK_AGENTCORE", agent.url)
+        arns = engine.create_functions(self.moto, prefix=prefix)
+        engine.create_bucket(self.moto, self.bucket, result_function_arn=arns["OnRolloutResult"])
+        definition = render_definition(substitutions(function_arns=arns, bucket_name=self.bucket))
+        return arns, engine.create_state_machine(self.moto, name or prefix, definition)
 
     def stop(self) -> None:
         self.sim.stop()
@@ -65,10 +83,12 @@ class Stack:
 
     def put_dataset(self, key: str, payloads: list[dict[str, Any]]) -> str:
         body = "\n".join(json.dumps({"payload": p}) for p in payloads) + "\n"
-        self.s3.put_object(Bucket=BUCKET, Key=key, Body=body.encode())
-        return f"s3://{BUCKET}/{key}"
+        self.s3.put_object(Bucket=self.bucket, Key=key, Body=body.encode())
+        return f"s3://{self.bucket}/{key}"
 
     def config(self, **overrides: Any) -> dict[str, Any]:
+        """A valid run config on this stack (the toy payloads as the dataset unless
+        ``dataset_path`` is given), updated with ``overrides``."""
         from local.agents import toy_task
 
         cfg = {
@@ -78,7 +98,7 @@ class Stack:
             "model_package_group_arn": self.sim.model_package_group_arn,
             "s3_output_path": self.sim.s3_output_path,
             "agent_runtime_arn": AGENT_ARN,
-            "dataset_path": self.put_dataset("data/toy.jsonl", toy_task.all_payloads()),
+            "dataset_path": overrides.get("dataset_path") or self.put_dataset("data/toy.jsonl", toy_task.all_payloads()),
             "tokenizer_path": str(TINY_MODEL),
             "batch_size": 2,
             "responses_per_prompt": 2,
@@ -141,11 +161,11 @@ def play_rollout(stack: Stack, run_id: str, sid: str, input_id: str, reward: flo
 
     prompt_ids = prompt_ids or [1, 2, 3, 4]
     turn = captured_turn(sid, prompt_ids, output_ids, [-0.5] * len(output_ids))
-    stack.s3.put_object(Bucket=BUCKET, Key=f"{turns_prefix(run_id, sid)}{time.time_ns():020d}-{uuid.uuid4().hex}.json",
+    stack.s3.put_object(Bucket=stack.bucket, Key=f"{turns_prefix(run_id, sid)}{time.time_ns():020d}-{uuid.uuid4().hex}.json",
                         Body=json.dumps(turn).encode())
     key = result_key(run_id, input_id, sid)
     if reward is not None:
-        stack.s3.put_object(Bucket=BUCKET, Key=key,
+        stack.s3.put_object(Bucket=stack.bucket, Key=key,
                             Body=json.dumps({"rewards": reward, "status_code": 200, "input_id": input_id}).encode())
     return key
 
@@ -155,7 +175,7 @@ def roll_out_batch(stack: Stack, run_id: str, plan: dict[str, Any], rewards: lis
     """Run FinishRollout for every item of a planned batch, as if each agent finished with ``rewards[i]``."""
     from stepwise.handlers.rollout import FinishEvent, finish
 
-    items = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=plan["items_key"])["Body"].read())
+    items = json.loads(stack.s3.get_object(Bucket=stack.bucket, Key=plan["items_key"])["Body"].read())
     outs = []
     for item in items:
         sid = str(uuid.uuid4())

@@ -13,50 +13,21 @@ import json
 import uuid
 
 import pytest
-from pipeline_fixtures import AGENT_ARN, TINY_MODEL, FakeAgent, wait_execution as _wait
+from pipeline_fixtures import FakeAgent, Stack, wait_execution as _wait
 
 BUCKET = "stepwise-asl-test"
 
 
 @pytest.fixture(scope="module")
 def local():
-    from infra.definition import substitutions
-    from local import engine
-    from local.simulator import start_simulator
-    from state_machine.definition import render_definition
-
-    moto = engine.MotoServer().start()
-    sim = start_simulator()
+    stack = Stack(bucket=BUCKET)
     agent = FakeAgent()
-    moto.set_env({**sim.env, "AWS_REGION": engine.REGION, "AWS_DEFAULT_REGION": engine.REGION,
-                  "STEPWISE_BUCKET": BUCKET, "STEPWISE_GATEWAY_URL": "http://127.0.0.1:9",
-                  "STEPWISE_POLL_SECONDS": "1", "STEPWISE_INLINE_WAIT_SECONDS": "10", "STEPWISE_TURN_GRACE_SECONDS": "0.05",
-                  "AWS_ENDPOINT_URL_BEDROCK_AGENTCORE": agent.url})
-    from stepwise.handlers import _common
-
-    _common._store.cache_clear()
-    arns = engine.create_functions(moto, prefix="asl-test")
-    engine.create_bucket(moto, BUCKET, result_function_arn=arns["OnRolloutResult"])
-    definition = render_definition(substitutions(function_arns=arns, bucket_name=BUCKET))
-    sm_arn = engine.create_state_machine(moto, "asl-test", definition)
-    s3 = moto.client("s3")
-
-    def put(key: str, rows: list[dict]) -> str:
-        s3.put_object(Bucket=BUCKET, Key=key, Body="\n".join(json.dumps({"payload": r}) for r in rows).encode())
-        return f"s3://{BUCKET}/{key}"
-
-    base = {
-        "region": engine.REGION, "role_arn": sim.role_arn, "base_model_arn": "stepwise-tiny",
-        "model_package_group_arn": sim.model_package_group_arn, "s3_output_path": sim.s3_output_path,
-        "agent_runtime_arn": AGENT_ARN, "tokenizer_path": str(TINY_MODEL),
-        "dataset_path": put("data/train.jsonl", [{"prompt": f"p{i} & more", "answer": str(i)} for i in range(4)]),
-        "batch_size": 2, "responses_per_prompt": 2, "max_new_tokens": 8, "learning_rate": 1e-3,
-        "loss": "importance_sampling", "max_rollout_time": 20,
-    }
-    yield moto, sim, agent, sm_arn, s3, base, put
+    _arns, sm_arn = stack.deploy(agent, "asl-test")
+    rows = [{"prompt": f"p{i} & more", "answer": str(i)} for i in range(4)]
+    base = stack.config(dataset_path=stack.put_dataset("data/train.jsonl", rows), max_rollout_time=20)
+    yield stack.moto, stack.sim, agent, sm_arn, stack.s3, base, stack.put_dataset
     agent.stop()
-    sim.stop()
-    moto.stop()
+    stack.stop()
 
 
 def _state(s3, run_id: str) -> dict:

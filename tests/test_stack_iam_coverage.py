@@ -23,7 +23,7 @@ import pytest
 
 os.environ.setdefault("JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION", "1")
 
-from pipeline_fixtures import AGENT_ARN, TINY_MODEL, FakeAgent  # noqa: E402
+from pipeline_fixtures import FakeAgent, Stack  # noqa: E402
 
 pytestmark = pytest.mark.e2e  # a whole (tiny) training run: about 35 s
 
@@ -93,12 +93,8 @@ def allowed(rules: list[tuple[set[str], list[str]]], action: str, key: str | Non
 def recorded_calls():
     import botocore.client
 
-    from infra.definition import substitutions
     from local import engine
-    from local.simulator import start_simulator
-    from state_machine.definition import render_definition
     from stepwise.functions import FUNCTIONS
-    from stepwise.handlers import _common
 
     calls: list[tuple[str, str, str, dict]] = []
     lock = threading.Lock()
@@ -124,36 +120,18 @@ def recorded_calls():
 
     engine.LambdaDispatcher.call = call
     botocore.client.BaseClient._make_api_call = make_api_call
-    moto = engine.MotoServer().start()
     # A session that takes a moment to start sends the loop through PollSession (a session
     # already Running at Init skips the Wait state).
-    sim = start_simulator(session_start_seconds=1.5)
+    stack = Stack(bucket=BUCKET, session_start_seconds=1.5)
+    moto = stack.moto
     agent = FakeAgent()
     try:
-        moto.set_env({**sim.env, "AWS_REGION": engine.REGION, "AWS_DEFAULT_REGION": engine.REGION,
-                      "STEPWISE_BUCKET": BUCKET, "STEPWISE_GATEWAY_URL": "http://127.0.0.1:9",
-                      "STEPWISE_POLL_SECONDS": "1", "STEPWISE_INLINE_WAIT_SECONDS": "10",
-                      "AWS_ENDPOINT_URL_BEDROCK_AGENTCORE": agent.url})
-        _common._store.cache_clear()
-        arns = engine.create_functions(moto, prefix=PREFIX)
-        engine.create_bucket(moto, BUCKET, result_function_arn=arns["OnRolloutResult"])
-        sm_arn = engine.create_state_machine(moto, "iam-coverage", render_definition(
-            substitutions(function_arns=arns, bucket_name=BUCKET)))
-        s3 = moto.client("s3")
-
-        def put(key, rows):
-            s3.put_object(Bucket=BUCKET, Key=key, Body="\n".join(json.dumps({"payload": r}) for r in rows).encode())
-            return f"s3://{BUCKET}/{key}"
-
-        config = {
-            "region": engine.REGION, "role_arn": sim.role_arn, "base_model_arn": "stepwise-tiny",
-            "model_package_group_arn": sim.model_package_group_arn, "s3_output_path": sim.s3_output_path,
-            "agent_runtime_arn": AGENT_ARN, "tokenizer_path": str(TINY_MODEL),
-            "dataset_path": put("datasets/iam/train.jsonl", [{"prompt": f"p{i}", "answer": str(i)} for i in range(4)]),
-            "eval_dataset_path": put("datasets/iam/eval.jsonl", [{"prompt": "e0", "answer": "0"}]),
-            "batch_size": 2, "responses_per_prompt": 2, "max_new_tokens": 8, "learning_rate": 1e-3,
-            "loss": "importance_sampling", "max_rollout_time": 20, "steps_per_execution": 1,
-        }
+        _arns, sm_arn = stack.deploy(agent, PREFIX, name="iam-coverage")
+        rows = [{"prompt": f"p{i}", "answer": str(i)} for i in range(4)]
+        config = stack.config(
+            dataset_path=stack.put_dataset("datasets/iam/train.jsonl", rows),
+            eval_dataset_path=stack.put_dataset("datasets/iam/eval.jsonl", [{"prompt": "e0", "answer": "0"}]),
+            max_rollout_time=20, steps_per_execution=1)
         sfn = moto.client("stepfunctions")
         run_id = f"iam-{uuid.uuid4().hex[:6]}"
         first = sfn.start_execution(stateMachineArn=sm_arn, name=run_id, input=json.dumps(config))["executionArn"]
@@ -179,8 +157,7 @@ def recorded_calls():
         botocore.client.BaseClient._make_api_call = original_api
         engine.LambdaDispatcher.call = original_call
         agent.stop()
-        sim.stop()
-        moto.stop()
+        stack.stop()
 
 
 def test_the_run_exercised_most_functions(recorded_calls):
