@@ -36,19 +36,24 @@ def svc(sim):
     )
 
 
+def session_request(sim: SimulatorHandle, name: str) -> dict:
+    """CreateTrainingSession parameters for the tiny model on ``sim`` (LoRA rank 8, alpha 16)."""
+    return {
+        "TrainingSessionName": name,
+        "ModelPackageGroupArn": sim.model_package_group_arn,
+        "LoraConfig": {"Rank": 8, "Alpha": 16},
+        "RoleArn": sim.role_arn,
+        "ModelConfig": {"BaseModelArn": f"arn:aws:sagemaker:{sim.region}:aws:hub-content/SageMakerPublicHub/Model/stepwise-tiny/1.0.0"},
+        "OutputConfig": {"S3Location": {"Path": sim.s3_output_path}},
+    }
+
+
 def create_session(sim: SimulatorHandle, name: str, timeout: float = 10.0) -> str:
     """Create a training session with raw boto3 and wait until it is Running; returns its name."""
     import time
 
     sm = control_client(sim)
-    sm.create_training_session(
-        TrainingSessionName=name,
-        ModelPackageGroupArn=sim.model_package_group_arn,
-        LoraConfig={"Rank": 8, "Alpha": 16},
-        RoleArn=sim.role_arn,
-        ModelConfig={"BaseModelArn": f"arn:aws:sagemaker:{sim.region}:aws:hub-content/SageMakerPublicHub/Model/stepwise-tiny/1.0.0"},
-        OutputConfig={"S3Location": {"Path": sim.s3_output_path}},
-    )
+    sm.create_training_session(**session_request(sim, name))
     deadline = time.monotonic() + timeout
     while sm.describe_training_session(TrainingSessionName=name)["TrainingSessionDetail"]["TrainingSessionStatus"] != "Running":
         assert time.monotonic() < deadline, f"session {name} did not reach Running"
@@ -56,30 +61,26 @@ def create_session(sim: SimulatorHandle, name: str, timeout: float = 10.0) -> st
     return name
 
 
-def runtime_client(sim: SimulatorHandle):
+def _client(sim: SimulatorHandle, service: str):
+    """A boto3 client of ``service`` on ``sim`` that sends each call once (no retries)."""
     import boto3
     from botocore.config import Config
 
     return boto3.client(
-        "sagemakertrainingsessionruntime",
+        service,
         endpoint_url=sim.url,
         region_name=sim.region,
         config=Config(retries={"mode": "standard", "total_max_attempts": 1}),
         **_credentials(sim),
     )
+
+
+def runtime_client(sim: SimulatorHandle):
+    return _client(sim, "sagemakertrainingsessionruntime")
 
 
 def control_client(sim: SimulatorHandle):
-    import boto3
-    from botocore.config import Config
-
-    return boto3.client(
-        "sagemaker",
-        endpoint_url=sim.url,
-        region_name=sim.region,
-        config=Config(retries={"mode": "standard", "total_max_attempts": 1}),
-        **_credentials(sim),
-    )
+    return _client(sim, "sagemaker")
 
 
 def _credentials(sim: SimulatorHandle) -> dict[str, str]:

@@ -11,7 +11,7 @@ from botocore.exceptions import ClientError
 from local.simulator import start_simulator
 from sagemaker.train.training_session import AdamParams, ModelPackageKind, SamplingParams, ServiceClient
 
-from simulator_fixtures import control_client, sim  # noqa: F401 (the module's simulator fixture)
+from simulator_fixtures import control_client, session_request, sim  # noqa: F401 (the module's simulator fixture)
 
 
 def _status(sm, name):
@@ -37,14 +37,7 @@ def _wait_status(sm, name, status, timeout=10.0):
 def test_session_goes_created_running_stopping_stopped_then_deletes(sim, slow_transitions):
     sm = control_client(sim)
     name = "lifecycle"
-    sm.create_training_session(
-        TrainingSessionName=name,
-        ModelPackageGroupArn=sim.model_package_group_arn,
-        LoraConfig={"Rank": 8, "Alpha": 16},
-        RoleArn=sim.role_arn,
-        ModelConfig={"BaseModelArn": f"arn:aws:sagemaker:{sim.region}:aws:hub-content/SageMakerPublicHub/Model/stepwise-tiny/1.0.0"},
-        OutputConfig={"S3Location": {"Path": sim.s3_output_path}},
-    )
+    sm.create_training_session(**session_request(sim, name))
     assert _status(sm, name) == "Created"
     with pytest.raises(ClientError) as exc:
         sm.create_training_session(
