@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from local._proc import restore_env, stop_process
-from stepwise.commands.watch import kept_groups
+from stepwise.commands.watch import eval_when, kept_groups
 
 log = logging.getLogger("stepwise.run_local")
 
@@ -423,7 +423,7 @@ class Follower:
             self.evals[step] = summary
             if self.bar is not None:
                 acc = eval_accuracy(summary)
-                self.bar.write(f"eval after step {step}: accuracy {acc if acc is None else round(acc, 3)}")
+                self.bar.write(f"{eval_when(step)}: accuracy {acc if acc is None else round(acc, 3)}")
             return
         self.summaries[step] = summary
         now = time.monotonic()
@@ -914,7 +914,7 @@ def report(result: RunResult) -> str:
         head, tail = r[:3], r[-3:]
         lines.append(f"mean reward: first 3 steps {sum(head) / len(head):.3f}, last 3 steps {sum(tail) / len(tail):.3f}")
     for e in result.evals:
-        lines.append(f"eval after step {e['step']}: accuracy {e['accuracy']:.3f}")
+        lines.append(f"{eval_when(e['step'])}: accuracy {e['accuracy']:.3f}")
     for ckpt in _checkpoints(result.run_dir):
         lines.append(f"checkpoint at step {ckpt.get('step')} ({ckpt.get('reason')}): {ckpt.get('model_package_arn')}")
     per = result.timing.get("per_step")

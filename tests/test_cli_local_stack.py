@@ -76,7 +76,7 @@ def test_start_watch_plot_runs_stop_on_the_local_stack(stack, tmp_path, capsys):
     assert drawn["reward"] == [[m["step"], m["sampler/mean_reward"]] for m in train]
     assert drawn["reward"] == [[s, summary("steps", s)["sampler/mean_reward"]] for s in (0, 1)]
     assert drawn["eval_accuracy"] == [[m["step"], m["eval/accuracy"]] for m in evals]
-    assert [s for s, _ in drawn["eval_accuracy"]] == [1, 2]  # eval_every 1 after step 1; final eval after step 2
+    assert [s for s, _ in drawn["eval_accuracy"]] == [0, 1, 2]  # baseline; eval_every 1 after step 1; final after step 2
 
     assert main(["runs", "--json", *flags]) == 0
     (row,) = json.loads(capsys.readouterr().out)

@@ -128,6 +128,7 @@ BAD_VALUES = [
     ("max_prompts", 10, "fewer prompts than batch_size (32)"),
     ("eval_dataset_path", "s3://my-bucket", "must name a file"),
     ("eval_every", -1, "greater than or equal to 0"),
+    ("eval_before_train", "yes", "valid boolean"),
     ("eval_max_prompts", -1, "greater than or equal to 0"),
     ("eval_temperature", -1.0, "greater than or equal to 0"),
     ("exp_id", 5, "valid string"),
@@ -227,6 +228,7 @@ def test_summary_numbers():
     assert s["rollouts_per_step"] == 128
     assert s["prompts_used"] == 3000 and s["steps_per_epoch"] == 93 and s["total_steps"] == 186
     assert s["executions"] == 10  # ceil(186 / 20)
-    assert s["evals"] == 18 + 1  # every 10 steps, plus the final eval (186 % 10 != 0)
+    assert s["evals"] == 1 + 18 + 1  # the baseline at step 0, every 10 steps, the final eval (186 % 10 != 0)
+    assert cfg.model_copy(update={"eval_before_train": False}).summary(7473)["evals"] == 18 + 1
     dapo = load_run_config({**VALID, "algorithm": "dapo", "max_num_gen_batches": 4}).summary()
     assert dapo["max_rollouts_per_step"] == 512 and "steps_per_epoch" not in dapo

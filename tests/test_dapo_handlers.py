@@ -165,7 +165,8 @@ def test_eval_runs_at_the_end_when_the_last_step_was_skipped_for_no_datums(stack
     """Reference `train_grpo.py`: a skipped step ``continue``s past the in-loop eval, and the final
     check ``global_step % eval_every == 0`` then believes an eval ran: none did at the last step."""
     eval_data = stack.put_dataset(f"data/eval-{uuid.uuid4().hex[:6]}.jsonl", [{"prompt": "e"}])
-    run_id, ev = _start(stack, algorithm=algorithm, max_prompts=4, eval_every=2, eval_dataset_path=eval_data)
+    run_id, ev = _start(stack, algorithm=algorithm, max_prompts=4, eval_every=2, eval_dataset_path=eval_data,
+                        eval_before_train=False)  # the reference has no baseline eval
     assert _batch(stack, run_id, ev, [1.0, 0.0, 0.0, 1.0])[1]["decision"] == "train"
     _train(ev)
     p = plan.plan(ev)

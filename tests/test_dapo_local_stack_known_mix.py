@@ -59,6 +59,7 @@ def result(tmp_path_factory):
         "max_num_gen_batches": 3,
         "max_prompts": 0,
         "eval_every": 0,  # only the final eval
+        "eval_before_train": False,
         "save_every": -1,
         "acr_tps_limit": 16,
         "max_rollout_time": 60,

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+from pydantic import ValidationError
+
 from stepwise.config import RunConfig
 from stepwise.handlers.plan import build_items, decide
 from stepwise.runstore import Checkpoint, RunState
@@ -54,7 +57,8 @@ def test_max_prompts_limits_the_rows_and_a_retry_replans_the_same_batch():
 
 
 def test_eval_every_then_final_eval_unless_one_ran_at_the_last_step():
-    c = cfg(batch_size=1, eval_every=2, eval_dataset_path="s3://bucket-name/eval.jsonl", eval_max_prompts=3)
+    c = cfg(batch_size=1, eval_every=2, eval_dataset_path="s3://bucket-name/eval.jsonl", eval_max_prompts=3,
+            eval_before_train=False)
     s = state(dataset_rows=3, eval_rows=5)
     seen = []
     for _ in range(20):
@@ -76,6 +80,72 @@ def test_eval_every_then_final_eval_unless_one_ran_at_the_last_step():
     assert decide(s2, c).kind == "eval"  # step 2: periodic eval ...
     s2.current_batch, s2.last_eval_step = None, 2
     assert decide(s2, c).action == "checkpoint"  # ... and no second (final) eval at the same step
+
+
+def _walk(s: RunState, c: RunConfig, limit: int = 30) -> list[tuple]:
+    """Drive decide() as the state machine does; the rollouts seen: (kind, step, final, reason)."""
+    seen = []
+    for _ in range(limit):
+        d = decide(s, c)
+        if d.action == "checkpoint":
+            s.phase, s.checkpoint_reason = "idle", ""
+            if d.reason == "final save_state":
+                s.final_checkpoint_done = True
+            continue
+        if d.action != "rollout":
+            break
+        seen.append((d.kind, d.step, d.final, d.reason))
+        if d.kind == "eval":
+            s.current_batch = None
+            s.last_eval_step = d.step
+            s.eval_steps = sorted({*s.eval_steps, d.step})
+        else:
+            finish_step(s)
+    return seen
+
+
+def test_baseline_eval_runs_once_at_step_0_before_the_first_training_batch():
+    c = cfg(batch_size=1, eval_every=2, eval_dataset_path="s3://bucket-name/eval.jsonl", eval_max_prompts=3)
+    assert c.eval_before_train is None and c.baseline_eval  # default: on with an eval dataset
+    s = state(dataset_rows=2, eval_rows=5)
+    first = decide(s, c)
+    assert (first.kind, first.step, first.reason, len(first.rows), first.responses_per_prompt) == \
+        ("eval", 0, "eval_before_train", 3, 1)
+    again = decide(s, c)  # a retried PlanStep re-plans the same batch
+    assert (again.kind, again.step, again.rows) == ("eval", 0, first.rows)
+    s.current_batch, s.last_eval_step, s.eval_steps = None, 0, [0]
+    assert [x[:2] for x in _walk(s, c)] == [("train", 0), ("train", 1), ("eval", 2)]
+    # off explicitly, or no eval dataset: the first batch trains
+    assert decide(state(dataset_rows=2, eval_rows=5), cfg(batch_size=1, eval_every=2, eval_before_train=False,
+                                                          eval_dataset_path="s3://bucket-name/eval.jsonl")).kind == "train"
+    assert not cfg().baseline_eval and decide(state(dataset_rows=2), cfg(batch_size=1)).kind == "train"
+    # a run with no step to train evaluates once, not a baseline and then a final eval at the same step
+    assert [x[:3] for x in _walk(state(dataset_rows=0, eval_rows=5), c)] == [("eval", 0, False)]
+
+
+def test_eval_before_train_without_an_eval_dataset_is_refused():
+    with pytest.raises(ValidationError, match="eval_before_train"):
+        cfg(eval_before_train=True)
+
+
+def test_a_resume_that_rewinds_to_step_0_does_not_evaluate_step_0_again():
+    from stepwise.handlers.init import rewind_to_checkpoint
+
+    c = cfg(batch_size=1, eval_every=1, eval_dataset_path="s3://bucket-name/eval.jsonl", eval_max_prompts=2)
+    s = state(dataset_rows=3, eval_rows=2)
+    seen = []
+    for _ in range(3):  # baseline, step 0, eval after step 1
+        d = decide(s, c)
+        seen.append((d.kind, d.step))
+        if d.kind == "eval":
+            s.current_batch, s.last_eval_step, s.eval_steps = None, d.step, sorted({*s.eval_steps, d.step})
+        else:
+            finish_step(s)
+    assert seen == [("eval", 0), ("train", 0), ("eval", 1)]
+    s.session_stopped = True  # the run failed here, with no save_state checkpoint: a resume restarts at step 0
+    assert rewind_to_checkpoint(s, session_name="new", created_at=1.0) is None
+    assert (s.step, s.last_eval_step, s.eval_steps) == (0, 0, [0])
+    assert [x[:2] for x in _walk(s, c)][:3] == [("train", 0), ("eval", 1), ("train", 1)]
 
 
 def test_save_every_checkpoints_at_the_start_of_due_steps_once():

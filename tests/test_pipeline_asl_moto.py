@@ -49,6 +49,7 @@ def test_a_run_trains_evaluates_continues_as_new_saves_and_stops(local):
     state = _state(s3, run_id)
     assert state["step"] == 2 and state["policy_version"] == 2 and state["segment"] == 1
     assert state["finished"] and state["session_stopped"] and state["final_checkpoint_done"] and state["final_weights_done"]
+    assert state["eval_steps"] == [0, 2]  # the baseline before step 0 (eval_before_train's default), the final eval
     assert state["last_eval_step"] == 2 and state["pending"] == [] and state["owner_execution_arn"] == second["executionArn"]
     delta = {k: sim.counters.get(k, 0) - before.get(k, 0) for k in ("optim_step", "save_state", "save_weights", "StopTrainingSession")}
     assert delta == {"optim_step": 2, "save_state": 1, "save_weights": 3, "StopTrainingSession": 1}

@@ -210,6 +210,11 @@ class RunConfig(BaseModel):
     eval_every: int = Field(0, ge=0, description="eval every N steps; 0 = only at the end")
     eval_max_prompts: int = Field(200, ge=0, description="first N eval prompts; 0 = all")
     eval_temperature: float = Field(0.0, ge=0, description="sampling temperature of eval rollouts")
+    eval_before_train: bool | None = Field(
+        None,
+        description="a baseline eval at step 0, before the first optimizer step (verl's val_before_train); "
+        "None = on when eval_dataset_path is set",
+    )
 
     # --- Bookkeeping ---
     exp_id: str = Field(
@@ -357,6 +362,13 @@ class RunConfig(BaseModel):
             raise ValueError("evaluates nothing: eval_dataset_path is empty; set it or use eval_every 0")
         return v
 
+    @field_validator("eval_before_train")
+    @classmethod
+    def _eval_before_train(cls, v: bool | None, info: ValidationInfo) -> bool | None:
+        if v and info.data.get("eval_dataset_path") == "":
+            raise ValueError("evaluates nothing: eval_dataset_path is empty; set it or leave eval_before_train unset")
+        return v
+
     @field_validator("mlflow_tracking_uri")
     @classmethod
     def _mlflow(cls, v: str) -> str:
@@ -394,6 +406,12 @@ class RunConfig(BaseModel):
         last batch is dropped)."""
         used = min(dataset_rows, self.max_prompts) if self.max_prompts > 0 else dataset_rows
         return used // self.batch_size
+
+    @property
+    def baseline_eval(self) -> bool:
+        """Whether step 0 starts with an eval of the untrained policy: ``eval_before_train``, or
+        when unset, whether there is an eval dataset."""
+        return bool(self.eval_dataset_path) if self.eval_before_train is None else self.eval_before_train
 
     def should_eval(self, step_done: int) -> bool:
         """Eval after ``step_done`` completed steps (reference: ``eval_every > 0 and step % eval_every == 0``)."""
@@ -442,7 +460,8 @@ class RunConfig(BaseModel):
                 total_steps=total,
                 executions=max(1, -(-total // self.steps_per_execution)),
                 evals=(total // self.eval_every if self.eval_every else 0) + (1 if self.eval_dataset_path else 0)
-                - (1 if self.eval_every and total and total % self.eval_every == 0 else 0),
+                - (1 if self.eval_every and total and total % self.eval_every == 0 else 0)
+                + (1 if self.baseline_eval and total else 0),
             )
             if self.algorithm == "dapo":
                 # each extra generation batch consumes batch_size more prompts

@@ -215,6 +215,7 @@ class RunState(BaseModel):
     pending: list[PendingOperation] = Field(default_factory=list)
     checkpoints: list[Checkpoint] = Field(default_factory=list)
     last_eval_step: int | None = None
+    eval_steps: list[int] = Field(default_factory=list)  # steps whose eval summary is recorded (a rewind keeps those <= its step)
     eval_step_pending: int | None = None
     stop_reason: str | None = None
     final_eval_done: bool = False

@@ -101,11 +101,16 @@ def step_line(step: int, summary: dict[str, Any], cfg: dict[str, Any] | None, wa
     return line
 
 
+def eval_when(step: int) -> str:
+    """How an eval at ``step`` completed steps is named: step 0 is the baseline (``eval_before_train``)."""
+    return "eval before training (step 0)" if step == 0 else f"eval after step {step}"
+
+
 def eval_line(step: int, summary: dict[str, Any]) -> str:
     failed = metric(summary, "eval/failed_rollouts")
     extra = f", {failed:g} failed rollouts" if failed else ""
     final = " (final)" if summary.get("final") else ""
-    return f"  eval after step {step}{final}: accuracy {fmt(eval_accuracy(summary))} on {fmt(metric(summary, 'eval/n'), 'g')} prompts{extra}"
+    return f"  {eval_when(step)}{final}: accuracy {fmt(eval_accuracy(summary))} on {fmt(metric(summary, 'eval/n'), 'g')} prompts{extra}"
 
 
 def curves(cache: SummaryCache) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:

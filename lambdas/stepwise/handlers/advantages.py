@@ -263,6 +263,7 @@ def record_eval(event: BatchEvent) -> dict[str, Any]:
         _check_batch(s, batch)
         s.current_batch = None
         s.last_eval_step = batch.step
+        s.eval_steps = sorted({*s.eval_steps, batch.step})
         if batch.final:
             s.final_eval_done = True
 

@@ -121,8 +121,11 @@ def rewind_to_checkpoint(state: RunState, *, session_name: str, created_at: floa
         state.resume_loaded = False
         plan_resume(state, ckpt.model_package_arn)
     state.step_cursor_start = state.cursor
+    # Evals at or before the checkpoint's step evaluated the very weights the run restarts from
+    # (the baseline at step 0 included): they stand and are not run again. Later ones are redone.
+    state.eval_steps = [s for s in state.eval_steps if s <= state.step]
     if state.last_eval_step is not None and state.last_eval_step > state.step:
-        state.last_eval_step = None
+        state.last_eval_step = state.step if state.step in state.eval_steps else None
     state.final_eval_done = state.final_eval_done and state.last_eval_step == state.step
     state.final_checkpoint_done = any(c.reason == "final" and c.step == state.step for c in state.checkpoints)
     state.final_weights_done = any(c.reason == "weights_at_end" and c.step == state.step for c in state.checkpoints)

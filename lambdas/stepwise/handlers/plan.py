@@ -4,7 +4,10 @@ The decision (:func:`decide`) is a pure function of (state, config) that the han
 as one conditional read-modify-write of state.json. Order of checks, following the reference
 loop (`train_grpo.py`) with the DAPO proposal (shared/seeds/002) and DESIGN.md section 8:
 
-1. eval due after a completed step (``eval_every > 0 and step % eval_every == 0``), once per step;
+1. the baseline eval at step 0, before the first optimizer step (``eval_before_train``, on by
+   default when there is an eval dataset), once: a resume that rewinds to step 0 keeps it
+   (``last_eval_step`` stays 0, see `stepwise.handlers.init.rewind_to_checkpoint`); then an eval
+   due after a completed step (``eval_every > 0 and step % eval_every == 0``), once per step;
 2. at the start of a step: move to the next epoch when the queue cannot fill a batch (the
    reference drops a partial last batch); when the run is finishing (epochs done, DAPO cap hit,
    or data exhausted): final eval unless one ran at the last step, final ``save_state``,
@@ -73,6 +76,8 @@ def decide(state: RunState, cfg: Any) -> Decision:
         return d
 
     if state.generation_batch == 0:
+        if eval_n and state.step == 0 and cfg.baseline_eval and state.last_eval_step != 0:
+            return eval_batch(False, "eval_before_train")
         if eval_n and state.step > 0 and cfg.should_eval(state.step) and state.last_eval_step != state.step:
             return eval_batch(False, f"eval_every {cfg.eval_every}")
         if state.stop_reason is None and state.epoch < cfg.epochs and state.cursor + bs > used:
