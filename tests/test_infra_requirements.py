@@ -1,74 +1,105 @@
-"""The Lambda images install exactly the project's runtime dependencies.
+"""The Lambda images install exactly the project's runtime dependencies, locked for their platform.
 
-The image build context is ``lambdas/``, which cannot see ``pyproject.toml``, so the images
-install ``lambdas/requirements.txt``; this test keeps the two lists equal.
+``lambdas/requirements.lock`` is pyproject.toml's ``[project] dependencies`` resolved by
+``scripts/lock_image.py`` for the images' CPython 3.13 / manylinux_2_34 x86_64; both Dockerfiles
+install exactly it. These tests fail when the lock and pyproject drift, and name the script to run.
 """
 
 from __future__ import annotations
 
+import ast
+import importlib
 import re
-import tomllib
 from pathlib import Path
 
+import pytest
 from packaging.requirements import Requirement
 
+from infra.image_platform import (LOCK, PYTHON_VERSION, dependencies_digest, normalize, read_lock, recorded_digest,
+                                  runtime_dependencies)
+
 ROOT = Path(__file__).resolve().parent.parent
+RELOCK = "the lock is stale: run `python scripts/lock_image.py` (under the dev venv) and commit lambdas/requirements.lock"
+DOCKERFILES = ("Dockerfile", "Dockerfile.gateway")
 
 
-def _normalized(lines: list[str]) -> set[str]:
-    out = set()
-    for line in lines:
-        line = line.split("#", 1)[0].strip()
-        if line:
-            req = Requirement(line)
-            name = re.sub(r"[-_.]+", "-", req.name).lower()
-            out.add(f"{name}[{','.join(sorted(req.extras))}]{req.specifier}{';' + str(req.marker) if req.marker else ''}")
-    return out
+def _lock() -> dict[str, tuple[str, list[str]]]:
+    return read_lock(LOCK.read_text())
 
 
-def test_requirements_txt_equals_pyproject_runtime_dependencies():
-    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    requirements = (ROOT / "lambdas" / "requirements.txt").read_text().splitlines()
-    assert _normalized(requirements) == _normalized(pyproject)
+def test_lock_records_the_digest_of_pyprojects_dependency_list():
+    assert recorded_digest(LOCK.read_text()) == dependencies_digest(runtime_dependencies()), RELOCK
 
 
-def test_handler_dockerfile_installs_requirements_and_copies_the_package():
-    text = (ROOT / "lambdas" / "Dockerfile").read_text()
-    assert re.search(r"^FROM \S*aws-lambda-python:3\.11\b", text, re.M), "Lambda Python 3.11 base image"
-    assert re.search(r"^RUN pip install .*-r \S*requirements\.txt", text, re.M)
+def test_every_runtime_dependency_is_pinned_within_pyprojects_specifiers():
+    pins = _lock()
+    for dep in runtime_dependencies():
+        req = Requirement(dep)
+        name = normalize(req.name)
+        assert name in pins, f"{req.name} (pyproject.toml) is missing from the lock; {RELOCK}"
+        version, _ = pins[name]
+        assert req.specifier.contains(version, prereleases=True), f"{name}=={version} is outside {dep!r}; {RELOCK}"
+
+
+def test_lock_entries_are_pinned_and_hashed():
+    pins = _lock()
+    assert len(pins) > 50, "the lock lists the whole resolution, not only the direct dependencies"
+    assert all(len(hashes) == 1 for _, hashes in pins.values())
+    with pytest.raises(ValueError):
+        read_lock("numpy>=1.26\n")
+    with pytest.raises(ValueError):
+        read_lock("numpy==2.0\n")
+
+
+def test_a_changed_dependency_list_is_a_stale_lock():
+    deps = runtime_dependencies()
+    assert dependencies_digest([*deps[:-1], deps[-1] + ",<99"]) != recorded_digest(LOCK.read_text())
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES)
+def test_dockerfile_installs_exactly_the_lock_on_the_lambda_python_base(dockerfile):
+    text = (ROOT / "lambdas" / dockerfile).read_text()
+    (base,) = re.findall(r"^FROM (\S*aws-lambda-python:\S+)", text, re.M)
+    assert base.endswith(f":{PYTHON_VERSION}"), f"{dockerfile}: base {base}, lock is for CPython {PYTHON_VERSION}"
+    assert re.search(r"^COPY requirements\.lock \$\{LAMBDA_TASK_ROOT\}/requirements\.lock$", text, re.M)
+    (install,) = re.findall(r"^RUN (pip install .*)$", text, re.M)
+    assert install.split() == ["pip", "install", "--no-cache-dir", "--only-binary=:all:", "--require-hashes", "--no-deps",
+                               "-r", "${LAMBDA_TASK_ROOT}/requirements.lock"]
     assert re.search(r"^COPY stepwise/ \$\{LAMBDA_TASK_ROOT\}/stepwise/", text, re.M)
-    # the extension belongs to the gateway image only (it would wait for a web server here)
-    assert "lambda-adapter" not in text.lower().replace("lambda web adapter", "")
 
 
-def _closure(requirements: list[str]) -> set[str]:
-    """Installed distributions (normalized names) that ``pip install -r`` of ``requirements`` pulls in."""
-    from importlib.metadata import PackageNotFoundError, requires
+def test_only_the_gateway_image_carries_the_web_adapter():
+    handler = (ROOT / "lambdas" / "Dockerfile").read_text()
+    gateway = (ROOT / "lambdas" / "Dockerfile.gateway").read_text()
+    # the extension would wait for a web server in the handler image
+    assert "/opt/extensions" not in handler and "aws-lambda-adapter" not in handler
+    assert re.search(r"^COPY --from=\S+ /lambda-adapter /opt/extensions/lambda-adapter$", gateway, re.M)
+    assert re.search(r'^ENTRYPOINT \["python", "-m", "stepwise\.gateway"\]$', gateway, re.M)
 
-    seen: set[str] = set()
-    todo = [Requirement(r) for r in requirements]
-    while todo:
-        req = todo.pop()
-        name = re.sub(r"[-_.]+", "-", req.name).lower()
-        key = f"{name}[{','.join(sorted(req.extras))}]"
-        if key in seen:
-            continue
-        seen.add(key)
-        try:
-            deps = requires(req.name) or []
-        except PackageNotFoundError:
-            continue
-        for dep in deps:
-            d = Requirement(dep)
-            envs = [{"extra": e} for e in (req.extras or {""})]
-            if d.marker is None or any(d.marker.evaluate(env) for env in envs):
-                todo.append(d)
-    return {k.split("[", 1)[0] for k in seen}
+
+def _resolve(path: str):
+    module, _, attr = path.rpartition(".")
+    return getattr(importlib.import_module(module), attr)
+
+
+def test_every_function_spec_names_a_callable_its_image_runs():
+    """Each handler function's CMD resolves; the gateway's spec names what its ENTRYPOINT runs."""
+    from stepwise.functions import FUNCTIONS, GATEWAY_FUNCTION
+
+    for spec in FUNCTIONS:
+        assert callable(_resolve(spec.handler)), spec.name
+    main = _resolve(GATEWAY_FUNCTION.handler)
+    assert callable(main)
+    # ENTRYPOINT `python -m stepwise.gateway` runs __main__, which must call exactly this function
+    tree = ast.parse((ROOT / "lambdas" / "stepwise" / "gateway" / "__main__.py").read_text())
+    imported = {f"stepwise.gateway.{n.module}.{a.name}" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                and n.level == 1 for a in n.names}
+    called = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    assert GATEWAY_FUNCTION.handler in imported and GATEWAY_FUNCTION.handler.rsplit(".", 1)[1] in called
+    assert f"{main.__module__}.{main.__name__}" == GATEWAY_FUNCTION.handler
 
 
 def _imports(path: Path) -> list[str]:
-    import ast
-
     out = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
@@ -89,16 +120,15 @@ def _module_file(name: str) -> Path | None:
 
 def test_every_third_party_module_the_lambdas_can_import_is_installed_by_the_image():
     """Follow imports (module- and function-level) from every handler and the gateway entry point:
-    each third-party module reached must come from requirements.txt's dependency closure."""
+    each third-party module reached must come from a distribution the lock installs."""
     import sys
     from importlib.metadata import packages_distributions
 
-    from stepwise.functions import FUNCTIONS
+    from stepwise.functions import FUNCTIONS, GATEWAY_FUNCTION
 
-    lines = (ROOT / "lambdas" / "requirements.txt").read_text().splitlines()
-    installed = _closure([ln.split("#", 1)[0].strip() for ln in lines if ln.split("#", 1)[0].strip()])
+    installed = set(_lock())
     providers = packages_distributions()
-    roots = {spec.handler.rsplit(".", 1)[0] for spec in FUNCTIONS} | {"stepwise.gateway", "stepwise.gateway.__main__"}
+    roots = {spec.handler.rsplit(".", 1)[0] for spec in (*FUNCTIONS, GATEWAY_FUNCTION)} | {"stepwise.gateway", "stepwise.gateway.__main__"}
     todo, seen, missing = list(roots), set(), {}
     while todo:
         name = todo.pop()
@@ -118,4 +148,4 @@ def test_every_third_party_module_the_lambdas_can_import_is_installed_by_the_ima
             if not dists & installed:
                 missing.setdefault(top, set()).add(str(path.relative_to(ROOT)))
     assert len(seen) > len(roots), "the import walk found no modules"
-    assert not missing, f"reachable from a Lambda entry point but not installed by lambdas/requirements.txt: {missing}"
+    assert not missing, f"reachable from a Lambda entry point but not installed by lambdas/requirements.lock: {missing}"

@@ -47,9 +47,11 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
     FunctionSpec("Cleanup", "stepwise.handlers.session.cleanup_handler", 512, 120, "EventBridge: execution aborted/timed out/failed -> stop the session"),
 )
 
-#: Functions served by the gateway image (Lambda Web Adapter), not the handler image.
+#: The function of the gateway image (``lambdas/Dockerfile.gateway``), not the handler image. It
+#: has no Lambda handler: its ENTRYPOINT ``python -m stepwise.gateway`` runs ``handler`` (the web
+#: server's ``main``) and the Lambda Web Adapter extension forwards invocations to that server.
 GATEWAY_FUNCTION = FunctionSpec(
-    "Gateway", "stepwise.gateway.lambda_app", 2048, 900, "The agent's LLM endpoint: render, sample, capture turns"
+    "Gateway", "stepwise.gateway.server.main", 2048, 900, "The agent's LLM endpoint: render, sample, capture turns"
 )
 
 
