@@ -22,7 +22,8 @@ from constructs import Construct
 
 NAMESPACE = "Stepwise"
 #: Metric names as the handlers emit them (slash-namespaced, tinker-cookbook style):
-#: stepwise.core.rewards.reward_metrics, stepwise.core.dapo, handlers/advantages.py, handlers/train.py.
+#: stepwise.core.rewards.reward_metrics, stepwise.core.dapo, stepwise.core.behaviour, handlers/advantages.py,
+#: handlers/train.py.
 MEAN_REWARD = "sampler/mean_reward"
 NUM_DATUMS = "sampler/num_datums"
 NUM_ROLLOUTS = "sampler/num_rollouts"
@@ -32,6 +33,18 @@ FILTERED_FRACTION = "sampling/filtered_fraction"
 EVAL_ACCURACY = "eval/accuracy"
 TIME_ROLLOUT = "time/rollout"
 TIME_TRAIN = "time/train"
+#: Behaviour per step (stepwise.core.behaviour.behaviour_metrics, core.rewards, core.advantages).
+REWARD_MIN = "sampler/reward_min"
+REWARD_MAX = "sampler/reward_max"
+TURNS_PER_ROLLOUT = "behaviour/turns_per_rollout"
+TOOL_CALLS_PER_ROLLOUT = "behaviour/tool_calls_per_rollout"
+SAMPLED_TOKENS_PER_ROLLOUT = "behaviour/sampled_tokens_per_rollout"
+TRUNCATED_TURNS = "behaviour/truncated_turns_fraction"
+ILL_FORMED_TURNS = "behaviour/ill_formed_turns_fraction"
+ZERO_ADVANTAGE_GROUPS = "advantages/zero_groups_fraction"
+ROLLOUT_DURATION_P50 = "time/rollout_duration_p50"
+ROLLOUT_DURATION_P95 = "time/rollout_duration_p95"
+ROLLOUT_STATUS_COUNTS = ("rollouts/num_ok", "rollouts/num_error", "rollouts/num_timeout")
 #: Published by this stack's metric filter on FinishRollout's logs (no run dimension: alarmable).
 FAILED_ROLLOUTS = "rollouts/failed"
 #: FinishRollout's Powertools log messages for a rollout that failed or whose reward was zeroed
@@ -142,7 +155,8 @@ class Monitoring(Construct):
             default_interval=Duration.hours(6),
         )
         self.dashboard.add_widgets(
-            cw.GraphWidget(title="Mean reward per step (one line per run)", left=[per_run(MEAN_REWARD)], width=12),
+            cw.GraphWidget(title="Mean reward per step (one line per run)", left=[per_run(MEAN_REWARD)],
+                           right=[per_run(REWARD_MIN, "Minimum"), per_run(REWARD_MAX, "Maximum")], width=12),
             cw.GraphWidget(title="Eval accuracy", left=[per_run(EVAL_ACCURACY)], width=12),
         )
         self.dashboard.add_widgets(
@@ -153,6 +167,19 @@ class Monitoring(Construct):
             cw.GraphWidget(title="Rollout failure rate (all runs) and zeroed rollouts per run",
                            left=[failure_rate], right=[per_run(ZEROED_ROLLOUTS, "Sum")], width=8,
                            left_annotations=[cw.HorizontalAnnotation(value=rollout_failure_rate, label="alarm")]),
+        )
+        # Agent behaviour beside the reward: reward hacking usually shows here first.
+        self.dashboard.add_widgets(
+            cw.GraphWidget(title="Turns and tool calls per rollout (left), sampled tokens per rollout (right)",
+                           left=[per_run(TURNS_PER_ROLLOUT), per_run(TOOL_CALLS_PER_ROLLOUT)],
+                           right=[per_run(SAMPLED_TOKENS_PER_ROLLOUT)], width=6),
+            cw.GraphWidget(title="Truncated and ill-formed turns, zero-advantage groups (fraction)",
+                           left=[per_run(TRUNCATED_TURNS), per_run(ILL_FORMED_TURNS), per_run(ZERO_ADVANTAGE_GROUPS)],
+                           left_y_axis=cw.YAxisProps(min=0, max=1), width=6),
+            cw.GraphWidget(title="Rollout duration (s): p50, p95",
+                           left=[per_run(ROLLOUT_DURATION_P50), per_run(ROLLOUT_DURATION_P95)], width=6),
+            cw.GraphWidget(title="Rollouts per step by status (ok, error, timeout)",
+                           left=[per_run(name, "Sum") for name in ROLLOUT_STATUS_COUNTS], stacked=True, width=6),
         )
         self.dashboard.add_widgets(
             cw.GraphWidget(title="Gateway latency (ms, time to first byte)",

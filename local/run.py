@@ -533,35 +533,16 @@ def lambda_stats(invocations: list[Any]) -> dict[str, dict[str, float]]:
     return out
 
 
-def plot(run_dir: Path, rewards: list[tuple[int, float]], evals: list[tuple[int, float]]) -> Path | None:
-    """``reward.png``: mean training reward per step, eval accuracy points."""
+def plot(run_dir: Path, rewards: list[tuple[int, float]], evals: list[tuple[int, float]],
+         steps: dict[int, dict[str, Any]] | None = None) -> Path | None:
+    """``reward.png``: mean training reward per step and eval accuracy (the baseline at step 0
+    included), and a second panel of the behaviour metrics of the step summaries
+    (`stepwise.commands.watch.write_plot`, the plot `stepwise watch --plot` draws)."""
     if not rewards and not evals:
         return None
-    import matplotlib
+    from stepwise.commands.watch import behaviour_curves, write_plot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    if rewards:
-        ax.plot([s for s, _ in rewards], [r for _, r in rewards], marker=".", label="mean training reward")
-    if evals:
-        ax.plot([s for s, _ in evals], [a for _, a in evals], "s", label="eval accuracy")
-    ax.set_xlabel("step")
-    ax.set_ylim(-0.05, 1.05)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    ax.set_title(run_dir.name)
-    path = run_dir / "reward.png"
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
-
-
-# --------------------------------------------------------------------------------------
-# The run
-# --------------------------------------------------------------------------------------
+    return write_plot(run_dir / "reward.png", rewards, evals, run_dir.name, behaviour_curves(steps or {}))
 
 
 def _history(sfn: Any, arn: str) -> list[dict[str, Any]]:
@@ -828,7 +809,7 @@ def _finish(stack: LocalStack, follower: Follower | None, desc: dict[str, Any] |
     steps = sorted(follower.summaries) if follower else []
     rewards = [(s, r) for s in steps if (r := mean_reward(follower.summaries[s])) is not None] if follower else []
     evals = sorted((s, a) for s, e in (follower.evals.items() if follower else []) if (a := eval_accuracy(e)) is not None)
-    plot(run_dir, rewards, evals)
+    plot(run_dir, rewards, evals, follower.summaries if follower else {})
     result = RunResult(
         run_id=run_id, status=status, run_dir=run_dir, wall_seconds=round(time.monotonic() - t_start, 1),
         steps=len(steps), rewards=[r for _, r in rewards],

@@ -12,9 +12,11 @@ from stepwise.commands.watch import CURVES_KEY, HEADER, step_line
 
 SUMMARIES = {
     0: {"sampler/mean_reward": 0.125, "sampler/num_rollouts": 8.0, "sampler/zeroed_rollouts": 1.0,
-        "sampler/num_datums": 8, "time/rollout": 3.0, "time/train": 1.5, "decision": "train"},
+        "sampler/num_datums": 8, "time/rollout": 3.0, "time/train": 1.5, "decision": "train",
+        "behaviour/turns_per_rollout": 1.0, "rollouts/num_error": 1.0, "rollouts/num_timeout": 0.0},
     1: {"sampler/mean_reward": 0.25, "sampler/num_rollouts": 8.0, "sampler/zeroed_rollouts": 0.0,
-        "sampler/num_datums": 6, "time/rollout": 2.0, "decision": "train"},
+        "sampler/num_datums": 6, "time/rollout": 2.0, "decision": "train",
+        "behaviour/turns_per_rollout": 2.0, "rollouts/num_error": 1.0, "rollouts/num_timeout": 1.0},
     2: {"sampler/mean_reward": 0.0, "sampler/num_rollouts": 8.0, "sampler/zeroed_rollouts": 8.0,
         "sampler/num_datums": 0, "decision": "skip"},
 }
@@ -54,6 +56,10 @@ def test_watch_follows_to_the_end_and_writes_plot_and_metrics(moto_dep, tmp_path
     drawn = json.loads(Image.open(png).text[CURVES_KEY])
     assert drawn["reward"] == [[m["step"], m["sampler/mean_reward"]] for m in metrics if m["kind"] == "train"]
     assert drawn["eval_accuracy"] == [[m["step"], m["eval/accuracy"]] for m in metrics if m["kind"] == "eval"]
+    # the second panel: behaviour per step, as reported (and the derived share of failed rollouts)
+    assert drawn["behaviour"] == {"behaviour/turns_per_rollout": [[0, 1.0], [1, 2.0]],
+                                  "rollouts/failed_fraction": [[0, 0.125], [1, 0.25]]}
+    assert Image.open(png).size == (800, 850)  # two panels
 
 
 def test_watch_failed_run_exits_1_with_the_cause(moto_dep, capsys):
@@ -79,4 +85,18 @@ def test_watch_once_prints_the_current_view(moto_dep, capsys):
 
 def test_step_line_without_config_or_timings():
     line = step_line(7, {"sampler/mean_reward": 0.5, "sampling/kept_groups": 3.0}, None, 12.25)
-    assert line.split() == ["7", "0.500", "3", "-", "-", "12.2"]
+    assert line.split() == ["7", "0.500", "3", "-", "-", "12.2"] + ["-"] * 9  # no behaviour metrics: dashes
+
+
+def test_step_line_shows_the_behaviour_columns_under_their_titles():
+    summary = {"sampler/mean_reward": 0.5, "behaviour/turns_per_rollout": 2.5, "behaviour/sampled_tokens_per_rollout": 41.0,
+               "behaviour/truncated_turns_fraction": 0.125, "behaviour/ill_formed_turns_fraction": 0.0,
+               "behaviour/tool_calls_per_rollout": 1.25, "time/rollout_duration_p50": 3.0,
+               "time/rollout_duration_p95": 7.5, "advantages/zero_groups_fraction": 0.25,
+               "rollouts/num_ok": 6.0, "rollouts/num_error": 1.0, "rollouts/num_timeout": 1.0}
+    line = step_line(3, summary, None, 1.0)
+    columns = dict(zip(HEADER.split(), line.split()))
+    assert len(line.split()) == len(HEADER.split())
+    assert {k: columns[k] for k in ("turns", "tokens", "trunc", "illf", "tools", "p50_s", "p95_s", "zero_adv", "err/to")} == {
+        "turns": "2.50", "tokens": "41.0", "trunc": "0.12", "illf": "0.00", "tools": "1.25", "p50_s": "3.0",
+        "p95_s": "7.5", "zero_adv": "0.25", "err/to": "1/1"}

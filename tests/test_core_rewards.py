@@ -65,6 +65,8 @@ def test_reward_metrics():
     results = [{"rewards": 1.0}, {"rewards": [0.0, 1.0]}, None, {"status_code": 500}]
     pairs = [extract_reward(r) for r in results]
     m = reward_metrics([r for r, _ in pairs], [why for _, why in pairs])
-    assert m == {"sampler/mean_reward": 0.5, "sampler/reward_std": 0.5, "sampler/num_rollouts": 4.0,
-                 "sampler/zeroed_rollouts": 2.0}
-    assert reward_metrics([]) == {"sampler/mean_reward": 0.0, "sampler/reward_std": 0.0, "sampler/num_rollouts": 0.0}
+    assert m == {"sampler/mean_reward": 0.5, "sampler/reward_std": 0.5, "sampler/reward_min": 0.0,
+                 "sampler/reward_max": 1.0, "sampler/num_rollouts": 4.0, "sampler/zeroed_rollouts": 2.0}
+    assert reward_metrics([]) == {"sampler/mean_reward": 0.0, "sampler/reward_std": 0.0, "sampler/reward_min": 0.0,
+                                  "sampler/reward_max": 0.0, "sampler/num_rollouts": 0.0}
+    assert (reward_metrics([-0.5, 2.0])["sampler/reward_min"], reward_metrics([-0.5, 2.0])["sampler/reward_max"]) == (-0.5, 2.0)

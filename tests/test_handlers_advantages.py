@@ -97,3 +97,38 @@ def test_a_batch_whose_every_rollout_failed_fails_the_run_instead_of_training(st
                                            "error": {"Error": "ResourceNotFoundException", "Cause": "no such runtime"}}))
     with pytest.raises(advantages.RolloutsFailed, match="all 4 rollouts .* ResourceNotFoundException: no such runtime"):
         advantages.compute(BatchEvent.model_validate({"run": run_ref(run_id), "batch": p["batch"]}))
+
+
+def test_the_step_summary_carries_behaviour_metrics_of_every_rollout(stack):
+    """Turns, tokens, durations and status counts reach the step's metrics (and so its summary and EMF)."""
+    from pipeline_fixtures import play_rollout
+
+    from stepwise.handlers._common import BatchRef, run_config
+    from stepwise.handlers.rollout import FinishEvent, finish, session_record
+    from stepwise.runstore import session_key
+
+    run_id = new_run_id("behaviour")
+    init_run(stack, run_id, stack.config())
+    assert wait_ready(run_id)["ready"]
+    ev = RunEvent.model_validate({"run": run_ref(run_id)})
+    p = plan.plan(ev)
+    items = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=p["items_key"])["Body"].read())
+    state = RunStore(BUCKET, stack.s3).read_state(run_id)[0]
+    for item in items[:-1]:
+        sid = f"sid-{item['i']}-{run_id}"
+        record = session_record(run_config(run_id), state, BatchRef.model_validate(p["batch"]), sid, item["input_id"])
+        stack.s3.put_object(Bucket=BUCKET, Key=session_key(sid), Body=json.dumps(record).encode())  # as StartRollout
+        key = play_rollout(stack, run_id, sid, item["input_id"], float(item["i"] % 2), [10, 11, 12 + item["i"]])
+        finish(FinishEvent.model_validate({"run": run_ref(run_id), "batch": p["batch"], "item": item,
+                                           "result": {"sid": sid, "result_key": key}, "error": None}))
+    finish(FinishEvent.model_validate({"run": run_ref(run_id), "batch": p["batch"], "item": items[-1], "result": None,
+                                       "error": {"Error": "States.Timeout", "Cause": "no result"}}))
+    assert advantages.compute(BatchEvent.model_validate({"run": run_ref(run_id), "batch": p["batch"]}))["decision"] == "train"
+    m = RunStore(BUCKET, stack.s3).read_state(run_id)[0].step_metrics  # the summary Rebind writes
+    n = len(items)
+    assert (m["rollouts/num_ok"], m["rollouts/num_error"], m["rollouts/num_timeout"]) == (n - 1, 0, 1)
+    assert m["behaviour/turns_per_rollout"] == (n - 1) / n and m["behaviour/sampled_tokens_per_rollout"] == 3 * (n - 1) / n
+    assert m["behaviour/truncated_turns_fraction"] == 0.0 and m["behaviour/tool_calls_per_rollout"] == 0.0
+    assert 0.0 <= m["time/rollout_duration_p50"] <= m["time/rollout_duration_p95"] < 30
+    assert (m["sampler/reward_min"], m["sampler/reward_max"]) == (0.0, 1.0)
+    assert "advantages/zero_groups_fraction" in m

@@ -326,6 +326,20 @@ def test_dashboard_shows_training_gateway_and_sagemaker_metrics(default_app):
         assert needle in body, needle
 
 
+def test_dashboard_graphs_every_behaviour_metric_the_handlers_emit(default_app):
+    from stepwise.core.advantages import advantage_metrics
+    from stepwise.core.behaviour import behaviour_metrics
+    from stepwise.core.rewards import reward_metrics
+
+    _, template = default_app
+    (dash,) = resources(template, "AWS::CloudWatch::Dashboard").values()
+    body = json.dumps(dash["Properties"]["DashboardBody"])
+    emitted = set(behaviour_metrics([{"status": "ok", "num_turns": 1, "duration_s": 1.0}]))
+    emitted |= {k for k in reward_metrics([1.0]) if k.endswith(("_min", "_max"))}
+    emitted |= {k for k in advantage_metrics([[0.0, 0.0]]) if k.startswith("advantages/zero")}
+    assert len(emitted) == 13 and [name for name in sorted(emitted) if name not in body] == []
+
+
 def test_alarms_for_stalled_runs_and_rollout_failures(default_app):
     _, template = default_app
     alarms = [a["Properties"] for a in resources(template, "AWS::CloudWatch::Alarm").values()]

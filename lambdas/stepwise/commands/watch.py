@@ -12,11 +12,14 @@ and prints one line per completed step:
 GRPO: every group) of ``batch_size``; ``zeroed`` = rollouts whose reward was forced to 0.0
 (failed, timed out, or no reward) of all rollouts (``sampler/zeroed_rollouts`` /
 ``sampler/num_rollouts``); ``step_s`` = ``time/rollout`` + ``time/train`` when reported, else the
-time between two step summaries. Eval results print as their own lines. The status line
+time between two step summaries. Then the behaviour columns (`BEHAVIOUR_COLUMNS`): turns, sampled
+tokens and tool calls per rollout, the fractions of truncated and ill-formed turns, rollout
+duration p50 / p95 (s), the fraction of zero-advantage groups, and ``err/to`` = rollouts with
+status ``error`` / ``timeout``. Eval results print as their own lines. The status line
 changes when the execution, its current state or the run's phase changes.
 
 ``--plot`` writes a PNG (matplotlib, Agg) of mean training reward per step and eval accuracy,
-refreshed as summaries arrive; the plotted series are also stored in the PNG's text chunk
+with a second panel of the behaviour metrics per step, refreshed as summaries arrive; the plotted series are also stored in the PNG's text chunk
 ``stepwise-curves`` (JSON), read back from the drawn lines. ``--metrics`` writes the summaries
 as JSON lines in `stepwise run-local`'s ``metrics.jsonl`` form (``kind``, ``step``, then the
 summary's fields). Exit code: 0 when the run succeeded (or, with ``--once``, is running), 1 when it
@@ -71,7 +74,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
 # ------------------------------------------------------------------------------ pure formatting
 
 
-HEADER = f"{'step':>5}  {'reward':>7}  {'kept':>7}  {'datums':>6}  {'zeroed':>9}  {'step_s':>7}"
+#: Behaviour columns after ``step_s``: (title, summary key, format), `stepwise.core.behaviour` and
+#: `stepwise.core.advantages` (``zero_adv``). Fractions print as fractions (0.25, not 25%).
+BEHAVIOUR_COLUMNS = (
+    ("turns", "behaviour/turns_per_rollout", ".2f"),
+    ("tokens", "behaviour/sampled_tokens_per_rollout", ".1f"),
+    ("trunc", "behaviour/truncated_turns_fraction", ".2f"),
+    ("illf", "behaviour/ill_formed_turns_fraction", ".2f"),
+    ("tools", "behaviour/tool_calls_per_rollout", ".2f"),
+    ("p50_s", "time/rollout_duration_p50", ".1f"),
+    ("p95_s", "time/rollout_duration_p95", ".1f"),
+    ("zero_adv", "advantages/zero_groups_fraction", ".2f"),
+)
+_BEHAVIOUR_WIDTH = 8
+HEADER = (f"{'step':>5}  {'reward':>7}  {'kept':>7}  {'datums':>6}  {'zeroed':>9}  {'step_s':>7}"
+          + "".join(f"  {title:>{_BEHAVIOUR_WIDTH}}" for title, _, _ in BEHAVIOUR_COLUMNS) + f"  {'err/to':>7}")
 
 
 def kept_groups(summary: dict[str, Any], cfg: dict[str, Any] | None) -> float | None:
@@ -95,6 +112,9 @@ def step_line(step: int, summary: dict[str, Any], cfg: dict[str, Any] | None, wa
     secs = wall_seconds if secs is None else secs
     datums = metric(summary, "sampler/num_datums")
     line = f"{step:>5}  {fmt(mean_reward(summary)):>7}  {kept_s:>7}  {fmt(datums, 'g'):>6}  {zeroed_s:>9}  {fmt(secs, '.1f'):>7}"
+    line += "".join(f"  {fmt(metric(summary, key), spec):>{_BEHAVIOUR_WIDTH}}" for _, key, spec in BEHAVIOUR_COLUMNS)
+    errors, timeouts = metric(summary, "rollouts/num_error"), metric(summary, "rollouts/num_timeout")
+    line += f"  {'-' if errors is None or timeouts is None else f'{errors:g}/{timeouts:g}':>7}"
     decision = summary.get("decision")
     if decision and decision != "train":
         line += f"  ({decision})"
@@ -127,18 +147,57 @@ def metrics_lines(cache: SummaryCache) -> list[dict[str, Any]]:
     return [r for r, _ in sorted(rows, key=lambda x: x[1])]
 
 
-def write_plot(path: Path, rewards: list[tuple[int, float]], evals: list[tuple[int, float]], title: str) -> Path:
-    """A PNG of mean training reward per step (line) and eval accuracy (squares).
+#: The plot's second panel: (summary key, label, axis). ``count`` = per-rollout amounts and
+#: seconds (left, symlog), ``fraction`` = 0..1 (right). ``rollouts/failed_fraction`` is derived
+#: (error + timeout rollouts of all; `behaviour_curves`).
+BEHAVIOUR_SERIES = (
+    ("behaviour/turns_per_rollout", "turns / rollout", "count"),
+    ("behaviour/tool_calls_per_rollout", "tool calls / rollout", "count"),
+    ("behaviour/sampled_tokens_per_rollout", "sampled tokens / rollout", "count"),
+    ("time/rollout_duration_p50", "rollout p50 (s)", "count"),
+    ("time/rollout_duration_p95", "rollout p95 (s)", "count"),
+    ("behaviour/truncated_turns_fraction", "truncated turns", "fraction"),
+    ("behaviour/ill_formed_turns_fraction", "ill-formed turns", "fraction"),
+    ("advantages/zero_groups_fraction", "zero-advantage groups", "fraction"),
+    ("rollouts/failed_fraction", "error + timeout rollouts", "fraction"),
+)
+
+
+def behaviour_curves(steps: dict[int, dict[str, Any]]) -> dict[str, list[tuple[int, float]]]:
+    """``{summary key: [(step, value), ...]}`` of the `BEHAVIOUR_SERIES` a step summary reports."""
+    out: dict[str, list[tuple[int, float]]] = {}
+    for step in sorted(steps):
+        summary = steps[step]
+        n = metric(summary, "sampler/num_rollouts")
+        errors, timeouts = metric(summary, "rollouts/num_error"), metric(summary, "rollouts/num_timeout")
+        derived = {"rollouts/failed_fraction": (errors + timeouts) / n if n and errors is not None
+                   and timeouts is not None else None}
+        for key, _, _ in BEHAVIOUR_SERIES:
+            value = derived[key] if key in derived else metric(summary, key)
+            if value is not None:
+                out.setdefault(key, []).append((step, value))
+    return out
+
+
+def write_plot(path: Path, rewards: list[tuple[int, float]], evals: list[tuple[int, float]], title: str,
+               behaviour: dict[str, list[tuple[int, float]]] | None = None) -> Path:
+    """A PNG of mean training reward per step (line) and eval accuracy (squares; step 0 is the
+    baseline before training), and, given ``behaviour`` (`behaviour_curves`), a second panel of
+    the behaviour metrics per step: per-rollout amounts and seconds on the left (symlog), fractions
+    on the right.
 
     The series drawn are read back from the figure's lines and stored as JSON in the PNG text
-    chunk ``stepwise-curves``: ``{"reward": [[step, value], ...], "eval_accuracy": [...]}``.
+    chunk ``stepwise-curves``: ``{"reward": [[step, value], ...], "eval_accuracy": [...],
+    "behaviour": {summary key: [[step, value], ...]}}``.
     """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
+    two = behaviour is not None
+    fig, axes = plt.subplots(2 if two else 1, 1, figsize=(8, 8.5 if two else 4), sharex=two, squeeze=False)
+    ax = axes[0][0]
     drawn: dict[str, Any] = {"reward": [], "eval_accuracy": []}
     if rewards:
         (line,) = ax.plot([s for s, _ in rewards], [r for _, r in rewards], marker=".", label="mean training reward")
@@ -146,12 +205,35 @@ def write_plot(path: Path, rewards: list[tuple[int, float]], evals: list[tuple[i
     if evals:
         (line,) = ax.plot([s for s, _ in evals], [a for _, a in evals], "s", label="eval accuracy")
         drawn["eval_accuracy"] = line.get_xydata().tolist()
-    ax.set_xlabel("step")
     ax.set_ylabel("reward / accuracy")
     ax.grid(alpha=0.3)
     if rewards or evals:
         ax.legend()
     ax.set_title(title)
+    if two:
+        drawn["behaviour"] = {}
+        left = axes[1][0]
+        right = left.twinx()
+        handles = []
+        for key, label, axis in BEHAVIOUR_SERIES:
+            points = (behaviour or {}).get(key)
+            if not points:
+                continue
+            target = left if axis == "count" else right
+            (line,) = target.plot([s for s, _ in points], [v for _, v in points], marker=".",
+                                  linestyle="-" if axis == "count" else "--", label=label,
+                                  color=f"C{len(handles) % 10}")
+            drawn["behaviour"][key] = line.get_xydata().tolist()
+            handles.append(line)
+        left.set_yscale("symlog", linthresh=1.0)
+        left.set_ylabel("per rollout (symlog): turns, tool calls, tokens, seconds")
+        right.set_ylim(-0.02, 1.02)
+        right.set_ylabel("fraction (dashed)")
+        left.grid(alpha=0.3)
+        left.set_title("behaviour per step")
+        if handles:
+            left.legend(handles=handles, fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=3)
+    axes[-1][0].set_xlabel("step")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100, metadata={CURVES_KEY: json.dumps(drawn)})
@@ -220,7 +302,7 @@ class Watcher:
     def outputs(self, plot: Path | None, metrics_path: Path | None) -> None:
         if plot is not None:
             rewards, evals = curves(self.cache)
-            write_plot(plot, rewards, evals, self.run_id)
+            write_plot(plot, rewards, evals, self.run_id, behaviour_curves(self.cache.steps))
         if metrics_path is not None:
             metrics_path.parent.mkdir(parents=True, exist_ok=True)
             metrics_path.write_text("".join(json.dumps(r, default=str) + "\n" for r in metrics_lines(self.cache)))

@@ -77,13 +77,16 @@ def extract_reward(result: dict[str, Any] | None) -> tuple[float, str | None]:
 
 def reward_metrics(rewards: list[float], zeroed_reasons: list[str | None] | None = None) -> dict[str, float]:
     """Slash-namespaced reward summary of a step's rollouts: ``sampler/mean_reward`` (the
-    reference's name), ``sampler/reward_std``, ``sampler/num_rollouts`` and, given the reasons
+    reference's name), ``sampler/reward_std`` (population), ``sampler/reward_min``,
+    ``sampler/reward_max`` (0.0 without rollouts), ``sampler/num_rollouts`` and, given the reasons
     `extract_reward` returned, ``sampler/zeroed_rollouts`` (rewards forced to 0.0)."""
     n = len(rewards)
     mean = sum(rewards) / n if n else 0.0
     out = {
         "sampler/mean_reward": mean,
         "sampler/reward_std": math.sqrt(sum((r - mean) ** 2 for r in rewards) / n) if n else 0.0,
+        "sampler/reward_min": float(min(rewards)) if n else 0.0,
+        "sampler/reward_max": float(max(rewards)) if n else 0.0,
         "sampler/num_rollouts": float(n),
     }
     if zeroed_reasons is not None:

@@ -10,7 +10,10 @@ proposal (shared/seeds/002):
   (`core.datums.group_to_datums`), chunked as the SDK chunks (`training.datum_chunks`) and
   written to ``steps/{step}/datums/``; a step with no datums is skipped (reference);
 - the decision: ``train`` | ``need_more`` (another generation batch) | ``cap_reached`` (finish with
-  a reason: checkpoint and stop) | ``skip``; metrics go to ``steps/{step}/summary.json`` and EMF.
+  a reason: checkpoint and stop) | ``skip``; metrics go to ``steps/{step}/summary.json`` and EMF:
+  rewards, advantages, DAPO sampling and the behaviour metrics of every rollout of the step
+  (`stepwise.core.behaviour.behaviour_metrics`: turns, tokens, truncated and ill-formed turns,
+  tool calls, rollout duration p50/p95, status counts).
 
 RecordEval: mean reward of an eval batch -> ``eval/accuracy`` (reference ``run_eval``).
 """
@@ -55,11 +58,13 @@ def check_not_all_failed(rollouts: list[dict[str, Any]]) -> None:
 
 @dataclass
 class Group:
-    """One prompt's rollouts: ``rewards_G`` and ``records_G`` (TraceRecords per member)."""
+    """One prompt's rollouts: ``rewards_G``, ``records_G`` (TraceRecords per member) and
+    ``rollouts_G`` (each member's rollout record without its TraceRecords: status, behaviour counts)."""
 
     input_id: str
     rewards_G: list[float] = field(default_factory=list)
     records_G: list[list[Any]] = field(default_factory=list)
+    rollouts_G: list[dict[str, Any]] = field(default_factory=list)
     empty: int = 0
     zeroed: list[str | None] = field(default_factory=list)
 
@@ -114,6 +119,7 @@ def group_rollouts(rollouts: list[dict[str, Any]], cfg: Any) -> list[Group]:
         g.rewards_G.append(shaped_reward(r, cfg))
         records = [record_from_json(x) for x in r.get("records", [])]
         g.records_G.append(records)
+        g.rollouts_G.append({k: v for k, v in r.items() if k != "records"})
         # empty = no trainable datum (the reference's rule: no loss-mask token or no prompt token)
         g.empty += 0 if any(trace_record_to_datum(rec, 0.0) is not None for rec in records) else 1
         g.zeroed.append(r.get("reward_reason"))
@@ -171,6 +177,7 @@ def _check_batch(state: RunState, batch: BatchRef) -> None:
 
 def compute(event: BatchEvent) -> dict[str, Any]:
     from stepwise.core.advantages import advantage_metrics
+    from stepwise.core.behaviour import behaviour_metrics
     from stepwise.core.rewards import reward_metrics
 
     rs = store()
@@ -185,6 +192,7 @@ def compute(event: BatchEvent) -> dict[str, Any]:
     all_rewards = [r for g in all_groups for r in g.rewards_G]
     metrics_: dict[str, Any] = {"step": batch.step, "epoch": state.epoch}
     metrics_.update(reward_metrics(all_rewards, [z for g in all_groups for z in g.zeroed]))
+    metrics_.update(behaviour_metrics([r for g in all_groups for r in g.rollouts_G]))
     metrics_.update(sampling)
     if state.step_started_at:
         metrics_["time/rollout"] = now() - state.step_started_at

@@ -108,6 +108,7 @@ def session_record(cfg: Any, state: Any, batch: BatchRef, sid: str, input_id: st
         "max_context_tokens": cfg.max_context_tokens,
         "max_turns": cfg.max_turns_per_rollout,
         "max_total_tokens": cfg.max_tokens_per_rollout,
+        "started_at": now(),
         "deadline": now() + batch.timeout_seconds + SESSION_GRACE_S,
         "closed": False,
     }
@@ -250,14 +251,17 @@ def _load_turns(rs: Any, run_id: str, sid: str) -> list[dict[str, Any]]:
     return [rs.get_json(k) for k in rs.list_keys(turns_prefix(run_id, sid)) if k.endswith(".json")]
 
 
-def _close_session(rs: Any, sid: str) -> None:
+def _close_session(rs: Any, sid: str) -> dict[str, Any] | None:
+    """Close the gateway session; returns its record (None when there is none)."""
     record = rs.get_json_or(session_key(sid))
     if record is not None and not record.get("closed"):
         record["closed"] = True
         rs.put_json(session_key(sid), record)
+    return record
 
 
 def finish(event: FinishEvent) -> dict[str, Any]:
+    from stepwise.core.behaviour import rollout_behaviour
     from stepwise.core.replay import record_to_json, replay_turns
     from stepwise.core.rewards import extract_reward
 
@@ -292,13 +296,15 @@ def finish(event: FinishEvent) -> dict[str, Any]:
     elif reason:
         logger.warning("reward zeroed", extra={"reason": reason})
     records: list[Any] = []
-    num_turns = sampled_tokens = 0
+    behaviour = rollout_behaviour([])
+    duration_s = None
     if sid is not None:
-        _close_session(rs, sid)
+        session = _close_session(rs, sid) or {}
+        if isinstance(session.get("started_at"), (int, float)):
+            duration_s = max(0.0, now() - float(session["started_at"]))  # before the grace wait below
         time.sleep(turn_grace_seconds())
         turns = _load_turns(rs, run.run_id, sid)
-        num_turns = len(turns)
-        sampled_tokens = sum(len((t.get("turn") or {}).get("output_ids") or []) for t in turns)
+        behaviour = rollout_behaviour(turns)
         cfg = run_config(run.run_id)
         # The reference keeps records with tokens only (rollout.py run_one_rollout).
         records = [r for r in replay_turns(sid, turns, reward, max_context_tokens=cfg.max_context_tokens) if r.token_ids]
@@ -315,8 +321,8 @@ def finish(event: FinishEvent) -> dict[str, Any]:
         "reward_reason": reason,
         "status": status,
         "error": error,
-        "num_turns": num_turns,
-        "sampled_tokens": sampled_tokens,
+        **behaviour,  # num_turns, sampled_tokens, truncated_turns, ill_formed_turns, tool_calls
+        "duration_s": duration_s,
         "records": [record_to_json(r) for r in records],
     }
     key_sid = sid or f"unstarted-{item.i}"
