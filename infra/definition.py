@@ -1,7 +1,10 @@
 """The state machine's placeholders and their values, shared by the stack and the local stack.
 
 The ASL in ``state_machine/`` refers to deployed resources by ``${...}`` placeholders: one
-``${<Name>FunctionArn}`` per entry of ``stepwise.functions.FUNCTIONS`` and ``${BucketName}``.
+``${<Name>FunctionArn}`` per entry of ``stepwise.functions.FUNCTIONS``, ``${BucketName}``, and one
+per service integration (:data:`INTEGRATION_PLACEHOLDERS`: ``${StatesS3GetObject}`` is
+``arn:PARTITION:states:::s3:getObject``), so the one text deploys to ``aws`` and ``aws-cn`` alike
+(cdk.json targets both) and validators that know only ``arn:aws:`` see a whole substitution.
 The CDK stack passes :func:`substitutions` (with CloudFormation tokens as values) to
 ``DefinitionSubstitutions``; the local stack passes the same function's result (with moto's
 ARNs) to ``state_machine.definition.render_definition``. :func:`synthesized_definition`
@@ -23,6 +26,18 @@ from stepwise.functions import FUNCTIONS
 PLACEHOLDER_RE = re.compile(r"\$\{([A-Za-z0-9_]+)\}")
 
 BUCKET_PLACEHOLDER = "BucketName"
+#: Placeholder -> the Step Functions service integration it stands for (``arn:PARTITION:states:::X``).
+INTEGRATION_PLACEHOLDERS = {
+    "StatesLambdaInvoke": "lambda:invoke",
+    "StatesLambdaInvokeWaitForTaskToken": "lambda:invoke.waitForTaskToken",
+    "StatesS3GetObject": "s3:getObject",
+    "StatesS3PutObject": "s3:putObject",
+}
+
+
+def integration_arn(integration: str, partition: str = "aws") -> str:
+    """``arn:{partition}:states:::{integration}`` (``lambda:invoke``, ``s3:getObject``, ...)."""
+    return f"arn:{partition}:states:::{integration}"
 
 
 def function_placeholder(name: str) -> str:
@@ -30,7 +45,7 @@ def function_placeholder(name: str) -> str:
     return f"{name}FunctionArn"
 
 
-def substitutions(*, function_arns: Mapping[str, str], bucket_name: str) -> dict[str, str]:
+def substitutions(*, function_arns: Mapping[str, str], bucket_name: str, partition: str = "aws") -> dict[str, str]:
     """Every placeholder the ASL may use, mapped to its value.
 
     Args:
@@ -38,9 +53,11 @@ def substitutions(*, function_arns: Mapping[str, str], bucket_name: str) -> dict
             ARN locally, a CloudFormation token in the stack). Must cover every ``FUNCTIONS``
             entry; extra names are refused.
         bucket_name: the run bucket.
+        partition: the AWS partition (the stack passes ``Aws.PARTITION``; locally ``aws``).
 
     Returns:
-        ``{"<Name>FunctionArn": arn, ..., "BucketName": bucket_name}``.
+        ``{"<Name>FunctionArn": arn, ..., "BucketName": bucket_name, "StatesS3GetObject":
+        "arn:aws:states:::s3:getObject", ...}``.
 
     Raises:
         ValueError: a ``FUNCTIONS`` entry has no ARN, or an unknown name was given.
@@ -55,6 +72,7 @@ def substitutions(*, function_arns: Mapping[str, str], bucket_name: str) -> dict
         )
     subs = {function_placeholder(n): function_arns[n] for n in known}
     subs[BUCKET_PLACEHOLDER] = bucket_name
+    subs.update({p: integration_arn(i, partition) for p, i in INTEGRATION_PLACEHOLDERS.items()})
     return subs
 
 
@@ -80,13 +98,17 @@ def used_substitutions(definition: str, subs: Mapping[str, Any]) -> dict[str, An
 
 
 def _token_text(value: Any) -> str:
-    """A CloudFormation value as stable text: ``Fn::GetAtt`` -> ``LogicalId.Attr``, ``Ref`` -> id."""
+    """A CloudFormation value as stable text: ``Fn::GetAtt`` -> ``LogicalId.Attr``, ``Ref`` -> id,
+    ``Fn::Join`` -> its parts joined (``arn:AWS::Partition:states:::s3:getObject``)."""
     if isinstance(value, str):
         return value
     if isinstance(value, dict) and set(value) == {"Fn::GetAtt"}:
         return ".".join(value["Fn::GetAtt"])
     if isinstance(value, dict) and set(value) == {"Ref"}:
         return value["Ref"]
+    if isinstance(value, dict) and set(value) == {"Fn::Join"}:
+        delimiter, parts = value["Fn::Join"]
+        return delimiter.join(_token_text(p) for p in parts)
     return json.dumps(value, sort_keys=True)
 
 

@@ -78,16 +78,20 @@ class HandlerFunctions(Construct):
 
     def __init__(self, scope: Construct, id: str, *, bucket: s3.IBucket, gateway_url: str,
                  log_retention_days: int, extra_environment: dict[str, str] | None = None,
-                 agent_runtime_arns: tuple[str, ...] = (), sagemaker_role_arns: tuple[str, ...] = ()) -> None:
+                 **grant_args) -> None:
+        """``grant_args``: the context-given resources of ``infra.permissions.statements``
+        (agent_runtime_arns, sagemaker_role_arns, data_buckets, kms_key_arn,
+        mlflow_tracking_server_arns); the runtimes and buckets also go to the environment."""
         super().__init__(scope, id)
         self.functions: dict[str, lambda_.DockerImageFunction] = {}
         self.log_groups: dict[str, logs.LogGroup] = {}
-        env = environment(bucket=bucket.bucket_name, gateway_url=gateway_url, extra=extra_environment)
+        env = environment(bucket=bucket.bucket_name, gateway_url=gateway_url, extra=extra_environment,
+                          data_buckets=",".join(grant_args.get("data_buckets", ())),
+                          agent_runtime_arns=",".join(grant_args.get("agent_runtime_arns", ())))
         for spec in FUNCTIONS:
             log_group = log_group_for(self, f"{spec.name}Logs", log_retention_days)
             self.log_groups[spec.name] = log_group
-            role = function_role(self, f"{spec.name}Role", spec=spec, bucket=bucket, log_group=log_group,
-                                 agent_runtime_arns=agent_runtime_arns, sagemaker_role_arns=sagemaker_role_arns)
+            role = function_role(self, f"{spec.name}Role", spec=spec, bucket=bucket, log_group=log_group, **grant_args)
             self.functions[spec.name] = lambda_.DockerImageFunction(
                 self,
                 spec.name,
@@ -112,8 +116,9 @@ def suppress_lambda_role_findings(scope: Construct) -> None:
         [
             {
                 "id": "AwsSolutions-IAM5",
-                "reason": "X-Ray PutTraceSegments/PutTelemetryRecords (every function) and s3:ListAllMyBuckets (Init, "
-                          "for the SageMaker SDK's default bucket lookup) support no resource-level permissions.",
+                "reason": "X-Ray PutTraceSegments/PutTelemetryRecords (every function), s3:ListAllMyBuckets (Init, "
+                          "for the SageMaker SDK's default bucket lookup) and states:SendTaskSuccess/Failure/Heartbeat "
+                          "(OnRolloutResult; the task token authorizes) support no resource-level permissions.",
                 "appliesTo": ["Resource::*"],
             },
             {
@@ -126,6 +131,12 @@ def suppress_lambda_role_findings(scope: Construct) -> None:
                 "reason": "Run data is keyed by run id, step and session id chosen at run time; grants are limited to the "
                           "layout's prefixes (runs/, sessions/, rollout-results/, datasets/ in docs/internals.md).",
                 "appliesTo": [{"regex": "/^Resource::<StorageBucket[0-9A-F]+\\.Arn>\\/(runs|sessions|rollout-results|datasets)\\/.*$/"}],
+            },
+            {
+                "id": "AwsSolutions-IAM5",
+                "reason": "Runs name their dataset, tokenizer and s3_output_path keys in the dataBuckets the "
+                          "deployment lists; the grant is limited to those buckets.",
+                "appliesTo": [{"regex": "/^Resource::arn:<AWS::Partition>:s3:::[a-z0-9.\\-]+\\/\\*$/"}],
             },
             {
                 "id": "AwsSolutions-IAM5",

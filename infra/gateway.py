@@ -24,7 +24,10 @@ GATEWAY_PORT = 8080
 class Gateway(Construct):
     """The gateway function and its Function URL (``self.url``)."""
 
-    def __init__(self, scope: Construct, id: str, *, bucket: s3.IBucket, log_retention_days: int) -> None:
+    def __init__(self, scope: Construct, id: str, *, bucket: s3.IBucket, log_retention_days: int,
+                 reserved_concurrency: int | None = None) -> None:
+        """``reserved_concurrency``: the function's reserved concurrent executions (None = unreserved;
+        docs/deploy.md "Concurrency" says how many one step needs)."""
         super().__init__(scope, id)
         spec = GATEWAY_FUNCTION
         log_group = log_group_for(self, "Logs", log_retention_days)
@@ -44,6 +47,7 @@ class Gateway(Construct):
             role=role,
             log_group=log_group,
             tracing=lambda_.Tracing.ACTIVE,
+            reserved_concurrent_executions=reserved_concurrency,
         )
         self.function_url = self.function.add_function_url(
             auth_type=lambda_.FunctionUrlAuthType.NONE,

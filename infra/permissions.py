@@ -48,35 +48,53 @@ class Capability(enum.Enum):
     INVOKE_AGENT = "InvokeAgentRuntime on the configured ACR runtimes"
     TASK_RESPONSE = "SendTaskSuccess/Failure/Heartbeat for the training loop's callback tasks"
     CONTINUE_RUN = "StartExecution of the training loop (continue the run as a new execution)"
+    DATA_READ = "read datasets and tokenizers in the dataBuckets"
+    DATA_READ_WRITE = "read and write the dataBuckets (datasets, tokenizers, s3_output_path)"
+    TRACKING = "log params and metrics to the configured SageMaker managed MLflow tracking servers"
 
 
 C = Capability
 
 #: Actions of the capabilities that name the state machine (granted by ``infra.state_machine``).
 STATE_MACHINE_ACTIONS: dict[Capability, tuple[str, ...]] = {
-    Capability.TASK_RESPONSE: ("states:SendTaskSuccess", "states:SendTaskFailure", "states:SendTaskHeartbeat"),
     Capability.CONTINUE_RUN: ("states:StartExecution", "states:DescribeExecution"),
 }
+#: Task-token responses: the Service Authorization Reference lists no resource type for them
+#: (the token, here from a Distributed Map child execution, is the authorization), so '*'.
+TASK_RESPONSE_ACTIONS = ("states:SendTaskSuccess", "states:SendTaskFailure", "states:SendTaskHeartbeat")
+#: What ``stepwise.tracking`` asks an MLflow tracking server, as ``sagemaker-mlflow`` IAM actions
+#: (named after MLflow's REST messages): ``get_experiment_by_name``, ``create_experiment``,
+#: ``search_runs``, ``create_run``, ``log_batch`` (params and metrics), ``set_terminated``.
+MLFLOW_ACTIONS = (
+    "sagemaker-mlflow:GetExperimentByName", "sagemaker-mlflow:CreateExperiment", "sagemaker-mlflow:SearchRuns",
+    "sagemaker-mlflow:CreateRun", "sagemaker-mlflow:LogBatch", "sagemaker-mlflow:UpdateRun",
+)
+#: What CreateTrainingSession needs of the caller on a customer managed key (training sessions
+#: prerequisites: the KMS permissions "to use a customer managed key through SageMaker AI"),
+#: allowed only on requests SageMaker makes for the caller (``kms:ViaService``).
+KMS_SESSION_ACTIONS = ("kms:CreateGrant", "kms:DescribeKey", "kms:GenerateDataKey", "kms:Decrypt")
 #: Function name (``FunctionSpec.name``, or ``Gateway``) -> its capabilities. A function
 #: missing here gets only RUN_STATE, and tests/test_stack_iam.py fails naming it.
 FUNCTION_CAPABILITIES: dict[str, frozenset[Capability]] = {
-    "Init": frozenset({C.RUN_STATE, C.SESSION_LIFECYCLE}),
+    "Init": frozenset({C.RUN_STATE, C.SESSION_LIFECYCLE, C.DATA_READ_WRITE}),
     # PollSession also drives the resume phase (load_state, save_weights, load_weights_for_sampling).
     "PollSession": frozenset({C.RUN_STATE, C.SESSION_DESCRIBE, C.TRAINING_OPS, C.SAMPLING_OPS, C.MODEL_PACKAGES_READ}),
-    "PlanStep": frozenset({C.RUN_STATE}),
+    "PlanStep": frozenset({C.RUN_STATE, C.DATA_READ}),
     "StartRollout": frozenset({C.RUN_STATE, C.GATEWAY_SESSIONS, C.INVOKE_AGENT}),
     "OnRolloutResult": frozenset({C.RUN_STATE, C.GATEWAY_SESSIONS, C.READ_RESULTS, C.TASK_RESPONSE}),
     "FinishRollout": frozenset({C.RUN_STATE, C.GATEWAY_SESSIONS, C.READ_RESULTS}),
-    "ComputeAdvantages": frozenset({C.RUN_STATE}),
-    "RecordEval": frozenset({C.RUN_STATE}),
+    # The functions that publish summaries (handlers._common.write_summary) or end the MLflow run
+    # (handlers.session.stop_owned_session) hold TRACKING.
+    "ComputeAdvantages": frozenset({C.RUN_STATE, C.TRACKING}),
+    "RecordEval": frozenset({C.RUN_STATE, C.TRACKING}),
     # The operation drivers (handlers/train.py ``drive``) may submit or poll either kind of operation.
     "SubmitTrain": frozenset({C.RUN_STATE, C.TRAINING_OPS, C.SAMPLING_OPS}),
     "PollOperation": frozenset({C.RUN_STATE, C.TRAINING_OPS, C.SAMPLING_OPS}),
-    "Rebind": frozenset({C.RUN_STATE, C.TRAINING_OPS, C.SAMPLING_OPS}),
+    "Rebind": frozenset({C.RUN_STATE, C.TRAINING_OPS, C.SAMPLING_OPS, C.TRACKING}),
     "Checkpoint": frozenset({C.RUN_STATE, C.TRAINING_OPS, C.SAMPLING_OPS, C.MODEL_PACKAGES_READ}),
     "ContinueRun": frozenset({C.RUN_STATE, C.CONTINUE_RUN}),
-    "StopSession": frozenset({C.RUN_STATE, C.SESSION_STOP}),
-    "Cleanup": frozenset({C.RUN_STATE, C.SESSION_STOP}),
+    "StopSession": frozenset({C.RUN_STATE, C.SESSION_STOP, C.TRACKING}),
+    "Cleanup": frozenset({C.RUN_STATE, C.SESSION_STOP, C.TRACKING}),
     "Gateway": frozenset({C.GATEWAY_S3, C.SAMPLING_OPS}),
 }
 DEFAULT_CAPABILITIES = frozenset({C.RUN_STATE})
@@ -95,14 +113,18 @@ def _sm_arn(stack: Stack, resource: str, name: str = "*", account: str | None = 
 
 
 def training_session_arns(stack: Stack) -> list[str]:
-    """``arn:aws:sagemaker:{region}:{account}:training-session/stepwise-*`` (Init names them per run)."""
+    """``arn:PARTITION:sagemaker:{region}:{account}:training-session/stepwise-*`` (Init names them per run)."""
     return [_sm_arn(stack, "training-session", SESSION_NAME_PATTERN)]
 
 
 def sdk_default_bucket_arn(stack: Stack) -> str:
-    """``arn:aws:s3:::sagemaker-{region}-{account}``: the SageMaker SDK's default bucket."""
-    return stack.format_arn(service="s3", region="", account="", resource=f"sagemaker-{stack.region}-{stack.account}",
-                            arn_format=ArnFormat.NO_RESOURCE_NAME)
+    """``arn:PARTITION:s3:::sagemaker-{region}-{account}``: the SageMaker SDK's default bucket."""
+    return bucket_arn(stack, f"sagemaker-{stack.region}-{stack.account}")
+
+
+def bucket_arn(stack: Stack, name: str) -> str:
+    """``arn:PARTITION:s3:::NAME`` (S3 bucket ARNs carry no region or account)."""
+    return stack.format_arn(service="s3", region="", account="", resource=name, arn_format=ArnFormat.NO_RESOURCE_NAME)
 
 
 def agent_runtime_resources(stack: Stack, runtime_arns: tuple[str, ...]) -> list[str]:
@@ -128,11 +150,18 @@ def statements(
     bucket: s3.IBucket,
     agent_runtime_arns: tuple[str, ...] = (),
     sagemaker_role_arns: tuple[str, ...] = (),
+    data_buckets: tuple[str, ...] = (),
+    kms_key_arn: str = "",
+    mlflow_tracking_server_arns: tuple[str, ...] = (),
 ) -> list[iam.PolicyStatement]:
     """The identity-policy statements of one capability.
 
-    TASK_RESPONSE and CONTINUE_RUN have none here: they name the state machine, which depends
-    on the functions, so the state machine construct grants them with a separate policy.
+    Every ARN is built with the stack's partition and, for regional services, its region
+    (``Stack.format_arn``); context ARNs come in as given (the stack checks their region).
+    CONTINUE_RUN has none here: it names the state machine, which depends on the functions,
+    so the state machine construct grants it with a separate policy. DATA_READ(_WRITE),
+    TRACKING and the KMS grant of SESSION_LIFECYCLE are empty when the stack is told no
+    bucket, tracking server or key.
     """
     objects = bucket.arn_for_objects
     list_bucket = iam.PolicyStatement(actions=["s3:ListBucket"], resources=[bucket.bucket_arn])
@@ -192,6 +221,10 @@ def statements(
                 resources=pass_role_resources(stack, sagemaker_role_arns),
                 conditions={"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}},
             ),
+            *([iam.PolicyStatement(
+                actions=list(KMS_SESSION_ACTIONS), resources=[kms_key_arn],
+                conditions={"StringEquals": {"kms:ViaService": f"sagemaker.{stack.region}.{stack.url_suffix}"}},
+            )] if kms_key_arn else []),
         ]
     if capability is C.SESSION_DESCRIBE:
         return [iam.PolicyStatement(actions=["sagemaker:DescribeTrainingSession"], resources=sessions)]
@@ -213,6 +246,21 @@ def statements(
     if capability is C.INVOKE_AGENT:
         return [iam.PolicyStatement(actions=["bedrock-agentcore:InvokeAgentRuntime"],
                                     resources=agent_runtime_resources(stack, agent_runtime_arns))]
-    if capability in (C.TASK_RESPONSE, C.CONTINUE_RUN):
+    if capability is C.TASK_RESPONSE:
+        return [iam.PolicyStatement(actions=list(TASK_RESPONSE_ACTIONS), resources=["*"])]
+    if capability in (C.DATA_READ, C.DATA_READ_WRITE):
+        if not data_buckets:
+            return []
+        actions = ["s3:GetObject"] + (["s3:PutObject"] if capability is C.DATA_READ_WRITE else [])
+        return [
+            iam.PolicyStatement(actions=actions, resources=[f"{bucket_arn(stack, b)}/*" for b in data_buckets]),
+            iam.PolicyStatement(actions=["s3:ListBucket", "s3:GetBucketLocation"],
+                                resources=[bucket_arn(stack, b) for b in data_buckets]),
+        ]
+    if capability is C.TRACKING:
+        if not mlflow_tracking_server_arns:
+            return []
+        return [iam.PolicyStatement(actions=list(MLFLOW_ACTIONS), resources=list(mlflow_tracking_server_arns))]
+    if capability is C.CONTINUE_RUN:
         return []
     raise ValueError(f"no statements for capability {capability!r}")

@@ -17,6 +17,14 @@ from typing import Any
 RUNTIME_ARN_RE = re.compile(r"^arn:aws[a-z\-]*:bedrock-agentcore:[a-z0-9\-]+:\d{12}:runtime/[A-Za-z0-9_\-]+$")
 ROLE_ARN_RE = re.compile(r"^arn:aws[a-z\-]*:iam::\d{12}:role/[A-Za-z0-9_+=,.@\-/]+$")
 TOPIC_ARN_RE = re.compile(r"^arn:aws[a-z\-]*:sns:[a-z0-9\-]+:\d{12}:[A-Za-z0-9_\-]+$")
+#: A key ARN (not an alias: IAM authorizes KMS requests against the key, CreateTrainingSession takes a key ARN).
+KMS_KEY_ARN_RE = re.compile(r"^arn:aws[a-z\-]*:kms:[a-z0-9\-]+:\d{12}:key/(mrk-)?[a-f0-9\-]+$")
+#: SageMaker managed MLflow: a tracking server (the resource type ``sagemaker-mlflow:*`` actions name).
+MLFLOW_SERVER_ARN_RE = re.compile(r"^arn:aws[a-z\-]*:sagemaker:[a-z0-9\-]+:\d{12}:mlflow-tracking-server/[A-Za-z0-9\-]+$")
+#: S3 bucket naming rules (general purpose buckets): 3-63 of lowercase letters, digits, dots, hyphens.
+BUCKET_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
+#: Lambda's reserved concurrency cannot exceed the account's concurrency quota (1,000 by default).
+MAX_RESERVED_CONCURRENCY = 100_000
 
 
 class SettingsError(ValueError):
@@ -49,6 +57,20 @@ class StackSettings:
         log_retention_days: CloudWatch Logs retention of every log group (``logRetentionDays``).
         destroy_on_delete: delete the bucket and its objects with the stack
             (``destroyOnDelete``; default false: the bucket is retained).
+        data_buckets: S3 buckets besides the stack's own that runs read datasets and tokenizers
+            from and write ``s3_output_path`` to (context ``dataBuckets``: bucket names,
+            comma-separated or a JSON list). The functions get read/write on them and
+            ``STEPWISE_DATA_BUCKETS``. Empty = only the stack's bucket.
+        kms_key_arn: the customer managed KMS key runs name as ``kms_key_arn`` (context
+            ``kmsKeyArn``); Init gets the KMS permissions CreateTrainingSession needs on it,
+            only through SageMaker (``kms:ViaService``). '' = runs use no customer managed key.
+        mlflow_tracking_server_arns: SageMaker managed MLflow tracking servers runs log to
+            (context ``mlflowTrackingServerArns``); the functions that log get the
+            ``sagemaker-mlflow`` actions MLflow's client calls on them. Empty = no grant
+            (tracking to a managed server then fails, visibly, in each step summary).
+        gateway_reserved_concurrency: reserved concurrency of the gateway function (context
+            ``gatewayReservedConcurrency``), so rollouts cannot starve the account's other
+            functions (and the handlers cannot starve the gateway). None = unreserved.
     """
 
     agent_runtime_arns: tuple[str, ...] = ()
@@ -60,6 +82,10 @@ class StackSettings:
     rollout_failure_rate: float = 0.5
     log_retention_days: int = 30
     destroy_on_delete: bool = False
+    data_buckets: tuple[str, ...] = ()
+    kms_key_arn: str = ""
+    mlflow_tracking_server_arns: tuple[str, ...] = ()
+    gateway_reserved_concurrency: int | None = None
 
     @classmethod
     def from_context(cls, get: Callable[[str], Any]) -> "StackSettings":
@@ -81,6 +107,13 @@ class StackSettings:
             rollout_failure_rate=_fraction(get("rolloutFailureRateAlarm"), d.rollout_failure_rate),
             log_retention_days=_int(get("logRetentionDays"), "logRetentionDays", d.log_retention_days, 1, 3653),
             destroy_on_delete=_bool(get("destroyOnDelete"), "destroyOnDelete"),
+            data_buckets=_arns(get("dataBuckets"), "dataBuckets", BUCKET_NAME_RE, "bucket names (my-datasets)"),
+            kms_key_arn=_one_arn(get("kmsKeyArn"), "kmsKeyArn", KMS_KEY_ARN_RE, "arn:aws:kms:REGION:ACCOUNT:key/KEY_ID"),
+            mlflow_tracking_server_arns=_arns(get("mlflowTrackingServerArns"), "mlflowTrackingServerArns",
+                                              MLFLOW_SERVER_ARN_RE,
+                                              "arn:aws:sagemaker:REGION:ACCOUNT:mlflow-tracking-server/NAME"),
+            gateway_reserved_concurrency=(None if get("gatewayReservedConcurrency") in (None, "") else _int(
+                get("gatewayReservedConcurrency"), "gatewayReservedConcurrency", 0, 1, MAX_RESERVED_CONCURRENCY)),
         )
 
 
@@ -96,15 +129,19 @@ def _arns(value: Any, key: str, pattern: re.Pattern[str], shape: str) -> tuple[s
         raise SettingsError(f"context {key}: expected a comma-separated string or a list of ARNs, got {value!r}")
     bad = [a for a in items if not isinstance(a, str) or not pattern.match(a)]
     if bad:
-        raise SettingsError(f"context {key}: {bad} are not ARNs of the form {shape}")
+        raise SettingsError(f"context {key}: {bad} are not of the form {shape}")
     return tuple(dict.fromkeys(items))
 
 
 def _topic(value: Any) -> str:
+    return _one_arn(value, "notificationTopicArn", TOPIC_ARN_RE, "arn:aws:sns:REGION:ACCOUNT:NAME")
+
+
+def _one_arn(value: Any, key: str, pattern: re.Pattern[str], shape: str) -> str:
     if value in (None, ""):
         return ""
-    if not isinstance(value, str) or not TOPIC_ARN_RE.match(value):
-        raise SettingsError(f"context notificationTopicArn: {value!r} is not arn:aws:sns:REGION:ACCOUNT:NAME")
+    if not isinstance(value, str) or not pattern.match(value):
+        raise SettingsError(f"context {key}: {value!r} is not {shape}")
     return value
 
 

@@ -7,7 +7,7 @@ notification that resumes rollouts.
 
 from __future__ import annotations
 
-from aws_cdk import CfnOutput, Stack
+from aws_cdk import Aws, CfnOutput, CfnRule, CfnRuleAssertion, Fn, Stack, Token
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_s3_notifications as s3n
 from aws_cdk import aws_sns as sns
@@ -20,7 +20,7 @@ from infra.functions import HandlerFunctions
 from infra.gateway import Gateway
 from infra.monitoring import Monitoring
 from infra.permissions import C, FUNCTION_CAPABILITIES
-from infra.settings import StackSettings
+from infra.settings import SettingsError, StackSettings
 from infra.state_machine import TrainingLoop
 from infra.storage import ROLLOUT_RESULTS_PREFIX, Storage
 
@@ -58,7 +58,9 @@ class StepwiseStack(Stack):
             sagemaker_role_arns=settings.sagemaker_role_arns,
         )
         bucket = self.storage.bucket
-        self.gateway = Gateway(self, "Gateway", bucket=bucket, log_retention_days=settings.log_retention_days)
+        _pin_region(self, settings)
+        self.gateway = Gateway(self, "Gateway", bucket=bucket, log_retention_days=settings.log_retention_days,
+                               reserved_concurrency=settings.gateway_reserved_concurrency)
         self.functions = HandlerFunctions(
             self, "Functions",
             bucket=bucket,
@@ -67,18 +69,20 @@ class StepwiseStack(Stack):
             extra_environment={ENV_DEFAULT_S3_OUTPUT_PATH: self.storage.default_sagemaker_output_path},
             agent_runtime_arns=settings.agent_runtime_arns,
             sagemaker_role_arns=settings.sagemaker_role_arns,
+            data_buckets=settings.data_buckets,
+            kms_key_arn=settings.kms_key_arn,
+            mlflow_tracking_server_arns=settings.mlflow_tracking_server_arns,
         )
         fns = self.functions.functions
         self.training_loop = TrainingLoop(
             self, "TrainingLoop",
             definition=definition,
             substitutions=substitutions(function_arns={n: f.function_arn for n, f in fns.items()},
-                                        bucket_name=bucket.bucket_name),
+                                        bucket_name=bucket.bucket_name, partition=Aws.PARTITION),
             functions=fns,
             bucket=bucket,
             log_retention_days=settings.log_retention_days,
             bulk_retention_days=settings.bulk_retention_days,
-            task_response_functions=_holding(C.TASK_RESPONSE, fns),
             start_execution_functions=_holding(C.CONTINUE_RUN, fns),
         )
         state_machine = self.training_loop.state_machine
@@ -112,6 +116,46 @@ class StepwiseStack(Stack):
                   description="CloudWatch dashboard of the training runs")
 
         _suppress_stack_level(self, settings)
+
+
+def context_arn_regions(settings: StackSettings) -> dict[str, set[str]]:
+    """Region -> the context keys whose ARNs name it (runtimes, topic, KMS key, tracking servers)."""
+    named = {"agentRuntimeArns": settings.agent_runtime_arns, "notificationTopicArn": (settings.notification_topic_arn,),
+             "kmsKeyArn": (settings.kms_key_arn,), "mlflowTrackingServerArns": settings.mlflow_tracking_server_arns}
+    out: dict[str, set[str]] = {}
+    for key, arns in named.items():
+        for arn in arns:
+            if arn:
+                out.setdefault(arn.split(":")[3], set()).add(key)
+    return out
+
+
+def _pin_region(stack: Stack, settings: StackSettings) -> None:
+    """Every grant is scoped to the stack's region: refuse context ARNs of another region.
+
+    With a concrete region (``CDK_DEFAULT_REGION``) the synth fails; an environment-agnostic
+    template gets a CloudFormation rule, so ``cdk deploy`` into another region fails before
+    any resource is created.
+
+    Raises:
+        SettingsError: the ARNs name more than one region, or not the stack's.
+    """
+    regions = context_arn_regions(settings)
+    if len(regions) > 1:
+        raise SettingsError(f"context ARNs name several regions {dict(sorted((r, sorted(k)) for r, k in regions.items()))}; "
+                            f"one stack serves one region")
+    if not regions:
+        return
+    ((region, keys),) = regions.items()
+    if not Token.is_unresolved(stack.region):
+        if stack.region != region:
+            raise SettingsError(f"context {sorted(keys)} name region {region} but the stack deploys to {stack.region}")
+        return
+    CfnRule(stack, "DeployRegionMatchesContextArns", assertions=[CfnRuleAssertion(
+        assert_=Fn.condition_equals(Aws.REGION, region),
+        assert_description=f"This template's context values ({', '.join(sorted(keys))}) name resources in {region}: "
+                           f"deploy it to {region}.",
+    )])
 
 
 def _holding(capability, fns) -> tuple[str, ...]:

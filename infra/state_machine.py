@@ -20,6 +20,7 @@ which breaks the function -> role policy -> state machine cycle.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,14 +34,27 @@ from aws_cdk import aws_stepfunctions as sfn
 from cdk_nag import NagSuppressions
 from constructs import Construct
 
-from infra.definition import PLACEHOLDER_RE, used_substitutions
+from infra.definition import INTEGRATION_PLACEHOLDERS, PLACEHOLDER_RE, used_substitutions
 from infra.functions import _retention
 from infra.permissions import STATE_MACHINE_ACTIONS, Capability
 from infra.storage import RUNS_PREFIX
 
-LAMBDA_INTEGRATIONS = ("arn:aws:states:::lambda:invoke", "arn:aws:states:::lambda:invoke.waitForTaskToken")
-ITEM_READER_INTEGRATIONS = ("arn:aws:states:::s3:getObject",)
-RESULT_WRITER_INTEGRATIONS = ("arn:aws:states:::s3:putObject",)
+#: Service integrations this construct grants, by what follows ``arn:PARTITION:states:::``.
+LAMBDA_INTEGRATIONS = ("lambda:invoke", "lambda:invoke.waitForTaskToken")
+ITEM_READER_INTEGRATIONS = ("s3:getObject",)
+RESULT_WRITER_INTEGRATIONS = ("s3:putObject",)
+_INTEGRATION_RE = re.compile(r"^arn:aws[a-z\-]*:states:::(.+)$")
+
+
+def integration(resource: Any) -> str | None:
+    """``lambda:invoke`` for ``${StatesLambdaInvoke}`` or ``arn:aws:states:::lambda:invoke`` (else None)."""
+    if not isinstance(resource, str):
+        return None
+    m = PLACEHOLDER_RE.fullmatch(resource)
+    if m:
+        return INTEGRATION_PLACEHOLDERS.get(m.group(1))
+    m = _INTEGRATION_RE.match(resource)
+    return m.group(1) if m else None
 
 
 @dataclass
@@ -81,9 +95,9 @@ def asl_needs(definition: str) -> AslNeeds:
     for name, state in _states(json.loads(definition)):
         if state.get("Type") == "Task":
             resource = state.get("Resource", "")
-            if resource in LAMBDA_INTEGRATIONS:
+            if integration(resource) in LAMBDA_INTEGRATIONS:
                 needs.invoked_placeholders.add(_placeholder(state.get("Parameters", {}).get("FunctionName"), name))
-            elif PLACEHOLDER_RE.fullmatch(resource):
+            elif PLACEHOLDER_RE.fullmatch(resource) and resource[2:-1] not in INTEGRATION_PLACEHOLDERS:
                 needs.invoked_placeholders.add(_placeholder(resource, name))
             else:
                 raise ValueError(
@@ -94,12 +108,12 @@ def asl_needs(definition: str) -> AslNeeds:
             needs.distributed_map = True
             reader = state.get("ItemReader")
             if reader:
-                if reader.get("Resource") not in ITEM_READER_INTEGRATIONS:
+                if integration(reader.get("Resource")) not in ITEM_READER_INTEGRATIONS:
                     raise ValueError(f"state {name!r}: ItemReader {reader.get('Resource')!r} is not granted (only s3:getObject)")
                 needs.item_reader = True
             writer = state.get("ResultWriter")
             if writer:
-                if writer.get("Resource") not in RESULT_WRITER_INTEGRATIONS:
+                if integration(writer.get("Resource")) not in RESULT_WRITER_INTEGRATIONS:
                     raise ValueError(f"state {name!r}: ResultWriter {writer.get('Resource')!r} is not granted (only s3:putObject)")
                 prefix = writer.get("Parameters", {}).get("Prefix", "")
                 if not isinstance(prefix, str) or not prefix:
@@ -113,7 +127,7 @@ class TrainingLoop(Construct):
 
     def __init__(self, scope: Construct, id: str, *, definition: str, substitutions: Mapping[str, str],
                  functions: Mapping[str, lambda_.IFunction], bucket: s3.Bucket, log_retention_days: int, bulk_retention_days: int,
-                 task_response_functions: tuple[str, ...] = (), start_execution_functions: tuple[str, ...] = ()) -> None:
+                 start_execution_functions: tuple[str, ...] = ()) -> None:
         super().__init__(scope, id)
         needs = asl_needs(definition)
         used = used_substitutions(definition, substitutions)
@@ -168,11 +182,6 @@ class TrainingLoop(Construct):
                                       expiration=Duration.days(bulk_retention_days))
         # Function roles that name the state machine: a policy of their own, for the same reason.
         start, describe = STATE_MACHINE_ACTIONS[Capability.CONTINUE_RUN]
-        for name in task_response_functions:
-            policy = iam.Policy(self, f"{name}TaskResponsePolicy", statements=[iam.PolicyStatement(
-                actions=list(STATE_MACHINE_ACTIONS[Capability.TASK_RESPONSE]),
-                resources=[self.state_machine.state_machine_arn])])
-            functions[name].role.attach_inline_policy(policy)
         for name in start_execution_functions:
             policy = iam.Policy(self, f"{name}StartExecutionPolicy", statements=[
                 iam.PolicyStatement(actions=[start], resources=[self.state_machine.state_machine_arn]),

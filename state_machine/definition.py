@@ -2,7 +2,8 @@
 
 ``training_loop.asl.json`` is JSONPath ASL (moto's engine has no JSONata) with ``${Name}``
 placeholders for deployed resources: ``${<Name>FunctionArn}`` for every entry of
-``stepwise.functions.FUNCTIONS`` the ASL uses, and ``${BucketName}``. The stack passes the
+``stepwise.functions.FUNCTIONS`` the ASL uses, ``${BucketName}``, and ``${Partition}`` in service
+integration ARNs (``arn:${Partition}:states:::lambda:invoke``). The stack passes the
 file text to ``DefinitionBody.from_string`` with ``definition_substitutions``; the local stack
 calls :func:`render_definition` with literal values. Both substitute the same placeholders in
 the same text, so the deployed and the local definitions are the same document.
@@ -28,7 +29,7 @@ def load_definition() -> str:
 
 
 def placeholders(text: str | None = None) -> set[str]:
-    """The placeholder names the ASL uses (``{"InitFunctionArn", ..., "BucketName"}``)."""
+    """The placeholder names the ASL uses (``{"InitFunctionArn", ..., "BucketName", "Partition"}``)."""
     return set(PLACEHOLDER_RE.findall(load_definition() if text is None else text))
 
 

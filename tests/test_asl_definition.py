@@ -74,25 +74,30 @@ def test_every_transition_targets_an_existing_state_and_every_state_is_reachable
 def test_rollouts_run_as_a_distributed_map_of_standard_callback_children() -> None:
     rollouts = load_asl()["States"]["Roll out generation batch"]
     assert rollouts["ItemProcessor"]["ProcessorConfig"] == {"Mode": "DISTRIBUTED", "ExecutionType": "STANDARD"}
-    assert rollouts["ItemReader"]["Resource"] == "arn:aws:states:::s3:getObject"
+    assert rollouts["ItemReader"]["Resource"] == "${StatesS3GetObject}"
     assert rollouts["ResultPath"] is None and "ResultWriter" in rollouts  # nothing of the children reaches the parent
     start = rollouts["ItemProcessor"]["States"]["Start rollout"]
-    assert start["Resource"] == "arn:aws:states:::lambda:invoke.waitForTaskToken"
+    assert start["Resource"] == "${StatesLambdaInvokeWaitForTaskToken}"
     assert start["TimeoutSecondsPath"]
     retry = start["Retry"][0]
     assert "AgentRuntimeThrottled" in retry["ErrorEquals"] and retry["JitterStrategy"] == "FULL"
     assert start["Catch"][0]["ErrorEquals"] == ["States.ALL"] and start["Catch"][0]["Next"] == "Finish rollout"
 
 
-def test_placeholders_are_exactly_functions_and_the_bucket() -> None:
+def test_placeholders_are_exactly_functions_the_bucket_and_integrations() -> None:
+    from infra.definition import INTEGRATION_PLACEHOLDERS, substitutions
+
     names = {spec.name for spec in FUNCTIONS}
     used = placeholders()
-    assert used - {"BucketName"} <= {f"{n}FunctionArn" for n in names}
+    assert used - {"BucketName", *INTEGRATION_PLACEHOLDERS} <= {f"{n}FunctionArn" for n in names}
     assert "BucketName" in used
-    subs = {f"{n}FunctionArn": f"arn:aws:lambda:us-east-1:123456789012:function:{n}" for n in names}
-    subs["BucketName"] = "stepwise-runs"
-    rendered = json.loads(render_definition(subs))
+    # no literal partition: the same text deploys to aws and aws-cn (cdk.json targets both)
+    assert "arn:aws" not in load_definition()
+    arns = {n: f"arn:aws-cn:lambda:cn-north-1:123456789012:function:{n}" for n in names}
+    rendered = json.loads(render_definition(substitutions(function_arns=arns, bucket_name="stepwise-runs",
+                                                          partition="aws-cn")))
     assert "${" not in json.dumps(rendered)
+    assert rendered["States"]["Roll out generation batch"]["ItemReader"]["Resource"] == "arn:aws-cn:states:::s3:getObject"
     assert rendered["States"]["Initialize run"]["Resource"].endswith(":function:Init")
 
 

@@ -12,17 +12,14 @@ import pytest
 
 os.environ.setdefault("JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION", "1")
 
-from aws_cdk import assertions  # noqa: E402
-
-from app import build_app  # noqa: E402
+from stack_fixtures import synthesized  # noqa: E402
 
 SECRET_NAME = re.compile(r"(SECRET|PASSWORD|TOKEN|API_KEY|ACCESS_KEY|CREDENTIAL)", re.I)
 
 
 @pytest.fixture(scope="module")
 def template() -> dict:
-    _, stack = build_app()
-    return assertions.Template.from_stack(stack).to_json()
+    return synthesized()[1]
 
 
 def _of_type(template: dict, type_: str) -> dict[str, dict]:

@@ -36,6 +36,12 @@ def test_arn_lists_accept_commas_json_and_lists_and_drop_duplicates():
         ("stallMinutes", "soon", "not an integer"),
         ("rolloutFailureRateAlarm", "1.5", "outside (0, 1]"),
         ("destroyOnDelete", "maybe", "true/false"),
+        ("dataBuckets", "s3://my-datasets", "bucket names"),
+        ("dataBuckets", "My_Bucket", "dataBuckets"),
+        ("kmsKeyArn", "arn:aws:kms:us-west-2:111122223333:alias/mine", "arn:aws:kms:REGION:ACCOUNT:key/KEY_ID"),
+        ("mlflowTrackingServerArns", "http://mlflow:5000", "mlflow-tracking-server/NAME"),
+        ("gatewayReservedConcurrency", "0", "gatewayReservedConcurrency: 0 is outside"),
+        ("gatewayReservedConcurrency", "many", "not an integer"),
     ],
 )
 def test_malformed_values_are_refused_with_the_key_and_what_is_accepted(key, value, fragment):
@@ -46,6 +52,17 @@ def test_malformed_values_are_refused_with_the_key_and_what_is_accepted(key, val
 def test_numbers_and_flags_from_cli_strings():
     s = settings(bulkRetentionDays="7", stallMinutes="90", rolloutFailureRateAlarm="0.25", destroyOnDelete="true")
     assert (s.bulk_retention_days, s.stall_minutes, s.rollout_failure_rate, s.destroy_on_delete) == (7, 90, 0.25, True)
+
+
+def test_data_buckets_kms_key_tracking_servers_and_gateway_concurrency():
+    key = "arn:aws-cn:kms:cn-north-1:111122223333:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+    server = "arn:aws:sagemaker:us-west-2:111122223333:mlflow-tracking-server/stepwise"
+    s = settings(dataBuckets="my-datasets, my.outputs", kmsKeyArn=key, mlflowTrackingServerArns=[server],
+                 gatewayReservedConcurrency="200")
+    assert s.data_buckets == ("my-datasets", "my.outputs")
+    assert (s.kms_key_arn, s.mlflow_tracking_server_arns, s.gateway_reserved_concurrency) == (key, (server,), 200)
+    assert settings(dataBuckets='["a-bucket"]').data_buckets == ("a-bucket",)
+    assert settings().gateway_reserved_concurrency is None and settings().data_buckets == ()
 
 
 def re_escape(s: str) -> str:

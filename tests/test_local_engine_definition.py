@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -16,13 +15,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _synth_template() -> dict:
     pytest.importorskip("aws_cdk")
-    from aws_cdk.assertions import Template
+    from stack_fixtures import synthesized
 
-    spec = importlib.util.spec_from_file_location("stepwise_cdk_app", ROOT / "app.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    _app, stack = module.build_app()
-    return Template.from_stack(stack).to_json()
+    return synthesized()[1]
 
 
 def test_local_definition_equals_synthesized_one():

@@ -1,7 +1,7 @@
 """The synthesized CDK stack: the resources the pipeline needs, wired as DESIGN.md section 2 says.
 
-One synthesis per module (about 10 s): the default app (with cdk-nag) and one with every
-context value set, to check the scoped IAM.
+One synthesis per test session (``stack_fixtures``): the default app (with cdk-nag) and one with
+every context value set, to check the scoped IAM.
 """
 
 from __future__ import annotations
@@ -17,31 +17,24 @@ os.environ.setdefault("JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION", "1")
 
 from aws_cdk import assertions  # noqa: E402
 
-from app import build_app  # noqa: E402
 from infra.definition import synthesized_definition, synthesized_substitutions  # noqa: E402
 from infra.permissions import FUNCTION_CAPABILITIES  # noqa: E402
+from stack_fixtures import (  # noqa: E402
+    AGENT_ROLE, DATA_BUCKETS, GATEWAY_CONCURRENCY, KMS_KEY, MLFLOW_SERVER, REGION, RUNTIME, SCOPED_CONTEXT, SM_ROLE,
+    TOPIC, synthesized,
+)
 from state_machine.definition import load_definition, placeholders, render_definition  # noqa: E402
 from stepwise.functions import FUNCTIONS, GATEWAY_FUNCTION  # noqa: E402
-
-RUNTIME = "arn:aws:bedrock-agentcore:us-west-2:111122223333:runtime/toy_agent-AbC123"
-SM_ROLE = "arn:aws:iam::111122223333:role/StepwiseSageMakerSessions"
-AGENT_ROLE = "arn:aws:iam::111122223333:role/AgentCoreRuntimeRole"
-TOPIC = "arn:aws:sns:us-west-2:111122223333:stepwise-runs"
 
 
 @pytest.fixture(scope="module")
 def default_app():
-    app, stack = build_app()
-    return stack, assertions.Template.from_stack(stack).to_json()
+    return synthesized()
 
 
 @pytest.fixture(scope="module")
 def scoped_app():
-    app, stack = build_app({
-        "agentRuntimeArns": RUNTIME, "sagemakerRoleArns": SM_ROLE, "agentRoleArns": AGENT_ROLE,
-        "notificationTopicArn": TOPIC, "stackName": "StepwiseScoped",
-    })
-    return stack, assertions.Template.from_stack(stack).to_json()
+    return synthesized(SCOPED_CONTEXT)
 
 
 def resources(template: dict, type_: str) -> dict[str, dict]:
@@ -238,6 +231,9 @@ NO_RESOURCE_LEVEL = {
     "logs:ListLogDeliveries", "logs:PutResourcePolicy", "logs:DescribeResourcePolicies", "logs:DescribeLogGroups",
     "s3:PutBucketNotification",  # CDK's notification custom resource (its bucket is only known at run time)
     "s3:ListAllMyBuckets",  # Init: the SageMaker SDK's default-bucket lookup
+    # OnRolloutResult: the task token is the authorization (tests/test_stack_iam_validators.py checks all of
+    # these against the Service Authorization Reference's data)
+    "states:SendTaskSuccess", "states:SendTaskFailure", "states:SendTaskHeartbeat",
 }
 
 
@@ -303,6 +299,106 @@ def test_topic_hears_run_ends_and_alarms(scoped_app):
     assert set(notify[0]["EventPattern"]["detail"]["status"]) == {"SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED"}
     alarms = resources(template, "AWS::CloudWatch::Alarm").values()
     assert alarms and all(a["Properties"]["AlarmActions"] == [TOPIC] for a in alarms)
+
+
+def _role_statements_by_function(template: dict) -> dict[str, list[dict]]:
+    by_cmd = functions_by_command(template)
+    out = {spec.name: statements_of_role(template, role_of(by_cmd[spec.handler][1])) for spec in FUNCTIONS}
+    out[GATEWAY_FUNCTION.name] = statements_of_role(template, role_of(gateway_function(template)[1]))
+    return out
+
+
+def test_task_token_responses_are_granted_on_star_as_documented(default_app):
+    """SendTask* take no resource-level permission (Service Authorization Reference): a grant naming the
+    state machine would deny the tokens of Distributed Map child executions."""
+    _, template = default_app
+    holders = {}
+    for name, stmts in _role_statements_by_function(template).items():
+        for st in stmts:
+            if {"states:SendTaskSuccess", "states:SendTaskFailure", "states:SendTaskHeartbeat"} & actions_of([st]):
+                holders.setdefault(name, []).append(st)
+    assert set(holders) == {"OnRolloutResult"}
+    (st,) = holders["OnRolloutResult"]  # minimizePolicies merges it with X-Ray's '*' statement
+    assert {"states:SendTaskSuccess", "states:SendTaskFailure", "states:SendTaskHeartbeat"} <= actions_of([st])
+    assert st["Resource"] == "*" and st["Effect"] == "Allow"
+
+
+def test_a_kms_key_grants_init_what_create_training_session_needs_only_via_sagemaker(default_app, scoped_app):
+    from infra.permissions import KMS_SESSION_ACTIONS
+
+    kms = {n: [s for s in stmts if any(a.startswith("kms:") for a in actions_of([s]))]
+           for n, stmts in _role_statements_by_function(scoped_app[1]).items()}
+    assert {n for n, v in kms.items() if v} == {"Init"}
+    (st,) = kms["Init"]
+    assert actions_of([st]) == set(KMS_SESSION_ACTIONS) >= {"kms:CreateGrant", "kms:GenerateDataKey", "kms:Decrypt"}
+    assert st["Resource"] == KMS_KEY
+    via = st["Condition"]["StringEquals"]["kms:ViaService"]
+    assert json.dumps(via).count("AWS::Region") == 1 and "AWS::URLSuffix" in json.dumps(via)
+    assert not [s for stmts in _role_statements_by_function(default_app[1]).values() for s in stmts
+                if any(a.startswith("kms:") for a in actions_of([s]))]
+
+
+def test_a_tracking_server_is_granted_to_every_function_that_logs(default_app, scoped_app):
+    from infra.permissions import MLFLOW_ACTIONS
+
+    granted = {n: [s for s in stmts if any(a.startswith("sagemaker-mlflow:") for a in actions_of([s]))]
+               for n, stmts in _role_statements_by_function(scoped_app[1]).items()}
+    # write_summary (ComputeAdvantages, RecordEval, Rebind) and finish_run (StopSession, Cleanup)
+    assert {n for n, v in granted.items() if v} == {"ComputeAdvantages", "RecordEval", "Rebind", "StopSession", "Cleanup"}
+    for name, stmts in granted.items():
+        for st in stmts:
+            assert actions_of([st]) == set(MLFLOW_ACTIONS) and st["Resource"] == MLFLOW_SERVER, name
+    assert "sagemaker-mlflow" not in json.dumps(default_app[1])
+
+
+def test_data_buckets_are_granted_and_named_in_the_environment(default_app, scoped_app):
+    from stepwise.functions import ENV_AGENT_RUNTIME_ARNS, ENV_DATA_BUCKETS
+
+    stmts = _role_statements_by_function(scoped_app[1])
+    objects = {json.dumps(r) for st in stmts["Init"] if {"s3:GetObject", "s3:PutObject"} <= actions_of([st])
+               for r in _as_list(st["Resource"])}
+    for b in DATA_BUCKETS:
+        assert json.dumps({"Fn::Join": ["", ["arn:", {"Ref": "AWS::Partition"}, f":s3:::{b}/*"]]}) in objects
+    plan = {json.dumps(r) for st in stmts["PlanStep"] if "s3:GetObject" in actions_of([st]) for r in _as_list(st["Resource"])}
+    assert all(any(f":s3:::{b}/*" in r for r in plan) for b in DATA_BUCKETS)
+    assert not [st for st in stmts["PlanStep"] if "s3:PutObject" in actions_of([st])
+                and any(b in json.dumps(st["Resource"]) for b in DATA_BUCKETS)]
+    for template, buckets, runtimes in ((scoped_app[1], ",".join(DATA_BUCKETS), RUNTIME), (default_app[1], "", "")):
+        for _, props in functions_by_command(template).values():
+            env = props["Environment"]["Variables"]
+            assert (env[ENV_DATA_BUCKETS], env[ENV_AGENT_RUNTIME_ARNS]) == (buckets, runtimes)
+
+
+def test_no_arn_has_a_literal_partition(default_app, scoped_app):
+    """cdk.json targets aws and aws-cn: every ARN the stack builds uses AWS::Partition."""
+    for _, template in (default_app, scoped_app):
+        text = json.dumps({k: v for k, v in template.items()})
+        literal = set(re.findall(r'"arn:aws[a-z\-]*:[^"]*"', text))
+        # the only literal ARNs are the context values this test gave (the user's own resources)
+        assert literal <= {json.dumps(a) for a in (RUNTIME, f"{RUNTIME}/runtime-endpoint/*", SM_ROLE, AGENT_ROLE, TOPIC,
+                                                    KMS_KEY, MLFLOW_SERVER)}, literal
+    assert "arn:aws" not in json.dumps(default_app[1])
+
+
+def test_gateway_reserved_concurrency_is_a_stack_option(default_app, scoped_app):
+    assert "ReservedConcurrentExecutions" not in gateway_function(default_app[1])[1]
+    assert gateway_function(scoped_app[1])[1]["ReservedConcurrentExecutions"] == GATEWAY_CONCURRENCY
+
+
+def test_context_arns_pin_the_deploy_region(scoped_app, monkeypatch):
+    from app import build_app
+    from infra.settings import SettingsError
+
+    rule = scoped_app[1]["Rules"]["DeployRegionMatchesContextArns"]
+    (assertion,) = rule["Assertions"]
+    assert assertion["Assert"] == {"Fn::Equals": [{"Ref": "AWS::Region"}, REGION]}
+    assert REGION in assertion["AssertDescription"]
+    monkeypatch.setenv("CDK_DEFAULT_ACCOUNT", "111122223333")
+    monkeypatch.setenv("CDK_DEFAULT_REGION", "eu-west-1")
+    with pytest.raises(SettingsError, match="name region us-west-2 but the stack deploys to eu-west-1"):
+        build_app({"agentRuntimeArns": RUNTIME})
+    with pytest.raises(SettingsError, match="several regions"):
+        build_app({"agentRuntimeArns": RUNTIME, "kmsKeyArn": KMS_KEY.replace(REGION, "eu-west-1")})
 
 
 # --- nag, monitoring, outputs ---------------------------------------------------------

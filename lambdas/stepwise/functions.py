@@ -63,11 +63,31 @@ def by_name(name: str) -> FunctionSpec:
     raise KeyError(f"no Lambda function {name!r}; known: {', '.join(s.name for s in FUNCTIONS)}")
 
 
-def environment(*, bucket: str, gateway_url: str, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment every handler function gets (the stack and the local engine both use this)."""
+#: Environment names the stack sets for the handlers (CONTRACTS: Init's refusals read them).
+ENV_DATA_BUCKETS = "STEPWISE_DATA_BUCKETS"
+ENV_AGENT_RUNTIME_ARNS = "STEPWISE_AGENT_RUNTIME_ARNS"
+
+
+def environment(*, bucket: str, gateway_url: str, extra: dict[str, str] | None = None,
+                data_buckets: str = "", agent_runtime_arns: str = "") -> dict[str, str]:
+    """The environment every handler function gets (the stack and the local engine both use this).
+
+    Args:
+        bucket: the stack's run bucket (``STEPWISE_BUCKET``).
+        gateway_url: the gateway's base URL (``STEPWISE_GATEWAY_URL``).
+        extra: more variables, set last.
+        data_buckets: comma-separated S3 bucket names besides ``bucket`` the functions are
+            granted to read and write (``STEPWISE_DATA_BUCKETS``; CDK context ``dataBuckets``).
+            '' = only ``bucket``.
+        agent_runtime_arns: comma-separated ACR runtime ARNs StartRollout is granted to invoke
+            (``STEPWISE_AGENT_RUNTIME_ARNS``; CDK context ``agentRuntimeArns``). '' = any
+            runtime of the stack's region (``AWS_REGION``).
+    """
     env = {
         "STEPWISE_BUCKET": bucket,
         "STEPWISE_GATEWAY_URL": gateway_url,
+        ENV_DATA_BUCKETS: data_buckets,
+        ENV_AGENT_RUNTIME_ARNS: agent_runtime_arns,
         "POWERTOOLS_SERVICE_NAME": "stepwise",
         "POWERTOOLS_METRICS_NAMESPACE": "Stepwise",
     }
