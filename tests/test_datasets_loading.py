@@ -10,7 +10,15 @@ import pyarrow.parquet as pq
 import pytest
 from moto import mock_aws
 
-from stepwise.datasets import DatasetError, check_dataset, load_payloads, payloads_to_parquet_bytes
+from stepwise.datasets import (
+    DatasetError,
+    check_dataset,
+    iter_payloads,
+    load_payloads,
+    payloads_to_parquet_bytes,
+    read_rows,
+    shard_dataset,
+)
 
 PAYLOADS = [{"prompt": "1+1?", "answer": "2"}, {"prompt": "2+2?", "answer": "4"}, {"prompt": "3+3?", "answer": "6"}]
 
@@ -92,3 +100,66 @@ def test_empty_unreadable_and_too_small(tmp_path):
     ok = write_jsonl(tmp_path / "two.jsonl", [{"payload": p} for p in PAYLOADS[:2]])
     with pytest.raises(DatasetError, match=r"two.jsonl: 2 rows, need at least 32 \(batch_size\)"):
         check_dataset(ok, 32)
+
+
+def test_a_json_line_separator_inside_a_string_does_not_split_a_row(tmp_path):
+    path = tmp_path / "u2028.jsonl"
+    path.write_text(json.dumps({"payload": {"q": "a\u2028b\u0085c"}}, ensure_ascii=False) + "\n", encoding="utf-8")
+    assert load_payloads(str(path)) == [{"q": "a\u2028b\u0085c"}]
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_shards_hold_every_row_once_and_read_rows_fetches_only_the_shards_needed(tmp_path, fmt):
+    rows = [{"i": i, "text": "x" * (i % 97)} for i in range(500)]
+    if fmt == "parquet":
+        path = tmp_path / "d.parquet"
+        path.write_bytes(payloads_to_parquet_bytes(rows))
+    else:
+        path = tmp_path / "d.jsonl"
+        write_jsonl(path, [{"payload": r} for r in rows])
+    shards: dict[int, bytes] = {}
+    index = shard_dataset(str(path), 10, shards.__setitem__, shard_bytes=2_000)
+    assert index.rows == 500 and len(index.shard_starts) == len(shards) > 10
+    assert index.shard_starts == sorted(index.shard_starts) and index.shard_starts[0] == 0
+    assert all(len(body) < 2_000 + 200 for body in shards.values())
+    fetched: list[int] = []
+
+    def get(i: int) -> bytes:
+        fetched.append(i)
+        return shards[i]
+
+    wanted = list(range(250, 262))
+    assert read_rows(wanted, index, get) == {r: rows[r] for r in wanted}
+    assert len(fetched) == len(set(fetched)) <= 2
+    assert read_rows(range(500), index, shards.__getitem__) == dict(enumerate(rows))
+    with pytest.raises(IndexError, match="row 500"):
+        read_rows([500], index, get)
+    with pytest.raises(DatasetError, match="need at least 501"):
+        shard_dataset(str(path), 501, lambda i, b: None)
+
+
+def test_parquet_on_s3_is_read_in_ranges_of_the_payload_column_only(tmp_path):
+    import random
+
+    rng = random.Random(0)
+    rows = [{"i": i, "pad": "y" * 200} for i in range(20_000)]
+    pq_path = tmp_path / "two.parquet"
+    other = [rng.randbytes(250).hex() for _ in rows]  # incompressible: most of the file's bytes
+    pq.write_table(pa.table({"payload": pa.array(rows), "other": other}), pq_path)
+    size = pq_path.stat().st_size
+    with mock_aws():
+        s3 = boto3.client("s3", region_name="us-east-1")
+        s3.create_bucket(Bucket="data-bkt")
+        s3.put_object(Bucket="data-bkt", Key="p.parquet", Body=pq_path.read_bytes())
+        s3.put_object(Bucket="data-bkt", Key="empty.parquet", Body=b"")
+        ranges: list[str | None] = []
+        got = {"bytes": 0}
+        s3.meta.events.register("provide-client-params.s3.GetObject",
+                                lambda params, **_: ranges.append(params.get("Range")))
+        s3.meta.events.register("after-call.s3.GetObject",
+                                lambda parsed, **_: got.__setitem__("bytes", got["bytes"] + parsed["ContentLength"]))
+        assert [p["i"] for p in iter_payloads("s3://data-bkt/p.parquet", s3_client=s3)] == list(range(20_000))
+        assert ranges and all(r and r.startswith("bytes=") for r in ranges)  # never the whole object
+        assert got["bytes"] < size / 2, (got, size)  # the "other" column is never read
+        with pytest.raises(DatasetError, match="empty.parquet: not a readable Parquet file"):
+            load_payloads("s3://data-bkt/empty.parquet", s3_client=s3)

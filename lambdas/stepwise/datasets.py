@@ -7,22 +7,40 @@ JSONL with a ``payload`` field on every line. The file is chosen by its suffix (
 
 Unlike the reference, every malformed input raises a `DatasetError` that names the file and the
 row or line, so bad data is caught by Init / `stepwise validate` before a billed session starts.
+
+Memory does not grow with the file: `iter_payloads` streams it (JSONL line by line from a chunked
+read; Parquet batch by batch from ranged reads of only the ``payload`` column), so Init can validate a
+dataset of any size within its Lambda's memory. `shard_dataset` also writes the payloads once as
+JSONL *shards* of about `SHARD_BYTES` each (Init puts them under the run's prefix,
+``stepwise.runstore.dataset_shard_key``), and `read_rows` then reads only the shards holding the rows
+a generation batch needs (PlanStep).
 """
 
 from __future__ import annotations
 
+import bisect
 import io
 import json
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pydantic import BaseModel, ConfigDict
 
-__all__ = ["DatasetError", "load_payloads", "check_dataset", "PAYLOAD_COLUMN"]
+__all__ = ["DatasetError", "DatasetIndex", "iter_payloads", "load_payloads", "check_dataset", "shard_dataset",
+           "read_rows", "PAYLOAD_COLUMN", "SHARD_BYTES"]
 
 PAYLOAD_COLUMN = "payload"
 PARQUET_SUFFIXES = (".parquet", ".pq")
+#: Target size of one shard (whole rows; a larger row gets a shard of its own). A batch of 32
+#: ~1 KB prompts then reads one or two 1 MiB objects; a 600 MB dataset is ~600 PUTs in Init.
+SHARD_BYTES = 1 << 20
+#: Bytes per read of a JSONL stream, and per ranged GET / Arrow buffer of a Parquet file.
+READ_CHUNK = 1 << 20
+#: Rows per Arrow record batch when streaming Parquet.
+PARQUET_BATCH_ROWS = 1024
 
 
 class DatasetError(ValueError):
@@ -33,50 +51,111 @@ def _is_parquet(path: str) -> bool:
     return path.lower().endswith(PARQUET_SUFFIXES)
 
 
-def _read_bytes(path: str, s3_client: Any | None) -> bytes:
+def _s3_location(path: str) -> tuple[str, str]:
+    bucket, _, key = path[len("s3://"):].partition("/")
+    if not bucket or not key:
+        raise DatasetError(f"{path}: expected s3://bucket/key")
+    return bucket, key
+
+
+def _s3_error(path: str, e: Exception) -> DatasetError:
+    code = getattr(e, "response", {}).get("Error", {}).get("Code", type(e).__name__)
+    return DatasetError(f"{path}: cannot read from S3 ({code}): {e}")
+
+
+class S3ObjectFile(io.RawIOBase):
+    """A seekable, read-only file over one S3 object: each ``readinto`` is one ranged GetObject.
+
+    For Parquet, whose reader reads the footer at the end and then the column chunks it needs. The
+    first GET asks for the object's last ``tail_bytes`` (a suffix range, which also gives the size)
+    and keeps them, so opening a file costs one request. Errors are `DatasetError` naming ``path``.
+    """
+
+    def __init__(self, s3_client: Any, bucket: str, key: str, path: str, *, tail_bytes: int = READ_CHUNK) -> None:
+        self._s3, self._bucket, self._key, self._path = s3_client, bucket, key, path
+        self._pos = 0
+        try:
+            resp = s3_client.get_object(Bucket=bucket, Key=key, Range=f"bytes=-{tail_bytes}")
+        except Exception as e:  # NoSuchKey / NoSuchBucket / AccessDenied / endpoint errors
+            if getattr(e, "response", {}).get("Error", {}).get("Code") == "InvalidRange":  # an empty object
+                self.size, self._tail = 0, b""
+                return
+            raise _s3_error(path, e) from e
+        self._tail = resp["Body"].read()
+        content_range = resp.get("ContentRange") or ""
+        self.size = int(content_range.rpartition("/")[2]) if "/" in content_range else len(self._tail)
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        n = min(len(buffer), self.size - self._pos)
+        if n <= 0:
+            return 0
+        tail_start = self.size - len(self._tail)
+        if self._pos >= tail_start:
+            body = self._tail[self._pos - tail_start: self._pos - tail_start + n]
+        else:
+            try:
+                body = self._s3.get_object(Bucket=self._bucket, Key=self._key,
+                                           Range=f"bytes={self._pos}-{self._pos + n - 1}")["Body"].read()
+            except Exception as e:
+                raise _s3_error(self._path, e) from e
+        buffer[: len(body)] = body
+        self._pos += len(body)
+        return len(body)
+
+
+def _open(path: str, s3_client: Any | None, *, seekable: bool) -> BinaryIO:
+    """A binary stream of ``path``: a local file, an S3 GetObject body, or (``seekable``) ranged GETs."""
     if path.startswith("s3://"):
-        bucket, _, key = path[len("s3://"):].partition("/")
-        if not bucket or not key:
-            raise DatasetError(f"{path}: expected s3://bucket/key")
+        bucket, key = _s3_location(path)
         if s3_client is None:
             import boto3
 
             s3_client = boto3.client("s3")
+        if seekable:
+            return io.BufferedReader(S3ObjectFile(s3_client, bucket, key, path), buffer_size=READ_CHUNK)  # type: ignore[return-value]
         try:
-            return s3_client.get_object(Bucket=bucket, Key=key)["Body"].read()
+            return s3_client.get_object(Bucket=bucket, Key=key)["Body"]
         except Exception as e:  # botocore ClientError / NoSuchKey / NoSuchBucket / endpoint errors
-            code = getattr(e, "response", {}).get("Error", {}).get("Code", type(e).__name__)
-            raise DatasetError(f"{path}: cannot read from S3 ({code}): {e}") from e
+            raise _s3_error(path, e) from e
     try:
-        return Path(path).read_bytes()
+        return open(path, "rb")
     except OSError as e:
         raise DatasetError(f"{path}: cannot read ({e.strerror or e})") from e
 
 
-def _parquet_payloads(path: str, data: bytes) -> list[Any]:
-    try:
-        table = pq.read_table(pa.BufferReader(data))
-    except (pa.ArrowException, OSError) as e:
-        raise DatasetError(f"{path}: not a readable Parquet file ({e})") from e
-    if PAYLOAD_COLUMN not in table.column_names:
-        raise DatasetError(
-            f"{path}: no '{PAYLOAD_COLUMN}' column (columns: {table.column_names}); "
-            "each row needs a payload object (see prepare_datasets/)"
-        )
-    column = table.column(PAYLOAD_COLUMN)
-    values = column.to_pylist()
-    if pa.types.is_map(column.type):  # map<string, T> comes back as [(key, value), ...]
-        values = [dict(v) if v is not None else None for v in values]
-    return values
+def _lines(stream: BinaryIO) -> Iterator[bytes]:
+    """The ``\n``-separated lines of ``stream``, read ``READ_CHUNK`` bytes at a time (JSONL's only separator:
+    unlike ``str.splitlines``, a U+2028 inside a JSON string does not split a row)."""
+    pending = b""
+    while chunk := stream.read(READ_CHUNK):
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        yield from lines
+    if pending:
+        yield pending
 
 
-def _jsonl_payloads(path: str, data: bytes) -> list[Any]:
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise DatasetError(f"{path}: not UTF-8 text (JSONL expected; name Parquet files *.parquet): {e}") from e
-    payloads: list[Any] = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
+def _jsonl_payloads(path: str, stream: BinaryIO) -> Iterator[Any]:
+    for lineno, raw in enumerate(_lines(stream), start=1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise DatasetError(
+                f"{path}:{lineno}: not UTF-8 text (JSONL expected; name Parquet files *.parquet): {e}") from e
         if not line.strip():
             continue
         try:
@@ -87,54 +166,179 @@ def _jsonl_payloads(path: str, data: bytes) -> list[Any]:
             raise DatasetError(f"{path}:{lineno}: line must be an object with a '{PAYLOAD_COLUMN}' field")
         if not isinstance(row[PAYLOAD_COLUMN], dict):
             raise DatasetError(f"{path}:{lineno}: {_not_object(row[PAYLOAD_COLUMN])}")
-        payloads.append(row[PAYLOAD_COLUMN])
-    return payloads
+        yield row[PAYLOAD_COLUMN]
+
+
+def _parquet_payloads(path: str, stream: BinaryIO) -> Iterator[Any]:
+    def unreadable(e: Exception) -> DatasetError:
+        return DatasetError(f"{path}: not a readable Parquet file ({e})")
+
+    try:
+        # buffer_size > 0: column chunks are read page by page, not whole (a row group can be 1Mi rows).
+        pf = pq.ParquetFile(stream, buffer_size=READ_CHUNK, pre_buffer=False)
+        names = pf.schema_arrow.names
+    except (pa.ArrowException, OSError) as e:
+        raise unreadable(e) from e
+    if PAYLOAD_COLUMN not in names:
+        raise DatasetError(
+            f"{path}: no '{PAYLOAD_COLUMN}' column (columns: {names}); "
+            "each row needs a payload object (see prepare_datasets/)"
+        )
+    is_map = pa.types.is_map(pf.schema_arrow.field(PAYLOAD_COLUMN).type)
+    row = 0
+    batches = pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=[PAYLOAD_COLUMN])
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except (pa.ArrowException, OSError) as e:
+            raise unreadable(e) from e
+        for value in batch.column(0).to_pylist():
+            if is_map and value is not None:  # map<string, T> comes back as [(key, value), ...]
+                value = dict(value)
+            if not isinstance(value, dict):
+                raise DatasetError(f"{path}: row {row} (0-based): {_not_object(value)}")
+            row += 1
+            yield value
 
 
 def _not_object(value: Any) -> str:
     return f"payload must be a JSON object, got {type(value).__name__} {str(value)[:60]!r}"
 
 
-def load_payloads(path: str, *, s3_client: Any | None = None) -> list[dict[str, Any]]:
-    """Read every row's payload, in file order.
+def iter_payloads(path: str, *, s3_client: Any | None = None) -> Iterator[dict[str, Any]]:
+    """Stream every row's payload, in file order, holding one chunk / record batch at a time.
 
     Args:
         path: local path or ``s3://bucket/key`` of a ``.parquet`` file or a JSONL file.
         s3_client: a boto3 S3 client for ``s3://`` paths (default: ``boto3.client("s3")``).
 
-    Returns:
+    Yields:
         One dict per row: the payload the agent is invoked with.
 
     Raises:
         DatasetError: unreadable or missing file, not Parquet/JSON, no ``payload`` column/field, a
-            payload that is not an object (names the 0-based Parquet row or the 1-based JSONL line),
-            or no rows.
+            payload that is not an object (names the 0-based Parquet row or the 1-based JSONL line).
+            An empty file yields nothing (`check_dataset` refuses it).
     """
-    data = _read_bytes(path, s3_client)
-    if _is_parquet(path):
-        payloads = _parquet_payloads(path, data)
-        for i, p in enumerate(payloads):
-            if not isinstance(p, dict):
-                raise DatasetError(f"{path}: row {i} (0-based): {_not_object(p)}")
-    else:
-        payloads = _jsonl_payloads(path, data)
+    parquet = _is_parquet(path)
+    stream = _open(path, s3_client, seekable=parquet)
+    try:
+        yield from (_parquet_payloads if parquet else _jsonl_payloads)(path, stream)
+    finally:
+        stream.close()
+
+
+def _no_rows(path: str) -> DatasetError:
+    return DatasetError(f"{path}: no rows (an empty dataset cannot train or evaluate)")
+
+
+def load_payloads(path: str, *, s3_client: Any | None = None) -> list[dict[str, Any]]:
+    """Every row's payload as a list (`iter_payloads` for datasets that may not fit in memory).
+
+    Raises:
+        DatasetError: as `iter_payloads`, or no rows.
+    """
+    payloads = list(iter_payloads(path, s3_client=s3_client))
     if not payloads:
-        raise DatasetError(f"{path}: no rows (an empty dataset cannot train or evaluate)")
+        raise _no_rows(path)
     return payloads
 
 
-def check_dataset(path: str, min_rows: int, *, s3_client: Any | None = None) -> int:
-    """Load ``path`` and require at least ``min_rows`` valid payload rows; return the row count.
+def _shards(payloads: Iterable[dict[str, Any]], shard_bytes: int) -> Iterator[tuple[int, bytes]]:
+    """``(rows, body)`` per shard: payloads as JSONL, cut after the row that reaches ``shard_bytes``."""
+    lines: list[bytes] = []
+    size = 0
+    for payload in payloads:
+        line = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+        lines.append(line)
+        size += len(line)
+        if size >= shard_bytes:
+            yield len(lines), b"".join(lines)
+            lines, size = [], 0
+    if lines:
+        yield len(lines), b"".join(lines)
 
-    Used before a billed session is created (Init) and by ``stepwise validate --check-datasets``.
 
-    Raises:
-        DatasetError: as `load_payloads`, or fewer than ``min_rows`` rows.
+class DatasetIndex(BaseModel):
+    """``runs/{run_id}/dataset/{kind}/index.json``: where each shard of a run's dataset snapshot starts.
+
+    ``shard_starts[i]`` is the 0-based row shard i begins with (ascending; shard i holds rows up to
+    ``shard_starts[i + 1]``, the last one up to ``rows``). Written once by Init (`shard_dataset`).
     """
-    rows = len(load_payloads(path, s3_client=s3_client))
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: str  # the dataset path the shards were read from
+    rows: int
+    shard_starts: list[int]
+
+
+def _require_rows(path: str, rows: int, min_rows: int) -> int:
+    if rows == 0:
+        raise _no_rows(path)
     if rows < min_rows:
         raise DatasetError(f"{path}: {rows} rows, need at least {min_rows} (batch_size)")
     return rows
+
+
+def check_dataset(path: str, min_rows: int, *, s3_client: Any | None = None) -> int:
+    """Stream ``path`` and require at least ``min_rows`` valid payload rows; return the row count.
+
+    Used by ``stepwise validate --check-datasets`` (Init uses `shard_dataset`, which checks the same).
+
+    Raises:
+        DatasetError: as `iter_payloads`, no rows, or fewer than ``min_rows`` rows.
+    """
+    return _require_rows(path, sum(1 for _ in iter_payloads(path, s3_client=s3_client)), min_rows)
+
+
+def shard_dataset(path: str, min_rows: int, put_shard: Callable[[int, bytes], None], *,
+                  s3_client: Any | None = None, shard_bytes: int = SHARD_BYTES) -> DatasetIndex:
+    """`check_dataset`, and write the payloads once as JSONL shards while streaming them.
+
+    Args:
+        put_shard: ``put_shard(i, body)`` for shard i = 0, 1, ...: one payload object per line,
+            about ``shard_bytes`` each (Init: a PutObject of ``stepwise.runstore.dataset_shard_key``).
+
+    Raises:
+        DatasetError: as `check_dataset` (shards already written stay; a retried Init rewrites them).
+    """
+    rows, starts = 0, []
+    for i, (n, body) in enumerate(_shards(iter_payloads(path, s3_client=s3_client), shard_bytes)):
+        put_shard(i, body)
+        starts.append(rows)
+        rows += n
+    return DatasetIndex(source=path, rows=_require_rows(path, rows, min_rows), shard_starts=starts)
+
+
+def read_rows(rows: Iterable[int], index: DatasetIndex, get_shard: Callable[[int], bytes]) -> dict[int, dict[str, Any]]:
+    """``{row: payload}`` for ``rows``, reading only the shards that hold them (each once).
+
+    Args:
+        rows: 0-based row numbers, each < ``index.rows``.
+        index: the snapshot's `DatasetIndex`.
+        get_shard: shard number -> its bytes (a GetObject of ``stepwise.runstore.dataset_shard_key``).
+
+    Raises:
+        IndexError: a row outside the dataset.
+    """
+    shard_starts = index.shard_starts
+    wanted: dict[int, list[int]] = {}
+    for r in rows:
+        if not 0 <= r < index.rows:
+            raise IndexError(f"row {r} is not in the dataset")
+        wanted.setdefault(bisect.bisect_right(shard_starts, r) - 1, []).append(r)
+    out: dict[int, dict[str, Any]] = {}
+    for shard, shard_rows in sorted(wanted.items()):
+        lines = get_shard(shard).split(b"\n")
+        for r in shard_rows:
+            i = r - shard_starts[shard]
+            if i >= len(lines) or not lines[i]:
+                raise IndexError(f"row {r} is not in the dataset (shard {shard} holds {len(lines) - 1} rows)")
+            out[r] = json.loads(lines[i])
+    return out
 
 
 def payloads_to_parquet_bytes(payloads: list[dict[str, Any]]) -> bytes:

@@ -5,6 +5,8 @@ Layout (DESIGN.md section 3, refined in docs/internals.md)::
     runs/{run_id}/config.json                               validated RunConfig, written once by Init
     runs/{run_id}/state.json                                RunState; every write conditional on the ETag
     runs/{run_id}/tokenizer/                                tokenizer files cached for the gateway
+    runs/{run_id}/dataset/{kind}/index.json                 DatasetIndex of the run's dataset snapshot (Init)
+    runs/{run_id}/dataset/{kind}/{shard:05d}.jsonl          its payloads, one JSON object per line (~1 MiB each)
     runs/{run_id}/steps/{step}/gen{g}/items.json            Distributed Map items (references only)
     runs/{run_id}/steps/{step}/gen{g}/prompts.json          {input_id: payload} for the items
     runs/{run_id}/steps/{step}/gen{g}/rollouts/{sid}.json   rollout record (reward, status, TraceRecords)
@@ -69,6 +71,16 @@ def state_key(run_id: str) -> str:
 
 def tokenizer_prefix(run_id: str) -> str:
     return f"runs/{run_id}/tokenizer/"
+
+
+def dataset_index_key(run_id: str, kind: str) -> str:
+    """The `stepwise.datasets.DatasetIndex` of the run's ``kind`` ("train" | "eval") dataset snapshot."""
+    return f"runs/{run_id}/dataset/{kind}/index.json"
+
+
+def dataset_shard_key(run_id: str, kind: str, shard: int) -> str:
+    """Shard ``shard`` of the run's ``kind`` dataset snapshot (written once by Init, read by PlanStep)."""
+    return f"runs/{run_id}/dataset/{kind}/{shard:05d}.jsonl"
 
 
 def batch_prefix(run_id: str, step: int, generation_batch: int, kind: str = "train") -> str:

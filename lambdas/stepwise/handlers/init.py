@@ -31,6 +31,8 @@ from stepwise.runstore import (
     RunState,
     RunStore,
     config_key,
+    dataset_index_key,
+    dataset_shard_key,
     tokenizer_prefix,
 )
 
@@ -158,19 +160,43 @@ def resume(rs: RunStore, run_id: str, execution_arn: str, state: RunState) -> Ru
     return state
 
 
-def validate_inputs(raw_config: Any, rs: RunStore) -> tuple[Any, int, int]:
+def validate_inputs(raw_config: Any, rs: RunStore, run_id: str | None = None) -> tuple[Any, int, int]:
     """``(RunConfig, dataset rows, eval rows)``; raises ConfigError / DatasetError / ClientError first.
 
+    The datasets are streamed, so memory does not grow with their size. With ``run_id``, each is also
+    written once as the run's snapshot (`snapshot_dataset`), which PlanStep reads batch by batch.
     No SageMaker call happens here.
     """
     from stepwise.config import load_run_config
     from stepwise.datasets import check_dataset
 
     cfg = load_run_config(raw_config)
-    rows = check_dataset(cfg.dataset_path, cfg.batch_size, s3_client=rs.s3)
-    eval_rows = check_dataset(cfg.eval_dataset_path, 1, s3_client=rs.s3) if cfg.eval_dataset_path else 0
     rs.s3.head_bucket(Bucket=rs.bucket)
+
+    def rows_of(path: str, min_rows: int, kind: str) -> int:
+        if run_id is None:
+            return check_dataset(path, min_rows, s3_client=rs.s3)
+        return snapshot_dataset(rs, run_id, kind, path, min_rows).rows
+
+    rows = rows_of(cfg.dataset_path, cfg.batch_size, "train")
+    eval_rows = rows_of(cfg.eval_dataset_path, 1, "eval") if cfg.eval_dataset_path else 0
     return cfg, rows, eval_rows
+
+
+def snapshot_dataset(rs: RunStore, run_id: str, kind: str, path: str, min_rows: int) -> Any:
+    """Validate ``path`` while writing it as shards under ``runs/{run_id}/dataset/{kind}/``, then its index.
+
+    The index is written last, so a PlanStep never sees a partial snapshot; a retried Init rewrites
+    the same shards. Returns the `stepwise.datasets.DatasetIndex`. Raises DatasetError as
+    `stepwise.datasets.shard_dataset`.
+    """
+    from stepwise.datasets import shard_dataset
+
+    index = shard_dataset(path, min_rows, lambda i, body: rs.put_bytes(dataset_shard_key(run_id, kind, i), body),
+                          s3_client=rs.s3)
+    rs.put_json(dataset_index_key(run_id, kind), index.model_dump())
+    logger.info("dataset snapshot written", extra={"kind": kind, "rows": index.rows, "shards": len(index.shard_starts)})
+    return index
 
 
 def cache_tokenizer(cfg: Any, created: training.CreatedSession, rs: RunStore, run_id: str) -> int:
@@ -231,7 +257,7 @@ def initialize(event: InitEvent) -> dict[str, Any]:
     if existing is not None and existing.owner_execution_arn != event.execution_arn:
         raise RunOwnedElsewhere(f"run {run_id!r} already exists, owned by {existing.owner_execution_arn}")
 
-    cfg, rows, eval_rows = validate_inputs(event.input, rs)
+    cfg, rows, eval_rows = validate_inputs(event.input, rs, run_id)
     session_name = training.session_name_for(run_id)
     if existing is None:
         rs.put_json(config_key(run_id), cfg.model_dump(mode="json"))

@@ -22,12 +22,13 @@ Eval generation batches use the first ``eval_max_prompts`` eval rows, one rollou
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from stepwise.handlers._common import BatchRef, RunEvent, bind, logger, now, run_config, store
 from stepwise.handlers.train import PhaseMismatch, plan_checkpoint
-from stepwise.runstore import RunState, items_key, prompts_key
+from stepwise.runstore import RunState, dataset_index_key, dataset_shard_key, items_key, prompts_key
 
 #: Map concurrency per unit of ``acr_tps_limit``: children start in a burst of MaxConcurrency,
 #: then at the rate rollouts finish; ACR throttling beyond the limit is retried with jitter.
@@ -127,8 +128,10 @@ def input_id(kind: str, step: int, generation_batch: int, position: int) -> str:
     return f"e{step}p{position}" if kind == "eval" else f"s{step}g{generation_batch}p{position}"
 
 
-def build_items(d: Decision, payloads: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """``(items, prompts)``: one item per rollout (references only), and ``{input_id: payload}``."""
+def build_items(d: Decision, payloads: Mapping[int, dict[str, Any]] | Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """``(items, prompts)``: one item per rollout (references only), and ``{input_id: payload}``.
+
+    ``payloads[row]`` is the payload of dataset row ``row`` for every row of ``d.rows``."""
     items, prompts = [], {}
     kind = d.kind or "train"
     for position, row in enumerate(d.rows):
@@ -139,16 +142,36 @@ def build_items(d: Decision, payloads: list[dict[str, Any]]) -> tuple[list[dict[
     return items, prompts
 
 
-_PAYLOADS: dict[str, list[dict[str, Any]]] = {}
+_INDEXES: dict[tuple[str, str, str], Any] = {}
 
 
-def payloads(path: str) -> list[dict[str, Any]]:
-    """The dataset's payloads (cached per container)."""
-    from stepwise.datasets import load_payloads
+def batch_payloads(run_id: str, kind: str, rows: list[int], source: str) -> dict[int, dict[str, Any]]:
+    """``{row: payload}`` of a batch's rows from the run's dataset snapshot (Init's shards).
 
-    if path not in _PAYLOADS:
-        _PAYLOADS[path] = load_payloads(path, s3_client=store().s3)
-    return _PAYLOADS[path]
+    Reads the snapshot's index (cached per container: it never changes) and only the shards holding
+    ``rows``, so memory and bytes read do not grow with the dataset. A run whose Init predates the
+    snapshots has no index: its ``source`` is streamed up to the last row needed instead.
+    """
+    from stepwise.datasets import DatasetIndex, iter_payloads, read_rows
+
+    rs = store()
+    key = (rs.bucket, run_id, kind)
+    if key not in _INDEXES:
+        try:
+            _INDEXES[key] = DatasetIndex.model_validate(rs.get_json(dataset_index_key(run_id, kind)))
+        except KeyError:
+            logger.warning("no dataset snapshot (run started before snapshots): streaming the source",
+                           extra={"kind": kind, "source": source})
+            wanted, last = set(rows), max(rows, default=-1)
+            out: dict[int, dict[str, Any]] = {}
+            for i, payload in enumerate(iter_payloads(source, s3_client=rs.s3)):
+                if i in wanted:
+                    out[i] = payload
+                if i >= last:
+                    break
+            return out
+    return read_rows(rows, _INDEXES[key], lambda shard: rs.s3.get_object(
+        Bucket=rs.bucket, Key=dataset_shard_key(run_id, kind, shard))["Body"].read())
 
 
 def plan(event: RunEvent) -> dict[str, Any]:
@@ -170,7 +193,7 @@ def plan(event: RunEvent) -> dict[str, Any]:
         return out
     kind = d.kind or "train"
     source = cfg.eval_dataset_path if kind == "eval" else cfg.dataset_path
-    items, prompts = build_items(d, payloads(source))
+    items, prompts = build_items(d, batch_payloads(run.run_id, kind, d.rows, source))
     rs.put_json(prompts_key(run.run_id, d.step, d.generation_batch, kind), prompts, bulk=True)
     key = items_key(run.run_id, d.step, d.generation_batch, kind)
     rs.put_json(key, items, bulk=True)
