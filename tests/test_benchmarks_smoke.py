@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import cost_model, dapo_vs_grpo, gateway_overhead, reference_vs_pipeline, scaling
+from benchmarks import cost_model, dapo_vs_grpo, dataset_memory, gateway_overhead, reference_vs_pipeline, scaling
 from benchmarks._common import percentile
 
 REPO = Path(__file__).resolve().parents[1]
@@ -100,3 +100,13 @@ def test_dapo_vs_grpo_reads_curves_by_rollouts_consumed(tmp_path: Path) -> None:
     assert dapo_vs_grpo.rollouts_to(curve["steps"], 0.5) == 256  # the window (0, 256] averages 0.5
     assert dapo_vs_grpo.rollouts_to(curve["steps"], 0.3, window=128) == 192  # (64, 192]: 0.375; (0, 128]: 0.25
     assert dapo_vs_grpo.rollouts_to(curve["steps"], 0.9) is None
+
+
+def test_dataset_memory_measures_init_and_plan_step_in_child_processes(tmp_path: Path) -> None:
+    assert dataset_memory.main(["--sizes", "1", "--formats", "jsonl,parquet", "--data", str(tmp_path / "data"),
+                                "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "dataset_memory.json").read_text())["rows"]
+    assert [(r["size_mb"], r["format"]) for r in rows] == [(1, "jsonl"), (1, "parquet")]
+    for r in rows:
+        assert r["init"]["rows"] == r["rows"] > 1000 and r["plan"]["num_items"] == 32 * 4
+        assert r["init"]["peak_mb"] >= r["init"]["baseline_mb"] > 10
