@@ -22,13 +22,19 @@ $(VENV)/.dev-installed: $(VENV)/.local-installed pyproject.toml
 	touch $@
 
 install-local: $(VENV)/.local-installed
-install-dev: $(VENV)/.dev-installed
+# The npm validators of the tests (asl-validator), exactly as tools/package-lock.json pins them.
+TOOLS := tools/node_modules/.installed
+$(TOOLS): tools/package.json tools/package-lock.json
+	cd tools && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+install-dev: $(VENV)/.dev-installed $(TOOLS)
 
 run: $(VENV)/.local-installed
 	$(VENV)/bin/stepwise run-local $(CONFIG)
 
-test: $(VENV)/.dev-installed
+test: $(VENV)/.dev-installed $(TOOLS)
 	$(PY) -m pytest
 
 clean:
-	rm -rf $(VENV) runs-local cdk.out
+	rm -rf $(VENV) runs-local cdk.out tools/node_modules

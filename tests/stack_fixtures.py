@@ -49,3 +49,79 @@ def synthesized(context: dict[str, Any] | None = None) -> tuple[Any, dict]:
     """``(stack, template)`` of the app built with ``context`` over ``cdk.json``'s."""
     stack, template = _synth(json.dumps(context or {}, sort_keys=True))
     return stack, copy.deepcopy(template)
+
+
+# --- CloudFormation values as the deployed strings ---------------------------------------
+
+#: Pseudo parameters as CloudFormation sets them in the commercial partition, in ``REGION``.
+PSEUDO = {"AWS::Partition": "aws", "AWS::Region": REGION, "AWS::AccountId": ACCOUNT, "AWS::URLSuffix": "amazonaws.com",
+          "AWS::StackName": "Stepwise"}
+
+
+def physical_name(logical_id: str) -> str:
+    """A plausible physical name for a resource CloudFormation names (S3-safe: lowercase, <= 63)."""
+    return f"stepwise-{logical_id.lower()}"[:63]
+
+
+def _ref(template: dict, name: str) -> str:
+    if name in PSEUDO:
+        return PSEUDO[name]
+    resource = template["Resources"][name]
+    props, kind = resource.get("Properties", {}), resource["Type"]
+    if kind == "AWS::StepFunctions::StateMachine":
+        return f"arn:aws:states:{REGION}:{ACCOUNT}:stateMachine:{physical_name(name)}"
+    if kind == "AWS::SNS::Topic":
+        return f"arn:aws:sns:{REGION}:{ACCOUNT}:{physical_name(name)}"
+    if kind == "AWS::Logs::LogGroup" and isinstance(props.get("LogGroupName"), str):
+        return props["LogGroupName"]
+    return physical_name(name)
+
+
+def _get_att(template: dict, name: str, attr: str) -> str:
+    kind = template["Resources"][name]["Type"]
+    ref = _ref(template, name)
+    arns = {
+        "AWS::S3::Bucket": f"arn:aws:s3:::{ref}",
+        "AWS::Lambda::Function": f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{ref}",
+        "AWS::IAM::Role": f"arn:aws:iam::{ACCOUNT}:role/{ref}",
+        # CloudFormation's LogGroup Arn attribute ends with ':*'
+        "AWS::Logs::LogGroup": f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:{ref}:*",
+        "AWS::StepFunctions::StateMachine": ref,
+    }
+    if attr == "Arn" and kind in arns:
+        return arns[kind]
+    if kind == "AWS::StepFunctions::StateMachine" and attr == "Name":
+        return physical_name(name)
+    if kind == "AWS::Lambda::Url" and attr == "FunctionUrl":
+        return f"https://{physical_name(name)}.lambda-url.{REGION}.on.aws/"
+    raise ValueError(f"no plausible value for Fn::GetAtt {name}.{attr} ({kind})")
+
+
+def resolve(value: Any, template: dict) -> Any:
+    """``value`` with every ``Ref``/``Fn::GetAtt``/``Fn::Join``/``Fn::Select``/``Fn::Split`` replaced by
+    the string CloudFormation would put there (pseudo parameters from :data:`PSEUDO`, physical
+    names from :func:`physical_name`), so validators see deployed values, not tokens.
+
+    Raises:
+        ValueError: an intrinsic this resolver does not know (named).
+    """
+    if isinstance(value, list):
+        return [resolve(v, template) for v in value]
+    if not isinstance(value, dict):
+        return value
+    if len(value) == 1:
+        (fn, arg), = value.items()
+        if fn == "Ref":
+            return _ref(template, arg)
+        if fn == "Fn::GetAtt":
+            name, attr = arg if isinstance(arg, list) else arg.split(".", 1)
+            return _get_att(template, name, attr)
+        if fn == "Fn::Join":
+            return arg[0].join(str(resolve(p, template)) for p in arg[1])
+        if fn == "Fn::Select":
+            return resolve(arg[1], template)[int(arg[0])]
+        if fn == "Fn::Split":
+            return str(resolve(arg[1], template)).split(arg[0])
+        if fn.startswith("Fn::") or fn == "Condition":
+            raise ValueError(f"resolve() does not know {fn}: {json.dumps(value)[:200]}")
+    return {k: resolve(v, template) for k, v in value.items()}

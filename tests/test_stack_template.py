@@ -231,7 +231,7 @@ NO_RESOURCE_LEVEL = {
     "logs:ListLogDeliveries", "logs:PutResourcePolicy", "logs:DescribeResourcePolicies", "logs:DescribeLogGroups",
     "s3:PutBucketNotification",  # CDK's notification custom resource (its bucket is only known at run time)
     "s3:ListAllMyBuckets",  # Init: the SageMaker SDK's default-bucket lookup
-    # OnRolloutResult: the task token is the authorization (tests/test_stack_iam_validators.py checks all of
+    # OnRolloutResult: the task token is the authorization (tests/test_stack_validators.py checks all of
     # these against the Service Authorization Reference's data)
     "states:SendTaskSuccess", "states:SendTaskFailure", "states:SendTaskHeartbeat",
 }
