@@ -183,5 +183,19 @@ def fixed_factory(backend: Any):
     return lambda record: backend
 
 
+def scripted_gateway(run_id: str, sampler_cls: type = None):
+    """Generator for a module fixture: ``(s3, sampler, gateway)`` -- moto S3 with the run's tokenizer
+    cached, a `ScriptedSampler` (or ``sampler_cls``) and our gateway serving every session from it."""
+    s3 = MotoS3()
+    cache_tokenizer(s3.client, run_id)
+    sampler = (sampler_cls or ScriptedSampler)(load_tokenizer())
+    gw = serve_ours(s3.new_client(), fixed_factory(sampler))
+    try:
+        yield s3, sampler, gw
+    finally:
+        gw.stop()
+        s3.stop()
+
+
 __all__ = ["BUCKET", "MotoS3", "ReferenceGateway", "ReplaySampler", "ScriptedSampler", "cache_tokenizer",
-           "fixed_factory", "load_tokenizer", "open_session", "serve_ours", "turn_objects"]
+           "fixed_factory", "load_tokenizer", "open_session", "scripted_gateway", "serve_ours", "turn_objects"]

@@ -14,8 +14,7 @@ import openai
 import pytest
 from agentcore_rl_toolkit.rollout_gateway.trajectory import TurnRecord
 
-from gateway_fixtures import MotoS3, ScriptedSampler, cache_tokenizer, fixed_factory, load_tokenizer, open_session, \
-    serve_ours, turn_objects
+from gateway_fixtures import ScriptedSampler, open_session, scripted_gateway, turn_objects
 from stepwise.core.behaviour import ROLLOUT_STATUSES, behaviour_metrics, rollout_behaviour
 
 RUN = "run-behaviour"
@@ -41,13 +40,7 @@ class LengthCappedSampler(ScriptedSampler):
 
 @pytest.fixture(scope="module")
 def gateway():
-    s3 = MotoS3()
-    cache_tokenizer(s3.client, RUN)
-    sampler = LengthCappedSampler(load_tokenizer())
-    gw = serve_ours(s3.new_client(), fixed_factory(sampler))
-    yield s3, sampler, gw
-    gw.stop()
-    s3.stop()
+    yield from scripted_gateway(RUN, LengthCappedSampler)
 
 
 def test_a_rollouts_turns_count_tool_calls_truncations_and_ill_formed_turns(gateway):

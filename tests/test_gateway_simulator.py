@@ -105,6 +105,23 @@ def test_anthropic_plain_and_streaming_sample_from_the_session(stack):
     _check_captured(stack, sid, 2)
 
 
+def test_seeded_sessions_sample_the_same_tokens_through_the_sdk_and_another_seed_does_not(stack):
+    """The seed reaches the runtime's SamplingParams.seed (the SDK path), and the simulator honours it."""
+    s3, sim, gw, name = stack
+
+    def rollout(seed):
+        sid, _ = _session(stack, sampling_seed=seed)
+        client = openai.OpenAI(base_url=gw.base_url, api_key=sid, max_retries=0)
+        for digit in "3141592":  # seven turns at temperature 1, each a fresh context
+            client.chat.completions.create(model="stepwise-tiny", messages=[{"role": "user", "content": digit}])
+        turns = turn_objects(s3.client, RUN, sid, expect=7)
+        return [body["turn"]["output_ids"] for _, body in sorted(turns.items())]
+
+    first, again, other = rollout(11), rollout(11), rollout(12)
+    assert first == again
+    assert first != other
+
+
 def test_refusals_never_reach_the_simulator(stack):
     s3, sim, gw, name = stack
     closed, _ = _session(stack, closed=True)

@@ -16,13 +16,8 @@ from stepwise.gateway.app import GATEWAY
 
 from gateway_fixtures import (
     TINY_MODEL,
-    MotoS3,
-    ScriptedSampler,
-    cache_tokenizer,
-    fixed_factory,
-    load_tokenizer,
     open_session,
-    serve_ours,
+    scripted_gateway,
 )
 
 RUN = "run-seams"
@@ -48,13 +43,7 @@ def test_adapter_turn_pipeline_uses_the_seams_we_replace():
 
 @pytest.fixture(scope="module")
 def stack():
-    s3 = MotoS3()
-    cache_tokenizer(s3.client, RUN)
-    sampler = ScriptedSampler(load_tokenizer())
-    gw = serve_ours(s3.new_client(), fixed_factory(sampler))
-    yield s3, sampler, gw
-    gw.stop()
-    s3.stop()
+    yield from scripted_gateway(RUN)
 
 
 def test_session_record_state_reaches_the_sampler_and_nothing_stays_in_memory(stack):

@@ -198,7 +198,12 @@ class RunConfig(BaseModel):
     overlong_penalty_factor: float = Field(1.0, ge=0, description="DAPO overlong shaping scale")
     save_weights_at_end: bool = Field(False, description="also save sampler weights (save_weights) at the end")
     train_op_timeout: float = Field(600.0, gt=0, description="seconds to wait on each training operation")
-    seed: int = Field(0, ge=0, description="seed for randomness the pipeline adds (sampler seeds); data order is file order")
+    seed: int = Field(
+        0, ge=0,
+        description="seeds every sampling call (SamplingParams.seed) from (seed, step, rollout, turn), so two runs "
+        "with the same config and seed give the same curve whatever their run ids; change it for an independent "
+        "repeat. Data order is file order",
+    )
     steps_per_execution: int = Field(20, ge=1, description="continue as a new execution every N steps")
 
     # --- Dataset ---

@@ -11,7 +11,9 @@ Per turn request (``POST /v1/chat/completions`` or ``/v1/messages``):
 4. 429 if the session's persisted turns reach ``max_turns`` or their sampled tokens reach
    ``max_total_tokens`` (counted from S3, so across containers).
 5. Otherwise the toolkit adapter runs the turn (render, sample, parse, reply); its
-   ``record_turn`` is captured and written to S3 before the response completes.
+   ``record_turn`` is captured and written to S3 before the response completes. A session
+   record with a ``sampling_seed`` samples with ``seed = turn_seed(sampling_seed, turn index)``
+   (`stepwise.core.seeding`), so a seeded run is reproducible.
 
 None of 1-4 reaches the sampler. Source of the turn pipeline:
 ``agentcore_rl_toolkit/rollout_gateway/adapters/common.py`` (``BaseAdapter._run_turn``).
@@ -37,6 +39,7 @@ from botocore.exceptions import ClientError, ParamValidationError
 from agentcore_rl_toolkit.rollout_gateway.adapters.anthropic import AnthropicAdapter
 from agentcore_rl_toolkit.rollout_gateway.adapters.common import sid_from_bearer
 from agentcore_rl_toolkit.rollout_gateway.adapters.openai import OpenAIAdapter
+from stepwise.core.seeding import turn_seed
 
 from . import _toolkit
 from .recorder import PendingTurn, S3TurnRecorder
@@ -47,6 +50,7 @@ from .session import (
     TurnUsage,
     is_plausible_sid,
     limit_exceeded,
+    turn_index,
     refusal,
     session_key,
     sid_digest,
@@ -106,6 +110,7 @@ class RequestScope:
     adapter_session: Any
     renderer: Any
     pending: list[PendingTurn] = dataclasses.field(default_factory=list)
+    seed: int | None = None  # the sampler seed of this turn (None = unseeded)
     sample_seconds: float = 0.0
     samples: int = 0
 
@@ -260,7 +265,7 @@ class SessionDirectory:
         record = await asyncio.to_thread(self.record, sid)
         if record is None:
             return None, None
-        if not (record.max_turns or record.max_total_tokens):
+        if not (record.max_turns or record.max_total_tokens or record.sampling_seed is not None):
             return record, TurnUsage(0, 0)
         return record, await asyncio.to_thread(self.usage, record.run_id, sid)
 
@@ -299,6 +304,7 @@ def build_app(
         lambda: (scope.record if (scope := current_scope()) is not None else None),
         sampler_factory,
         cache_size=settings.sampler_cache_size,
+        current_seed=lambda: (scope.seed if (scope := current_scope()) is not None else None),
     )
     backend = _TimedBackend(sampler)
     renderer = RoutingRenderer(lambda: (scope.renderer if (scope := current_scope()) is not None else None))
@@ -320,7 +326,7 @@ def build_app(
         logger.info("turn refused", extra={"status": status, "reason": message})
         return error_response(protocol, status, error_type, message)
 
-    async def admit(request: web.Request, protocol: Protocol) -> tuple[str, SessionRecord] | web.Response:
+    async def admit(request: web.Request, protocol: Protocol) -> tuple[str, SessionRecord, int | None] | web.Response:
         """Checks 1-4 of the module docstring: the session and body, or the refusal."""
         if request.content_length is not None and request.content_length > settings.max_body_bytes:
             return refuse(protocol, 413, "request_too_large",
@@ -351,7 +357,8 @@ def build_app(
         over = limit_exceeded(record, usage)
         if over is not None:
             return refuse(protocol, 429, "rate_limit_error", over)
-        return sid, record
+        seed = None if record.sampling_seed is None else turn_seed(record.sampling_seed, turn_index(usage, body))
+        return sid, record, seed
 
     @web.middleware
     async def guard(request: web.Request, handler):
@@ -362,7 +369,7 @@ def build_app(
         admitted = await admit(request, protocol)
         if isinstance(admitted, web.StreamResponse):
             return admitted
-        sid, record = admitted
+        sid, record, seed = admitted
         with logger.append_context_keys(run_id=record.run_id, sid=sid_digest(sid), step=record.step,
                                         policy_version=record.policy_version):
             try:
@@ -376,6 +383,7 @@ def build_app(
                 record=record,
                 adapter_session=_toolkit.make_session(record.sampling_defaults, record.max_context_tokens),
                 renderer=run_renderer,
+                seed=seed,
             )
             token = _SCOPE.set(scope)
             try:

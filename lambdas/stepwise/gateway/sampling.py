@@ -5,10 +5,17 @@ resolve the request's session record (training session name + sampler model pack
 to a toolkit ``SageMakerSdkBackend`` over a ``SamplingClient`` constructed directly with
 no ``ServiceClient`` (such a client has no finalizer that stops the session when it is
 garbage-collected; see FINDINGS.md), cached per (region, session, ARN).
+
+Seeds: the gateway computes each turn's seed (`stepwise.core.seeding.turn_seed`) and
+`SessionSamplerBackend` hands it to the backend as ``sampling_params["seed"]``. The toolkit's
+``SageMakerSdkBackend`` builds the SDK ``SamplingParams`` without a seed, so the default factory
+gives it a `SeedingSamplingClient`, which sets ``SamplingParams.seed`` (the runtime's
+``SamplingParams.seed``) from the turn being served.
 """
 
 from __future__ import annotations
 
+import contextvars
 import os
 import threading
 from collections import OrderedDict
@@ -22,6 +29,30 @@ from .session import SessionRecord
 
 #: Builds the token-in/token-out backend for one session record.
 SamplerFactory = Callable[[SessionRecord], Any]
+
+#: The seed of the sample being drawn on this task (set by `SessionSamplerBackend.generate`).
+_TURN_SEED: contextvars.ContextVar[int | None] = contextvars.ContextVar("stepwise_turn_seed", default=None)
+
+
+class SeedingSamplingClient:
+    """A ``SamplingClient`` whose ``sample()`` carries the current turn's seed.
+
+    The toolkit backend calls ``sample(prompt=, num_samples=, sampling_params=)`` synchronously
+    inside its ``generate``, on the task that `SessionSamplerBackend.generate` set the seed on.
+    Every other attribute is the wrapped client's.
+    """
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+
+    def sample(self, *args: Any, sampling_params: Any = None, **kwargs: Any) -> Any:
+        seed = _TURN_SEED.get()
+        if seed is not None and sampling_params is not None and getattr(sampling_params, "seed", None) is None:
+            sampling_params = sampling_params.model_copy(update={"seed": seed})
+        return self._client.sample(*args, sampling_params=sampling_params, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
 
 _RUNTIME_SERVICE = "sagemakertrainingsessionruntime"
 _RUNTIME_ENDPOINT_ENV = "SAGEMAKER_TRAINING_SESSION_RUNTIME_ENDPOINT"
@@ -71,11 +102,12 @@ class SdkSamplerFactory:
             model_package_arn=record.sampler_model_package_arn,
             service_client=None,  # never stop the session from a gateway container
         )
-        return SageMakerSdkBackend(client, poll_threads=self._poll_threads)
+        return SageMakerSdkBackend(SeedingSamplingClient(client), poll_threads=self._poll_threads)
 
 
 def _client_of(backend: Any) -> Any:
-    return getattr(backend, "_sampling_client", None)
+    client = getattr(backend, "_sampling_client", None)
+    return client._client if isinstance(client, SeedingSamplingClient) else client
 
 
 class SessionSamplerBackend:
@@ -86,11 +118,13 @@ class SessionSamplerBackend:
         factory: builds a backend for a record (default :class:`SdkSamplerFactory`); tests
             inject scripted samplers here.
         cache_size: samplers kept (LRU); evicted SDK clients are retired.
+        current_seed: returns the sampler seed of the turn being served, or None (unseeded).
     """
 
     def __init__(self, current_record: Callable[[], SessionRecord | None], factory: SamplerFactory | None = None,
-                 cache_size: int = 8) -> None:
+                 cache_size: int = 8, current_seed: Callable[[], int | None] | None = None) -> None:
         self._current_record = current_record
+        self._current_seed = current_seed or (lambda: None)
         self._factory = factory or SdkSamplerFactory()
         self._cache: OrderedDict[tuple, Any] = OrderedDict()
         self._lock = threading.Lock()
@@ -133,4 +167,11 @@ class SessionSamplerBackend:
     async def generate(self, *, prompt_ids: list[int], sampling_params: dict, session_id: str | None = None,
                        image_data: Any = None, video_data: Any = None) -> TurnRecord:
         backend = self.backend_for(self._record(session_id))
-        return await backend.generate(prompt_ids=prompt_ids, sampling_params=sampling_params, session_id=session_id)
+        seed = self._current_seed()
+        if seed is not None:
+            sampling_params = {**sampling_params, "seed": seed}
+        token = _TURN_SEED.set(seed)
+        try:
+            return await backend.generate(prompt_ids=prompt_ids, sampling_params=sampling_params, session_id=session_id)
+        finally:
+            _TURN_SEED.reset(token)

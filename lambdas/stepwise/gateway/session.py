@@ -35,6 +35,7 @@ class SessionRecord(BaseModel):
     ``max_total_tokens`` of ``0`` disable the turn cap / sampled-token budget.
     ``chat_template_kwargs`` (optional, an extension of the contract) reaches
     ``HfTemplateRenderer(chat_template_kwargs=...)`` like the reference config's field.
+    ``sampling_seed`` (optional) seeds every turn's sample (see :func:`turn_index`).
     """
 
     model_config = ConfigDict(extra="allow")
@@ -56,6 +57,9 @@ class SessionRecord(BaseModel):
     deadline: float = 0.0
     closed: bool = False
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    #: The rollout's seed (`stepwise.core.seeding.rollout_seed`); each turn samples with
+    #: `turn_seed(sampling_seed, turn index)`. None = unseeded samples.
+    sampling_seed: int | None = None
 
     def resolved_tokenizer_prefix(self) -> str:
         """The S3 prefix of the run's cached tokenizer (``runs/{run_id}/tokenizer/`` by default)."""
@@ -108,6 +112,21 @@ def usage_from_keys(keys: list[str]) -> TurnUsage:
         turns += 1
         tokens += int(m.group("out") or 0)
     return TurnUsage(turns=turns, output_tokens=tokens)
+
+
+def turn_index(usage: TurnUsage, body: dict[str, Any]) -> int:
+    """The 0-based index of the turn a request asks for, for its sampler seed.
+
+    The larger of the session's persisted turns (right for an agent that sends a fresh context
+    each call) and the assistant messages already in the request (right for a linear history,
+    even when the previous turn's object lands a few ms after a streaming client read its end,
+    docs/internals.md). Sequential turns of one rollout so get 0, 1, 2, ... whatever the timing;
+    concurrent sub-agent turns of one session may share an index.
+    """
+    messages = body.get("messages")
+    prior = sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant") \
+        if isinstance(messages, list) else 0
+    return max(usage.turns, prior)
 
 
 def refusal(record: SessionRecord, *, sid: str, now: float) -> str | None:

@@ -88,8 +88,15 @@ def start_marker_key(run_id: str, batch: BatchRef, i: int) -> str:
     return batch_prefix(run_id, batch.step, batch.generation_batch, batch.kind) + f"starts/{i}.json"
 
 
-def session_record(cfg: Any, state: Any, batch: BatchRef, sid: str, input_id: str) -> dict[str, Any]:
-    """The gateway session record (docs/internals.md), plus ``input_id`` and ``chat_template_kwargs``."""
+def session_record(cfg: Any, state: Any, batch: BatchRef, sid: str, input_id: str, index: int) -> dict[str, Any]:
+    """The gateway session record (docs/internals.md), plus ``input_id`` and ``chat_template_kwargs``.
+
+    ``index`` is the rollout's item index in the batch; with the config's ``seed`` and the batch it
+    fixes ``sampling_seed`` (`stepwise.core.seeding.rollout_seed`), from which the gateway seeds
+    each turn's sample.
+    """
+    from stepwise.core.seeding import rollout_seed
+
     sampling = cfg.eval_sampling_defaults if batch.kind == "eval" else cfg.sampling_defaults
     return {
         "sid": sid,
@@ -108,6 +115,8 @@ def session_record(cfg: Any, state: Any, batch: BatchRef, sid: str, input_id: st
         "max_context_tokens": cfg.max_context_tokens,
         "max_turns": cfg.max_turns_per_rollout,
         "max_total_tokens": cfg.max_tokens_per_rollout,
+        "sampling_seed": rollout_seed(cfg.seed, kind=batch.kind, step=batch.step,
+                                      generation_batch=batch.generation_batch, index=index),
         "started_at": now(),
         "deadline": now() + batch.timeout_seconds + SESSION_GRACE_S,
         "closed": False,
@@ -171,7 +180,7 @@ def start(event: StartEvent) -> dict[str, Any]:
     rs.put_json(task_token_key(run.run_id, sid), {"task_token": event.task_token, "created_at": now()}, bulk=True)
     rs.put_json(start_marker_key(run.run_id, batch, item.i), {"sid": sid, "input_id": item.input_id, "started_at": now()},
                 bulk=True)
-    record = session_record(cfg, state, batch, sid, item.input_id)
+    record = session_record(cfg, state, batch, sid, item.input_id, item.i)
     rs.put_json(session_key(sid), record)
     payload = _prompts(rs.bucket, prompts_key(run.run_id, batch.step, batch.generation_batch, batch.kind))[item.input_id]
     body = rollout_payload(payload, run_id=run.run_id, input_id=item.input_id, bucket=rs.bucket, sid=sid,
