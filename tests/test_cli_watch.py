@@ -83,6 +83,21 @@ def test_watch_once_prints_the_current_view(moto_dep, capsys):
     assert "see `stepwise runs`" in capsys.readouterr().err
 
 
+def test_watch_prints_a_tracking_failure_of_a_step(moto_dep, capsys):
+    from stepwise import tracking
+
+    arn = moto_dep.sfn.start_execution(stateMachineArn=moto_dep.state_machine_arn, name="t", input="{}")["executionArn"]
+    _seed(moto_dep, "t", arn, step=3)
+    text = "MLflow tracking to arn:aws:sagemaker:us-east-1:123456789012:mlflow-tracking-server/x failed at train step 1: " \
+           "RestException: PERMISSION_DENIED"
+    moto_dep.put_json("runs/t/steps/1/summary.json", {"step": 1, **SUMMARIES[1], tracking.WARNING_KEY: text})
+    assert main(["watch", "t", "--once", *moto_dep.flags]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    row = next(i for i, x in enumerate(lines) if x[:5].strip() == "1")
+    assert lines[row + 1] == f"  warning: {text}"
+    assert sum("warning:" in x for x in lines) == 1
+
+
 def test_step_line_without_config_or_timings():
     line = step_line(7, {"sampler/mean_reward": 0.5, "sampling/kept_groups": 3.0}, None, 12.25)
     assert line.split() == ["7", "0.500", "3", "-", "-", "12.2"] + ["-"] * 9  # no behaviour metrics: dashes

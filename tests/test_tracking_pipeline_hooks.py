@@ -58,6 +58,25 @@ def test_write_summary_lands_in_s3_and_mlflow(run):
     assert [(m.step, m.value) for m in client.get_metric_history(mlflow_id, "eval/accuracy")] == [(1, 0.5)]
 
 
+def test_a_tracking_failure_is_a_warning_in_the_summary_not_a_silent_gap(run, tmp_path):
+    cfg, s3 = run
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("MLflow cannot make its store under a file")
+    broken = cfg.model_copy(update={"mlflow_tracking_uri": f"file:{blocker / 'mlruns'}"})
+    s3.put_object(Bucket=BUCKET, Key=config_key("run-8"), Body=broken.model_dump_json())
+
+    _common.write_summary("run-8", 3, {"step": 3, "sampler/mean_reward": 0.5, "decision": "train"})  # does not raise
+
+    body = json.loads(s3.get_object(Bucket=BUCKET, Key=summary_key("run-8", 3))["Body"].read())
+    assert body["sampler/mean_reward"] == 0.5
+    warning = body[tracking.WARNING_KEY]
+    assert warning.startswith(f"MLflow tracking to {broken.mlflow_tracking_uri} failed at train step 3: ")
+    assert tracking.WARNING_KEY not in tracking.numeric_metrics(body)  # never logged as a metric
+    # a working store: no warning key at all
+    _common.write_summary("run-7", 3, {"step": 3, "sampler/mean_reward": 0.5})
+    assert tracking.WARNING_KEY not in json.loads(s3.get_object(Bucket=BUCKET, Key=summary_key("run-7", 3))["Body"].read())
+
+
 @pytest.mark.parametrize(("reason", "status"), [
     ("finished", "FINISHED"),
     ("execution ABORTED", "KILLED"),

@@ -14,7 +14,9 @@ summaries' own slash-namespaced names are the metric keys (``sampler/mean_reward
 
 Uses `mlflow.tracking.MlflowClient` only (not the fluent API, whose global active run does not
 belong in a shared Lambda container); ``mlflow`` is imported only when tracking is on.
-Tracking never fails a run: errors are logged and swallowed unless ``strict=True``.
+Tracking never fails a run, but a failure is never silent: `summary_warning` returns it as text,
+which ``handlers._common.write_summary`` stores in the step or eval summary under
+:data:`WARNING_KEY` (and ``stepwise watch`` prints); the other hooks log it.
 
 Hooks (the pipeline calls them where it writes summaries):
 ``log_step_metrics(cfg, run_id, step, summary)`` after ``steps/{step}/summary.json`` is written or
@@ -35,6 +37,8 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 RUN_ID_TAG = "stepwise.run_id"
+#: Summary key of a tracking failure's text (a string, so never logged as a metric).
+WARNING_KEY = "warning/tracking"
 #: MLflow limits (mlflow/utils/validation.py): params per log_batch, metrics per log_batch, param value length.
 MAX_PARAMS_PER_BATCH = 100
 MAX_METRICS_PER_BATCH = 1000
@@ -153,6 +157,21 @@ def log_step_metrics(cfg: Any, run_id: str, step: int, summary: Mapping[str, Any
             raise
         log.warning("MLflow tracking failed for run %s %s step %s: %s", run_id, kind, step, e)
         return None
+
+
+def summary_warning(cfg: Any, run_id: str, step: int, summary: Mapping[str, Any], *, kind: str = "train") -> str | None:
+    """Log a summary like `log_step_metrics`; a failure comes back as one line of text, else None.
+
+    The text names the tracking URI and the error (``MLflow tracking to URI failed at train step 3:
+    RestException: PERMISSION_DENIED ...``): an IAM grant that is missing, a server that is down.
+    """
+    try:
+        log_step_metrics(cfg, run_id, step, summary, kind=kind, strict=True)
+        return None
+    except Exception as e:
+        text = f"MLflow tracking to {cfg.mlflow_tracking_uri} failed at {kind} step {step}: {type(e).__name__}: {e}"
+        log.warning("%s", text[:2000])
+        return text[:1000]
 
 
 def finish_run(cfg: Any, run_id: str, status: str = "FINISHED", *, strict: bool = False) -> str | None:

@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from stepwise import tracking
 from stepwise.commands._runs import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -256,6 +257,7 @@ class Watcher:
         self._status_line = ""
         self._printed_header = False
         self._seen: set[tuple[str, int]] = set()
+        self._warned: set[tuple[str, int, str]] = set()
 
     def _print(self, text: str) -> None:
         print(text, file=self.out, flush=True)
@@ -267,6 +269,7 @@ class Watcher:
         changed = self.cache.refresh(self.dep.s3, self.dep.bucket)
         for kind, step in changed:
             if (kind, step) in self._seen:
+                self._warn(kind, step)  # a summary extended later (Rebind) may bring its own
                 continue
             if kind == "steps":
                 if not self._printed_header:
@@ -278,6 +281,7 @@ class Watcher:
             else:
                 self._print(eval_line(step, self.cache.evals[step]))
             self._seen.add((kind, step))
+            self._warn(kind, step)
         if not executions:
             self._status(f"run {self.run_id}: no execution yet")
             return None
@@ -293,6 +297,14 @@ class Watcher:
                 parts.append(f"stop reason: {state['stop_reason']}")
         self._status(" | ".join(parts))
         return desc
+
+    def _warn(self, kind: str, step: int) -> None:
+        """Print a summary's tracking failure (``tracking.WARNING_KEY``) once, under its line."""
+        summary = (self.cache.steps if kind == "steps" else self.cache.evals).get(step, {})
+        warning = summary.get(tracking.WARNING_KEY)
+        if warning and (kind, step, warning) not in self._warned:
+            self._warned.add((kind, step, warning))
+            self._print(f"  warning: {warning}")
 
     def _status(self, line: str) -> None:
         if line != self._status_line:

@@ -133,17 +133,21 @@ def emit(values: dict[str, float], *, run_id: str, units: dict[str, MetricUnit] 
 
 
 def write_summary(run_id: str, step: int, summary: dict[str, Any], *, kind: str = "train") -> None:
-    """Write a step (``kind="train"``) or eval (``kind="eval"``) summary to S3, then to MLflow.
+    """Publish a step (``kind="train"``) or eval (``kind="eval"``) summary to MLflow, then to S3.
 
-    The one place summaries are published: ``runs/{run_id}/steps/{step}/summary.json`` or
-    ``runs/{run_id}/evals/{step}/summary.json``, then `stepwise.tracking.log_step_metrics`, which
-    does nothing unless the config names an MLflow tracking server and never raises.
+    The one place summaries are published: `stepwise.tracking.summary_warning` (nothing unless
+    the config names an MLflow tracking server; never raises), then
+    ``runs/{run_id}/steps/{step}/summary.json`` or ``runs/{run_id}/evals/{step}/summary.json``,
+    which carries a tracking failure's text under ``tracking.WARNING_KEY`` (``stepwise watch``
+    prints it), so metrics that never reached MLflow are not a silent gap.
     """
     from stepwise import tracking
 
+    warning = tracking.summary_warning(run_config(run_id), run_id, step, summary, kind=kind)
+    if warning:
+        summary = {**summary, tracking.WARNING_KEY: warning}
     key = summary_key(run_id, step) if kind == "train" else eval_summary_key(run_id, step)
     store().put_json(key, summary)
-    tracking.log_step_metrics(run_config(run_id), run_id, step, summary, kind=kind)
 
 
 def now() -> float:
