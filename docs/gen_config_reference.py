@@ -106,7 +106,8 @@ def render() -> str:
         "input of a Step Functions execution). Check one without starting anything: `stepwise validate CONFIG.json",
         "--check-datasets`. Every problem is reported at once; unknown keys are refused (with a suggestion).",
         "Defaults follow the reference loop of `agentcore-rl-toolkit` 0.2.0",
-        "(`backends/experimental/sagemaker/config.py`). YAML files are accepted too.",
+        "(`backends/experimental/sagemaker/config.py`). YAML files are accepted too (YAML 1.2 floats:",
+        "`learning_rate: 1e-5` is a number).",
         "",
         f"Required: {', '.join(f'`{n}`' for n, f in RunConfig.model_fields.items() if f.is_required())}.",
         "",
@@ -121,7 +122,8 @@ def render() -> str:
     lines += ["## VpcConfig", "", "`vpc_config` (optional): the training session's network.", "",
               *table(VpcConfig, list(VpcConfig.model_fields)), ""]
     lines += ["## Reference fields not supported serverless", "",
-              "A config naming one of these is refused with the reason:", "",
+              "A config naming one of these (the reference's `config.yaml.example` does) still loads: the key is",
+              "dropped with a warning giving the reason. `docs/migration.md` maps every reference field to ours.", "",
               "| field | why |", "|---|---|"]
     lines += [f"| `{k}` | {_cell(v)} |" for k, v in DROPPED_FIELDS.items()]
     return "\n".join(lines) + "\n"

@@ -594,11 +594,17 @@ def _session_status(stack: LocalStack, run_id: str) -> str | None:
 
 
 def load_local_config(path: Path) -> dict[str, Any]:
-    """Read the JSON config (RunConfig fields; validated by Init like on AWS, and here first)."""
-    from stepwise.config import load_run_config
+    """Read the JSON or YAML config (RunConfig fields; validated by Init like on AWS, and here first).
 
-    load_run_config(path)  # every problem at once, before anything starts
-    return json.loads(path.read_text())
+    Reference fields that cannot apply serverless are dropped, with a warning on stderr each.
+    """
+    from stepwise.config import drop_unsupported, load_run_config, read_config_file
+
+    warnings: list[str] = []
+    load_run_config(path, warnings=warnings)  # every problem at once, before anything starts
+    for w in warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    return drop_unsupported(read_config_file(path))[0]
 
 
 def run_local(config_path: Path, *, run_id: str | None = None, out_root: Path = DEFAULT_OUT, progress: bool = True,
@@ -832,7 +838,7 @@ def _jsonable(obj: Any) -> Any:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("config", type=Path, help="run config JSON (RunConfig fields), e.g. examples/toy.json")
+    parser.add_argument("config", type=Path, help="run config, JSON or YAML (RunConfig fields), e.g. examples/toy.json")
     parser.add_argument("--run-id", help="run id = execution name (default: CONFIG-STEM-UTCTIME)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="parent of the run folder (default runs-local)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")

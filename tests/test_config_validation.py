@@ -46,12 +46,17 @@ def test_defaults_equal_the_reference_config():
         assert getattr(cfg, name) == getattr(ref, name), name
 
 
-def test_every_dropped_reference_field_is_rejected_with_a_reason():
+def test_every_dropped_reference_field_is_warned_about_with_a_reason_not_refused():
     assert set(DROPPED_FIELDS) == {f.name for f in dataclasses.fields(ReferenceConfig)} - set(RunConfig.model_fields)
-    errs = errors_for(gateway_port=0, history_mode="tree", wandb_project="p")
-    assert any(e.startswith("gateway_port: not supported serverless") for e in errs)
-    assert any(e.startswith("history_mode: not supported serverless") and "(got 'tree')" in e for e in errs)
-    assert len(errs) == 3
+    warnings: list[str] = []
+    assert load_run_config({**VALID, "gateway_port": 0, "history_mode": "tree", "wandb_project": "p"},
+                           warnings=warnings) == load_run_config(VALID)
+    assert any(w.startswith("gateway_port: ignored, the gateway is a Lambda Function URL") for w in warnings)
+    assert any(w.startswith("history_mode: ignored, only 'tree'") and "(got 'tree')" in w for w in warnings)
+    assert len(warnings) == 3
+    # still an error where there is one: the warnings come with the errors
+    errs = errors_for(gateway_port=0, batch_size=0)
+    assert len(errs) == 1 and errs[0].startswith("batch_size")
 
 
 def test_unknown_key_is_rejected_with_a_suggestion():

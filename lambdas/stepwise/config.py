@@ -13,7 +13,10 @@ Reference fields dropped because they cannot apply serverless:
 - ``wandb_project`` / ``wandb_run_name``: metrics go to CloudWatch (EMF) and S3.
 - ``rollout_log_path``: per-rollout records are written under ``runs/{run_id}/steps/``.
 
-A config naming any of these is rejected like any other unknown key, with a note saying why.
+A config naming any of these (the reference's ``config.yaml.example`` does) loads: the key is
+dropped with a warning that gives the reason (`drop_unsupported`). Any other unknown key is refused.
+YAML is read with YAML 1.2's float syntax, so ``learning_rate: 1e-5`` (a string to PyYAML's YAML 1.1
+resolver) is the number 1e-05. docs/migration.md maps every reference field to ours.
 
 Use `load_run_config(obj_or_path)` to get every problem at once as one `ConfigError`.
 """
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import logging
 import math
 import re
 from pathlib import Path
@@ -29,7 +33,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-__all__ = ["RunConfig", "VpcConfig", "ConfigError", "load_run_config", "DROPPED_FIELDS"]
+__all__ = ["RunConfig", "VpcConfig", "ConfigError", "load_run_config", "read_config_file", "drop_unsupported",
+           "DROPPED_FIELDS"]
+
+log = logging.getLogger(__name__)
 
 # Patterns follow botocore's service models (sagemaker CreateTrainingSession shapes) where
 # one exists; they are checks of form only, not of existence.
@@ -51,10 +58,10 @@ MLFLOW_ARN_RE = re.compile(rf"^{_PARTITION}:sagemaker:{_REGION}:\d{{12}}:(?:mlfl
 LOSSES = ("ppo", "importance_sampling", "cispo")
 CLIPPED_LOSSES = ("ppo", "cispo")
 
-# Reference fields that cannot apply serverless -> why (used in the unknown-key error).
+# Reference fields that cannot apply serverless -> why (the warning when a config names one).
 DROPPED_FIELDS: dict[str, str] = {
     "gateway_port": "the gateway is a Lambda Function URL; there is no port to choose",
-    "history_mode": "only 'tree' is supported (turns are replayed per rollout); remove the key",
+    "history_mode": "only 'tree' is supported (turns are replayed per rollout, one record per trajectory-tree leaf)",
     "wandb_project": "metrics go to CloudWatch and S3; W&B is not supported (MLflow is: mlflow_tracking_uri)",
     "wandb_run_name": "metrics go to CloudWatch and S3; W&B is not supported (MLflow is: mlflow_tracking_uri)",
     "rollout_log_path": "rollout records are written to S3 under runs/{run_id}/steps/",
@@ -483,8 +490,6 @@ def _format_error(err: dict[str, Any]) -> str:
     value = err.get("input")
     if kind == "extra_forbidden":
         field = str(err["loc"][-1])
-        if field in DROPPED_FIELDS:
-            return f"{loc}: not supported serverless: {DROPPED_FIELDS[field]} (got {value!r})"
         names = list(RunConfig.model_fields) if len(err["loc"]) == 1 else list(VpcConfig.model_fields)
         close = difflib.get_close_matches(field, names, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
@@ -497,16 +502,44 @@ def _format_error(err: dict[str, Any]) -> str:
     return f"{loc}: {msg} (got {value!r})"
 
 
-def _read_source(path: Path) -> Any:
+#: YAML 1.2's float syntax (PyYAML resolves YAML 1.1, whose floats need a dot: ``1e-5`` would be
+#: the string "1e-5"); the documented PyYAML recipe, added to a SafeLoader subclass only.
+_YAML12_FLOAT = re.compile(r"""^(?:
+     [-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+    |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+    |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+    |[-+]?\.(?:inf|Inf|INF)
+    |\.(?:nan|NaN|NAN))$""", re.X)
+
+
+def _yaml_loader() -> Any:
+    # PyYAML (6.0.4 here) comes with our runtime dependencies: sagemaker-train requires PyYAML>=6,<7
+    # (transformers too); the toolkit's reference loop imports it for its YAML config.
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_implicit_resolver("tag:yaml.org,2002:float", _YAML12_FLOAT, list("-+0123456789."))
+    return Loader
+
+
+def read_config_file(path: str | Path) -> Any:
+    """The parsed content of a JSON or YAML (``.yaml`` / ``.yml``) config file, before validation.
+
+    YAML floats follow YAML 1.2 (``1e-5`` is a number). Raises ConfigError naming the file when it
+    cannot be read or parsed.
+    """
+    path = Path(path)
     try:
         text = path.read_text()
     except OSError as e:
         raise ConfigError([f"(file): cannot read {path}: {e.strerror or e}"], str(path)) from e
     if path.suffix in (".yaml", ".yml"):
-        import yaml  # pyyaml comes with the toolkit; YAML is accepted for the reference's config files
+        import yaml
 
         try:
-            return yaml.safe_load(text)
+            return yaml.load(text, Loader=_yaml_loader())  # noqa: S506 - a SafeLoader subclass
         except yaml.YAMLError as e:
             raise ConfigError([f"(file): not valid YAML: {e}"], str(path)) from e
     try:
@@ -515,8 +548,27 @@ def _read_source(path: Path) -> Any:
         raise ConfigError([f"(file): not valid JSON at line {e.lineno} column {e.colno}: {e.msg}"], str(path)) from e
 
 
-def load_run_config(obj_or_path: RunConfig | dict[str, Any] | str | Path) -> RunConfig:
+def drop_unsupported(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """``(raw without the reference fields that cannot apply serverless, one warning per dropped key)``.
+
+    Each warning reads ``"FIELD: ignored, REASON (got VALUE)"`` (`DROPPED_FIELDS`). A config that sets
+    DAPO's ``max_num_gen_batches`` but no ``algorithm`` (the reference selects DAPO by running
+    ``train_dapo.py``) also gets a warning that it trains GRPO unless ``algorithm: dapo`` is set.
+    """
+    out = {k: v for k, v in raw.items() if k not in DROPPED_FIELDS}
+    warnings = [f"{k}: ignored, {DROPPED_FIELDS[k]} (got {v!r})" for k, v in raw.items() if k in DROPPED_FIELDS]
+    if "max_num_gen_batches" in raw and "algorithm" not in raw:
+        warnings.append("max_num_gen_batches: applies to algorithm 'dapo' only, and algorithm defaults to 'grpo' "
+                        "(the reference picks DAPO by running train_dapo.py); set algorithm: dapo to use it")
+    return out, warnings
+
+
+def load_run_config(obj_or_path: RunConfig | dict[str, Any] | str | Path, *,
+                    warnings: list[str] | None = None) -> RunConfig:
     """Validate a run config from a dict, a `RunConfig`, or a JSON/YAML file path.
+
+    Reference fields that cannot apply serverless are dropped (`drop_unsupported`); their
+    warnings are appended to ``warnings`` when a list is given, else logged.
 
     Raises:
         ConfigError: listing every problem found (not just the first), each as
@@ -528,9 +580,15 @@ def load_run_config(obj_or_path: RunConfig | dict[str, Any] | str | Path) -> Run
     raw: Any = obj_or_path
     if isinstance(obj_or_path, (str, Path)):
         source = str(obj_or_path)
-        raw = _read_source(Path(obj_or_path))
+        raw = read_config_file(obj_or_path)
     if not isinstance(raw, dict):
         raise ConfigError([f"(config): must be a JSON object of fields (got {type(raw).__name__})"], source)
+    raw, dropped = drop_unsupported(raw)
+    if warnings is not None:
+        warnings.extend(dropped)
+    else:
+        for w in dropped:
+            log.warning("run config%s: %s", f" {source}" if source else "", w)
     try:
         return RunConfig.model_validate(raw)
     except ValidationError as e:

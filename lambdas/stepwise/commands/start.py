@@ -1,6 +1,7 @@
 """`stepwise start CONFIG.json [--run-id ID] [--resume]`: validate, upload local data, start the run.
 
-1. The config is validated (`stepwise.config.load_run_config`) and its datasets checked
+1. The config (JSON or YAML, e.g. the reference loop's ``config.yaml``: the fields that cannot apply
+   serverless are dropped with a warning) is validated (`stepwise.config.load_run_config`) and its datasets checked
    (`stepwise.datasets.check_dataset`: readable, a ``payload`` on every row, >= ``batch_size``
    train rows) -- the checks Init repeats before it creates a billed training session.
 2. Local files are uploaded to the stack's bucket and the config rewritten to point at them:
@@ -98,12 +99,14 @@ def upload_inputs(raw: dict[str, Any], *, s3: Any, bucket: str, run_id: str) -> 
 
 
 def _read_raw(path: str) -> dict[str, Any]:
-    from stepwise.config import _read_source
+    """The config file's fields (JSON or YAML), without the reference fields that cannot apply
+    serverless (`stepwise.config.drop_unsupported`: warned about by the validation before)."""
+    from stepwise.config import drop_unsupported, read_config_file
 
-    raw = _read_source(Path(path))
+    raw = read_config_file(path)
     if not isinstance(raw, dict):
         raise CommandError(f"{path}: must be a JSON object of fields")
-    return raw
+    return drop_unsupported(raw)[0]
 
 
 def start(args: argparse.Namespace) -> dict[str, Any]:
@@ -116,7 +119,10 @@ def start(args: argparse.Namespace) -> dict[str, Any]:
     from stepwise.commands.validate import check_datasets
     from stepwise.config import ConfigError, load_run_config
 
-    cfg = load_run_config(args.config)
+    warnings: list[str] = []
+    cfg = load_run_config(args.config, warnings=warnings)
+    for w in warnings:
+        print(f"warning: {w}", file=sys.stderr)
     raw = _read_raw(args.config)
     run_id = validate_run_id(args.run_id or default_run_id(args.config))
     dep = deployment(args)

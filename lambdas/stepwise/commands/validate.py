@@ -1,7 +1,8 @@
 """`stepwise validate CONFIG.json [--check-datasets] [--json]`: check a run config without starting anything.
 
 Prints ``ok`` and a one-screen summary (steps per epoch, rollouts per step, ...), or every
-problem at once and exits 2. ``--check-datasets`` also reads the train (and eval) dataset,
+problem at once and exits 2. JSON or YAML; the reference loop's ``config.yaml`` loads, with a
+warning (on stderr, and under ``warnings`` with ``--json``) for each field that cannot apply serverless. ``--check-datasets`` also reads the train (and eval) dataset,
 local or ``s3://`` (default AWS credentials), requires at least ``batch_size`` train rows, and
 adds the row counts to the summary — the same check Init runs before creating a session.
 """
@@ -47,11 +48,16 @@ def _format_summary(summary: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    warnings: list[str] = []
     try:
-        cfg = load_run_config(args.config)
+        cfg = load_run_config(args.config, warnings=warnings)
     except ConfigError as e:
+        for w in warnings:
+            print(f"warning: {w}", file=sys.stderr)
         print(str(e), file=sys.stderr)
         return EXIT_INVALID
+    for w in warnings:
+        print(f"warning: {w}", file=sys.stderr)
     train_rows: int | None = None
     if args.check_datasets:
         rows, errors = check_datasets(cfg)
@@ -64,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         eval_rows = rows["eval_dataset_path"]
         summary["eval_prompts"] = min(eval_rows, cfg.eval_max_prompts) if cfg.eval_max_prompts > 0 else eval_rows
     if args.json:
-        print(json.dumps({"ok": True, "summary": summary}, indent=2))
+        print(json.dumps({"ok": True, "warnings": warnings, "summary": summary}, indent=2))
     else:
         print(f"ok: {args.config}")
         print(_format_summary(summary))
