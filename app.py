@@ -3,7 +3,8 @@
 
 Context values (``-c key=value``; all optional, see docs/deploy.md and ``infra.settings``):
 stackName, agentRuntimeArns, sagemakerRoleArns, agentRoleArns, notificationTopicArn,
-bulkRetentionDays, stallMinutes, rolloutFailureRateAlarm, logRetentionDays, destroyOnDelete.
+bulkRetentionDays, stallMinutes, rolloutFailureRateAlarm, logRetentionDays, destroyOnDelete,
+dataBuckets, kmsKeyArn, mlflowTrackingServerArns, gatewayReservedConcurrency.
 """
 
 from __future__ import annotations

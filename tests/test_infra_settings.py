@@ -65,6 +65,21 @@ def test_data_buckets_kms_key_tracking_servers_and_gateway_concurrency():
     assert settings().gateway_reserved_concurrency is None and settings().data_buckets == ()
 
 
+def test_every_context_key_is_documented_in_deploy_md_and_app_py():
+    from pathlib import Path
+
+    asked: list[str] = []
+    StackSettings.from_context(lambda key: asked.append(key))
+    root = Path(__file__).resolve().parents[1]
+    table = {line.split("|")[1].strip().strip("`") for line in (root / "docs" / "deploy.md").read_text().splitlines()
+             if line.startswith("| `")}
+    app_doc = (root / "app.py").read_text().split('"""')[1]
+    asked.append("stackName")  # read by app.py itself
+    assert len(asked) >= 14
+    assert [k for k in asked if k not in table] == []
+    assert [k for k in asked if k not in app_doc] == []
+
+
 def re_escape(s: str) -> str:
     import re
 
