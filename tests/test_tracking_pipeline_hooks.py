@@ -41,7 +41,9 @@ def run(tmp_path, monkeypatch):
 
 def test_write_summary_lands_in_s3_and_mlflow(run):
     cfg, s3 = run
-    _common.write_summary("run-7", 0, {"step": 0, "sampler/mean_reward": 0.25, "decision": "train"})
+    _common.write_summary("run-7", 0, {"step": 0, "eval/accuracy": 0.125, "eval/n": 10}, kind="eval")  # baseline
+    _common.write_summary("run-7", 0, {"step": 0, "sampler/mean_reward": 0.25, "decision": "train",
+                                       "behaviour/turns_per_rollout": 1.5, "rollouts/num_timeout": 1.0})
     _common.write_summary("run-7", 1, {"step": 1, "sampler/mean_reward": 0.75, "decision": "train"})
     _common.write_summary("run-7", 1, {"step": 1, "eval/accuracy": 0.5, "eval/n": 10}, kind="eval")
 
@@ -55,7 +57,10 @@ def test_write_summary_lands_in_s3_and_mlflow(run):
     mlflow_id = tracking.mlflow_run_id(cfg, "run-7", client=client)
     rewards = sorted((m.step, m.value) for m in client.get_metric_history(mlflow_id, "sampler/mean_reward"))
     assert rewards == [(0, 0.25), (1, 0.75)]
-    assert [(m.step, m.value) for m in client.get_metric_history(mlflow_id, "eval/accuracy")] == [(1, 0.5)]
+    assert sorted((m.step, m.value) for m in client.get_metric_history(mlflow_id, "eval/accuracy")) == [
+        (0, 0.125), (1, 0.5)]  # the eval before training is the curve's first point
+    for key, value in (("behaviour/turns_per_rollout", 1.5), ("rollouts/num_timeout", 1.0)):
+        assert [(m.step, m.value) for m in client.get_metric_history(mlflow_id, key)] == [(0, value)]
 
 
 def test_a_tracking_failure_is_a_warning_in_the_summary_not_a_silent_gap(run, tmp_path):
