@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 CONFIG ?= examples/toy.json
 
-.PHONY: run test install-local install-dev clean
+.PHONY: run test image-rehearsal install-local install-dev clean
 
 $(VENV)/bin/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,11 @@ run: $(VENV)/.local-installed
 
 test: $(VENV)/.dev-installed $(TOOLS)
 	$(PY) -m pytest
+
+# The Lambda images without Docker: the lock installed for CPython 3.13 manylinux_2_34 and run
+# by pyenv's python3.13 against moto + the simulator (docs/deploy.md, "Lambda images").
+image-rehearsal: $(VENV)/.dev-installed
+	$(PY) scripts/image_rehearsal.py
 
 clean:
 	rm -rf $(VENV) runs-local cdk.out tools/node_modules

@@ -30,7 +30,11 @@ def manylinux_platforms(glibc_minor: int = GLIBC_MINOR, arch: str = ARCH) -> lis
     """The manylinux platform tags a native pip on glibc ``2.<glibc_minor>`` accepts, in its order
     of preference (packaging's ``_manylinux.platform_tags``: newest first, each legacy alias right
     after the glibc it stands for). Passed to pip as ``--platform`` so a cross-resolution picks
-    the same wheel file, hence the same hash, as the image's own pip."""
+    the same wheel file, hence the same hash, as the image's own pip. (pip also expands
+    ``manylinux2014`` into ``manylinux2010`` and ``manylinux1`` right after it, so its order
+    differs from a native pip's only between those two aliases and ``manylinux_2_5`` ..
+    ``manylinux_2_16``; a release with files for both would make the image's ``--require-hashes``
+    install fail loudly, never install another file.)"""
     aliases = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
     out = []
     for minor in range(glibc_minor, 4, -1):
@@ -38,6 +42,17 @@ def manylinux_platforms(glibc_minor: int = GLIBC_MINOR, arch: str = ARCH) -> lis
         if minor in aliases:
             out.append(f"{aliases[minor]}_{arch}")
     return out
+
+
+def supported_tags() -> set:
+    """Every wheel tag (``packaging.tags.Tag``) the image's pip accepts: CPython 3.13 with the
+    cp313 ABI (and abi3/none), on ``manylinux_platforms()`` or any platform for pure wheels."""
+    from packaging import tags
+
+    version = tuple(int(x) for x in PYTHON_VERSION.split("."))
+    platforms = manylinux_platforms()
+    return set(tags.cpython_tags(version, abis=[ABI], platforms=platforms)) | set(
+        tags.compatible_tags(version, interpreter=ABI, platforms=platforms))
 
 
 def target_args() -> list[str]:

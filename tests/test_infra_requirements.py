@@ -149,3 +149,35 @@ def test_every_third_party_module_the_lambdas_can_import_is_installed_by_the_ima
                 missing.setdefault(top, set()).add(str(path.relative_to(ROOT)))
     assert len(seen) > len(roots), "the import walk found no modules"
     assert not missing, f"reachable from a Lambda entry point but not installed by lambdas/requirements.lock: {missing}"
+
+
+def test_platform_order_is_a_native_pips_on_amazon_linux_2023(monkeypatch):
+    """The ``--platform`` list equals what pip's own packaging yields on glibc 2.34 x86_64, so the
+    cross-resolution picks the wheel file (and hash) the image's pip picks."""
+    from pip._vendor.packaging import _manylinux
+
+    from infra.image_platform import GLIBC_MINOR, manylinux_platforms
+
+    monkeypatch.setattr(_manylinux, "_get_glibc_version", lambda: (2, GLIBC_MINOR))
+    monkeypatch.setattr(_manylinux, "_is_compatible", lambda arch, version: True)
+    native = [p for p in _manylinux.platform_tags(["x86_64"]) if p.startswith("manylinux")]
+    assert manylinux_platforms() == native
+
+
+def test_every_locked_wheel_is_for_the_image_platform():
+    from packaging.tags import Tag
+    from packaging.utils import parse_wheel_filename
+
+    from infra.image_platform import supported_tags
+
+    ok = supported_tags()
+    assert Tag("cp313", "cp313", "manylinux_2_28_x86_64") in ok
+    assert Tag("cp313", "cp313", "manylinux_2_35_x86_64") not in ok  # newer glibc than AL2023's
+    assert Tag("cp312", "cp312", "manylinux_2_28_x86_64") not in ok
+    files = re.findall(r"^# (\S+\.whl)$", LOCK.read_text(), re.M)
+    pins = _lock()
+    assert len(files) == len(pins)
+    for name in files:
+        dist, version, _, tags = parse_wheel_filename(name)
+        assert pins[normalize(dist)][0] == str(version), name
+        assert set(tags) & ok, f"{name} does not install on CPython {PYTHON_VERSION} manylinux_2_34 x86_64"
