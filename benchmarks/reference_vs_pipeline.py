@@ -133,7 +133,8 @@ def run_pipeline(config_path: Path, *, steps: int, out: Path, evals: bool = Fals
     from local.run import run_local
 
     cfg = json.loads(config_path.read_text())
-    overrides: dict[str, Any] = {"max_prompts": steps * int(cfg["batch_size"])}
+    # the reference loop has no baseline eval before training: compare like with like
+    overrides: dict[str, Any] = {"max_prompts": steps * int(cfg["batch_size"]), "eval_before_train": False}
     if not evals:
         overrides.update(eval_every=10_000, save_every=10_000)
     res = run_local(config_path, run_id=f"bench-pipeline-{int(time.time())}", out_root=out, progress=False,
