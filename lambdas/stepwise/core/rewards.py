@@ -17,22 +17,61 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["extract_reward", "reward_metrics"]
+__all__ = ["agent_failure", "extract_reward", "preview", "reward_metrics"]
+
+
+def preview(value: Any, limit: int = 80) -> str:
+    """``str(value)`` cut to ``limit`` characters, for logs and causes; never raises (a value nested
+    too deeply for ``str``, or an int too long to print, gets a placeholder)."""
+    try:
+        text = value if isinstance(value, str) else str(value)
+    except (RecursionError, ValueError, MemoryError):
+        text = f"<{type(value).__name__} too deep or too long to print>"
+    return text[:limit]
+
+
+def _status_code_failed(result: dict[str, Any]) -> bool:
+    # Same rule as the toolkit's agentcore_s3_session.status_error: absent or == 200 is success.
+    status_code = result.get("status_code")
+    try:
+        return not (status_code is None or status_code == 200)
+    except RecursionError:  # == on a nested value never recurses today; keep "never raises" anyway
+        return True
+
+
+def agent_failure(result: Any) -> dict[str, str] | None:
+    """The failure an agent's result reports about itself, or ``None`` when it reports success.
+
+    ``@app.rollout_entrypoint`` saves a result whether the agent's function returned or raised; a
+    raised exception (including the OpenAI/Anthropic client's error when every LLM call was
+    refused) is saved with ``status_code`` 500 and ``str(exception)`` as ``stop_reason``
+    (`agentcore_rl_toolkit/app.py` ``rollout_background_task``). Such a rollout *failed*: its
+    ``rewards``, if any, describe nothing.
+
+    Returns:
+        ``{"error": "AgentError", "status_code": str, "cause": stop_reason}`` (strings, the cause cut
+        to 1,000 characters) when ``result`` is a dict whose ``status_code`` is present and not 200
+        (the toolkit's ``status_error`` rule); else ``None``. Never raises.
+    """
+    if not isinstance(result, dict) or not _status_code_failed(result):
+        return None
+    return {"error": "AgentError", "status_code": preview(result.get("status_code"), 40),
+            "cause": preview(result.get("stop_reason", "unknown"), 1000)}
 
 
 def _status_error(result: dict[str, Any]) -> str | None:
-    # Same rule as the toolkit's agentcore_s3_session.status_error.
-    status_code = result.get("status_code")
-    if status_code is None or status_code == 200:
+    # The toolkit's status_error wording, for the reward reason.
+    failure = agent_failure(result)
+    if failure is None:
         return None
-    return f"agent returned status_code={status_code}: {result.get('stop_reason', 'unknown')}"
+    return f"agent returned status_code={failure['status_code']}: {failure['cause']}"
 
 
 def _as_float(value: Any, field: str) -> tuple[float | None, str | None]:
     try:
         reward = float(value)
-    except (TypeError, ValueError):
-        return None, f"non-numeric {field}: {str(value)[:80]!r}"
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an int beyond float's range
+        return None, f"non-numeric {field}: {preview(value)!r}"
     if not math.isfinite(reward):
         return None, f"non-finite {field}: {reward}"
     return reward, None
@@ -49,7 +88,8 @@ def extract_reward(result: dict[str, Any] | None) -> tuple[float, str | None]:
         ``(reward, reason)``. ``reward`` is ``rewards`` (scalar, or the last element of a
         list), else ``reward``; it is 0.0 with a reason when the result is missing, not a
         dict, reports a non-200 ``status_code``, has neither key, an empty ``rewards`` list
-        and no ``reward``, or a non-numeric / NaN / infinite value. Never raises.
+        and no ``reward``, or a non-numeric / NaN / infinite / out-of-float-range value.
+        Never raises, whatever JSON value ``result`` is (property-tested with hypothesis).
     """
     if result is None:
         return 0.0, "no result (rollout failed or timed out)"

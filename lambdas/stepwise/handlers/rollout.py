@@ -272,7 +272,7 @@ def _close_session(rs: Any, sid: str) -> dict[str, Any] | None:
 def finish(event: FinishEvent) -> dict[str, Any]:
     from stepwise.core.behaviour import rollout_behaviour
     from stepwise.core.replay import record_to_json, replay_turns
-    from stepwise.core.rewards import extract_reward
+    from stepwise.core.rewards import agent_failure, extract_reward, preview
 
     rs = store()
     run, batch, item = event.run, event.batch, event.item
@@ -289,18 +289,25 @@ def finish(event: FinishEvent) -> dict[str, Any]:
     elif event.result is not None:
         key = event.result.get("result_key") or result_key(run.run_id, item.input_id, sid)
         try:
-            result_obj = rs.get_json_or(key)
-        except ValueError as e:  # not JSON: the agent's fault, scored 0.0 like any bad result (never raised)
-            status, error = "error", {"error": "MalformedResult", "cause": f"{key}: {e}"[:1000]}
+            result_obj = rs.get_json(key)
+        except KeyError:
+            status, error = "error", {"error": "ResultMissing", "cause": "the result object was not found",
+                                      "result_key": key}
+        except (ValueError, RecursionError) as e:
+            # Not JSON, not UTF-8, or nested too deep: the agent's fault, scored 0.0 like any bad result,
+            # never raised. The key stays out of the cause, so a run's failure counts rollouts by cause.
+            status, error = "error", {"error": "MalformedResult", "cause": preview(e, 1000), "result_key": key}
         else:
-            if result_obj is None:
-                status, error = "error", {"error": "ResultMissing", "cause": "the result object was not found"}
-            elif not isinstance(result_obj, dict):
-                status, error = "error", {"error": "MalformedResult", "cause": f"{key}: not a JSON object"}
+            if not isinstance(result_obj, dict):
+                status, error = "error", {"error": "MalformedResult", "result_key": key,
+                                          "cause": f"not a JSON object (got {type(result_obj).__name__})"}
                 result_obj = None
+            elif (failure := agent_failure(result_obj)) is not None:
+                # The toolkit saved the agent's exception (status_code 500): a failed rollout, not a zero reward.
+                status, error = "error", failure
     reward, reason = extract_reward(result_obj if status == "ok" else None)
     if status != "ok":
-        reason = f"{status}: {error['error'] if error else ''}"
+        reason = f"{status}: {error['error']}: {preview(error['cause'], 200)}" if error else status
         logger.warning("rollout did not complete; reward 0.0", extra={"status": status, "error": redact(json.dumps(error), sid)})
     elif reason:
         logger.warning("reward zeroed", extra={"reason": reason})
