@@ -154,15 +154,17 @@ def captured_turn(sid: str, prompt_ids: list[int], output_ids: list[int], logpro
 
 
 def play_rollout(stack: Stack, run_id: str, sid: str, input_id: str, reward: float | None,
-                 output_ids: list[int], prompt_ids: list[int] | None = None) -> str:
-    """What the gateway and the agent leave in S3 for one rollout: one captured turn, then the
-    toolkit's result object (``reward=None`` writes none). Returns the result key."""
+                 output_ids: list[int], prompt_ids: list[int] | None = None, with_turn: bool = True) -> str:
+    """What the gateway and the agent leave in S3 for one rollout: one captured turn (none when
+    ``with_turn`` is false: an agent that never called its LLM), then the toolkit's result object
+    (``reward=None`` writes none). Returns the result key."""
     from stepwise.runstore import result_key, turns_prefix
 
     prompt_ids = prompt_ids or [1, 2, 3, 4]
     turn = captured_turn(sid, prompt_ids, output_ids, [-0.5] * len(output_ids))
-    stack.s3.put_object(Bucket=stack.bucket, Key=f"{turns_prefix(run_id, sid)}{time.time_ns():020d}-{uuid.uuid4().hex}.json",
-                        Body=json.dumps(turn).encode())
+    if with_turn:
+        stack.s3.put_object(Bucket=stack.bucket, Key=f"{turns_prefix(run_id, sid)}{time.time_ns():020d}-{uuid.uuid4().hex}.json",
+                            Body=json.dumps(turn).encode())
     key = result_key(run_id, input_id, sid)
     if reward is not None:
         stack.s3.put_object(Bucket=stack.bucket, Key=key,
@@ -171,8 +173,9 @@ def play_rollout(stack: Stack, run_id: str, sid: str, input_id: str, reward: flo
 
 
 def roll_out_batch(stack: Stack, run_id: str, plan: dict[str, Any], rewards: list[float],
-                   output_ids: list[list[int]] | None = None) -> list[dict[str, Any]]:
-    """Run FinishRollout for every item of a planned batch, as if each agent finished with ``rewards[i]``."""
+                   output_ids: list[list[int]] | None = None, with_turns: list[bool] | None = None) -> list[dict[str, Any]]:
+    """Run FinishRollout for every item of a planned batch, as if each agent finished with ``rewards[i]``
+    (item ``i`` without a captured turn when ``with_turns[i]`` is false)."""
     from stepwise.handlers.rollout import FinishEvent, finish
 
     items = json.loads(stack.s3.get_object(Bucket=stack.bucket, Key=plan["items_key"])["Body"].read())
@@ -180,7 +183,8 @@ def roll_out_batch(stack: Stack, run_id: str, plan: dict[str, Any], rewards: lis
     for item in items:
         sid = str(uuid.uuid4())
         ids = (output_ids or [[10 + item["i"], 11, 12]] * len(items))[item["i"]]
-        key = play_rollout(stack, run_id, sid, item["input_id"], rewards[item["i"]], ids)
+        key = play_rollout(stack, run_id, sid, item["input_id"], rewards[item["i"]], ids,
+                           with_turn=True if with_turns is None else with_turns[item["i"]])
         outs.append(finish(FinishEvent.model_validate({
             "run": run_ref(run_id), "batch": plan["batch"], "item": item,
             "result": {"sid": sid, "result_key": key}, "error": None})))

@@ -126,6 +126,8 @@ BAD_VALUES = [
     ("train_op_timeout", 0, "greater than 0"),
     ("seed", -1, "greater than or equal to 0"),
     ("steps_per_execution", 0, "greater than or equal to 1"),
+    ("max_consecutive_empty_steps", 0, "greater than or equal to 1"),
+    ("max_consecutive_empty_steps", 1001, "less than or equal to 1000"),
     ("dataset_path", "", "required"),
     ("dataset_path", "s3://my-bucket/data/", "must name a file"),
     ("dataset_path", "s3://B/x.parquet", "valid bucket name"),

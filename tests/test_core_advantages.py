@@ -39,7 +39,18 @@ def test_equals_the_reference(rewards):
 
 
 def test_metrics():
-    m = advantage_metrics([compute_grpo_advantages([1, 0, 0, 1]), compute_grpo_advantages([1, 1, 1, 1])])
+    rewards_P = [[1, 0, 0, 1], [1, 1, 1, 1]]
+    m = advantage_metrics([compute_grpo_advantages(r) for r in rewards_P], rewards_P)
     assert m["advantages/zero_groups_fraction"] == 0.5
     assert m["advantages/mean"] == pytest.approx(0.0)
     assert m["advantages/max"] == pytest.approx(1.0, abs=1e-7)
+
+
+def test_zero_groups_fraction_counts_every_all_equal_group_not_only_exact_zeros():
+    # [0.1] * 3 centers to ~1.4e-17, not 0.0: the old count (advantages exactly 0.0) missed it.
+    rewards_P = [[0.1, 0.1, 0.1], [0.7] * 5, [1.0, 0.0], [1 / 3] * 6]
+    advantages_P = [compute_grpo_advantages(r) for r in rewards_P]
+    assert any(abs(a) > 0 for a in advantages_P[0])  # the floating-point residue the metric must see through
+    assert advantage_metrics(advantages_P, rewards_P)["advantages/zero_groups_fraction"] == 3 / 4
+    with pytest.raises(ValueError, match="groups"):
+        advantage_metrics(advantages_P, rewards_P[:2])

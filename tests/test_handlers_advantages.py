@@ -133,3 +133,69 @@ def test_the_step_summary_carries_behaviour_metrics_of_every_rollout(stack):
     assert 0.0 <= m["time/rollout_duration_p50"] <= m["time/rollout_duration_p95"] < 30
     assert (m["sampler/reward_min"], m["sampler/reward_max"]) == (0.0, 1.0)
     assert "advantages/zero_groups_fraction" in m
+
+
+def _grpo_batch(stack: Stack, run_id: str, with_turns: list[bool], rewards: list[float]) -> dict:
+    """Plan the next GRPO batch and finish its rollouts; a rollout without turns is an empty one
+    (the agent returned a reward without calling its LLM: nothing to train on)."""
+    p = plan.plan(RunEvent.model_validate({"run": run_ref(run_id)}))
+    roll_out_batch(stack, run_id, p, rewards, with_turns=with_turns)
+    return p
+
+
+def test_grpo_summaries_count_empty_rollouts_and_every_all_equal_group(stack):
+    run_id = new_run_id()
+    init_run(stack, run_id, stack.config(responses_per_prompt=3))
+    assert wait_ready(run_id)["ready"]
+    # group 0: [0.1] * 3 (all-equal, but centered to ~1e-17, not 0.0); group 1 has one empty rollout
+    p = _grpo_batch(stack, run_id, [True] * 5 + [False], [0.1, 0.1, 0.1, 1.0, 0.0, 0.0])
+    out = advantages.compute(BatchEvent.model_validate({"run": run_ref(run_id), "batch": p["batch"]}))
+    assert out["decision"] == "train"
+    m = RunStore(BUCKET).read_state(run_id)[0].step_metrics
+    assert m["sampling/empty_rollouts"] == 1.0 and m["sampling/kept_groups"] == 2.0  # as DAPO's summaries
+    assert m["sampling/generation_batches"] == 1.0 and m["sampling/filtered_fraction"] == 0.0
+    assert m["advantages/zero_groups_fraction"] == 0.5
+
+
+def test_consecutive_steps_without_a_datum_fail_the_run_naming_what_the_rollouts_reported(stack):
+    run_id = new_run_id()
+    init_run(stack, run_id, stack.config(max_consecutive_empty_steps=2, max_prompts=6))
+    assert wait_ready(run_id)["ready"]
+    rs = RunStore(BUCKET)
+    p = _grpo_batch(stack, run_id, [False] * 4, [1.0, 0.0, 1.0, 0.0])
+    assert advantages.compute(BatchEvent.model_validate({"run": run_ref(run_id), "batch": p["batch"]}))["decision"] == "skip"
+    assert rs.read_state(run_id)[0].empty_steps == 1
+    p = _grpo_batch(stack, run_id, [False] * 4, [1.0, 0.0, 1.0, 0.0])
+    with pytest.raises(advantages.NoTrainingSignal) as e:
+        advantages.compute(BatchEvent.model_validate({"run": run_ref(run_id), "batch": p["batch"]}))
+    assert str(e.value) == ("2 consecutive step(s) (0 to 1) produced no trainable datum (max_consecutive_empty_steps 2); "
+                            "step 1's 4 rollouts: 0 error, 0 timeout, 4 ok; 4 without a captured turn")
+    summary = rs.get_json(f"runs/{run_id}/steps/1/summary.json")  # the operator still sees the step
+    assert summary["decision"] == "skip" and summary["sampling/empty_rollouts"] == 4.0
+
+
+def test_a_batch_of_agent_errors_and_timeouts_fails_the_run_with_the_causes_counted(stack):
+    import uuid
+
+    from stepwise.handlers.rollout import FinishEvent, finish
+    from stepwise.runstore import result_key
+
+    run_id = new_run_id()
+    init_run(stack, run_id, stack.config())
+    assert wait_ready(run_id)["ready"]
+    p = plan.plan(RunEvent.model_validate({"run": run_ref(run_id)}))
+    items = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=p["items_key"])["Body"].read())
+    for item in items[:3]:  # the toolkit's record of an agent that raised (status_code 500)
+        sid = str(uuid.uuid4())
+        key = result_key(run_id, item["input_id"], sid)
+        body = {"status_code": 500, "stop_reason": "Error code: 401 - unknown session", "rewards": 1.0}
+        stack.s3.put_object(Bucket=BUCKET, Key=key, Body=json.dumps(body).encode())
+        finish(FinishEvent.model_validate({"run": run_ref(run_id), "batch": p["batch"], "item": item,
+                                           "result": {"sid": sid, "result_key": key}, "error": None}))
+    finish(FinishEvent.model_validate({"run": run_ref(run_id), "batch": p["batch"], "item": items[3], "result": None,
+                                       "error": {"Error": "States.Timeout", "Cause": ""}}))
+    with pytest.raises(advantages.RolloutsFailed) as e:
+        advantages.compute(BatchEvent.model_validate({"run": run_ref(run_id), "batch": p["batch"]}))
+    assert str(e.value) == ("all 4 rollouts of the train batch of step 0 (generation batch 0) failed: 3 error, 1 timeout, "
+                            "0 ok; 4 without a captured turn; 3 x AgentError: Error code: 401 - unknown session; "
+                            "1 x States.Timeout: ")

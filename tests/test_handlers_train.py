@@ -9,7 +9,6 @@ from pipeline_fixtures import BUCKET, Stack, init_run, new_run_id, roll_out_batc
 
 from stepwise.handlers import advantages, plan, train
 from stepwise.handlers._common import BatchEvent, RunEvent
-from stepwise.handlers.rollout import FinishEvent, finish
 from stepwise.runstore import RunStore
 
 
@@ -98,11 +97,9 @@ def test_checkpoint_planned_by_plan_step_saves_state_once(stack):
     assert wait_ready(run_id)["ready"]
     ev = RunEvent.model_validate({"run": run_ref(run_id)})
     p = plan.plan(ev)
-    items = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=p["items_key"])["Body"].read())
-    for item in items:  # every rollout timed out: reward 0, no trajectories, so no datums
-        out = finish(FinishEvent.model_validate({"run": run_ref(run_id), "batch": p["batch"], "item": item,
-                                                 "result": None, "error": {"Error": "States.Timeout", "Cause": ""}}))
-        assert out["reward"] == 0.0 and out["status"] == "timeout"
+    # every agent answered without calling its LLM: no trajectories, so no datums (a skipped step)
+    outs = roll_out_batch(stack, run_id, p, [1.0, 0.0, 1.0, 0.0], with_turns=[False] * 4)
+    assert [(o["status"], o["records"]) for o in outs] == [("ok", 0)] * 4
     assert advantages.compute(BatchEvent.model_validate({"run": run_ref(run_id), "batch": p["batch"]}))["decision"] == "skip"
     before = stack.sim.counters.get("save_state", 0)
     assert plan.plan(ev)["action"] == "checkpoint"  # epochs done: the final save_state

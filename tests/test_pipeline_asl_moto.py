@@ -54,6 +54,13 @@ def test_a_run_trains_evaluates_continues_as_new_saves_and_stops(local):
     delta = {k: sim.counters.get(k, 0) - before.get(k, 0) for k in ("optim_step", "save_state", "save_weights", "StopTrainingSession")}
     assert delta == {"optim_step": 2, "save_state": 1, "save_weights": 3, "StopTrainingSession": 1}
     assert sim.running_sessions() == []
+    # The execution's output names every checkpoint and the final weights, and how to use them.
+    out = json.loads(second["output"])["stopped"]
+    assert [(c["step"], c["kind"], c["reason"]) for c in out["checkpoints"]] == [(2, "state", "final"), (2, "weights", "weights_at_end")]
+    fields = ("step", "kind", "reason", "model_package_arn")
+    assert out["checkpoints"] == [{k: c[k] for k in fields} for c in state["checkpoints"]]
+    assert out["final_weights"] == {k: state["checkpoints"][1][k] for k in (*fields, "policy_version")}
+    assert out["final_weights"]["model_package_arn"] in out["use_final_weights"] and "deploy it" in out["use_final_weights"]
     assert len(agent.invocations) >= 10  # 2 steps x 4 rollouts + one eval of 2
     ro = agent.invocations[0]["_rollout"]
     assert ro["exp_id"] == f"rollout-results/{run_id}" and ro["api_key"] and ro["sampling_params"]["max_tokens"] == 8
@@ -92,6 +99,7 @@ def test_a_bad_config_fails_the_execution_before_any_session_exists(local):
 
 
 def test_rollouts_that_time_out_score_zero_and_late_results_are_harmless(local):
+    # (every rollout of this run times out, so it also fails the run: RolloutsFailed)
     moto, sim, agent, sm_arn, s3, base, put = local
     sfn = moto.client("stepfunctions")
     run_id = f"asl-timeout-{uuid.uuid4().hex[:6]}"
@@ -103,12 +111,17 @@ def test_rollouts_that_time_out_score_zero_and_late_results_are_harmless(local):
         d = _wait(sfn, arn)
     finally:
         agent.write_results = True
-    assert d["status"] == "SUCCEEDED", d.get("cause")
+    # A batch whose every rollout timed out is a broken agent or result delivery, not a policy to train:
+    # the run fails naming it, the catch-all stops the session, nothing is trained.
+    assert d["status"] == "FAILED" and d["error"] == "RolloutsFailed", d
+    assert "all 4 rollouts of the train batch of step 0" in d["cause"] and "0 error, 4 timeout, 0 ok" in d["cause"]
+    assert "4 x States.Timeout" in d["cause"]
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix=f"runs/{run_id}/steps/0/gen0/rollouts/")["Contents"]]
     records = [json.loads(s3.get_object(Bucket=BUCKET, Key=k)["Body"].read()) for k in keys]
     assert len(records) == 4 and {(r["status"], r["reward"]) for r in records} == {("timeout", 0.0)}
     assert all(r["sid"] for r in records)  # the timeout path still knows which session it closes
-    assert sim.counters.get("optim_step", 0) == before  # nothing to train on: the step was skipped
+    assert sim.counters.get("optim_step", 0) == before
+    assert _state(s3, run_id)["session_stopped"]
     # A result that arrives after its task timed out resumes nothing and breaks nothing.
     late = f"rollout-results/{run_id}/{records[0]['input_id']}/{records[0]['sid']}.json"
     s3.put_object(Bucket=BUCKET, Key=late, Body=json.dumps({"rewards": 1.0}).encode())

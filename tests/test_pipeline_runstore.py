@@ -87,3 +87,17 @@ def test_result_keys_round_trip_and_bad_keys_are_named():
     assert parse_result_key(key) == ("exp=1+a", "s3g0p1", "sid-1")
     with pytest.raises(ValueError, match="expected rollout-results/RUN_ID/INPUT_ID/SID.json"):
         parse_result_key("rollout-results/run/sid.json")
+
+
+def test_final_weights_are_the_weights_saved_at_the_end_else_the_sampler_else_none():
+    from stepwise.runstore import Checkpoint, RunState, final_weights
+
+    state = RunState(run_id="r", owner_execution_arn="e", training_session_name="s", step=5, policy_version=4)
+    assert final_weights(state) is None  # nothing trained: the sampler is the base model
+    state.checkpoints = [Checkpoint(step=5, kind="state", reason="final", model_package_arn="arn:state")]
+    assert final_weights(state) is None  # a save_state checkpoint resumes a run; it is not the weights
+    state.sampler_model_package_arn = "arn:sampler"
+    got = final_weights(state)
+    assert (got.step, got.kind, got.reason, got.model_package_arn, got.policy_version) == (5, "weights", "sampler", "arn:sampler", 4)
+    state.checkpoints.append(Checkpoint(step=5, kind="weights", reason="weights_at_end", model_package_arn="arn:end"))
+    assert final_weights(state).model_package_arn == "arn:end"

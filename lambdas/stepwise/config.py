@@ -212,6 +212,11 @@ class RunConfig(BaseModel):
         "repeat. Data order is file order",
     )
     steps_per_execution: int = Field(20, ge=1, description="continue as a new execution every N steps")
+    max_consecutive_empty_steps: int = Field(
+        3, ge=1, le=1000,
+        description="fail the run after N consecutive steps with no trainable datum (no rollout captured a turn "
+                    "to train on), naming what the rollouts reported, instead of billing steps that train nothing",
+    )
 
     # --- Dataset ---
     dataset_path: str = Field(description="Parquet or JSONL with a 'payload' column/field")

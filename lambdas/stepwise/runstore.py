@@ -217,6 +217,7 @@ class RunState(BaseModel):
     step_cursor_start: int = 0  # cursor at the start of the current step (for DAPO generation batches)
     kept_groups: int = 0
     datum_chunks: list[int] = Field(default_factory=list)  # datums per forward_backward chunk of the step
+    empty_steps: int = 0  # consecutive steps skipped for having no datum (max_consecutive_empty_steps fails the run)
     step_started_at: float | None = None
     step_metrics: dict[str, Any] = Field(default_factory=dict)  # the training step's metrics until its summary is written
     last_decision: dict[str, Any] | None = None  # ComputeAdvantages' last result (retry idempotence)
@@ -235,6 +236,24 @@ class RunState(BaseModel):
     final_weights_done: bool = False
     finished: bool = False
     session_stopped: bool = False
+
+
+def final_weights(state: RunState) -> Checkpoint | None:
+    """The run's final weights, as a ``kind="weights"`` `Checkpoint` (a ``save_weights_for_sampler``
+    model package: LoRA weights without optimizer state, the SDK's deployable kind), or ``None``
+    when no step was trained (the sampler is still the base model).
+
+    The ``save_weights_at_end`` checkpoint when one was saved; else the sampler's current model
+    package, which SubmitTrain saves after every optimizer step (``reason="sampler"``, ``step`` =
+    steps completed, ``policy_version`` = optimizer steps applied).
+    """
+    at_end = [c for c in state.checkpoints if c.kind == "weights" and c.reason == "weights_at_end"]
+    if at_end:
+        return max(at_end, key=lambda c: c.step)
+    if not state.sampler_model_package_arn:
+        return None
+    return Checkpoint(step=state.step, kind="weights", model_package_arn=state.sampler_model_package_arn,
+                      reason="sampler", epoch=state.epoch, policy_version=state.policy_version)
 
 
 class RunStore:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["compute_grpo_advantages", "advantage_metrics"]
+__all__ = ["advantage_metrics", "compute_grpo_advantages", "is_all_equal_group"]
 
 EPS = 1e-8
 
@@ -40,11 +40,21 @@ def compute_grpo_advantages(rewards_G: Sequence[float], eps: float = EPS) -> lis
     return centered.tolist()
 
 
-def advantage_metrics(advantages_P: Sequence[Sequence[float]]) -> dict[str, float]:
-    """Slash-namespaced summary of a step's advantages: mean, std, min, max and the fraction
-    of groups whose advantages are all zero (no learning signal)."""
+def is_all_equal_group(rewards_G: Sequence[float], eps: float = EPS) -> bool:
+    """True when the group carries no learning signal: its rewards' population std is <= ``eps``,
+    the same test `compute_grpo_advantages` uses to skip the scaling. Such a group's advantages are
+    ~0 but not always exactly 0.0 in floating point (``[0.1, 0.1, 0.1]`` centers to ~1e-17)."""
+    return len(rewards_G) == 0 or float(np.asarray(rewards_G, dtype=np.float64).std()) <= eps
+
+
+def advantage_metrics(advantages_P: Sequence[Sequence[float]], rewards_P: Sequence[Sequence[float]]) -> dict[str, float]:
+    """Slash-namespaced summary of a step's advantages: mean, std, min, max and
+    ``advantages/zero_groups_fraction``, the fraction of groups with no learning signal
+    (`is_all_equal_group` of ``rewards_P``, one rewards_G per group, aligned with ``advantages_P``)."""
+    if len(advantages_P) != len(rewards_P):
+        raise ValueError(f"advantages_P has {len(advantages_P)} groups, rewards_P {len(rewards_P)}")
     flat = np.asarray([a for group in advantages_P for a in group], dtype=np.float64)
-    zero_groups = sum(1 for group in advantages_P if not any(abs(a) > 0 for a in group))
+    zero_groups = sum(1 for rewards_G in rewards_P if is_all_equal_group(rewards_G))
     if flat.size == 0:
         return {"advantages/zero_groups_fraction": 0.0}
     return {

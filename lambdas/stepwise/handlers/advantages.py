@@ -20,10 +20,12 @@ RecordEval: mean reward of an eval batch -> ``eval/accuracy`` (reference ``run_e
 
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass, field
 from typing import Any
 
 from stepwise import training
+from stepwise.core.rewards import preview
 from stepwise.handlers._common import (
     BatchEvent,
     BatchRef,
@@ -43,16 +45,52 @@ class BatchMismatch(RuntimeError):
 
 
 class RolloutsFailed(RuntimeError):
-    """Every rollout of a generation batch failed to run (not timed out, not zero-reward: failed),
-    which is a broken agent, ARN or permission rather than a policy to train: fail the run."""
+    """Every rollout of a generation batch failed to run (status ``error`` or ``timeout``: not a zero
+    reward, a rollout that did not complete), which is a broken agent, ARN, permission or result
+    delivery rather than a policy to train: fail the run (the catch-all stops the session)."""
 
 
-def check_not_all_failed(rollouts: list[dict[str, Any]]) -> None:
-    """Raise RolloutsFailed when every rollout has status "error", naming the first cause."""
-    if rollouts and all(r.get("status") == "error" for r in rollouts):
-        err = rollouts[0].get("error") or {}
+class NoTrainingSignal(RuntimeError):
+    """``max_consecutive_empty_steps`` steps in a row produced no trainable datum (no rollout
+    captured a turn with a loss-mask token): the agent does not reach the gateway, or its LLM calls
+    are all refused. Fail the run instead of billing the session for steps that train nothing."""
+
+
+#: How many distinct causes a failure message names.
+TOP_CAUSES = 3
+
+
+def rollout_report(rollouts: list[dict[str, Any]], top: int = TOP_CAUSES) -> str:
+    """What a batch's rollouts reported, for a failure's cause: status counts, rollouts with no
+    captured turn, then the ``top`` most common causes with their counts (the error and cause of
+    failed rollouts, else the reason a reward was zeroed), e.g.
+    ``4 error, 0 ok, 0 timeout; 4 without a captured turn; 4 x AgentError: boom``."""
+    statuses = collections.Counter(str(r.get("status")) for r in rollouts)
+    causes: collections.Counter[str] = collections.Counter()
+    for r in rollouts:
+        err = r.get("error") or {}
+        if err:
+            causes[f"{err.get('error')}: {preview(err.get('cause'), 300)}"] += 1
+        elif r.get("reward_reason"):
+            causes[preview(r.get("reward_reason"), 300)] += 1
+    parts = [", ".join(f"{statuses.get(s, 0)} {s}" for s in ("error", "timeout", "ok"))]
+    no_turns = sum(1 for r in rollouts if not r.get("num_turns"))
+    if no_turns:
+        parts.append(f"{no_turns} without a captured turn")
+    if causes:
+        shown = causes.most_common(top)
+        more = len(causes) - len(shown)
+        parts.append("; ".join(f"{n} x {c}" for c, n in shown) + (f"; {more} other cause(s)" if more > 0 else ""))
+    return "; ".join(parts)
+
+
+def check_not_all_failed(rollouts: list[dict[str, Any]], batch: BatchRef) -> None:
+    """Raise RolloutsFailed when every rollout of the batch has status ``error`` or ``timeout``,
+    naming the most common causes with their counts (`rollout_report`)."""
+    if rollouts and all(r.get("status") in ("error", "timeout") for r in rollouts):
         raise RolloutsFailed(
-            f"all {len(rollouts)} rollouts of the batch failed; first: {err.get('error')}: {str(err.get('cause'))[:500]}"
+            f"all {len(rollouts)} rollouts of the {batch.kind} batch of step {batch.step} (generation batch "
+            f"{batch.generation_batch}) failed: {rollout_report(rollouts)}"
         )
 
 
@@ -140,22 +178,33 @@ def datums_for(groups: list[Group]) -> tuple[list[dict[str, Any]], list[list[flo
     return datums, advantages_P
 
 
-def select_groups(run_id: str, batch: BatchRef, cfg: Any) -> tuple[str, list[Group], list[Group], dict[str, float]]:
-    """``(status, groups to train on, every group rolled out this step, sampling metrics)``."""
-    if cfg.algorithm != "dapo":
-        rollouts = load_rollouts(run_id, batch)
-        check_not_all_failed(rollouts)
-        groups = group_rollouts(rollouts, cfg)
-        return "ready", groups, groups, {}
+def select_groups(run_id: str, batch: BatchRef,
+                  cfg: Any) -> tuple[str, list[Group], list[Group], dict[str, float], list[dict[str, Any]]]:
+    """``(status, groups to train on, every group rolled out this step, sampling metrics, every
+    rollout record of this step)``. GRPO reports the same ``sampling/`` metrics as DAPO (one
+    generation batch, every group kept, so its empty rollouts are counted the same way).
+
+    Raises:
+        RolloutsFailed: every rollout of the batch just rolled out failed (`check_not_all_failed`).
+    """
     from stepwise.core.dapo import decide_generation_batch, sampling_metrics
 
+    if cfg.algorithm != "dapo":
+        rollouts = load_rollouts(run_id, batch)
+        check_not_all_failed(rollouts, batch)
+        groups = group_rollouts(rollouts, cfg)
+        metrics_ = sampling_metrics(gen_batches=1, groups_rolled_out=len(groups), groups_kept=len(groups),
+                                    empty_rollouts=sum(grp.empty for grp in groups))
+        return "ready", groups, groups, metrics_, rollouts
     kept: list[Group] = []
     everything: list[Group] = []
+    step_rollouts: list[dict[str, Any]] = []
     decision = None
     for g in range(batch.generation_batch + 1):
         rollouts = load_rollouts(run_id, batch, g)
         if g == batch.generation_batch:
-            check_not_all_failed(rollouts)
+            check_not_all_failed(rollouts, batch)
+        step_rollouts.extend(rollouts)
         new = group_rollouts(rollouts, cfg)
         everything.extend(new)
         decision = decide_generation_batch(kept, new, batch_size=cfg.batch_size, gen_batches_used=g + 1,
@@ -166,7 +215,7 @@ def select_groups(run_id: str, batch: BatchRef, cfg: Any) -> tuple[str, list[Gro
     metrics_ = sampling_metrics(gen_batches=batch.generation_batch + 1, groups_rolled_out=len(everything),
                                 groups_kept=len(kept), empty_rollouts=sum(grp.empty for grp in everything),
                                 surplus_groups=decision.surplus)
-    return decision.status, kept, everything, metrics_
+    return decision.status, kept, everything, metrics_, step_rollouts
 
 
 def _check_batch(state: RunState, batch: BatchRef) -> None:
@@ -188,7 +237,7 @@ def compute(event: BatchEvent) -> dict[str, Any]:
         return dict(state.last_decision["result"])  # a retry after the state was already written
     _check_batch(state, batch)
     cfg = run_config(run.run_id)
-    status, train_groups, all_groups, sampling = select_groups(run.run_id, batch, cfg)
+    status, train_groups, all_groups, sampling, rollouts = select_groups(run.run_id, batch, cfg)
     all_rewards = [r for g in all_groups for r in g.rewards_G]
     metrics_: dict[str, Any] = {"step": batch.step, "epoch": state.epoch}
     metrics_.update(reward_metrics(all_rewards, [z for g in all_groups for z in g.zeroed]))
@@ -202,7 +251,7 @@ def compute(event: BatchEvent) -> dict[str, Any]:
     if decision == "train":
         datums, advantages_P = datums_for(train_groups)
         metrics_["sampler/num_datums"] = len(datums)
-        metrics_.update(advantage_metrics(advantages_P))
+        metrics_.update(advantage_metrics(advantages_P, [g.rewards_G for g in train_groups]))
         if not datums:
             decision = "skip"
             logger.warning("no valid datums; skipping the update (reference behaviour)")
@@ -225,6 +274,7 @@ def compute(event: BatchEvent) -> dict[str, Any]:
             s.datum_chunks = chunk_sizes
             s.kept_groups = len(train_groups)
             s.step_metrics = dict(metrics_)  # the summary is written once the step is trained (Rebind)
+            s.empty_steps = 0
         elif decision == "need_more":
             s.generation_batch += 1
         elif decision == "cap_reached":
@@ -233,12 +283,21 @@ def compute(event: BatchEvent) -> dict[str, Any]:
         elif decision == "skip":
             s.step += 1
             s.generation_batch = 0
+            s.empty_steps += 1
 
     if decision in ("skip", "cap_reached"):
         reason = {"stop_reason": cap_reason} if decision == "cap_reached" else {}
         write_summary(run.run_id, batch.step, metrics_ | {"decision": decision} | reason)
     if decision in ("train", "skip", "cap_reached"):
         emit({k: v for k, v in metrics_.items() if k not in ("step", "epoch")}, run_id=run.run_id)
+    if decision == "skip" and state.empty_steps + 1 >= cfg.max_consecutive_empty_steps:
+        # Raised before the state moves on: a resumed run re-plans this step (on a fixed agent).
+        n = state.empty_steps + 1
+        raise NoTrainingSignal(
+            f"{n} consecutive step(s) ({batch.step - n + 1} to {batch.step}) produced no trainable datum "
+            f"(max_consecutive_empty_steps {cfg.max_consecutive_empty_steps}); step {batch.step}'s "
+            f"{len(rollouts)} rollouts: {rollout_report(rollouts)}"
+        )
     rs.update_state(run.run_id, change, execution_arn=run.execution_arn)
     if sampling and decision != "need_more":
         # the seed's per-step "sampling:" line (DAPO): generation batches, filtered fraction, kept, empty
@@ -260,7 +319,7 @@ def record_eval(event: BatchEvent) -> dict[str, Any]:
         return rs.get_json(eval_summary_key(run.run_id, batch.step))
     _check_batch(state, batch)
     rollouts = load_rollouts(run.run_id, batch)
-    check_not_all_failed(rollouts)
+    check_not_all_failed(rollouts, batch)
     scores = [float(r["reward"]) for r in rollouts]
     accuracy = sum(scores) / len(scores) if scores else 0.0
     summary = {"step": batch.step, "eval/accuracy": accuracy, "eval/n": len(scores), "final": batch.final,
