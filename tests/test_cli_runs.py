@@ -26,7 +26,11 @@ def test_runs_lists_runs_with_last_metrics(moto_dep, capsys):
         moto_dep.put_json(f"runs/alpha/steps/{step}/gen0/items.json", [])  # rollout objects are not read
     moto_dep.put_json("runs/alpha/steps/12/gen0/items.json", [])  # step 12 in progress: no summary yet
     moto_dep.put_json("runs/alpha/evals/10/summary.json", {"eval/accuracy": 0.75})
-    moto_dep.put_json("runs/beta/state.json", run_state("beta", b, stop_reason="dataset exhausted"))
+    weights = "arn:aws:sagemaker:us-east-1:123456789012:model-package/g/7"
+    moto_dep.put_json("runs/beta/state.json", run_state(
+        "beta", b, stop_reason="dataset exhausted", step=4, checkpoints=[
+            {"step": 2, "kind": "state", "reason": "save_every", "model_package_arn": "arn:aws:sagemaker:us-east-1:1:model-package/g/3"},
+            {"step": 4, "kind": "weights", "reason": "weights_at_end", "model_package_arn": weights}]))
 
     assert main(["runs", "--json", *moto_dep.flags]) == 0
     rows = {r["run_id"]: r for r in json.loads(capsys.readouterr().out)}
@@ -36,12 +40,20 @@ def test_runs_lists_runs_with_last_metrics(moto_dep, capsys):
     assert (alpha["steps_done"], alpha["last_step"], alpha["last_reward"]) == (12, 11, 0.5)
     assert (alpha["last_eval_step"], alpha["last_eval_accuracy"]) == (10, 0.75)
     assert rows["beta"]["last_reward"] is None and rows["beta"]["stop_reason"] == "dataset exhausted"
+    assert rows["beta"]["final_weights"] == {"step": 4, "kind": "weights", "reason": "weights_at_end",
+                                             "model_package_arn": weights}
+    assert [c["step"] for c in rows["beta"]["checkpoints"]] == [2, 4] and alpha["final_weights"] is None
 
     assert main(["runs", *moto_dep.flags]) == 0
     table = capsys.readouterr().out.splitlines()
     assert table[0].split()[:3] == ["run", "status", "started"]
     line = next(x for x in table if x.startswith("alpha"))
     assert "0.500" in line and "0.750" in line and "2 executions" in line
+    # below the table: each run's checkpoints, ending with the final weights' ARN and how to use them
+    assert "  checkpoint: step 2 state (save_every): arn:aws:sagemaker:us-east-1:1:model-package/g/3" in table
+    assert f"  final weights: step 4 weights (weights_at_end): {weights}" in table
+    assert f"final weights of beta: {weights}" in table
+    assert table[-2].startswith("  sample it: ") and weights in table[-2] and table[-1].startswith("  deploy it: ")
 
 
 def test_runs_limit_and_empty(moto_dep, capsys):

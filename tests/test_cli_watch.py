@@ -35,7 +35,10 @@ def _seed(moto_dep, run_id, execution_arn, **state):
 def test_watch_follows_to_the_end_and_writes_plot_and_metrics(moto_dep, tmp_path, capsys):
     arn = moto_dep.sfn.start_execution(stateMachineArn=moto_dep.state_machine_arn, name="w",
                                        input=json.dumps({"wait": 1}))["executionArn"]
-    _seed(moto_dep, "w", arn, step=3, finished=True)
+    ckpt = "arn:aws:sagemaker:us-east-1:123456789012:model-package/g/1"
+    sampler = "arn:aws:sagemaker:us-east-1:123456789012:model-package/g/4"
+    _seed(moto_dep, "w", arn, step=3, finished=True, sampler_model_package_arn=sampler, policy_version=2,
+          checkpoints=[{"step": 3, "kind": "state", "reason": "final", "model_package_arn": ckpt}])
     png, jsonl = tmp_path / "curves.png", tmp_path / "metrics.jsonl"
     code = main(["watch", "w", "--interval", "0.2", "--timeout", "30", "--plot", str(png), "--metrics", str(jsonl),
                  *moto_dep.flags])
@@ -49,7 +52,13 @@ def test_watch_follows_to_the_end_and_writes_plot_and_metrics(moto_dep, tmp_path
     assert rows[2].endswith("(skip)")
     assert "eval after step 2 (final): accuracy 0.500 on 4 prompts, 1 failed rollouts" in out
     assert any(x.startswith("-- w RUNNING") for x in lines)
-    assert lines[-1].startswith("run w SUCCEEDED: 3 step(s), last mean reward 0.000, last eval accuracy 0.500")
+    end = lines.index(next(x for x in lines if x.startswith("run w SUCCEEDED")))
+    assert lines[end] == "run w SUCCEEDED: 3 step(s), last mean reward 0.000, last eval accuracy 0.500"
+    # then every checkpoint, and it ends with the final weights' model package ARN and how to use it
+    assert lines[end + 1:end + 3] == [f"  checkpoint: step 3 state (final): {ckpt}",
+                                      f"  final weights: step 3 weights (sampler): {sampler}"]
+    assert lines[end + 3].startswith("    sample it: ServiceClient(region='us-east-1'") and sampler in lines[end + 3]
+    assert lines[-1].startswith("    deploy it: it is a model package version") and len(lines) == end + 5
 
     metrics = [json.loads(x) for x in jsonl.read_text().splitlines()]
     assert [(m["kind"], m["step"]) for m in metrics] == [("train", 0), ("train", 1), ("train", 2), ("eval", 2)]

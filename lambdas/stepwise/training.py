@@ -362,3 +362,14 @@ def stop_session(cfg: Any, session_name: str) -> None:
     except ClientError as e:
         if e.response.get("Error", {}).get("Code") != "ResourceNotFound":
             raise
+
+
+def weights_usage(model_package_arn: str, region: str) -> str:
+    """How to sample from or deploy a ``save_weights_for_sampler`` model package (one line per way)."""
+    return (
+        f"sample it: ServiceClient(region={region!r}, role_arn=ROLE).create_sampling_client("
+        f"model_package_arn={model_package_arn!r}) (sagemaker.train.training_session; this starts a training "
+        "session: use the client in a `with` block so the session stops)\n"
+        "deploy it: it is a model package version (LoRA weights) in the run's model package group; deploy it "
+        "from the SageMaker Model Registry like any model package version"
+    )

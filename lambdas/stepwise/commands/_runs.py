@@ -171,6 +171,39 @@ def run_config(dep: Deployment, run_id: str) -> dict[str, Any] | None:
     return get_json(dep.s3, dep.bucket, f"runs/{run_id}/config.json")
 
 
+def run_weights(state: dict[str, Any] | None) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """``(checkpoints, final weights)`` of a ``state.json`` body, each a dict with ``step``, ``kind``,
+    ``reason`` and ``model_package_arn`` (`stepwise.runstore.final_weights`; ``None`` when no step was
+    trained). Fields this version does not know are ignored, so an older CLI reads a newer state."""
+    from stepwise.runstore import RunState, final_weights
+
+    if not state:
+        return [], None
+    known = RunState.model_validate({k: v for k, v in state.items() if k in RunState.model_fields})
+    fields = {"step", "kind", "reason", "model_package_arn"}
+    final = final_weights(known)
+    return [c.model_dump(include=fields) for c in known.checkpoints], (final.model_dump(include=fields) if final else None)
+
+
+def checkpoint_text(c: dict[str, Any]) -> str:
+    return f"step {c['step']} {c['kind']} ({c.get('reason') or '-'}): {c['model_package_arn']}"
+
+
+def weights_lines(state: dict[str, Any] | None, region: str) -> list[str]:
+    """The lines a run's report ends with: each checkpoint, then the final weights' model package ARN
+    and how to sample or deploy it (`stepwise.training.weights_usage`)."""
+    from stepwise.training import weights_usage
+
+    checkpoints, final = run_weights(state)
+    lines = [f"  checkpoint: {checkpoint_text(c)}" for c in checkpoints]
+    if final is None:
+        lines.append("  final weights: none (no optimizer step was applied; the sampler is still the base model)")
+        return lines
+    lines.append(f"  final weights: {checkpoint_text(final)}")
+    lines += [f"    {line}" for line in weights_usage(final["model_package_arn"], region).splitlines()]
+    return lines
+
+
 @dataclass
 class SummaryCache:
     """Step and eval summaries of one run, re-read only when their ETag changes.

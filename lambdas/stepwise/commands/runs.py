@@ -1,8 +1,10 @@
 """`stepwise runs [--limit N] [--json]`: recent runs with their status and last metrics.
 
 Reads the state machine's newest executions (continuations are folded into their run), then
-per run ``state.json`` (steps done, epoch, stop reason) and the newest step and eval summaries
-(found by listing step folders with a delimiter, so the cost does not grow with rollouts).
+per run ``state.json`` (steps done, epoch, stop reason, checkpoints) and the newest step and eval
+summaries (found by listing step folders with a delimiter, so the cost does not grow with rollouts).
+Below the table: every run's checkpoints and final weights (step, kind, reason, model package
+ARN), ending with the newest run's final weights and how to sample or deploy them.
 """
 
 from __future__ import annotations
@@ -22,9 +24,12 @@ from stepwise.commands._runs import (
     fmt,
     get_json,
     list_executions,
+    checkpoint_text,
     mean_reward,
+    run_config,
     run_id_of_execution,
     run_state,
+    run_weights,
     step_folders,
 )
 
@@ -67,10 +72,38 @@ def recent_runs(dep: Deployment, limit: int) -> list[dict[str, Any]]:
             row["note"] = f"owner {state['owner_execution_arn'].rsplit(':', 1)[-1]}"
         step_no, summary = last_summary(dep, run_id, "steps")
         eval_no, ev = last_summary(dep, run_id, "evals")
+        checkpoints, final = run_weights(state)
         row.update(steps_done=state.get("step"), epoch=state.get("epoch"), stop_reason=state.get("stop_reason"),
                    last_step=step_no, last_reward=mean_reward(summary),
-                   last_eval_step=eval_no, last_eval_accuracy=eval_accuracy(ev))
+                   last_eval_step=eval_no, last_eval_accuracy=eval_accuracy(ev),
+                   checkpoints=checkpoints, final_weights=final, region=region_of(dep, run_id))
     return sorted(rows.values(), key=lambda r: r["started"], reverse=True)
+
+
+def region_of(dep: Deployment, run_id: str) -> str:
+    """The run's region: its config's ``region``, else the deployment's."""
+    return (run_config(dep, run_id) or {}).get("region") or dep.info.region
+
+
+def format_weights(rows: list[dict[str, Any]]) -> list[str]:
+    """Below the table: each run's checkpoints and final weights, then how to sample or deploy the
+    newest run's final weights (the output ends with that model package ARN)."""
+    from stepwise.training import weights_usage
+
+    lines: list[str] = []
+    for r in rows:
+        if not r.get("checkpoints") and not r.get("final_weights"):
+            continue
+        lines.append(f"{r['run_id']}:")
+        lines += [f"  checkpoint: {checkpoint_text(c)}" for c in r.get("checkpoints") or []]
+        if r.get("final_weights"):
+            lines.append(f"  final weights: {checkpoint_text(r['final_weights'])}")
+    newest = next((r for r in rows if r.get("final_weights")), None)
+    if newest is not None:
+        arn = newest["final_weights"]["model_package_arn"]
+        lines.append(f"final weights of {newest['run_id']}: {arn}")
+        lines += [f"  {line}" for line in weights_usage(arn, newest.get("region") or "").splitlines()]
+    return lines
 
 
 def format_rows(rows: list[dict[str, Any]]) -> str:
@@ -84,7 +117,8 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
         steps = "-" if r.get("steps_done") is None else str(r["steps_done"])
         lines.append(f"{r['run_id'][:36]:<36} {r['status']:<10} {started:<16} {steps:>5} "
                      f"{fmt(r.get('last_reward')):>7} {fmt(r.get('last_eval_accuracy')):>7}  {note}")
-    return "\n".join(lines)
+    weights = format_weights(rows)
+    return "\n".join(lines + ([""] + weights if weights else []))
 
 
 def run(args: argparse.Namespace) -> int:

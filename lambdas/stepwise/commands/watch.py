@@ -16,7 +16,9 @@ time between two step summaries. Then the behaviour columns (`BEHAVIOUR_COLUMNS`
 tokens and tool calls per rollout, the fractions of truncated and ill-formed turns, rollout
 duration p50 / p95 (s), the fraction of zero-advantage groups, and ``err/to`` = rollouts with
 status ``error`` / ``timeout``. Eval results print as their own lines. The status line
-changes when the execution, its current state or the run's phase changes.
+changes when the execution, its current state or the run's phase changes. When the run ends it
+prints every checkpoint (step, kind, reason, model package ARN) and ends with the final weights'
+model package ARN and how to sample or deploy them.
 
 ``--plot`` writes a PNG (matplotlib, Agg) of mean training reward per step and eval accuracy,
 with a second panel of the behaviour metrics per step, refreshed as summaries arrive; the plotted series are also stored in the PNG's text chunk
@@ -57,6 +59,7 @@ from stepwise.commands._runs import (
     run_executions,
     run_state,
     step_seconds,
+    weights_lines,
 )
 
 CURVES_KEY = "stepwise-curves"
@@ -373,10 +376,14 @@ def report_end(desc: dict[str, Any], watcher: Watcher) -> int:
     print(f"run {watcher.run_id} {desc['status']}: {len(watcher.cache.steps)} step(s)"
           + (f", last mean reward {rewards[-1][1]:.3f}" if rewards else "")
           + (f", last eval accuracy {evals[-1][1]:.3f}" if evals else ""))
+    region = (watcher.cfg or {}).get("region") or watcher.dep.info.region
+    lines = weights_lines(run_state(watcher.dep, watcher.run_id), region)
     if desc["status"] != "SUCCEEDED":
         if desc.get("error") or desc.get("cause"):
             print(f"  error: {desc.get('error')}: {str(desc.get('cause') or '')[:1000]}")
         print(f"  console: {console_url(desc['executionArn'])}")
+        print("\n".join(lines))
         print(f"  resume it: stepwise resume {watcher.run_id}")
         return EXIT_FAILED
+    print("\n".join(lines))  # ends with the final weights' model package ARN and how to use it
     return EXIT_OK

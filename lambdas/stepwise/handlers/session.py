@@ -34,7 +34,7 @@ from stepwise.handlers._common import (
     store,
 )
 from stepwise.handlers.train import drive, plan_resume
-from stepwise.runstore import RunNotFound, RunState
+from stepwise.runstore import RunNotFound, RunState, final_weights
 
 
 class SessionStartTimeout(TimeoutError):
@@ -123,10 +123,25 @@ def stop_owned_session(execution_arn: str, execution_name: str, execution_input:
         elif s.stop_reason is None:
             s.stop_reason = reason
 
-    rs.update_state(run_id, mark, execution_arn=execution_arn)
+    state = rs.update_state(run_id, mark, execution_arn=execution_arn)
     logger.info("training session stopped", extra={"training_session_name": state.training_session_name, "reason": reason})
     tracking.finish_run(cfg, run_id, _tracking_status(reason))
-    return {"stopped": True, "training_session_name": state.training_session_name}
+    return {"stopped": True, "training_session_name": state.training_session_name, **weights_report(state, cfg.region)}
+
+
+def weights_report(state: RunState, region: str) -> dict[str, Any]:
+    """What the run leaves behind, for the execution's output: every checkpoint (step, kind, reason,
+    model package ARN), the final weights (`runstore.final_weights`; ``None`` = nothing trained) and
+    how to sample or deploy them."""
+    final = final_weights(state)
+    out: dict[str, Any] = {
+        "checkpoints": [c.model_dump(include={"step", "kind", "reason", "model_package_arn"}) for c in state.checkpoints],
+        "final_weights": final.model_dump(include={"step", "kind", "reason", "model_package_arn", "policy_version"})
+        if final else None,
+    }
+    if final is not None:
+        out["use_final_weights"] = training.weights_usage(final.model_package_arn, region)
+    return out
 
 
 def stop(event: StopEvent) -> dict[str, Any]:
