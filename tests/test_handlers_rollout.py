@@ -35,7 +35,10 @@ def env():
     task.pop("Next")
     task["End"] = True
     text = json.dumps({"StartAt": "Start rollout", "States": {"Start rollout": task}})
-    text = text.replace("${StartRolloutFunctionArn}", arns["StartRollout"])
+    from infra.definition import PLACEHOLDER_RE, substitutions
+
+    values = substitutions(function_arns=arns, bucket_name=BUCKET)  # the rendered ASL's values
+    text = PLACEHOLDER_RE.sub(lambda m: values[m.group(1)], text)
     sm = engine.create_state_machine(stack.moto, "rollout-test", text)
     # A run id with characters S3 URL-encodes in event keys ('=', '+', '@' are legal in execution names).
     run_id = f"exp=1+a@b-{int(time.time())}"
