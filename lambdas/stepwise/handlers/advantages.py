@@ -64,7 +64,7 @@ def rollout_report(rollouts: list[dict[str, Any]], top: int = TOP_CAUSES) -> str
     """What a batch's rollouts reported, for a failure's cause: status counts, rollouts with no
     captured turn, then the ``top`` most common causes with their counts (the error and cause of
     failed rollouts, else the reason a reward was zeroed), e.g.
-    ``4 error, 0 ok, 0 timeout; 4 without a captured turn; 4 x AgentError: boom``."""
+    ``4 error, 0 timeout, 0 ok; 4 without a captured turn; 4 x AgentError: boom``."""
     statuses = collections.Counter(str(r.get("status")) for r in rollouts)
     causes: collections.Counter[str] = collections.Counter()
     for r in rollouts:
@@ -178,10 +178,8 @@ def datums_for(groups: list[Group]) -> tuple[list[dict[str, Any]], list[list[flo
     return datums, advantages_P
 
 
-def select_groups(run_id: str, batch: BatchRef,
-                  cfg: Any) -> tuple[str, list[Group], list[Group], dict[str, float], list[dict[str, Any]]]:
-    """``(status, groups to train on, every group rolled out this step, sampling metrics, every
-    rollout record of this step)``. GRPO reports the same ``sampling/`` metrics as DAPO (one
+def select_groups(run_id: str, batch: BatchRef, cfg: Any) -> tuple[str, list[Group], list[Group], dict[str, float]]:
+    """``(status, groups to train on, every group rolled out this step, sampling metrics)``. GRPO reports the same ``sampling/`` metrics as DAPO (one
     generation batch, every group kept, so its empty rollouts are counted the same way).
 
     Raises:
@@ -195,16 +193,14 @@ def select_groups(run_id: str, batch: BatchRef,
         groups = group_rollouts(rollouts, cfg)
         metrics_ = sampling_metrics(gen_batches=1, groups_rolled_out=len(groups), groups_kept=len(groups),
                                     empty_rollouts=sum(grp.empty for grp in groups))
-        return "ready", groups, groups, metrics_, rollouts
+        return "ready", groups, groups, metrics_
     kept: list[Group] = []
     everything: list[Group] = []
-    step_rollouts: list[dict[str, Any]] = []
     decision = None
     for g in range(batch.generation_batch + 1):
         rollouts = load_rollouts(run_id, batch, g)
         if g == batch.generation_batch:
             check_not_all_failed(rollouts, batch)
-        step_rollouts.extend(rollouts)
         new = group_rollouts(rollouts, cfg)
         everything.extend(new)
         decision = decide_generation_batch(kept, new, batch_size=cfg.batch_size, gen_batches_used=g + 1,
@@ -215,7 +211,7 @@ def select_groups(run_id: str, batch: BatchRef,
     metrics_ = sampling_metrics(gen_batches=batch.generation_batch + 1, groups_rolled_out=len(everything),
                                 groups_kept=len(kept), empty_rollouts=sum(grp.empty for grp in everything),
                                 surplus_groups=decision.surplus)
-    return decision.status, kept, everything, metrics_, step_rollouts
+    return decision.status, kept, everything, metrics_
 
 
 def _check_batch(state: RunState, batch: BatchRef) -> None:
@@ -237,11 +233,12 @@ def compute(event: BatchEvent) -> dict[str, Any]:
         return dict(state.last_decision["result"])  # a retry after the state was already written
     _check_batch(state, batch)
     cfg = run_config(run.run_id)
-    status, train_groups, all_groups, sampling, rollouts = select_groups(run.run_id, batch, cfg)
+    status, train_groups, all_groups, sampling = select_groups(run.run_id, batch, cfg)
+    rollouts = [r for g in all_groups for r in g.rollouts_G]  # every rollout of the step
     all_rewards = [r for g in all_groups for r in g.rewards_G]
     metrics_: dict[str, Any] = {"step": batch.step, "epoch": state.epoch}
     metrics_.update(reward_metrics(all_rewards, [z for g in all_groups for z in g.zeroed]))
-    metrics_.update(behaviour_metrics([r for g in all_groups for r in g.rollouts_G]))
+    metrics_.update(behaviour_metrics(rollouts))
     metrics_.update(sampling)
     if state.step_started_at:
         metrics_["time/rollout"] = now() - state.step_started_at
