@@ -90,3 +90,38 @@ def test_a_tracking_failure_is_a_warning_in_the_summary_not_a_silent_gap(run, tm
 ])
 def test_stop_reason_maps_to_the_mlflow_run_status(reason, status):
     assert session._tracking_status(reason) == status
+
+
+def test_the_stacks_mlflow_grant_is_what_tracking_asks_of_a_tracking_server(run, monkeypatch):
+    """infra.permissions.MLFLOW_ACTIONS are the REST messages MLflow's own RestStore sends for the store
+    calls stepwise.tracking makes (SageMaker managed MLflow authorizes each as sagemaker-mlflow:<message>)."""
+    import inspect
+    import re
+
+    from mlflow.store.tracking.file_store import FileStore
+    from mlflow.store.tracking.rest_store import RestStore
+
+    from infra.permissions import MLFLOW_ACTIONS
+
+    cfg, _ = run
+    called: set[str] = set()
+    depth = [0]  # only the client's calls: a local store's own inner calls run on the server over REST
+    for name, fn in inspect.getmembers(FileStore, inspect.isfunction):
+        if hasattr(RestStore, name) and not name.startswith("__"):
+            def recording(self, *a, __name=name, __fn=fn, **kw):
+                if depth[0] == 0:
+                    called.add(__name)
+                depth[0] += 1
+                try:
+                    return __fn(self, *a, **kw)
+                finally:
+                    depth[0] -= 1
+            monkeypatch.setattr(FileStore, name, recording)
+    tracking.log_step_metrics(cfg, "run-9", 0, {"step": 0, "sampler/mean_reward": 0.5}, strict=True)
+    tracking.finish_run(cfg, "run-9", "FINISHED", strict=True)
+    # (an inherited public method, like search_runs, sends from RestStore's _search_runs)
+    sources = [inspect.getsource(getattr(RestStore, n)) for name in called for n in (name, f"_{name}")
+               if hasattr(RestStore, n)]
+    messages = {m for src in sources for m in re.findall(r"_call_endpoint\(\s*([A-Z]\w+)", src)}
+    assert {f"sagemaker-mlflow:{m}" for m in messages} == set(MLFLOW_ACTIONS), sorted(messages)
+    assert {"CreateRun", "LogBatch", "UpdateRun"} <= messages
