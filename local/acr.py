@@ -16,7 +16,17 @@ process on an inherited loopback socket. A runtime ARN ``.../runtime/NAME-SUFFIX
 explicit mapping resolves to ``local.agents.NAME:app`` (e.g. ``runtime/toy_agent-local`` ->
 ``local/agents/toy_agent.py``).
 
-Like ACR, invokes above ``tps_limit`` per second (per runtime) are throttled. Faults can be
+``GetAgentRuntime`` (botocore ``bedrock-agentcore-control``: ``GET /runtimes/{agentRuntimeId}/``,
+region from the request's SigV4 credential scope; boto3 reaches it through
+``AWS_ENDPOINT_URL_BEDROCK_AGENTCORE_CONTROL``) answers for the runtimes the emulator hosts: the
+mapped ARNs, and (``autostart``) ``runtime/NAME-...`` of the emulator's own region and account
+whose ``local.agents.NAME`` module exists; others get ResourceNotFoundException (404).
+
+As ACR behind the stack's IAM grant would, ``InvokeAgentRuntime`` is refused with
+AccessDeniedException (403) for a runtime outside ``allowed_runtime_arns`` (or, when that is
+empty, outside the emulator's region and account: the stack grants ``runtime/*`` of its own
+region), and with ResourceNotFoundException (404) for a runtime it does not host; neither starts
+an agent. Like ACR, invokes above ``tps_limit`` per second (per runtime) are throttled. Faults can be
 injected (``Faults`` / ``inject``): throttle the next N calls, fail them with a 500, accept
 them but never produce a result (the agent is not called), or accept them and write a
 malformed / ``status_code`` 500 result object at the toolkit's result key.
@@ -26,6 +36,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import fnmatch
+import importlib.util
 import json
 import logging
 import os
@@ -48,10 +60,32 @@ ERROR_TYPE_HEADER = "X-Amzn-ErrorType"
 _STATUS = {
     "ThrottlingException": 429,
     "ResourceNotFoundException": 404,
+    "AccessDeniedException": 403,
     "ValidationException": 400,
     "RuntimeClientError": 424,
     "InternalServerException": 500,
 }
+
+
+def runtime_id_of(arn: str) -> str:
+    """``ID`` of ``...:runtime/ID``; '' when the ARN names no runtime."""
+    _, sep, resource = arn.partition(":runtime/")
+    return resource.split("/", 1)[0] if sep else ""
+
+
+def _module_exists(spec: str) -> bool:
+    try:
+        return importlib.util.find_spec(spec.split(":", 1)[0]) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def signed_region(authorization: str) -> str:
+    """The region of a SigV4 ``Authorization`` header's credential scope
+    (``Credential=AKID/DATE/REGION/SERVICE/aws4_request``); '' when absent."""
+    _, sep, rest = authorization.partition("Credential=")
+    parts = rest.split(",", 1)[0].split("/") if sep else []
+    return parts[2] if len(parts) >= 5 else ""
 
 
 def agent_spec_for_arn(arn: str) -> str:
@@ -138,6 +172,8 @@ class AcrCounters:
     malformed_results: int = 0
     error_results: int = 0
     not_found: int = 0
+    access_denied: int = 0
+    get_runtime_calls: int = 0
     agent_errors: int = 0
     stopped_sessions: int = 0
     forward_seconds: float = 0.0  # summed wall time of forwarded invocations (agent answer included)
@@ -155,11 +191,20 @@ class AcrEmulator:
         faults: faults armed at start-up.
         agent_env: extra environment for the agent processes (e.g. the moto S3 endpoint).
         log_dir: where each agent's output goes (``agent-NAME.log``); None = inherit.
+        region: the stack's region: autostarted runtimes live here, and with no
+            ``allowed_runtime_arns`` only its runtimes may be invoked (default ``AWS_REGION``, else us-east-1).
+        account: the account of autostarted runtimes and of the default grant.
+        allowed_runtime_arns: the stack's allow-list (``STEPWISE_AGENT_RUNTIME_ARNS``); empty = the
+            grant is ``arn:aws:bedrock-agentcore:{region}:{account}:runtime/*``.
     """
 
     def __init__(self, agents: dict[str, str] | None = None, *, tps_limit: float | None = None,
                  faults: Faults | None = None, agent_env: dict[str, str] | None = None, autostart: bool = True,
-                 log_dir: str | None = None):
+                 log_dir: str | None = None, region: str | None = None, account: str = "123456789012",
+                 allowed_runtime_arns: tuple[str, ...] | list[str] = ()):
+        self.region = region or os.environ.get("AWS_REGION") or "us-east-1"
+        self.account = account
+        self.allowed_runtime_arns = tuple(allowed_runtime_arns)
         self.log_dir = log_dir
         self._specs = dict(agents or {})
         self.tps_limit = tps_limit
@@ -182,7 +227,7 @@ class AcrEmulator:
     @property
     def env(self) -> dict[str, str]:
         """The variables that point boto3's ``bedrock-agentcore`` client at this emulator."""
-        return {"AWS_ENDPOINT_URL_BEDROCK_AGENTCORE": self.url}
+        return {"AWS_ENDPOINT_URL_BEDROCK_AGENTCORE": self.url, "AWS_ENDPOINT_URL_BEDROCK_AGENTCORE_CONTROL": self.url}
 
     def start(self) -> "AcrEmulator":
         ready = threading.Event()
@@ -202,6 +247,7 @@ class AcrEmulator:
         app = web.Application(client_max_size=100 * 1024 * 1024)
         app.router.add_post("/runtimes/{arn:.+}/invocations", self._handle)
         app.router.add_post("/runtimes/{arn:.+}/stopruntimesession", self._stop_session)
+        app.router.add_get("/runtimes/{runtime_id}/", self._get_runtime)
 
         async def setup() -> None:
             import aiohttp
@@ -258,6 +304,42 @@ class AcrEmulator:
         self._specs[arn] = spec
         self._agent(arn)
 
+    def host(self, arn: str, spec: str | None = None) -> None:
+        """Host the runtime ``arn`` (any region or account) with the app ``spec`` (default: by its
+        name), started on its first invoke: GetAgentRuntime finds it from now on."""
+        self._specs[arn] = spec or agent_spec_for_arn(arn)
+
+    # ------------------------------------------------------------------ what exists, who may invoke
+
+    def granted_resources(self) -> tuple[str, ...]:
+        """The IAM resources of the stack's InvokeAgentRuntime grant (``infra.permissions``' form)."""
+        if self.allowed_runtime_arns:
+            return tuple(r for arn in self.allowed_runtime_arns for r in (arn, f"{arn}/runtime-endpoint/*"))
+        return (f"arn:aws:bedrock-agentcore:{self.region}:{self.account}:runtime/*",)
+
+    def may_invoke(self, arn: str) -> bool:
+        """Whether IAM lets the stack invoke ``arn`` (IAM's ``*`` wildcard matching)."""
+        return any(fnmatch.fnmatchcase(arn, pattern) for pattern in self.granted_resources())
+
+    def hosted_arn(self, runtime_id: str, region: str) -> str:
+        """The ARN of the runtime ``runtime_id`` hosted in ``region``, or '' when there is none."""
+        for arn in self._specs:
+            if runtime_id_of(arn) == runtime_id and arn.split(":")[3] == region:
+                return arn
+        if self.autostart and region == self.region:
+            arn = f"arn:aws:bedrock-agentcore:{region}:{self.account}:runtime/{runtime_id}"
+            try:
+                if _module_exists(agent_spec_for_arn(arn)):
+                    return arn
+            except ValueError:
+                pass
+        return ""
+
+    def hosts(self, arn: str) -> bool:
+        """Whether ``arn`` names a runtime this emulator hosts (see the module doc)."""
+        parts = arn.split(":")
+        return len(parts) > 5 and self.hosted_arn(runtime_id_of(arn), parts[3]) == arn
+
     def _agent(self, arn: str) -> AgentProcess | None:
         with self._start_lock:
             agent = self._agents.get(arn)
@@ -265,7 +347,7 @@ class AcrEmulator:
                 return agent
             spec = self._specs.get(arn)
             if spec is None:
-                if not self.autostart:
+                if not self.hosts(arn):
                     return None
                 try:
                     spec = agent_spec_for_arn(arn)
@@ -330,6 +412,11 @@ class AcrEmulator:
             self.counters.by_session[sid] = self.counters.by_session.get(sid, 0) + 1
         body = await request.read()
 
+        if not self.may_invoke(arn):  # IAM decides before ACR looks the runtime up
+            self._count("access_denied")
+            return self._error("AccessDeniedException",
+                               f"User is not authorized to perform: bedrock-agentcore:InvokeAgentRuntime on resource: {arn} "
+                               f"(the stack grants {', '.join(self.granted_resources())})")
         if self._over_tps(arn):
             self._count("throttled")
             return self._error("ThrottlingException", f"Rate exceeded: more than {self.tps_limit:g} InvokeAgentRuntime per second for {arn}")
@@ -341,11 +428,14 @@ class AcrEmulator:
             self._count("invoke_errors")
             return self._error("InternalServerException", "internal error (injected fault)")
 
-        loop = asyncio.get_running_loop()
-        agent = self._agents.get(arn) or await loop.run_in_executor(None, self._agent, arn)
-        if agent is None:
+        if not self.hosts(arn):
             self._count("not_found")
             return self._error("ResourceNotFoundException", f"no agent runtime {arn!r} in the local ACR emulator")
+        loop = asyncio.get_running_loop()
+        agent = self._agents.get(arn) or await loop.run_in_executor(None, self._agent, arn)
+        if agent is None:  # hosted, but its container would not start
+            self._count("agent_errors")
+            return self._error("RuntimeClientError", f"the agent of runtime {arn!r} did not start")
 
         if fault in ("drop_result", "malformed_result", "error_result"):
             try:
@@ -384,6 +474,24 @@ class AcrEmulator:
             self.counters.max_forward_seconds = max(self.counters.max_forward_seconds, elapsed)
         return web.Response(body=answer, status=200, headers={"Content-Type": ctype, SESSION_HEADER: sid})
 
+
+    async def _get_runtime(self, request: Any) -> Any:
+        """``GetAgentRuntime``: the hosted runtime with this id in the request's signed region."""
+        from aiohttp import web
+
+        self._count("get_runtime_calls")
+        runtime_id = request.match_info["runtime_id"]
+        region = signed_region(request.headers.get("Authorization", "")) or self.region
+        arn = self.hosted_arn(runtime_id, region)
+        if not arn:
+            return self._error("ResourceNotFoundException", f"AgentRuntime {runtime_id} not found in {region}")
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        return web.json_response({
+            "agentRuntimeArn": arn, "agentRuntimeName": runtime_id.split("-", 1)[0], "agentRuntimeId": runtime_id,
+            "agentRuntimeVersion": "1", "createdAt": now, "lastUpdatedAt": now, "status": "READY",
+            "roleArn": f"arn:aws:iam::{arn.split(':')[4]}:role/AgentCoreRuntimeRole",
+            "lifecycleConfiguration": {"idleRuntimeSessionTimeout": 900, "maxLifetime": 28800},
+        })
 
     async def _stop_session(self, request: Any) -> Any:
         """``StopRuntimeSession`` (the toolkit's ``AgentCoreHttpSession`` calls it after each rollout):

@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 TINY_MODEL = REPO / "local" / "assets" / "tiny-model"
 BUCKET = "stepwise-pipeline-test"
 REGION = "us-east-1"  # the local engine's region: Lambdas talk to the state machine's region
-AGENT_ARN = "arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/toy_agent-abc"
+AGENT_ARN = "arn:aws:bedrock-agentcore:us-east-1:123456789012:runtime/toy_agent-abc"  # the stack's region
 
 
 class Stack:
@@ -37,7 +37,12 @@ class Stack:
         self.endpoint = self.moto.endpoint
         self.bucket = bucket
         self.sim = start_simulator(**simulator_options)
+        # ACR's control plane (GetAgentRuntime, Init's runtime check); FakeAgent plays the data plane.
+        from local.acr import AcrEmulator
+
+        self.acr = AcrEmulator(region=REGION).start()
         env = dict(self.sim.env)
+        env["AWS_ENDPOINT_URL_BEDROCK_AGENTCORE_CONTROL"] = self.acr.url
         env.update({
             "AWS_DEFAULT_REGION": REGION,
             "AWS_REGION": REGION,
@@ -75,6 +80,7 @@ class Stack:
         return arns, engine.create_state_machine(self.moto, name or prefix, definition)
 
     def stop(self) -> None:
+        self.acr.stop()
         self.sim.stop()
         self.mp.undo()
         self.moto.stop()
@@ -96,13 +102,13 @@ class Stack:
             "role_arn": self.sim.role_arn,
             "base_model_arn": "stepwise-tiny",
             "model_package_group_arn": self.sim.model_package_group_arn,
-            "s3_output_path": self.sim.s3_output_path,
+            "s3_output_path": f"s3://{self.bucket}/checkpoints/",  # the stack bucket: in its grants
             "agent_runtime_arn": AGENT_ARN,
             "dataset_path": overrides.get("dataset_path") or self.put_dataset("data/toy.jsonl", toy_task.all_payloads()),
             "tokenizer_path": str(TINY_MODEL),
             "batch_size": 2,
             "responses_per_prompt": 2,
-            "max_new_tokens": 8,
+            "max_new_tokens": 512,
             "learning_rate": 1e-3,
             "loss": "importance_sampling",
             "max_rollout_time": 30,

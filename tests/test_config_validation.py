@@ -42,6 +42,9 @@ def test_defaults_equal_the_reference_config():
     shared = {f.name for f in dataclasses.fields(ReferenceConfig)} - set(DROPPED_FIELDS)
     shared -= {"role_arn", "base_model_arn", "agent_runtime_arn", "dataset_path"}  # required here
     assert shared <= set(RunConfig.model_fields)
+    # deliberate: '' = the stack's region (Init refuses any other; the reference says us-east-1)
+    assert cfg.region == "" and ref.region == "us-east-1"
+    shared -= {"region"}
     for name in sorted(shared):
         assert getattr(cfg, name) == getattr(ref, name), name
 

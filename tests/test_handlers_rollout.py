@@ -76,7 +76,7 @@ def test_start_rollout_opens_the_session_and_stores_the_token_before_invoking(en
     sid = ro["api_key"]
     assert agent.visible_at_invoke[sid] == {"session": True, "task_token": True}
     assert ro["exp_id"] == f"rollout-results/{run_id}" and ro["s3_bucket"] == BUCKET and ro["model_id"] == "stepwise-tiny"
-    assert ro["sampling_params"] == {"temperature": 1.0, "max_tokens": 8}
+    assert ro["sampling_params"] == {"temperature": 1.0, "max_tokens": 512}
     assert body["prompt"] == "What digit comes after 0?"  # the dataset row's payload, by reference from S3
     record = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=f"sessions/{sid}.json")["Body"].read())
     assert record["run_id"] == run_id and record["closed"] is False and record["sampler_model_package_arn"] == ""

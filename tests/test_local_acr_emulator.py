@@ -16,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import boto3
 import pytest
 from botocore.config import Config
+from botocore.exceptions import ClientError
 
 from local import engine
 from local.acr import AcrEmulator, agent_spec_for_arn
@@ -197,3 +198,72 @@ def test_unknown_runtime_is_not_found(stack):
     with pytest.raises(client.exceptions.ResourceNotFoundException):
         client.invoke_agent_runtime(
             agentRuntimeArn="arn:aws:bedrock-agentcore:us-east-1:123456789012:runtime/no_such_agent-x", payload=b"{}")
+
+
+# ------------------------------------------------------------------------------ control plane and scoping
+
+
+def _control(acr, region="us-east-1"):
+    return boto3.client("bedrock-agentcore-control", region_name=region, endpoint_url=acr.url,
+                        config=Config(retries={"total_max_attempts": 1, "mode": "standard"}))
+
+
+def test_get_agent_runtime_answers_for_hosted_runtimes_in_botocores_shape(stack):
+    import botocore.session
+
+    _moto, _llm, acr, _client = stack
+    rt = _control(acr).get_agent_runtime(agentRuntimeId="toy_agent-local")
+    required = botocore.session.get_session().get_service_model("bedrock-agentcore-control") \
+        .operation_model("GetAgentRuntime").output_shape.required_members
+    assert set(required) <= set(rt)  # botocore parsed every member its model requires
+    assert rt["agentRuntimeArn"] == TOY_ARN and rt["status"] == "READY"
+    # autostart hosts a runtime by its module name, without starting it, in the emulator's region only
+    auto = _control(acr).get_agent_runtime(agentRuntimeId="scripted_reward_agent-zz")
+    assert auto["agentRuntimeArn"] == "arn:aws:bedrock-agentcore:us-east-1:123456789012:runtime/scripted_reward_agent-zz"
+    for region, rid in (("us-east-1", "no_such_agent-x"), ("us-west-2", "toy_agent-local")):
+        with pytest.raises(ClientError) as e:
+            _control(acr, region).get_agent_runtime(agentRuntimeId=rid)
+        assert e.value.response["Error"]["Code"] == "ResourceNotFoundException"
+        assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == 404
+
+
+def test_invokes_outside_the_stacks_region_or_allow_list_are_denied_like_iam(stack):
+    _moto, llm, acr, client = stack
+    west = "arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/toy_agent-west"
+    acr.host(west)  # it exists in us-west-2 ...
+    assert _control(acr, "us-west-2").get_agent_runtime(agentRuntimeId="toy_agent-west")["agentRuntimeArn"] == west
+    started = set(acr._agents)
+    denied = acr.counters.access_denied
+    with pytest.raises(client.exceptions.AccessDeniedException, match="InvokeAgentRuntime on resource"):
+        _invoke(client, llm, west, {"prompt": "p"})  # ... but the stack grants runtime/* of us-east-1 only
+    assert acr.counters.access_denied == denied + 1 and set(acr._agents) == started  # no agent ran
+    acr.allowed_runtime_arns = (west,)
+    try:
+        with pytest.raises(client.exceptions.AccessDeniedException):  # the allow-list is the whole grant
+            _invoke(client, llm, TOY_ARN, {"prompt": "p"})
+        assert acr.may_invoke(west) and acr.may_invoke(f"{west}/runtime-endpoint/DEFAULT")
+    finally:
+        acr.allowed_runtime_arns = ()
+
+
+def test_iam_matching_of_the_emulator_agrees_with_inits_scope_check():
+    """Two independent readings of the stack's grant (IAM wildcards in the emulator, the pure
+    `StackScope.may_invoke` Init refuses with) agree on every ARN."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from stepwise.preflight import StackScope
+
+    regions = st.sampled_from(["us-east-1", "us-west-2", "eu-west-1"])
+    accounts = st.sampled_from(["123456789012", "999999999999"])
+    names = st.from_regex(r"[a-z][a-z_]{0,6}-[A-Za-z0-9]{1,10}", fullmatch=True)
+    arns = st.builds(lambda r, a, n: f"arn:aws:bedrock-agentcore:{r}:{a}:runtime/{n}", regions, accounts, names)
+
+    @settings(max_examples=200, deadline=None)
+    @given(arn=arns, region=regions, allowed=st.lists(arns, max_size=3))
+    def agree(arn, region, allowed):
+        acr = AcrEmulator(region=region, account="123456789012", allowed_runtime_arns=allowed)
+        scope = StackScope(region=region, bucket="b", agent_runtime_arns=tuple(allowed), account="123456789012")
+        assert acr.may_invoke(arn) == scope.may_invoke(arn)
+
+    agree()

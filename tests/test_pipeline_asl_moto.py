@@ -63,7 +63,7 @@ def test_a_run_trains_evaluates_continues_as_new_saves_and_stops(local):
     assert out["final_weights"]["model_package_arn"] in out["use_final_weights"] and "deploy it" in out["use_final_weights"]
     assert len(agent.invocations) >= 10  # 2 steps x 4 rollouts + one eval of 2
     ro = agent.invocations[0]["_rollout"]
-    assert ro["exp_id"] == f"rollout-results/{run_id}" and ro["api_key"] and ro["sampling_params"]["max_tokens"] == 8
+    assert ro["exp_id"] == f"rollout-results/{run_id}" and ro["api_key"] and ro["sampling_params"]["max_tokens"] == 512
     summary = json.loads(s3.get_object(Bucket=BUCKET, Key=f"runs/{run_id}/steps/1/summary.json")["Body"].read())
     assert summary["sampler/num_datums"] == 4 and "train/loss" in summary and summary["policy_version"] == 2
     evals = json.loads(s3.get_object(Bucket=BUCKET, Key=f"runs/{run_id}/evals/2/summary.json")["Body"].read())

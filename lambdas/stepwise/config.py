@@ -33,6 +33,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
+from stepwise import service_limits as limits
+
 __all__ = ["RunConfig", "VpcConfig", "ConfigError", "load_run_config", "read_config_file", "drop_unsupported",
            "DROPPED_FIELDS"]
 
@@ -136,14 +138,19 @@ class VpcConfig(BaseModel):
 class RunConfig(BaseModel):
     """One training run. Field order matters: cross-field checks see only fields defined earlier.
 
-    Defaults equal the reference `Config` (agentcore_rl_toolkit 0.2.0). Required:
+    Defaults equal the reference `Config` (agentcore_rl_toolkit 0.2.0), except ``region`` ('' = the
+    stack's region, where every grant is scoped; the reference says us-east-1). Required:
     ``role_arn``, ``base_model_arn``, ``agent_runtime_arn``, ``dataset_path``.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, strict=True, allow_inf_nan=False)
 
     # --- SageMaker / model ---
-    region: str = Field("us-east-1", description="AWS region of the training session (and its SageMaker calls)")
+    region: str = Field(
+        "",
+        description="AWS region of the training session (and its SageMaker calls); '' = the stack's region. "
+        "Init refuses a region other than the stack's: every grant is scoped to it",
+    )
     role_arn: str = Field(description="IAM role SageMaker assumes for the training session")
     base_model_arn: str = Field(
         description="hub-content ARN of the base model, or a hub model name/id from ServiceClient.list_base_models()"
@@ -170,7 +177,12 @@ class RunConfig(BaseModel):
     max_rollout_time: float = Field(
         1800.0, gt=0, le=28800, description="seconds one rollout may take (task timeout); ACR sessions last at most 8 h"
     )
-    acr_tps_limit: int = Field(5, ge=1, description="InvokeAgentRuntime calls per second (and Map concurrency bound)")
+    acr_tps_limit: int = Field(
+        5, ge=1, le=limits.MAX_ACR_TPS_LIMIT,
+        description="InvokeAgentRuntime calls per second (and Map concurrency bound: "
+        f"{limits.CONCURRENCY_PER_TPS} rollouts in flight per unit, at most {limits.MAX_MAP_CONCURRENCY}); "
+        "ACR's default quota is 25 per endpoint",
+    )
     chat_template_kwargs: dict[str, Any] = Field(
         default_factory=dict, description="passed to the renderer's apply_chat_template, e.g. {'enable_thinking': false}"
     )
@@ -184,11 +196,25 @@ class RunConfig(BaseModel):
         "grpo", description="grpo: train on every group; dapo: dynamic sampling keeps only groups whose rewards differ"
     )
     batch_size: int = Field(32, ge=1, description="prompts (groups) per optimizer step")
-    responses_per_prompt: int = Field(4, ge=2, description="group size; a group of 1 has zero advantage")
-    learning_rate: float = Field(1e-5, gt=0, le=1.0, description="Adam learning rate of optim_step")
+    responses_per_prompt: int = Field(
+        4, ge=2, le=limits.NUM_SAMPLES.hi,
+        description="group size; a group of 1 has zero advantage; at most the service's SampleConfig.numSamples; "
+        f"batch_size x responses_per_prompt (one generation batch) at most {limits.DISTRIBUTED_MAP_MAX_CHILDREN} "
+        "(the Distributed Map's parallel children)",
+    )
+    learning_rate: float = Field(
+        1e-5, gt=0, le=limits.LEARNING_RATE.hi,
+        description="Adam learning rate of optim_step (range: the service's AdamParamsConfig.learningRate)",
+    )
     max_context_tokens: int = Field(32768, ge=1, description="prompt + completion tokens one LLM call may use")
-    max_new_tokens: int = Field(2048, ge=1, description="tokens one LLM call may sample (default max_tokens)")
-    temperature: float = Field(1.0, ge=0, description="sampling temperature of training rollouts")
+    max_new_tokens: int = Field(
+        2048, ge=limits.MAX_TOKENS.lo, le=limits.MAX_TOKENS.hi,
+        description="tokens one LLM call may sample (default max_tokens; range: the service's SamplingParams.maxTokens)",
+    )
+    temperature: float = Field(
+        1.0, ge=limits.TEMPERATURE.lo, le=limits.TEMPERATURE.hi,
+        description="sampling temperature of training rollouts (range: the service's SamplingParams.temperature)",
+    )
     epochs: int = Field(1, ge=1, description="passes over the (first max_prompts) training prompts")
     save_every: int = Field(-1, ge=-1, description="save_state every N steps (N > 0); -1 or 0 = only at the end")
     loss: Literal["ppo", "importance_sampling", "cispo"] = Field(
@@ -199,7 +225,9 @@ class RunConfig(BaseModel):
         None, description="ratio clip high bound, 1..10 (ppo/cispo loss_fn_config); DAPO's Clip-Higher"
     )
     max_num_gen_batches: int = Field(
-        10, ge=1, description="DAPO: generation batches per step before giving up (checkpoint and stop)"
+        10, ge=1, le=limits.MAX_GENERATION_BATCHES_PER_STEP,
+        description="DAPO: generation batches per step before giving up (checkpoint and stop); bounded so one "
+        "step's batches fit in one execution's 25,000-event history",
     )
     overlong_buffer_len: int = Field(0, ge=0, description="DAPO overlong shaping buffer L_cache in tokens; 0 = off")
     overlong_penalty_factor: float = Field(1.0, ge=0, description="DAPO overlong shaping scale")
@@ -226,7 +254,10 @@ class RunConfig(BaseModel):
     eval_dataset_path: str = Field("", description="Parquet or JSONL eval prompts (one rollout each); '' = no eval")
     eval_every: int = Field(0, ge=0, description="eval every N steps; 0 = only at the end")
     eval_max_prompts: int = Field(200, ge=0, description="first N eval prompts; 0 = all")
-    eval_temperature: float = Field(0.0, ge=0, description="sampling temperature of eval rollouts")
+    eval_temperature: float = Field(
+        0.0, ge=limits.TEMPERATURE.lo, le=limits.TEMPERATURE.hi,
+        description="sampling temperature of eval rollouts (range: the service's SamplingParams.temperature)",
+    )
     eval_before_train: bool | None = Field(
         None,
         description="a baseline eval at step 0, before the first optimizer step (verl's val_before_train); "
@@ -252,7 +283,7 @@ class RunConfig(BaseModel):
     @field_validator("region")
     @classmethod
     def _region(cls, v: str) -> str:
-        if not REGION_RE.match(v):
+        if v and not REGION_RE.match(v):
             raise ValueError("must be an AWS region name such as 'us-east-1'")
         return v
 
@@ -329,6 +360,18 @@ class RunConfig(BaseModel):
         ctx = info.data.get("max_context_tokens")
         if ctx is not None and v > ctx:
             raise ValueError(f"must be <= max_context_tokens ({ctx})")
+        return v
+
+    @field_validator("responses_per_prompt")
+    @classmethod
+    def _group_fits_map(cls, v: int, info: ValidationInfo) -> int:
+        bs = info.data.get("batch_size")
+        cap = limits.DISTRIBUTED_MAP_MAX_CHILDREN
+        if bs is not None and bs * v > cap:
+            raise ValueError(
+                f"batch_size x responses_per_prompt = {bs} x {v} = {bs * v} rollouts in one generation batch, "
+                f"more than the {cap} child executions a Distributed Map runs in parallel; lower either"
+            )
         return v
 
     @field_validator("clip_low_threshold", "clip_high_threshold")
@@ -504,7 +547,26 @@ def _format_error(err: dict[str, Any]) -> str:
         return f"{loc}: required{f' ({desc})' if desc else ''}"
     msg = err.get("msg", "")
     msg = msg.removeprefix("Value error, ")
+    source = LIMIT_SOURCES.get(loc) if kind in _RANGE_ERRORS else None
+    if source is not None:
+        msg = f"{msg}: {source}"
     return f"{loc}: {msg} (got {value!r})"
+
+
+_RANGE_ERRORS = frozenset({"greater_than", "greater_than_equal", "less_than", "less_than_equal"})
+
+#: Where a field's bounds come from, named in its range errors (see `stepwise.service_limits`).
+LIMIT_SOURCES: dict[str, str] = {
+    "max_new_tokens": f"the service's range is {limits.MAX_TOKENS.describe()}",
+    "temperature": f"the service's range is {limits.TEMPERATURE.describe()}",
+    "eval_temperature": f"the service's range is {limits.TEMPERATURE.describe()}",
+    "learning_rate": f"the service's range is {limits.LEARNING_RATE.describe()}",
+    "responses_per_prompt": f"the group size is bounded by {limits.NUM_SAMPLES.describe()}",
+    "acr_tps_limit": f"above {limits.MAX_ACR_TPS_LIMIT} PlanStep's Map concurrency cap ({limits.MAX_MAP_CONCURRENCY} "
+                     f"rollouts in flight, {limits.CONCURRENCY_PER_TPS} per unit) binds instead, so it would do nothing",
+    "max_num_gen_batches": f"{limits.EVENTS_PER_GENERATION_BATCH} history events per generation batch must fit in one "
+                           f"execution's {limits.EXECUTION_HISTORY_EVENTS}-event history",
+}
 
 
 #: YAML 1.2's float syntax (PyYAML resolves YAML 1.1, whose floats need a dot: ``1e-5`` would be

@@ -1,21 +1,34 @@
-"""`stepwise validate CONFIG.json [--check-datasets] [--json]`: check a run config without starting anything.
+"""`stepwise validate CONFIG.json [--check-datasets] [--check-aws] [--json]`: check a run config without starting anything.
 
 Prints ``ok`` and a one-screen summary (steps per epoch, rollouts per step, ...), or every
 problem at once and exits 2. JSON or YAML; the reference loop's ``config.yaml`` loads, with a
 warning (on stderr, and under ``warnings`` with ``--json``) for each field that cannot apply serverless. ``--check-datasets`` also reads the train (and eval) dataset,
 local or ``s3://`` (default AWS credentials), requires at least ``batch_size`` train rows, and
 adds the row counts to the summary — the same check Init runs before creating a session.
+
+``--check-aws`` (implies ``--check-datasets``) runs every refusal Init makes before billing
+(`stepwise.preflight`) against the deployed stack (``--stack`` / ``--bucket`` /
+``--state-machine-arn`` / ``--region``, as the other commands find it): the run's region is the
+stack's, the agent runtime exists (GetAgentRuntime), is READY and is one the stack may invoke, and
+every S3 location is in a bucket the stack grants and reachable. The stack's grants
+(``STEPWISE_DATA_BUCKETS``, ``STEPWISE_AGENT_RUNTIME_ARNS``) are read from the deployed Init
+function's environment (found through the state machine's definition), else from this environment.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stepwise.config import ConfigError, RunConfig, load_run_config
 from stepwise.datasets import DatasetError, check_dataset
+
+if TYPE_CHECKING:
+    from stepwise.commands._runs import Deployment
+    from stepwise.preflight import StackScope
 
 EXIT_INVALID = 2
 
@@ -24,7 +37,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", help="run config, JSON (or YAML) file")
     parser.add_argument("--check-datasets", action="store_true",
                         help="also read dataset_path / eval_dataset_path and count their rows")
+    parser.add_argument("--check-aws", action="store_true",
+                        help="also run Init's refusals against the deployed stack: region, agent runtime (GetAgentRuntime), "
+                             "S3 locations and the stack's grants (implies --check-datasets; calls AWS, read-only)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    from stepwise.commands._runs import add_stack_arguments
+
+    add_stack_arguments(parser)
 
 
 def check_datasets(cfg: RunConfig, *, s3_client: Any | None = None) -> tuple[dict[str, int], list[str]]:
@@ -40,6 +59,43 @@ def check_datasets(cfg: RunConfig, *, s3_client: Any | None = None) -> tuple[dic
         except DatasetError as e:
             errors.append(f"{field}: {e}")
     return rows, errors
+
+
+def init_function_environment(dep: "Deployment") -> dict[str, str]:
+    """The deployed Init function's environment: the state machine's first state names the function.
+
+    Returns {} when it cannot be read (no permission, another definition); the caller falls back.
+    """
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        definition = json.loads(dep.sfn.describe_state_machine(stateMachineArn=dep.state_machine_arn)["definition"])
+        init_arn = definition["States"][definition["StartAt"]]["Resource"]
+        lam = boto3.client("lambda", region_name=dep.info.region or None)
+        return dict(lam.get_function_configuration(FunctionName=init_arn).get("Environment", {}).get("Variables", {}))
+    except (ClientError, BotoCoreError, KeyError, TypeError, ValueError):
+        return {}
+
+
+def deployed_scope(dep: "Deployment") -> "StackScope":
+    """What the deployed stack grants its functions (see the module doc)."""
+    from stepwise.preflight import ENV_AGENT_RUNTIME_ARNS, ENV_DATA_BUCKETS, StackScope, arn_account
+
+    env = init_function_environment(dep)
+    grants = {k: env.get(k, os.environ.get(k, "")) for k in (ENV_DATA_BUCKETS, ENV_AGENT_RUNTIME_ARNS)}
+    return StackScope.from_env({"AWS_REGION": dep.info.region, "STEPWISE_BUCKET": dep.bucket, **grants},
+                               account=arn_account(dep.state_machine_arn))
+
+
+def check_aws(cfg: RunConfig, args: argparse.Namespace) -> tuple["StackScope", list[str]]:
+    """Init's refusals against the deployed stack: ``(scope, problems)``; CommandError if no stack is found."""
+    from stepwise.commands._runs import deployment
+    from stepwise.preflight import Probes, refusals
+
+    dep = deployment(args)
+    scope = deployed_scope(dep)
+    return scope, refusals(cfg, scope, Probes(s3=dep.s3))
 
 
 def _format_summary(summary: dict[str, Any]) -> str:
@@ -59,14 +115,30 @@ def run(args: argparse.Namespace) -> int:
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
     train_rows: int | None = None
-    if args.check_datasets:
+    scope = None
+    if args.check_aws:
+        from stepwise.commands._runs import CommandError, fail
+        from stepwise.preflight import RunRefused, resolve_region
+
+        try:
+            scope, refused = check_aws(cfg, args)
+        except CommandError as e:
+            return fail(str(e))
+        if refused:
+            print(str(RunRefused(refused, args.config)), file=sys.stderr)
+            return EXIT_INVALID
+        cfg = resolve_region(cfg, scope)
+    if args.check_datasets or args.check_aws:
         rows, errors = check_datasets(cfg)
         if errors:
             print(str(ConfigError(errors, args.config)), file=sys.stderr)
             return EXIT_INVALID
         train_rows = rows["dataset_path"]
     summary = cfg.summary(train_rows)
-    if args.check_datasets and cfg.eval_dataset_path:
+    if scope is not None:
+        summary["stack_region"] = scope.region
+        summary["granted_buckets"] = ", ".join(scope.buckets)
+    if (args.check_datasets or args.check_aws) and cfg.eval_dataset_path:
         eval_rows = rows["eval_dataset_path"]
         summary["eval_prompts"] = min(eval_rows, cfg.eval_max_prompts) if cfg.eval_max_prompts > 0 else eval_rows
     if args.json:

@@ -161,8 +161,22 @@ def resume(rs: RunStore, run_id: str, execution_arn: str, state: RunState) -> Ru
     return state
 
 
-def validate_inputs(raw_config: Any, rs: RunStore, run_id: str | None = None) -> tuple[Any, int, int]:
-    """``(RunConfig, dataset rows, eval rows)``; raises ConfigError / DatasetError / ClientError first.
+def refuse_on_this_stack(cfg: Any, rs: RunStore, execution_arn: str = "") -> Any:
+    """`stepwise.preflight.refuse_before_billing` against this function's stack (its environment,
+    and the account of the execution ARN); returns the config with its region resolved.
+
+    Raises:
+        RunRefused: every problem at once (region, runtime, S3 locations).
+    """
+    from stepwise.preflight import Probes, StackScope, arn_account, refuse_before_billing
+
+    scope = StackScope.from_env(account=arn_account(execution_arn))
+    return refuse_before_billing(cfg, scope, Probes(s3=rs.s3))
+
+
+def validate_inputs(raw_config: Any, rs: RunStore, run_id: str | None = None,
+                    execution_arn: str = "") -> tuple[Any, int, int]:
+    """``(RunConfig, dataset rows, eval rows)``; raises ConfigError / RunRefused / DatasetError / ClientError first.
 
     The datasets are streamed, so memory does not grow with their size. With ``run_id``, each is also
     written once as the run's snapshot (`snapshot_dataset`), which PlanStep reads batch by batch.
@@ -171,7 +185,7 @@ def validate_inputs(raw_config: Any, rs: RunStore, run_id: str | None = None) ->
     from stepwise.config import load_run_config
     from stepwise.datasets import check_dataset
 
-    cfg = load_run_config(raw_config)
+    cfg = refuse_on_this_stack(load_run_config(raw_config), rs, execution_arn)
     rs.s3.head_bucket(Bucket=rs.bucket)
 
     def rows_of(path: str, min_rows: int, kind: str) -> int:
@@ -210,9 +224,10 @@ def cache_tokenizer(cfg: Any, created: training.CreatedSession, rs: RunStore, ru
     prefix = tokenizer_prefix(run_id)
     if cfg.tokenizer_path.startswith("s3://"):
         from stepwise.config import parse_s3_uri
+        from stepwise.s3_probe import as_prefix
 
         bucket, key = parse_s3_uri(cfg.tokenizer_path)
-        key = key if not key or key.endswith("/") else key + "/"
+        key = as_prefix(key)
         n = 0
         for page in rs.s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key):
             for obj in page.get("Contents", []):
@@ -258,7 +273,7 @@ def initialize(event: InitEvent) -> dict[str, Any]:
     if existing is not None and existing.owner_execution_arn != event.execution_arn:
         raise RunOwnedElsewhere(f"run {run_id!r} already exists, owned by {existing.owner_execution_arn}")
 
-    cfg, rows, eval_rows = validate_inputs(event.input, rs, run_id)
+    cfg, rows, eval_rows = validate_inputs(event.input, rs, run_id, event.execution_arn)
     session_name = training.session_name_for(run_id)
     if existing is None:
         rs.put_json(config_key(run_id), cfg.model_dump(mode="json"))

@@ -30,10 +30,7 @@ from stepwise.handlers._common import BatchRef, RunEvent, bind, logger, now, run
 from stepwise.handlers.train import PhaseMismatch, plan_checkpoint
 from stepwise.runstore import RunState, dataset_index_key, dataset_shard_key, items_key, prompts_key
 
-#: Map concurrency per unit of ``acr_tps_limit``: children start in a burst of MaxConcurrency,
-#: then at the rate rollouts finish; ACR throttling beyond the limit is retried with jitter.
-CONCURRENCY_PER_TPS = 8
-MAX_MAP_CONCURRENCY = 1000
+from stepwise.service_limits import CONCURRENCY_PER_TPS, MAX_MAP_CONCURRENCY  # one home: the config bounds use them
 
 
 @dataclass

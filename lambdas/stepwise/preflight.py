@@ -1,0 +1,236 @@
+"""Refuse before billing: what a run needs from its stack, checked before CreateTrainingSession.
+
+Init (and ``stepwise validate --check-aws``) call `refusals` after the config itself validated.
+It returns every problem at once, each as ``"field: message (got X)"`` naming the limit (the
+config's style), in two passes:
+
+1. pure checks of the config against the stack's scope (`StackScope`, from the environment the
+   stack gives its functions, CONTRACTS.md item 1): the run's ``region`` is the stack's; the agent
+   runtime is one StartRollout is granted to invoke (the allow-list ``STEPWISE_AGENT_RUNTIME_ARNS``,
+   or any runtime of the stack's region and account when it is empty); every S3 location the run
+   reads or writes (datasets, ``tokenizer_path``, ``s3_output_path``) is in the stack's bucket or
+   one of ``STEPWISE_DATA_BUCKETS`` (CDK context ``dataBuckets``);
+2. lookups through the boundary modules, only for what passed 1: the runtime exists and is READY
+   (`stepwise.agentcore_control`), the buckets are reachable and the tokenizer prefix holds files
+   (`stepwise.s3_probe`). Whether a dataset exists and parses is `stepwise.datasets.check_dataset`'s
+   (Init runs it right after).
+
+Nothing here creates, writes or bills anything.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from stepwise.config import ConfigError, RunConfig, parse_s3_uri
+from stepwise.stackinfo import region_of_arn as arn_region
+
+ENV_REGION = "AWS_REGION"
+ENV_BUCKET = "STEPWISE_BUCKET"
+ENV_DATA_BUCKETS = "STEPWISE_DATA_BUCKETS"
+ENV_AGENT_RUNTIME_ARNS = "STEPWISE_AGENT_RUNTIME_ARNS"
+CONTEXT_DATA_BUCKETS = "dataBuckets"
+CONTEXT_AGENT_RUNTIME_ARNS = "agentRuntimeArns"
+
+
+class RunRefused(ConfigError):
+    """The run cannot work on this stack; ``errors`` lists each reason (``"field: message (got X)"``)."""
+
+    def __init__(self, errors: list[str], source: str | None = None):
+        super().__init__(errors, source)
+        head = f"run refused before any training session{f' ({source})' if source else ''} ({len(self.errors)} problem(s)):"
+        self.args = ("\n".join([head, *(f"  - {e}" for e in self.errors)]),)
+
+
+def _split(value: str) -> tuple[str, ...]:
+    return tuple(v.strip() for v in value.split(",") if v.strip())
+
+
+@dataclass(frozen=True)
+class StackScope:
+    """What the stack grants its functions.
+
+    Attributes:
+        region: the stack's region (``AWS_REGION``).
+        bucket: the run bucket (``STEPWISE_BUCKET``).
+        data_buckets: other buckets the functions may read and write (``STEPWISE_DATA_BUCKETS``).
+        agent_runtime_arns: the runtimes StartRollout may invoke (``STEPWISE_AGENT_RUNTIME_ARNS``);
+            empty = any runtime of ``region`` (and ``account``, when known).
+        account: the stack's account id ('' = not checked), e.g. from the execution ARN.
+    """
+
+    region: str
+    bucket: str
+    data_buckets: tuple[str, ...] = ()
+    agent_runtime_arns: tuple[str, ...] = ()
+    account: str = ""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, *, account: str = "") -> "StackScope":
+        """The scope from a function's environment (default ``os.environ``)."""
+        env = os.environ if env is None else env
+        return cls(region=env.get(ENV_REGION, "") or env.get("AWS_DEFAULT_REGION", ""), bucket=env.get(ENV_BUCKET, ""),
+                   data_buckets=_split(env.get(ENV_DATA_BUCKETS, "")),
+                   agent_runtime_arns=_split(env.get(ENV_AGENT_RUNTIME_ARNS, "")), account=account)
+
+    @property
+    def buckets(self) -> tuple[str, ...]:
+        """Every bucket the functions are granted: the run bucket first."""
+        return tuple(dict.fromkeys(b for b in (self.bucket, *self.data_buckets) if b))
+
+    def may_invoke(self, runtime_arn: str) -> bool:
+        """Whether StartRollout's grant covers ``runtime_arn`` (IAM as the stack writes it)."""
+        if self.agent_runtime_arns:
+            return runtime_arn in self.agent_runtime_arns
+        parts = runtime_arn.split(":")
+        if len(parts) < 6:
+            return False
+        return parts[3] == self.region and (not self.account or parts[4] == self.account)
+
+
+def arn_account(arn: str) -> str:
+    """The account field of an ARN ('' if it has none)."""
+    parts = arn.split(":")
+    return parts[4] if len(parts) > 4 and parts[0] == "arn" else ""
+
+
+@dataclass(frozen=True)
+class S3Location:
+    """One S3 location the run uses. ``kind``: ``dataset`` (read by `stepwise.datasets`), ``prefix``
+    (must hold files directly under it) or ``output`` (written later: only its bucket must be reachable)."""
+
+    field: str
+    uri: str
+    kind: str
+
+    @property
+    def bucket(self) -> str:
+        return parse_s3_uri(self.uri)[0]
+
+    @property
+    def key(self) -> str:
+        return parse_s3_uri(self.uri)[1]
+
+
+def s3_locations(cfg: RunConfig) -> list[S3Location]:
+    """Every ``s3://`` location in ``cfg`` the run reads or writes (local paths are not S3's)."""
+    out = []
+    for name, kind in (("dataset_path", "dataset"), ("eval_dataset_path", "dataset"), ("tokenizer_path", "prefix"),
+                       ("s3_output_path", "output")):
+        uri = getattr(cfg, name)
+        if uri.startswith("s3://"):
+            out.append(S3Location(name, uri, kind))
+    return out
+
+
+# ------------------------------------------------------------------------------ pure checks
+
+
+def region_errors(cfg: RunConfig, scope: StackScope) -> list[str]:
+    """The run's region must be the stack's: every grant and the gateway's sampler are scoped to it."""
+    if not cfg.region and not scope.region:
+        return [f"region: '' means the stack's region, but {ENV_REGION} is not set; set 'region' (got '')"]
+    if cfg.region and scope.region and cfg.region != scope.region:
+        return [f"region: the run's region {cfg.region!r} is not the stack's region {scope.region!r}; every grant "
+                f"(training session, S3, ACR) is scoped to {scope.region}: remove 'region' (it defaults to the "
+                f"stack's) or deploy a stack in {cfg.region} (got {cfg.region!r})"]
+    return []
+
+
+def runtime_scope_errors(cfg: RunConfig, scope: StackScope) -> list[str]:
+    """The agent runtime must be one StartRollout may invoke."""
+    arn = cfg.agent_runtime_arn
+    if scope.may_invoke(arn):
+        return []
+    if scope.agent_runtime_arns:
+        why = (f"it is not in the stack's allow-list {ENV_AGENT_RUNTIME_ARNS} ({', '.join(scope.agent_runtime_arns)}); "
+               f"add it to the CDK context value '{CONTEXT_AGENT_RUNTIME_ARNS}' and redeploy")
+    elif arn_region(arn) != scope.region:
+        why = (f"it is in {arn_region(arn)}, outside the stack's region {scope.region}, and the stack allows no other "
+               f"runtimes; add it to the CDK context value '{CONTEXT_AGENT_RUNTIME_ARNS}' and redeploy")
+    else:
+        why = (f"it is in account {arn_account(arn)}, not the stack's account {scope.account}; add it to the CDK "
+               f"context value '{CONTEXT_AGENT_RUNTIME_ARNS}' and redeploy")
+    return [f"agent_runtime_arn: StartRollout is not granted InvokeAgentRuntime on this runtime: {why} (got {arn!r})"]
+
+
+def bucket_scope_errors(locations: list[S3Location], scope: StackScope) -> list[str]:
+    """Every location must be in a bucket the stack grants its functions."""
+    granted = scope.buckets
+    errors = []
+    for loc in locations:
+        if loc.bucket not in granted:
+            errors.append(
+                f"{loc.field}: bucket {loc.bucket!r} is outside the stack's grants (the run bucket {scope.bucket!r} "
+                f"and {ENV_DATA_BUCKETS}: {', '.join(scope.data_buckets) or 'none'}); add it to the CDK context value "
+                f"'{CONTEXT_DATA_BUCKETS}' and redeploy, or copy the data into s3://{scope.bucket}/ (got {loc.uri!r})")
+    return errors
+
+
+# ------------------------------------------------------------------------------ orchestration
+
+
+@dataclass
+class Probes:
+    """The lookups `refusals` makes; each returns '' when fine, else the problem (no field, no value).
+
+    Defaults are the real boundaries (`stepwise.s3_probe`, `stepwise.agentcore_control`).
+    """
+
+    s3: Any = None
+    bucket: Callable[[Any, str], str] | None = None
+    prefix: Callable[[Any, str, str], str] | None = None
+    runtime: Callable[[str], str] | None = None
+    calls: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        from stepwise import agentcore_control, s3_probe
+
+        self.bucket = self.bucket or s3_probe.bucket_problem
+        self.prefix = self.prefix or s3_probe.prefix_problem
+        self.runtime = self.runtime or agentcore_control.runtime_problem
+
+
+def refusals(cfg: RunConfig, scope: StackScope, probes: Probes) -> list[str]:
+    """Every reason this run cannot work on this stack (empty = go ahead); see the module doc."""
+    locations = s3_locations(cfg)
+    errors = region_errors(cfg, scope) + runtime_scope_errors(cfg, scope) + bucket_scope_errors(locations, scope)
+    if not runtime_scope_errors(cfg, scope):
+        problem = probes.runtime(cfg.agent_runtime_arn)
+        if problem:
+            errors.append(f"agent_runtime_arn: {problem} (got {cfg.agent_runtime_arn!r})")
+    granted = set(scope.buckets)
+    bucket_problems: dict[str, str] = {}
+    for loc in locations:
+        if loc.bucket not in granted:
+            continue
+        if loc.bucket not in bucket_problems:
+            bucket_problems[loc.bucket] = probes.bucket(probes.s3, loc.bucket)
+        problem = bucket_problems[loc.bucket]
+        if not problem and loc.kind == "prefix":
+            problem = probes.prefix(probes.s3, loc.bucket, loc.key)
+        if problem:
+            errors.append(f"{loc.field}: {problem} (got {loc.uri!r})")
+    return errors
+
+
+def resolve_region(cfg: RunConfig, scope: StackScope) -> RunConfig:
+    """``cfg`` with ``region`` = the stack's when the config leaves it '' (what Init stores)."""
+    if cfg.region or not scope.region:
+        return cfg
+    return cfg.model_copy(update={"region": scope.region})
+
+
+def refuse_before_billing(cfg: RunConfig, scope: StackScope, probes: Probes | None = None) -> RunConfig:
+    """`refusals`, raised as one `RunRefused`; returns ``cfg`` with its region resolved.
+
+    Raises:
+        RunRefused: listing every problem found.
+    """
+    errors = refusals(cfg, scope, probes or Probes())
+    if errors:
+        raise RunRefused(errors)
+    return resolve_region(cfg, scope)

@@ -1,0 +1,91 @@
+"""The limits one training step must stay within, each with its source (pure; no AWS call).
+
+Service-side value ranges are read from botocore's service models (the JSON files botocore ships),
+so they follow the service when botocore is upgraded: ``SamplingParams.maxTokens``,
+``SamplingParams.temperature``, ``SampleConfig.numSamples``, ``AdamParamsConfig.learningRate`` and
+the ``LossFnName`` enum of ``sagemakertrainingsessionruntime``. The clip thresholds travel in
+``lossFnConfig``, a free-form document in that model, so their ranges stay in `stepwise.config`.
+
+Limits no model carries are documented quotas, kept here as constants with their page:
+- Step Functions, "Map state processing modes": a Distributed Map runs up to 10,000 child
+  workflow executions in parallel. One generation batch is one Map Run, so its rollouts
+  (``batch_size * responses_per_prompt``) stay within that.
+- PlanStep's Map concurrency: ``acr_tps_limit * CONCURRENCY_PER_TPS``, capped at
+  ``MAX_MAP_CONCURRENCY`` (1,000: AgentCore Runtime's default quota of active session workloads
+  per account in us-east-1 / us-west-2 is 1,000). An ``acr_tps_limit`` above
+  ``MAX_MAP_CONCURRENCY / CONCURRENCY_PER_TPS`` changes nothing, so it is refused.
+- Step Functions quota: 25,000 events in one execution's history. A step's generation batches
+  run inside one execution (continue-as-new happens between steps), each adding
+  ``EVENTS_PER_GENERATION_BATCH`` parent events (PlanStep task 5, choice 2, Distributed Map 6,
+  choice 2, ComputeAdvantages task 5, choice 2), so ``max_num_gen_batches`` is bounded by
+  ``MAX_GENERATION_BATCHES_PER_STEP``.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+TRAINING_RUNTIME_SERVICE = "sagemakertrainingsessionruntime"
+
+#: Map children started per unit of ``acr_tps_limit``: children start in a burst of
+#: MaxConcurrency, then at the rate rollouts finish; ACR throttling beyond the limit is retried.
+CONCURRENCY_PER_TPS = 8
+#: PlanStep's cap on the Map's MaxConcurrency (AgentCore Runtime: 1,000 active sessions per account).
+MAX_MAP_CONCURRENCY = 1000
+#: Step Functions, "Map state processing modes": Distributed mode runs up to 10,000 parallel children.
+DISTRIBUTED_MAP_MAX_CHILDREN = 10_000
+#: Step Functions quota: maximum events in one execution's history.
+EXECUTION_HISTORY_EVENTS = 25_000
+#: Parent-history events of one generation batch (see the module doc).
+EVENTS_PER_GENERATION_BATCH = 22
+#: History events kept free in an execution for the rest of one step (train, rebind, save, eval).
+HISTORY_RESERVE_EVENTS = 2_000
+MAX_GENERATION_BATCHES_PER_STEP = (EXECUTION_HISTORY_EVENTS - HISTORY_RESERVE_EVENTS) // EVENTS_PER_GENERATION_BATCH
+#: The most useful ``acr_tps_limit``: above it PlanStep's MaxConcurrency cap binds instead.
+MAX_ACR_TPS_LIMIT = MAX_MAP_CONCURRENCY // CONCURRENCY_PER_TPS
+
+
+@dataclass(frozen=True)
+class ModelRange:
+    """A numeric member's ``min`` / ``max`` in a botocore service model (None = unbounded)."""
+
+    lo: float | None
+    hi: float | None
+    source: str  # e.g. "sagemakertrainingsessionruntime SamplingParams.maxTokens"
+
+    def describe(self) -> str:
+        """``"512..131072 (the service's SamplingParams.maxTokens)"``."""
+        lo = "" if self.lo is None else f"{self.lo:g}"
+        hi = "" if self.hi is None else f"{self.hi:g}"
+        return f"{lo}..{hi} ({self.source} in botocore's service model)"
+
+
+@functools.lru_cache(maxsize=4)
+def _service_model(service: str):
+    import botocore.session
+
+    return botocore.session.get_session().get_service_model(service)
+
+
+def model_range(shape: str, member: str, *, service: str = TRAINING_RUNTIME_SERVICE) -> ModelRange:
+    """``min`` / ``max`` of ``shape.member`` in ``service``'s botocore model.
+
+    Raises:
+        KeyError: the shape has no such member (the model changed: the caller's limit moved).
+    """
+    target = _service_model(service).shape_for(shape).members[member]
+    md = target.metadata
+    return ModelRange(md.get("min"), md.get("max"), f"{service} {shape}.{member}")
+
+
+def model_enum(shape: str, *, service: str = TRAINING_RUNTIME_SERVICE) -> tuple[str, ...]:
+    """The ``enum`` values of a string shape in ``service``'s botocore model."""
+    return tuple(_service_model(service).shape_for(shape).metadata.get("enum", ()))
+
+
+MAX_TOKENS = model_range("SamplingParams", "maxTokens")
+TEMPERATURE = model_range("SamplingParams", "temperature")
+NUM_SAMPLES = model_range("SampleConfig", "numSamples")
+LEARNING_RATE = model_range("AdamParamsConfig", "learningRate")
+LOSS_FUNCTIONS = model_enum("LossFnName")
