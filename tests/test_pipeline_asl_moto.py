@@ -98,6 +98,19 @@ def test_a_bad_config_fails_the_execution_before_any_session_exists(local):
     assert sim.counters.get("CreateTrainingSession", 0) == before
 
 
+def test_a_run_the_stack_cannot_serve_fails_the_execution_before_any_session_exists(local):
+    moto, sim, agent, sm_arn, s3, base, put = local
+    sfn = moto.client("stepfunctions")
+    before = sim.counters.get("CreateTrainingSession", 0)
+    west = "arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/toy_agent-abc"
+    arn = sfn.start_execution(stateMachineArn=sm_arn, name=f"asl-refused-{uuid.uuid4().hex[:6]}",
+                              input=json.dumps(dict(base, region="eu-west-1", agent_runtime_arn=west)))["executionArn"]
+    d = _wait(sfn, arn)
+    assert d["status"] == "FAILED" and d["error"] == "RunRefused", d
+    assert "region: the run's region 'eu-west-1'" in d["cause"] and "agent_runtime_arn:" in d["cause"]
+    assert sim.counters.get("CreateTrainingSession", 0) == before
+
+
 def test_rollouts_that_time_out_score_zero_and_late_results_are_harmless(local):
     # (every rollout of this run times out, so it also fails the run: RolloutsFailed)
     moto, sim, agent, sm_arn, s3, base, put = local
