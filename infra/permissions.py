@@ -46,6 +46,7 @@ class Capability(enum.Enum):
     SAMPLING_OPS = "submit and read sampling operations"
     MODEL_PACKAGES_READ = "describe model packages (checkpoints)"
     INVOKE_AGENT = "InvokeAgentRuntime on the configured ACR runtimes"
+    LOOKUP_AGENT = "GetAgentRuntime of the configured ACR runtimes (Init's refusal before billing)"
     TASK_RESPONSE = "SendTaskSuccess/Failure/Heartbeat for the training loop's callback tasks"
     CONTINUE_RUN = "StartExecution of the training loop (continue the run as a new execution)"
     DATA_READ = "read datasets and tokenizers in the dataBuckets"
@@ -76,7 +77,8 @@ KMS_SESSION_ACTIONS = ("kms:CreateGrant", "kms:DescribeKey", "kms:GenerateDataKe
 #: Function name (``FunctionSpec.name``, or ``Gateway``) -> its capabilities. A function
 #: missing here gets only RUN_STATE, and tests/test_stack_iam.py fails naming it.
 FUNCTION_CAPABILITIES: dict[str, frozenset[Capability]] = {
-    "Init": frozenset({C.RUN_STATE, C.SESSION_LIFECYCLE, C.DATA_READ_WRITE}),
+    # Init looks the agent runtime up before any session (stepwise.preflight): the runtimes StartRollout may invoke.
+    "Init": frozenset({C.RUN_STATE, C.SESSION_LIFECYCLE, C.DATA_READ_WRITE, C.LOOKUP_AGENT}),
     # PollSession also drives the resume phase (load_state, save_weights, load_weights_for_sampling).
     "PollSession": frozenset({C.RUN_STATE, C.SESSION_DESCRIBE, C.TRAINING_OPS, C.SAMPLING_OPS, C.MODEL_PACKAGES_READ}),
     "PlanStep": frozenset({C.RUN_STATE, C.DATA_READ}),
@@ -245,6 +247,9 @@ def statements(
                                     resources=[_sm_arn(stack, "model-package")])]
     if capability is C.INVOKE_AGENT:
         return [iam.PolicyStatement(actions=["bedrock-agentcore:InvokeAgentRuntime"],
+                                    resources=agent_runtime_resources(stack, agent_runtime_arns))]
+    if capability is C.LOOKUP_AGENT:
+        return [iam.PolicyStatement(actions=["bedrock-agentcore:GetAgentRuntime"],
                                     resources=agent_runtime_resources(stack, agent_runtime_arns))]
     if capability is C.TASK_RESPONSE:
         return [iam.PolicyStatement(actions=list(TASK_RESPONSE_ACTIONS), resources=["*"])]

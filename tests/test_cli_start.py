@@ -97,3 +97,13 @@ def test_resume_flag_hands_an_existing_run_to_resume(moto_dep, tmp_path, capsys)
     assert "started a new execution of run again" in capsys.readouterr().out
     names = sorted(e["name"] for e in moto_dep.sfn.list_executions(stateMachineArn=moto_dep.state_machine_arn)["executions"])
     assert names == ["again", "again--1"]
+
+
+def test_a_region_other_than_the_stacks_is_refused_before_anything_is_uploaded(moto_dep, tmp_path, capsys):
+    path, _ = _config(tmp_path, region="eu-west-1")
+    assert main(["start", str(path), "--run-id", "elsewhere", *moto_dep.flags]) == 2
+    err = capsys.readouterr().err
+    assert "region: the run's region 'eu-west-1' is not the stack's region 'us-east-1'" in err
+    assert "Contents" not in moto_dep.s3.list_objects_v2(Bucket=moto_dep.bucket, Prefix="datasets/elsewhere/")
+    executions = moto_dep.sfn.list_executions(stateMachineArn=moto_dep.state_machine_arn)["executions"]
+    assert all(e["name"] != "elsewhere" for e in executions)

@@ -131,7 +131,11 @@ def start(args: argparse.Namespace) -> dict[str, Any]:
             f"run {run_id!r} already exists; resume it with `stepwise resume {run_id}` (or start --resume), "
             "or choose another --run-id"
         )
-    _, errors = check_datasets(cfg, s3_client=dep.s3)
+    from stepwise.preflight import StackScope, region_errors
+
+    # Init would refuse it (stepwise.preflight); say so before uploading anything.
+    errors = region_errors(cfg, StackScope(region=dep.info.region, bucket=dep.bucket)) if dep.info.region else []
+    errors += check_datasets(cfg, s3_client=dep.s3)[1]
     if errors:
         raise ConfigError(errors, args.config)
     rewritten, uploaded = upload_inputs(raw, s3=dep.s3, bucket=dep.bucket, run_id=run_id)
@@ -139,7 +143,7 @@ def start(args: argparse.Namespace) -> dict[str, Any]:
     resp = dep.sfn.start_execution(stateMachineArn=dep.state_machine_arn, name=run_id, input=json.dumps(rewritten))
     arn = resp["executionArn"]
     return {"run_id": run_id, "execution_arn": arn, "console_url": console_url(arn), "uploaded": uploaded,
-            "config_region": cfg.region, "stack_region": dep.info.region}
+            "config_region": cfg.region or dep.info.region, "stack_region": dep.info.region}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -163,9 +167,6 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_OK
     for uri in out["uploaded"]:
         print(f"uploaded {uri}")
-    if out["stack_region"] and out["config_region"] != out["stack_region"]:
-        print(f"note: the training session runs in {out['config_region']} (config 'region'), "
-              f"the stack in {out['stack_region']}", file=sys.stderr)
     print(f"started run {out['run_id']}")
     print(f"  execution  {out['execution_arn']}")
     print(f"  console    {out['console_url']}")
