@@ -199,3 +199,27 @@ def test_a_batch_of_agent_errors_and_timeouts_fails_the_run_with_the_causes_coun
     assert str(e.value) == ("all 4 rollouts of the train batch of step 0 (generation batch 0) failed: 3 error, 1 timeout, "
                             "0 ok; 4 without a captured turn; 3 x AgentError: Error code: 401 - unknown session; "
                             "1 x States.Timeout: ")
+
+
+def test_eval_rollouts_whose_agent_raised_count_as_failed_and_score_zero(stack):
+    import uuid
+
+    from stepwise.handlers.rollout import FinishEvent, finish
+    from stepwise.runstore import result_key
+
+    run_id = new_run_id("eval")
+    eval_path = stack.put_dataset("data/eval-fail.jsonl", [{"prompt": "e0", "answer": "0"}, {"prompt": "e1", "answer": "1"}])
+    init_run(stack, run_id, stack.config(max_prompts=2, eval_dataset_path=eval_path, eval_before_train=True))
+    assert wait_ready(run_id)["ready"]
+    p = plan.plan(RunEvent.model_validate({"run": run_ref(run_id)}))  # the baseline eval
+    assert p["batch"]["kind"] == "eval" and p["num_items"] == 2
+    items = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=p["items_key"])["Body"].read())
+    bodies = [{"status_code": 500, "stop_reason": "boom", "rewards": 1.0}, {"rewards": 1.0, "status_code": 200}]
+    for item, body in zip(items, bodies):
+        sid = str(uuid.uuid4())
+        key = result_key(run_id, item["input_id"], sid)
+        stack.s3.put_object(Bucket=BUCKET, Key=key, Body=json.dumps(body).encode())
+        finish(FinishEvent.model_validate({"run": run_ref(run_id), "batch": p["batch"], "item": item,
+                                           "result": {"sid": sid, "result_key": key}, "error": None}))
+    summary = advantages.record_eval(BatchEvent.model_validate({"run": run_ref(run_id), "batch": p["batch"]}))
+    assert summary["eval/failed_rollouts"] == 1 and summary["eval/accuracy"] == 0.5 and summary["eval/n"] == 2
