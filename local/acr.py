@@ -205,6 +205,7 @@ class AcrEmulator:
         self.region = region or os.environ.get("AWS_REGION") or "us-east-1"
         self.account = account
         self.allowed_runtime_arns = tuple(allowed_runtime_arns)
+        self._statuses: dict[str, str] = {}
         self.log_dir = log_dir
         self._specs = dict(agents or {})
         self.tps_limit = tps_limit
@@ -304,10 +305,12 @@ class AcrEmulator:
         self._specs[arn] = spec
         self._agent(arn)
 
-    def host(self, arn: str, spec: str | None = None) -> None:
+    def host(self, arn: str, spec: str | None = None, *, status: str = "READY") -> None:
         """Host the runtime ``arn`` (any region or account) with the app ``spec`` (default: by its
-        name), started on its first invoke: GetAgentRuntime finds it from now on."""
+        name), started on its first invoke: GetAgentRuntime finds it from now on, in ``status``
+        (one of the model's ``AgentRuntimeStatus`` values, e.g. ``CREATING``)."""
         self._specs[arn] = spec or agent_spec_for_arn(arn)
+        self._statuses[arn] = status
 
     # ------------------------------------------------------------------ what exists, who may invoke
 
@@ -488,7 +491,8 @@ class AcrEmulator:
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         return web.json_response({
             "agentRuntimeArn": arn, "agentRuntimeName": runtime_id.split("-", 1)[0], "agentRuntimeId": runtime_id,
-            "agentRuntimeVersion": "1", "createdAt": now, "lastUpdatedAt": now, "status": "READY",
+            "agentRuntimeVersion": "1", "createdAt": now, "lastUpdatedAt": now,
+            "status": self._statuses.get(arn, "READY"),
             "roleArn": f"arn:aws:iam::{arn.split(':')[4]}:role/AgentCoreRuntimeRole",
             "lifecycleConfiguration": {"idleRuntimeSessionTimeout": 900, "maxLifetime": 28800},
         })

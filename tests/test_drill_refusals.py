@@ -90,6 +90,13 @@ def test_a_runtime_that_does_not_exist_is_refused(stack):
     assert "ResourceNotFoundException" in e.errors[0] and arn in e.errors[0]
 
 
+def test_a_runtime_that_is_not_ready_is_refused(stack):
+    arn = f"arn:aws:bedrock-agentcore:{REGION}:123456789012:runtime/toy_agent-creating"
+    stack.acr.host(arn, status="CREATING")
+    e = refused(stack, agent_runtime_arn=arn)
+    assert len(e.errors) == 1 and "status is CREATING, not READY" in e.errors[0]
+
+
 def test_a_runtime_of_another_account_is_refused(stack):
     arn = f"arn:aws:bedrock-agentcore:{REGION}:999999999999:runtime/toy_agent-abc"
     e = refused(stack, agent_runtime_arn=arn)
