@@ -47,11 +47,13 @@ def test_a_config_the_stack_can_run_passes_and_names_the_stack_region(deployed, 
 def test_every_refusal_at_once_exit_2(deployed, tmp_path, capsys):
     cfg = deployed.config(region="eu-west-1",
                           agent_runtime_arn=f"arn:aws:bedrock-agentcore:{REGION}:123456789012:runtime/no_such_agent-x",
-                          s3_output_path=f"s3://{OTHER_BUCKET}/out/", tokenizer_path=f"s3://{BUCKET}/nothing/")
+                          s3_output_path=f"s3://{OTHER_BUCKET}/out/", tokenizer_path=f"s3://{BUCKET}/nothing/",
+                          eval_dataset_path=f"s3://{BUCKET}/data/no-such-eval.jsonl")
     assert main(["validate", write(tmp_path, cfg), "--check-aws"]) == 2
     err = capsys.readouterr().err
-    assert "run refused before any training session" in err and "(4 problem(s))" in err
-    for fragment in (f"region: the run's region 'eu-west-1' is not the stack's region '{REGION}'",
+    assert "run refused before any training session" in err and "(5 problem(s))" in err
+    for fragment in ("eval_dataset_path: ",  # the datasets' own problems come in the same list
+                     f"region: the run's region 'eu-west-1' is not the stack's region '{REGION}'",
                      "agent_runtime_arn: no agent runtime 'no_such_agent-x'",
                      f"s3_output_path: bucket '{OTHER_BUCKET}' is outside the stack's grants",
                      "'dataBuckets'",

@@ -124,7 +124,9 @@ def run(args: argparse.Namespace) -> int:
             scope, refused = check_aws(cfg, args)
         except CommandError as e:
             return fail(str(e))
-        if refused:
+        if refused:  # with the datasets' own problems, except where a refusal already names the field
+            named = {e.split(":", 1)[0] for e in refused}
+            refused += [e for e in check_datasets(cfg)[1] if e.split(":", 1)[0] not in named]
             print(str(RunRefused(refused, args.config)), file=sys.stderr)
             return EXIT_INVALID
         cfg = resolve_region(cfg, scope)
