@@ -234,8 +234,14 @@ def test_invokes_outside_the_stacks_region_or_allow_list_are_denied_like_iam(sta
     assert _control(acr, "us-west-2").get_agent_runtime(agentRuntimeId="toy_agent-west")["agentRuntimeArn"] == west
     started = set(acr._agents)
     denied = acr.counters.access_denied
-    with pytest.raises(client.exceptions.AccessDeniedException, match="InvokeAgentRuntime on resource"):
+    with pytest.raises(client.exceptions.AccessDeniedException, match="InvokeAgentRuntime on resource") as e:
         _invoke(client, llm, west, {"prompt": "p"})  # ... but the stack grants runtime/* of us-east-1 only
+    errors = {sh.name: sh.metadata["error"]["httpStatusCode"] for sh in client.meta.service_model
+              .operation_model("InvokeAgentRuntime").error_shapes}
+    assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == errors["AccessDeniedException"]
+    with pytest.raises(client.exceptions.ResourceNotFoundException) as e:
+        _invoke(client, llm, "arn:aws:bedrock-agentcore:us-east-1:123456789012:runtime/no_such_agent-x", {})
+    assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == errors["ResourceNotFoundException"]
     assert acr.counters.access_denied == denied + 1 and set(acr._agents) == started  # no agent ran
     acr.allowed_runtime_arns = (west,)
     try:
