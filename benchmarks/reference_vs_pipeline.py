@@ -152,7 +152,7 @@ def run_pipeline(config_path: Path, *, steps: int, out: Path, evals: bool = Fals
     return {"status": res.status, "steps": res.steps, "step_seconds": secs, "rewards": res.rewards,
             "wall_seconds": res.wall_seconds, "timing": res.timing,
             "optim_steps": res.simulator_counters.get("optim_step"), "run_dir": str(res.run_dir),
-            "load_average": load_average()}
+            "s3_requests": res.timing.get("s3_requests"), "load_average": load_average()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -183,6 +183,11 @@ def main(argv: list[str] | None = None) -> int:
         ratio = result["pipeline"]["step_summary"]["median"] / result["reference"]["step_summary"]["median"]
         result["ratio_median"] = ratio
         print(f"pipeline / reference, median step: {ratio:.2f}x")
+    s3 = (result.get("pipeline") or {}).get("s3_requests") or {}
+    if s3.get("per_rollout"):
+        print(f"pipeline S3 requests per rollout ({s3['rollouts']} rollouts): "
+              + " ".join(f"{op} {n}" for op, n in s3["per_rollout"].items()))
+        print("  by kind: " + ", ".join(f"{k} {n}" for k, n in s3["per_rollout_by_kind"].items()))
     print(f"written: {write_result(args.out, 'reference_vs_pipeline', result)}")
     return 0
 

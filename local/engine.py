@@ -23,6 +23,7 @@ import inspect
 import json
 import logging
 import os
+import re
 import threading
 import time
 import traceback
@@ -295,6 +296,82 @@ def cached_lambda_clients() -> Iterator[None]:
 
 
 # --------------------------------------------------------------------------------------
+# S3 request log (what a rollout costs in requests, by kind)
+# --------------------------------------------------------------------------------------
+
+#: (regex on the object key, kind), first match wins: the run store's layout (stepwise.runstore).
+_S3_KEY_KINDS = tuple((re.compile(rx), kind) for rx, kind in (
+    (r"^runs/[^/]+/state\.json$", "state"),
+    (r"^runs/[^/]+/config\.json$", "config"),
+    (r"^runs/[^/]+/sessions/[^/]+/task_token\.json$", "task_token"),
+    (r"^runs/[^/]+/sessions/[^/]+/turns/", "turn"),
+    (r"^sessions/[^/]+\.json$", "session"),
+    (r"/starts/[^/]+\.json$", "start_marker"),
+    (r"/rollouts/", "rollout"),
+    (r"/prompts\.json$", "prompts"),
+    (r"/items\.json$", "items"),
+    (r"/datums/", "datums"),
+    (r"/summary\.json$", "summary"),
+    (r"^runs/[^/]+/tokenizer/", "tokenizer"),
+    (r"^runs/[^/]+/dataset/", "dataset"),
+    (r"^rollout-results/", "result"),
+))
+
+
+def s3_request_kind(method: str, path: str, query: str) -> tuple[str, str]:
+    """``(operation, object kind)`` of one path-style S3 request.
+
+    Operation: ``GET``, ``PUT``, ``HEAD``, ``DELETE``, ``POST`` or ``LIST`` (a GET of the bucket
+    itself); object kind: the run-store key it touches (``state``, ``session``, ``turn``, ...;
+    ``bucket`` for bucket-level calls, ``other`` for keys outside the layout). For a LIST the kind
+    is the one of its ``prefix`` (``turn`` for a session's turns).
+    """
+    from urllib.parse import parse_qs, unquote
+
+    parts = unquote(path).lstrip("/").split("/", 1)
+    key = parts[1] if len(parts) > 1 else ""
+    op = method.upper()
+    if not key:
+        if op != "GET":
+            return op, "bucket"
+        prefix = parse_qs(query).get("prefix", [""])[0]
+        op, key = "LIST", prefix
+        if not key:
+            return op, "bucket"
+    for rx, kind in _S3_KEY_KINDS:
+        if rx.search(key):
+            return op, kind
+    return op, "other"
+
+
+class S3RequestLog:
+    """Counts the S3 requests a moto server answers, by ``(operation, object kind)``.
+
+    Installed around moto's WSGI app (every process's S3 client reaches the same server: the
+    handlers, the gateway, the agents), so the figure is the whole run's, as S3 would bill it.
+    A request is S3 when its SigV4 credential scope names ``s3``.
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self._lock = threading.Lock()
+        self.counts: dict[tuple[str, str], int] = {}
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
+        if "/s3/aws4_request" in environ.get("HTTP_AUTHORIZATION", ""):
+            kind = s3_request_kind(environ.get("REQUEST_METHOD", ""), environ.get("PATH_INFO", ""),
+                                   environ.get("QUERY_STRING", ""))
+            with self._lock:
+                self.counts[kind] = self.counts.get(kind, 0) + 1
+        return self.app(environ, start_response)
+
+    def snapshot(self) -> dict[str, int]:
+        """``{"OP kind": count}``, sorted by key (JSON-ready)."""
+        with self._lock:
+            return {f"{op} {kind}": n for (op, kind), n in sorted(self.counts.items())}
+
+
+# --------------------------------------------------------------------------------------
 # The moto server
 # --------------------------------------------------------------------------------------
 
@@ -325,6 +402,7 @@ class MotoServer:
         self.dispatcher = LambdaDispatcher()
         self._server: Any = None
         self._patch: contextlib.ExitStack | None = None
+        self.s3_requests: S3RequestLog | None = None
         self._saved_env: dict[str, str | None] = {}
         self._saved_config: bool | None = None
         self.endpoint = ""
@@ -343,6 +421,12 @@ class MotoServer:
         logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one access-log line per AWS call
         self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         self._server.start()
+        # werkzeug's request handler reads ``server.app`` per request: wrap it before any request.
+        wsgi = getattr(self._server, "_server", None)
+        if wsgi is None or not hasattr(wsgi, "app"):
+            raise SeamBroken("moto's ThreadedMotoServer no longer keeps its werkzeug server as _server; "
+                             "port local/engine.py's S3RequestLog")
+        self.s3_requests = wsgi.app = S3RequestLog(wsgi.app)
         host, port = self._server.get_host_and_port()
         self.endpoint = f"http://{host}:{port}"
         self.set_env({**endpoint_env(self.endpoint), "MOTO_PORT": str(port)})

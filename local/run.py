@@ -538,6 +538,23 @@ def lambda_stats(invocations: list[Any]) -> dict[str, dict[str, float]]:
     return out
 
 
+def s3_requests_per_rollout(counts: dict[str, int], rollouts: int) -> dict[str, Any]:
+    """The run's S3 requests (``{"OP kind": n}`` from `local.engine.S3RequestLog`) with totals per
+    operation and, when ``rollouts`` > 0, per rollout (every request of the run divided by the
+    rollouts it ran: Init's and the steps' own requests are a few percent of it)."""
+    by_op: dict[str, int] = {}
+    for name, n in counts.items():
+        op = name.split(" ", 1)[0]
+        by_op[op] = by_op.get(op, 0) + n
+    out: dict[str, Any] = {"rollouts": rollouts, "total": sum(counts.values()), "by_operation": by_op,
+                           "by_kind": counts}
+    if rollouts:
+        out["per_rollout"] = {op: round(n / rollouts, 2) for op, n in sorted(by_op.items())}
+        out["per_rollout"]["total"] = round(out["total"] / rollouts, 2)
+        out["per_rollout_by_kind"] = {k: round(n / rollouts, 2) for k, n in counts.items()}
+    return out
+
+
 def plot(run_dir: Path, rewards: list[tuple[int, float]], evals: list[tuple[int, float]],
          steps: dict[int, dict[str, Any]] | None = None) -> Path | None:
     """``reward.png``: mean training reward per step and eval accuracy (the baseline at step 0
@@ -800,6 +817,9 @@ def _finish(stack: LocalStack, follower: Follower | None, desc: dict[str, Any] |
                     failure.cause = desc.get("cause")
         timing = timing_split(all_events, len(follower.summaries))
         timing["lambdas"] = lambda_stats(stack.moto.dispatcher.invocations)
+        if stack.moto.s3_requests is not None:
+            timing["s3_requests"] = s3_requests_per_rollout(stack.moto.s3_requests.snapshot(),
+                                                            timing["lambdas"].get("FinishRollout", {}).get("count", 0))
         if stack.acr is not None:
             c = stack.acr.counters
             timing["acr"] = {"invocations": c.invocations, "forwarded": c.forwarded, "throttled": c.throttled,

@@ -140,3 +140,19 @@ def test_functions_are_created_with_the_stack_environment(monkeypatch):
         # the in-process handlers see the same environment
         assert {k: os.environ.get(k) for k in expected} == expected
     assert "POWERTOOLS_SERVICE_NAME" not in os.environ
+
+
+def test_s3_request_log_counts_every_process_s_requests_by_operation_and_key_kind():
+    with engine.MotoServer() as moto:
+        s3 = moto.client("s3")
+        s3.create_bucket(Bucket=BUCKET)
+        s3.put_object(Bucket=BUCKET, Key="runs/r1/state.json", Body=b"{}")
+        s3.put_object(Bucket=BUCKET, Key="runs/r1/sessions/s1/turns/0001.json", Body=b"{}")
+        s3.get_object(Bucket=BUCKET, Key="runs/r1/state.json")
+        s3.head_object(Bucket=BUCKET, Key="runs/r1/state.json")
+        s3.list_objects_v2(Bucket=BUCKET, Prefix="runs/r1/sessions/s1/turns/")
+        s3.put_object(Bucket=BUCKET, Key="rollout-results/r1/0/s1.json", Body=b"{}")
+        moto.client("stepfunctions").list_state_machines()  # not S3: not counted
+        counts = moto.s3_requests.snapshot()
+    assert counts == {"GET state": 1, "HEAD state": 1, "LIST turn": 1, "PUT bucket": 1, "PUT result": 1,
+                      "PUT state": 1, "PUT turn": 1}
