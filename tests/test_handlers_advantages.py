@@ -113,10 +113,9 @@ def test_the_step_summary_carries_behaviour_metrics_of_every_rollout(stack):
     ev = RunEvent.model_validate({"run": run_ref(run_id)})
     p = plan.plan(ev)
     items = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=p["items_key"])["Body"].read())
-    state = RunStore(BUCKET, stack.s3).read_state(run_id)[0]
     for item in items[:-1]:
         sid = f"sid-{item['i']}-{run_id}"
-        record = session_record(run_config(run_id), state, BatchRef.model_validate(p["batch"]), sid, item["input_id"],
+        record = session_record(run_config(run_id), run_id, BatchRef.model_validate(p["batch"]), sid, item["input_id"],
                                 item["i"])
         stack.s3.put_object(Bucket=BUCKET, Key=session_key(sid), Body=json.dumps(record).encode())  # as StartRollout
         key = play_rollout(stack, run_id, sid, item["input_id"], float(item["i"] % 2), [10, 11, 12 + item["i"]])

@@ -18,6 +18,7 @@ from state_machine.definition import load_asl
 from stepwise.handlers._common import RunEvent
 from stepwise.handlers.plan import plan
 from stepwise.handlers.rollout import AgentRuntimeThrottled, FinishEvent, StartEvent, finish, on_result, start
+from stepwise.runstore import RunOwnedElsewhere, RunStore
 
 
 @pytest.fixture(scope="module")
@@ -124,3 +125,35 @@ def test_malformed_and_failed_agent_results_score_zero_without_failing_the_rollo
     assert outcomes == [("error", 0.0), ("error", 0.0), ("error", 0.0)]
     record = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=f"runs/{run_id}/steps/0/gen0/rollouts/sid-0.json")["Body"].read())
     assert record["error"]["error"] == "MalformedResult" and record["reward_reason"].startswith("error")
+
+
+def _s3_delta(stack, before: dict) -> dict:
+    after = stack.moto.s3_requests.snapshot()
+    # HEADs are the fake agent's own probes of what exists at invoke time, not StartRollout's
+    return {k: n - before.get(k, 0) for k, n in after.items() if n != before.get(k, 0) and not k.startswith("HEAD")}
+
+
+def test_start_rollout_takes_the_policy_from_the_batch_and_reads_no_state(env):
+    stack, agent, sm, run_id, p, items = env
+    state = RunStore(BUCKET, stack.s3).read_state(run_id)[0]
+    assert p["batch"]["policy"] == {"training_session_name": state.training_session_name,
+                                    "sampler_model_package_arn": state.sampler_model_package_arn,
+                                    "policy_version": state.policy_version}
+    start(StartEvent.model_validate({"task_token": "warm", "run": run_ref(run_id), "batch": p["batch"], "item": items[0]}))
+    before = stack.moto.s3_requests.snapshot()  # config.json and prompts.json are now cached
+    sid = start(StartEvent.model_validate({"task_token": "t4", "run": run_ref(run_id), "batch": p["batch"],
+                                           "item": items[1]}))["sid"]
+    assert _s3_delta(stack, before) == {"PUT task_token": 1, "PUT start_marker": 1, "PUT session": 1}
+    record = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=f"sessions/{sid}.json")["Body"].read())
+    assert record["training_session_name"] == state.training_session_name and record["policy_version"] == state.policy_version
+
+
+def test_a_batch_without_a_policy_reads_state_and_refuses_a_non_owner(env):
+    stack, agent, sm, run_id, p, items = env
+    old = {k: v for k, v in p["batch"].items() if k != "policy"}  # planned before batches carried it
+    before = stack.moto.s3_requests.snapshot()
+    start(StartEvent.model_validate({"task_token": "t5", "run": run_ref(run_id), "batch": old, "item": items[0]}))
+    assert _s3_delta(stack, before).get("GET state") == 1
+    stranger = {"run_id": run_id, "execution_arn": run_ref(run_id)["execution_arn"] + "-other"}
+    with pytest.raises(RunOwnedElsewhere):
+        start(StartEvent.model_validate({"task_token": "t6", "run": stranger, "batch": old, "item": items[0]}))

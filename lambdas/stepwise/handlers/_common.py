@@ -35,8 +35,24 @@ class RunRef(BaseModel):
     execution_arn: str
 
 
+class SamplerPolicy(BaseModel):
+    """The policy a generation batch samples from, as ``state.json`` held it when PlanStep planned
+    the batch. Nothing changes it before the batch's rollouts end (training and Rebind run after
+    the Map), so StartRollout takes it from the batch instead of re-reading ``state.json``."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    training_session_name: str
+    sampler_model_package_arn: str = ""
+    policy_version: int = 0
+
+
 class BatchRef(BaseModel):
-    """One generation batch: ``$.plan.batch`` (also handed to every rollout child)."""
+    """One generation batch: ``$.plan.batch`` (also handed to every rollout child).
+
+    ``policy`` is None in a batch planned before PlanStep carried it (an execution in flight
+    across an upgrade): StartRollout then reads it from ``state.json``.
+    """
 
     model_config = ConfigDict(extra="ignore")
 
@@ -45,6 +61,7 @@ class BatchRef(BaseModel):
     generation_batch: int = 0
     timeout_seconds: int = 1800
     final: bool = False
+    policy: SamplerPolicy | None = None
 
 
 class RunEvent(BaseModel):

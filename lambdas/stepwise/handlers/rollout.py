@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict
 from stepwise.handlers._common import (
     BatchRef,
     RunRef,
+    SamplerPolicy,
     bind,
     logger,
     now,
@@ -88,28 +89,32 @@ def start_marker_key(run_id: str, batch: BatchRef, i: int) -> str:
     return batch_prefix(run_id, batch.step, batch.generation_batch, batch.kind) + f"starts/{i}.json"
 
 
-def session_record(cfg: Any, state: Any, batch: BatchRef, sid: str, input_id: str, index: int) -> dict[str, Any]:
+def session_record(cfg: Any, run_id: str, batch: BatchRef, sid: str, input_id: str, index: int) -> dict[str, Any]:
     """The gateway session record (docs/internals.md), plus ``input_id`` and ``chat_template_kwargs``.
 
-    ``index`` is the rollout's item index in the batch; with the config's ``seed`` and the batch it
-    fixes ``sampling_seed`` (`stepwise.core.seeding.rollout_seed`), from which the gateway seeds
-    each turn's sample.
+    The sampler (session name, model package ARN, policy version) is ``batch.policy``, which must
+    be set. ``index`` is the rollout's item index in the batch; with the config's ``seed`` and the
+    batch it fixes ``sampling_seed`` (`stepwise.core.seeding.rollout_seed`), from which the gateway
+    seeds each turn's sample.
     """
     from stepwise.core.seeding import rollout_seed
 
+    policy = batch.policy
+    if policy is None:
+        raise ValueError("session_record needs batch.policy (StartRollout fills it from state.json)")
     sampling = cfg.eval_sampling_defaults if batch.kind == "eval" else cfg.sampling_defaults
     return {
         "sid": sid,
-        "run_id": state.run_id,
+        "run_id": run_id,
         "step": batch.step,
         "generation_batch": batch.generation_batch,
         "kind": batch.kind,
         "input_id": input_id,
-        "training_session_name": state.training_session_name,
-        "sampler_model_package_arn": state.sampler_model_package_arn,
-        "policy_version": state.policy_version,
+        "training_session_name": policy.training_session_name,
+        "sampler_model_package_arn": policy.sampler_model_package_arn,
+        "policy_version": policy.policy_version,
         "region": cfg.region,
-        "tokenizer_prefix": tokenizer_prefix(state.run_id),
+        "tokenizer_prefix": tokenizer_prefix(run_id),
         "sampling_defaults": sampling,
         "chat_template_kwargs": cfg.chat_template_kwargs,
         "max_context_tokens": cfg.max_context_tokens,
@@ -169,18 +174,26 @@ def _prompts(bucket: str, key: str) -> dict[str, Any]:
 
 
 def start(event: StartEvent) -> dict[str, Any]:
-    import os
+    """Open the session, store the task token, invoke the agent; returns ``{"sid"}``.
 
+    S3 requests: 3 PUTs (task token, start marker, session record), plus ``config.json`` and the
+    batch's ``prompts.json`` once per container. ``state.json`` is read (and its owner checked)
+    only for a batch without ``policy``: PlanStep checked the owner when it planned the batch.
+    """
     rs = store()
     run, batch, item = event.run, event.batch, event.item
-    state = rs.owned_state(run.run_id, run.execution_arn)
+    if batch.policy is None:
+        state = rs.owned_state(run.run_id, run.execution_arn)
+        batch = batch.model_copy(update={"policy": SamplerPolicy(
+            training_session_name=state.training_session_name,
+            sampler_model_package_arn=state.sampler_model_package_arn, policy_version=state.policy_version)})
     cfg = run_config(run.run_id)
     sid = str(uuid.uuid4())
     bind(run_id=run.run_id, step=batch.step, sid=sid)
     rs.put_json(task_token_key(run.run_id, sid), {"task_token": event.task_token, "created_at": now()}, bulk=True)
     rs.put_json(start_marker_key(run.run_id, batch, item.i), {"sid": sid, "input_id": item.input_id, "started_at": now()},
                 bulk=True)
-    record = session_record(cfg, state, batch, sid, item.input_id, item.i)
+    record = session_record(cfg, run.run_id, batch, sid, item.input_id, item.i)
     rs.put_json(session_key(sid), record)
     payload = _prompts(rs.bucket, prompts_key(run.run_id, batch.step, batch.generation_batch, batch.kind))[item.input_id]
     body = rollout_payload(payload, run_id=run.run_id, input_id=item.input_id, bucket=rs.bucket, sid=sid,
