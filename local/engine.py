@@ -31,6 +31,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
+from botocore.config import Config
+
 from local._proc import restore_env
 
 log = logging.getLogger(__name__)
@@ -212,6 +214,14 @@ def check_seam() -> None:
     if "boto_client_for(" not in inspect.getsource(lambda_eval_utils._invoke_lambda_function):
         raise SeamBroken("moto's lambda:invoke integration no longer calls boto_client_for; "
                          "port local/engine.py's cached_lambda_clients")
+    from moto.stepfunctions.parser import models as sfn_models
+    from moto.stepfunctions.parser.asl.eval.callback import callback
+
+    success = getattr(sfn_models.StepFunctionsParserBackend.send_task_success, "__stepwise_original__",
+                      sfn_models.StepFunctionsParserBackend.send_task_success)
+    if ("_get_executions(" not in inspect.getsource(success)
+            or tuple(inspect.signature(callback.CallbackPoolManager.notify).parameters) != ("self", "callback_id", "outcome")):
+        raise SeamBroken("moto's send_task_success / CallbackPoolManager changed; port local/engine.py's indexed_task_tokens")
     from moto.s3 import notifications
 
     if "func.invoke(" not in inspect.getsource(notifications._invoke_awslambda):
@@ -285,7 +295,7 @@ def cached_lambda_clients() -> Iterator[None]:
         with lock:
             key = (region, service)
             if key not in clients:
-                clients[key] = original(region=region, service=service, state_credentials=state_credentials)
+                clients[key] = with_pool(original(region=region, service=service, state_credentials=state_credentials))
             return clients[key]
 
     lambda_eval_utils.boto_client_for = boto_client_for
@@ -293,6 +303,79 @@ def cached_lambda_clients() -> Iterator[None]:
         yield
     finally:
         lambda_eval_utils.boto_client_for = original
+
+
+@contextlib.contextmanager
+def indexed_task_tokens() -> Iterator[None]:
+    """``SendTaskSuccess`` by an index of task tokens instead of a scan of every execution.
+
+    moto 5.2.5's ``StepFunctionsParserBackend.send_task_success`` lists every execution of every
+    state machine ever started in the process (``_get_executions``), keeps the running ones and
+    asks each one's ``CallbackPoolManager`` for the token: linear in executions per call, on every
+    rollout's critical path. Here ``CallbackPoolManager.add`` also records token -> manager, and the
+    execution owning a manager is found once (the first token of that manager); the call then
+    notifies that one manager, with moto's own outcome and errors. A token the index does not know
+    (or whose execution is no longer running) takes moto's own path, so its answer is unchanged.
+    The upstream fix: keep a ``{callback_id: execution}`` dict in the backend, filled where the
+    callback endpoint is added, and look the token up in it in send_task_success/failure/heartbeat.
+    """
+    import weakref
+
+    from moto.stepfunctions.parser import models
+    from moto.stepfunctions.parser.asl.eval.callback import callback
+
+    manager_cls, backend_cls = callback.CallbackPoolManager, models.StepFunctionsParserBackend
+    original_add, original_success = manager_cls.add, backend_cls.send_task_success
+    managers: "weakref.WeakValueDictionary[str, Any]" = weakref.WeakValueDictionary()
+    owners: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+
+    def add(self: Any, callback_id: str) -> Any:
+        endpoint = original_add(self, callback_id)
+        managers[callback_id] = self
+        return endpoint
+
+    def send_task_success(self: Any, task_token: str, outcome: str) -> Any:
+        manager = managers.get(task_token)
+        execution = owners.get(manager) if manager is not None else None
+        if manager is not None and execution is None:
+            for ex in self._get_executions():
+                worker = ex.exec_worker
+                if worker is not None and worker.env.callback_pool_manager is manager:
+                    execution = owners[manager] = ex
+                    break
+        if execution is None or execution.status != models.ExecutionStatus.RUNNING:
+            return original_success(self, task_token, outcome)
+        try:
+            if manager.notify(callback_id=task_token,
+                              outcome=models.CallbackOutcomeSuccess(callback_id=task_token, output=outcome)):
+                return None
+        except models.CallbackNotifyConsumerError as consumer_error:
+            if isinstance(consumer_error, models.CallbackConsumerTimeout):
+                raise models.TaskTimedOut() from None
+            raise models.TaskDoesNotExist() from None
+        return original_success(self, task_token, outcome)
+
+    send_task_success.__stepwise_original__ = original_success  # type: ignore[attr-defined]
+    manager_cls.add, backend_cls.send_task_success = add, send_task_success
+    try:
+        yield
+    finally:
+        manager_cls.add, backend_cls.send_task_success = original_add, original_success
+
+
+def with_pool(client: Any) -> Any:
+    """``client`` rebuilt with its own settings but `stepwise.clients.client_config`'s pool: every
+    task of every running Map shares the one client, so moto's 10 connections overflowed."""
+    import boto3
+
+    from stepwise.clients import max_pool_connections
+
+    meta = client.meta
+    creds = client._request_signer._credentials  # moto's fixed dummy credentials
+    return boto3.client(meta.service_model.service_name, region_name=meta.region_name,
+                        endpoint_url=meta.endpoint_url, aws_access_key_id=creds.access_key,
+                        aws_secret_access_key=creds.secret_key, aws_session_token=creds.token,
+                        config=meta.config.merge(Config(max_pool_connections=max_pool_connections())))
 
 
 # --------------------------------------------------------------------------------------
@@ -415,6 +498,7 @@ class MotoServer:
         self._patch.enter_context(patched_lambda_invoke(self.dispatcher))
         self._patch.enter_context(cached_backend_lookup())
         self._patch.enter_context(cached_lambda_clients())
+        self._patch.enter_context(indexed_task_tokens())
         sfn_config = default_user_config.setdefault("stepfunctions", {})
         self._saved_config = sfn_config.get("execute_state_machine", False)
         sfn_config["execute_state_machine"] = True

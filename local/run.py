@@ -25,6 +25,7 @@ import contextlib
 import io
 import json
 import logging
+import math
 import os
 import shutil
 import signal
@@ -38,6 +39,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from local._proc import restore_env, stop_process
+from stepwise.clients import ENV_MAX_POOL_CONNECTIONS
 from stepwise.commands.watch import eval_when, kept_groups
 
 log = logging.getLogger("stepwise.run_local")
@@ -211,6 +213,10 @@ class LocalStack:
         from local.gateway import GatewayProcess
         from local.simulator import start_simulator
 
+        # Every handler of the Map runs in this process on shared clients: size their pools (and the
+        # gateway's, which inherits this environment) to the concurrency the run will drive.
+        self.set_env({ENV_MAX_POOL_CONNECTIONS: os.environ.get(ENV_MAX_POOL_CONNECTIONS) or
+                      str(local_pool_size(tps_limit))})
         self.moto = engine.MotoServer().start()
         if self.simulator_in_process:
             self.simulator = start_simulator(port=0, **(simulator_options or {}))
@@ -259,6 +265,17 @@ class LocalStack:
             self.moto.stop()
             self.moto = None
         restore_env(self._saved_env)
+
+
+def local_pool_size(tps_limit: float | None) -> int:
+    """Connections per client and host for the local stack: two per rollout the Map may run at
+    once (PlanStep's bound: ``acr_tps_limit`` x CONCURRENCY_PER_TPS, at most MAX_MAP_CONCURRENCY;
+    StartRollout's or FinishRollout's call plus OnRolloutResult's), plus the parent's tasks."""
+    from stepwise.handlers.plan import CONCURRENCY_PER_TPS, MAX_MAP_CONCURRENCY
+
+    concurrency = MAX_MAP_CONCURRENCY if not tps_limit else min(MAX_MAP_CONCURRENCY,
+                                                                  math.ceil(tps_limit * CONCURRENCY_PER_TPS))
+    return 2 * concurrency + 16
 
 
 def local_substitutions(function_arns: dict[str, str], bucket: str) -> dict[str, str]:

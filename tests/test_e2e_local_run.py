@@ -9,6 +9,7 @@ successful run and on one whose training session never starts.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -35,7 +36,8 @@ def _json(path: Path):
     return json.loads(path.read_text())
 
 
-def test_toy_run_trains_two_steps_and_stops_the_session(tmp_path):
+def test_toy_run_trains_two_steps_and_stops_the_session(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="urllib3.connectionpool")
     result = run_local(TOY, run_id="e2e-toy", out_root=tmp_path, progress=False, overrides=SMALL,
                        mirror_s3=True, timeout=240, quiet=True)
     assert result.status == "SUCCEEDED", result.failure
@@ -77,6 +79,11 @@ def test_toy_run_trains_two_steps_and_stops_the_session(tmp_path):
     lines = [json.loads(x) for x in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines if x["kind"] == "train"] == [0, 1]
     assert result.timing["per_step"]["rollouts"] > 0
+    # every client's pool is sized to the concurrency it serves (stepwise.clients): none overflowed
+    gateway_log = (result.run_dir / "logs" / "gateway.log").read_text()
+    assert not [r for r in caplog.records if "pool is full" in r.getMessage()] and "pool is full" not in gateway_log
+    s3_requests = result.timing["s3_requests"]
+    assert s3_requests["rollouts"] >= 64 and s3_requests["by_kind"].get("GET state", 0) < s3_requests["rollouts"]
 
 
 def test_session_that_never_starts_fails_the_run_and_is_stopped(tmp_path):

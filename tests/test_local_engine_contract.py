@@ -156,3 +156,34 @@ def test_s3_request_log_counts_every_process_s_requests_by_operation_and_key_kin
         counts = moto.s3_requests.snapshot()
     assert counts == {"GET state": 1, "HEAD state": 1, "LIST turn": 1, "PUT bucket": 1, "PUT result": 1,
                       "PUT state": 1, "PUT turn": 1}
+
+
+def test_send_task_success_answers_as_moto_does_for_live_unknown_and_ended_tasks():
+    """SendTaskSuccess goes through the token index (engine.indexed_task_tokens): a live token
+    resumes its task, an unknown one is InvalidToken, a second success for an ended task is refused."""
+    wait = {"StartAt": "W", "States": {"W": {"Type": "Task", "Resource": "arn:aws:states:::lambda:invoke.waitForTaskToken",
+                                             "Parameters": {"FunctionName": "start-tok", "Payload": {"token.$": "$$.Task.Token"}},
+                                             "End": True}}}
+    with engine.MotoServer() as moto:
+        lam, iam, sfn = moto.client("lambda"), moto.client("iam"), moto.client("stepfunctions")
+        role = iam.create_role(RoleName="r-tok", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
+        tokens: list[str] = []
+        moto.dispatcher.register("start-tok", handler_path="", memory_mb=128, timeout_s=30, arn="",
+                                 handler=lambda event, ctx: tokens.append(event["token"]))
+        wait["States"]["W"]["Parameters"]["FunctionName"] = lam.create_function(
+            FunctionName="start-tok", Role=role, PackageType="Image", Timeout=30,
+            Code={"ImageUri": "123456789012.dkr.ecr.us-east-1.amazonaws.com/x:1"})["FunctionArn"]
+        sm = engine.create_state_machine(moto, "tok", json.dumps(wait))
+        arns = [sfn.start_execution(stateMachineArn=sm, name=f"tok-{i}", input="{}")["executionArn"] for i in range(3)]
+        deadline = time.monotonic() + 30
+        while len(tokens) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(tokens) == 3
+        for i, token in enumerate(tokens):
+            sfn.send_task_success(taskToken=token, output=json.dumps({"n": i}))
+        outputs = sorted(json.loads(_wait(sfn, arn)["output"])["n"] for arn in arns)
+        assert outputs == [0, 1, 2]
+        with pytest.raises(sfn.exceptions.InvalidToken):
+            sfn.send_task_success(taskToken="no-such-token", output="{}")
+        with pytest.raises(sfn.exceptions.InvalidToken):  # its execution ended: moto's own answer
+            sfn.send_task_success(taskToken=tokens[0], output="{}")

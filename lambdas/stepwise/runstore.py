@@ -261,14 +261,18 @@ class RunStore:
 
     Args:
         bucket: the run bucket (``STEPWISE_BUCKET``).
-        s3: a boto3 S3 client; default ``boto3.client("s3")``.
+        s3: a boto3 S3 client; default ``boto3.client("s3")`` with `stepwise.clients.client_config`.
     """
 
     def __init__(self, bucket: str, s3: Any = None) -> None:
         if not bucket:
             raise ValueError("RunStore needs a bucket name (STEPWISE_BUCKET is empty)")
         self.bucket = bucket
-        self.s3 = s3 or boto3.client("s3")
+        if s3 is None:
+            from stepwise.clients import client_config
+
+            s3 = boto3.client("s3", config=client_config())
+        self.s3 = s3
 
     @classmethod
     def from_env(cls) -> "RunStore":

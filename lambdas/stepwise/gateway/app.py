@@ -296,7 +296,10 @@ def build_app(
     if s3 is None:
         import boto3
 
-        s3 = boto3.client("s3")
+        from stepwise.clients import client_config
+
+        # aiohttp serves many turns at once; each S3 call runs on a worker thread
+        s3 = boto3.client("s3", config=client_config())
     directory = SessionDirectory(s3, settings.bucket)
     renderers = RunRenderers(tokenizer_loader or S3TokenizerLoader(s3, settings.bucket))
     recorder = S3TurnRecorder(s3, settings.bucket, current_scope, record_for=lambda sid: directory.record(sid))

@@ -15,16 +15,17 @@ from __future__ import annotations
 import functools
 import json
 import os
+import threading
 import time
 import urllib.parse
 import uuid
 from typing import Any
 
 import boto3
-from botocore.config import Config
 from botocore.exceptions import ClientError
 from pydantic import BaseModel, ConfigDict
 
+from stepwise.clients import client_config
 from stepwise.handlers._common import (
     BatchRef,
     RunRef,
@@ -157,19 +158,28 @@ def _acr_client(agent_runtime_arn: str, default_region: str) -> Any:
 def _acr_client_for(region: str, _endpoint: str) -> Any:
     # Few in-client retries: the state machine's Retry (backoff + full jitter) paces throttled starts.
     return boto3.client("bedrock-agentcore", region_name=region,
-                        config=Config(retries={"mode": "standard", "max_attempts": 2}))
+                        config=client_config(retries={"mode": "standard", "max_attempts": 2}))
 
 
 @functools.lru_cache(maxsize=4)
 def _sfn_client(_endpoint: str) -> Any:
     """The Step Functions client OnRolloutResult resumes tasks with (one per container)."""
-    return boto3.client("stepfunctions")
+    return boto3.client("stepfunctions", config=client_config())
+
+
+_PROMPTS_LOCK = threading.Lock()
+
+
+def _prompts(bucket: str, key: str) -> dict[str, Any]:
+    """A generation batch's ``prompts.json`` (written once by PlanStep, never changed): read once
+    per container instead of once per rollout. Locked, so that rollouts starting together in one
+    process (the local stack) read it once, not once each."""
+    with _PROMPTS_LOCK:
+        return _read_prompts(bucket, key)
 
 
 @functools.lru_cache(maxsize=16)
-def _prompts(bucket: str, key: str) -> dict[str, Any]:
-    """A generation batch's ``prompts.json`` (written once by PlanStep, never changed): read once
-    per container instead of once per rollout."""
+def _read_prompts(bucket: str, key: str) -> dict[str, Any]:
     return store().get_json(key)
 
 
