@@ -1,6 +1,6 @@
 """One Lambda container, played by pyenv's CPython 3.13 for scripts/image_rehearsal.py.
 
-Run as ``python3.13 -I -S image_child.py SITE LAMBDAS MODE ...``: ``-I -S`` leave only the
+Run as ``python3.13 -I -S -B image_child.py SITE LAMBDAS MODE ...``: ``-I -S`` leave only the
 standard library on ``sys.path``; this adds exactly the image's installed folder (SITE, the
 lock installed with ``pip --target``) and ``lambdas/`` (the image's ``/var/task``), so nothing
 of the developer's environment can satisfy an import.

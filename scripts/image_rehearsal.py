@@ -54,17 +54,25 @@ from infra.image_platform import (  # noqa: E402
 LAMBDAS = ROOT / "lambdas"
 CHILD = Path(__file__).resolve().parent / "image_child.py"
 CACHE = Path(os.environ.get("STEPWISE_IMAGE_CACHE", "~/.cache/stepwise-image")).expanduser()
+#: How every 3.13 process runs: no environment variables, user or site folders (-I, -S), and no
+#: .pyc written into the installed folder (-B; the image sets PYTHONDONTWRITEBYTECODE=1 too).
+ISOLATED = ("-I", "-S", "-B")
 
-#: The handler package's fast unit tests (no torch, no moto, no CDK): they must pass on the
-#: image's Python too.
+#: The handler package's fast unit tests (no torch, no CDK, no local stack), and the gateway's
+#: tests that need only moto's S3 and the agents' real OpenAI/Anthropic clients: they must pass
+#: on the image's Python too.
 FAST_TESTS = (
     "tests/test_core_advantages.py", "tests/test_core_dapo.py", "tests/test_core_datums.py",
     "tests/test_core_replay.py", "tests/test_core_rewards.py", "tests/test_config_validation.py",
     "tests/test_gateway_session_records.py", "tests/test_handlers_plan.py", "tests/test_handlers_metrics.py",
     "tests/test_tracking_mlflow.py", "tests/test_docs_config_reference.py",
+    "tests/test_gateway_transformers_parsing.py", "tests/test_gateway_refusals.py",
+    "tests/test_gateway_wire_protocols.py", "tests/test_gateway_replay_parity.py",
+    "tests/test_gateway_toolkit_seams.py",
 )
-#: Test tools for FAST_TESTS under 3.13: the dev venv's own versions (pyproject's dev extra).
-TEST_TOOLS = ("pytest", "hypothesis", "pytest-timeout")
+#: Test tools for FAST_TESTS under 3.13, at the dev venv's own versions (pyproject's dev and
+#: local extras), in their own folder after the image's on sys.path.
+TEST_TOOLS = ("pytest", "hypothesis", "pytest-timeout", "moto[server,s3]", "openai", "anthropic")
 
 
 class RehearsalFailed(Exception):
@@ -80,14 +88,22 @@ def say(line: str) -> None:
 
 def resolve(pins: dict[str, tuple[str, list[str]]], wheels: Path) -> list[Path]:
     """pip-download the lock for the image platform into ``wheels``; check each file against the lock."""
-    from packaging.utils import parse_wheel_filename
-
     wheels.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "pip", "download", "--quiet", *target_args(), "--require-hashes", "--no-deps",
            "-r", str(LOCK), "-d", str(wheels)]
     run = subprocess.run(cmd, capture_output=True, text=True)
     if run.returncode != 0:
         raise RehearsalFailed(f"pip download of the lock for the image platform failed:\n{_tail(run.stderr)}")
+    return check_wheels(pins, wheels)
+
+
+def check_wheels(pins: dict[str, tuple[str, list[str]]], wheels: Path) -> list[Path]:
+    """The lock's wheels in ``wheels``, one per pin: the file of the pinned version whose sha256
+    the lock lists. RehearsalFailed for a file that is not a wheel, a pin without such a file, or
+    one whose tags the image's CPython 3.13 on glibc 2.34 x86_64 does not accept. Other files (an
+    older lock's) are left alone."""
+    from packaging.utils import parse_wheel_filename
+
     ok = supported_tags()
     found: dict[str, Path] = {}
     for path in sorted(wheels.iterdir()):
@@ -96,15 +112,15 @@ def resolve(pins: dict[str, tuple[str, list[str]]], wheels: Path) -> list[Path]:
         name, version, _, file_tags = parse_wheel_filename(path.name)
         name = normalize(name)
         if name not in pins or str(version) != pins[name][0]:
-            continue  # a wheel of an older lock: not part of this image
+            continue
+        if hashlib.sha256(path.read_bytes()).hexdigest() not in pins[name][1]:
+            continue
         if not set(file_tags) & ok:
             raise RehearsalFailed(f"{path.name}: no tag the image's CPython {PYTHON_VERSION} manylinux_2_34 accepts")
-        if hashlib.sha256(path.read_bytes()).hexdigest() not in pins[name][1]:
-            raise RehearsalFailed(f"{path.name}: sha256 differs from the lock")
         found[name] = path
-    missing = sorted(set(pins) - set(found))
+    missing = sorted(f"{name}=={pins[name][0]}" for name in set(pins) - set(found))
     if missing:
-        raise RehearsalFailed(f"no wheel downloaded for {missing}")
+        raise RehearsalFailed(f"no wheel with the lock's sha256 for {missing}")
     kinds: dict[str, int] = {}
     for path in found.values():
         abi, platform = path.name[:-4].split("-")[-2:]
@@ -168,7 +184,7 @@ class Runner:
                timeout: float = 600) -> list[Any]:
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp, "report.json")
-            cmd = [self.python313, "-I", "-S", str(CHILD), str(self.site), str(LAMBDAS), "invoke", str(out),
+            cmd = [self.python313, *ISOLATED, str(CHILD), str(self.site), str(LAMBDAS), "invoke", str(out),
                    spec.handler, spec.name, str(spec.memory_mb), str(spec.timeout_s)]
             run = subprocess.run(cmd, input=json.dumps(events), capture_output=True, text=True,
                                  env=child_env(env), timeout=timeout)
@@ -302,7 +318,7 @@ def serve_gateway(python313: str, site: Path, runner: Runner) -> None:
     from stepwise.functions import GATEWAY_FUNCTION as spec
 
     s3 = MotoS3()
-    cmd = [python313, "-I", "-S", str(CHILD), str(site), str(LAMBDAS), "gateway", "--port", "0"]
+    cmd = [python313, *ISOLATED, str(CHILD), str(site), str(LAMBDAS), "gateway", "--port", "0"]
     env = child_env({"STEPWISE_BUCKET": BUCKET, "AWS_ENDPOINT_URL_S3": s3.endpoint,
                      "AWS_DEFAULT_REGION": REGION, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"})
     t0 = time.perf_counter()
@@ -345,7 +361,7 @@ def _vm_hwm_mb(pid: int) -> float:
 def run_unit_tests(python313: str, site: Path) -> None:
     from importlib.metadata import version
 
-    pins = [f"{tool}=={version(tool)}" for tool in TEST_TOOLS]
+    pins = [f"{tool}=={version(tool.split('[', 1)[0])}" for tool in TEST_TOOLS]
     tools = CACHE / ("tools-" + hashlib.sha256(" ".join(pins).encode()).hexdigest()[:12])
     if not (tools / ".complete").exists():
         shutil.rmtree(tools, ignore_errors=True)
@@ -360,7 +376,7 @@ def run_unit_tests(python313: str, site: Path) -> None:
     boot = ("import sys; sys.path[:0] = sys.argv[1:4]; import pytest; "
             "sys.exit(pytest.main(['-q', '-c', sys.argv[4], '--rootdir', sys.argv[5], *sys.argv[6:]]))")
     t0 = time.perf_counter()
-    run = subprocess.run([python313, "-I", "-S", "-c", boot, str(site), str(LAMBDAS), str(tools), str(ini), str(ROOT),
+    run = subprocess.run([python313, *ISOLATED, "-c", boot, str(site), str(LAMBDAS), str(tools), str(ini), str(ROOT),
                           *FAST_TESTS], cwd=ROOT, capture_output=True, text=True, env=child_env())
     summary = (run.stdout.strip().splitlines() or ["(no output)"])[-1]
     if run.returncode != 0:
