@@ -124,3 +124,13 @@ def test_step_line_shows_the_behaviour_columns_under_their_titles():
     assert {k: columns[k] for k in ("turns", "tokens", "trunc", "illf", "tools", "p50_s", "p95_s", "zero_adv", "err/to")} == {
         "turns": "2.50", "tokens": "41.0", "trunc": "0.12", "illf": "0.00", "tools": "1.25", "p50_s": "3.0",
         "p95_s": "7.5", "zero_adv": "0.25", "err/to": "1/1"}
+
+
+def test_a_lambda_errors_cause_prints_as_its_message():
+    from stepwise.commands._runs import failure_message
+
+    cause = json.dumps({"errorType": "RolloutsFailed", "errorMessage": "all 4 rollouts ... 4 x AgentError: boom",
+                        "stackTrace": ["  File ..."]})
+    assert failure_message(cause) == "all 4 rollouts ... 4 x AgentError: boom"
+    assert failure_message("failed on purpose") == "failed on purpose" and failure_message(None) == ""
+    assert failure_message("[1]") == "[1]"

@@ -171,6 +171,18 @@ def run_config(dep: Deployment, run_id: str) -> dict[str, Any] | None:
     return get_json(dep.s3, dep.bucket, f"runs/{run_id}/config.json")
 
 
+def failure_message(cause: Any) -> str:
+    """An execution's cause as an operator reads it: a Lambda error's cause is the JSON
+    ``{"errorType", "errorMessage", "stackTrace"}``, whose message is what the handler said (the
+    counts and causes of a ``RolloutsFailed``); any other cause is returned as it is."""
+    text = str(cause or "")
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return text
+    return str(body["errorMessage"]) if isinstance(body, dict) and "errorMessage" in body else text
+
+
 def run_weights(state: dict[str, Any] | None) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     """``(checkpoints, final weights)`` of a ``state.json`` body, each a dict with ``step``, ``kind``,
     ``reason`` and ``model_package_arn`` (`stepwise.runstore.final_weights`; ``None`` when no step was

@@ -52,6 +52,7 @@ from stepwise.commands._runs import (
     deployment,
     eval_accuracy,
     fail,
+    failure_message,
     fmt,
     mean_reward,
     metric,
@@ -380,7 +381,7 @@ def report_end(desc: dict[str, Any], watcher: Watcher) -> int:
     lines = weights_lines(run_state(watcher.dep, watcher.run_id), region)
     if desc["status"] != "SUCCEEDED":
         if desc.get("error") or desc.get("cause"):
-            print(f"  error: {desc.get('error')}: {str(desc.get('cause') or '')[:1000]}")
+            print(f"  error: {desc.get('error')}: {failure_message(desc.get('cause'))[:2000]}")
         print(f"  console: {console_url(desc['executionArn'])}")
         print("\n".join(lines))
         print(f"  resume it: stepwise resume {watcher.run_id}")
