@@ -222,3 +222,19 @@ def test_eval_rollouts_whose_agent_raised_count_as_failed_and_score_zero(stack):
                                            "result": {"sid": sid, "result_key": key}, "error": None}))
     summary = advantages.record_eval(BatchEvent.model_validate({"run": run_ref(run_id), "batch": p["batch"]}))
     assert summary["eval/failed_rollouts"] == 1 and summary["eval/accuracy"] == 0.5 and summary["eval/n"] == 2
+
+
+def test_a_run_that_ends_without_one_optimizer_step_after_empty_steps_fails(stack):
+    from stepwise.handlers._common import NoTrainingSignal
+
+    run_id = new_run_id()
+    init_run(stack, run_id, stack.config(max_prompts=2))  # one step, fewer than max_consecutive_empty_steps (3)
+    assert wait_ready(run_id)["ready"]
+    p = _grpo_batch(stack, run_id, [False] * 4, [1.0, 0.0, 1.0, 0.0])
+    assert advantages.compute(BatchEvent.model_validate({"run": run_ref(run_id), "batch": p["batch"]}))["decision"] == "skip"
+    with pytest.raises(NoTrainingSignal) as e:  # instead of a final checkpoint and SUCCEEDED with nothing trained
+        plan.plan(RunEvent.model_validate({"run": run_ref(run_id)}))
+    assert str(e.value) == ("the run ended after 1 step(s) without one optimizer step; its last 1 step(s) produced no "
+                            "trainable datum; step 0's 4 rollouts: 0 error, 0 timeout, 4 ok; 4 without a captured turn")
+    state = RunStore(BUCKET).read_state(run_id)[0]
+    assert not state.checkpoints and state.phase == "idle"

@@ -93,14 +93,13 @@ def test_submitted_datums_equal_the_reference_loops_field_for_field(stack):
 
 def test_checkpoint_planned_by_plan_step_saves_state_once(stack):
     run_id = new_run_id()
-    init_run(stack, run_id, stack.config(epochs=1, max_prompts=2))
+    init_run(stack, run_id, stack.config(epochs=1, max_prompts=2, algorithm="dapo", max_num_gen_batches=1))
     assert wait_ready(run_id)["ready"]
     ev = RunEvent.model_validate({"run": run_ref(run_id)})
     p = plan.plan(ev)
-    # every agent answered without calling its LLM: no trajectories, so no datums (a skipped step)
-    outs = roll_out_batch(stack, run_id, p, [1.0, 0.0, 1.0, 0.0], with_turns=[False] * 4)
-    assert [(o["status"], o["records"]) for o in outs] == [("ok", 0)] * 4
-    assert advantages.compute(BatchEvent.model_validate({"run": run_ref(run_id), "batch": p["batch"]}))["decision"] == "skip"
+    # every group all-equal and one generation batch allowed: DAPO's cap, which checkpoints and stops
+    roll_out_batch(stack, run_id, p, [1.0, 1.0, 1.0, 1.0])
+    assert advantages.compute(BatchEvent.model_validate({"run": run_ref(run_id), "batch": p["batch"]}))["decision"] == "cap_reached"
     before = stack.sim.counters.get("save_state", 0)
     assert plan.plan(ev)["action"] == "checkpoint"  # epochs done: the final save_state
     assert plan.plan(ev)["action"] == "checkpoint"  # a retried PlanStep re-plans the same save

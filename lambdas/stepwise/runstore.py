@@ -218,6 +218,7 @@ class RunState(BaseModel):
     kept_groups: int = 0
     datum_chunks: list[int] = Field(default_factory=list)  # datums per forward_backward chunk of the step
     empty_steps: int = 0  # consecutive steps skipped for having no datum (max_consecutive_empty_steps fails the run)
+    empty_steps_report: str = ""  # what the last skipped step's rollouts reported (the failure's cause)
     step_started_at: float | None = None
     step_metrics: dict[str, Any] = Field(default_factory=dict)  # the training step's metrics until its summary is written
     last_decision: dict[str, Any] | None = None  # ComputeAdvantages' last result (retry idempotence)

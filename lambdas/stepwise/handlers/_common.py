@@ -26,6 +26,14 @@ logger = Logger(service=SERVICE)
 metrics = Metrics(namespace=os.environ.get("POWERTOOLS_METRICS_NAMESPACE", "Stepwise"), service=SERVICE)
 
 
+class NoTrainingSignal(RuntimeError):
+    """The run cannot train: ``max_consecutive_empty_steps`` steps in a row produced no trainable
+    datum (ComputeAdvantages), or the run reached its end without one optimizer step, its last steps
+    empty (PlanStep). No rollout captured a turn with a loss-mask token: the agent answers without
+    calling its LLM, or never reaches the gateway. Fail the run instead of billing the session for
+    steps that train nothing."""
+
+
 class RunRef(BaseModel):
     """The reference every step of the state machine carries: ``$.run``."""
 

@@ -29,6 +29,7 @@ from stepwise.core.rewards import preview
 from stepwise.handlers._common import (
     BatchEvent,
     BatchRef,
+    NoTrainingSignal,
     bind,
     emit,
     logger,
@@ -48,12 +49,6 @@ class RolloutsFailed(RuntimeError):
     """Every rollout of a generation batch failed to run (status ``error`` or ``timeout``: not a zero
     reward, a rollout that did not complete), which is a broken agent, ARN, permission or result
     delivery rather than a policy to train: fail the run (the catch-all stops the session)."""
-
-
-class NoTrainingSignal(RuntimeError):
-    """``max_consecutive_empty_steps`` steps in a row produced no trainable datum (no rollout
-    captured a turn with a loss-mask token): the agent does not reach the gateway, or its LLM calls
-    are all refused. Fail the run instead of billing the session for steps that train nothing."""
 
 
 #: How many distinct causes a failure message names.
@@ -271,7 +266,7 @@ def compute(event: BatchEvent) -> dict[str, Any]:
             s.datum_chunks = chunk_sizes
             s.kept_groups = len(train_groups)
             s.step_metrics = dict(metrics_)  # the summary is written once the step is trained (Rebind)
-            s.empty_steps = 0
+            s.empty_steps, s.empty_steps_report = 0, ""
         elif decision == "need_more":
             s.generation_batch += 1
         elif decision == "cap_reached":
@@ -281,6 +276,7 @@ def compute(event: BatchEvent) -> dict[str, Any]:
             s.step += 1
             s.generation_batch = 0
             s.empty_steps += 1
+            s.empty_steps_report = f"step {batch.step}'s {len(rollouts)} rollouts: {rollout_report(rollouts)}"
 
     if decision in ("skip", "cap_reached"):
         reason = {"stop_reason": cap_reason} if decision == "cap_reached" else {}

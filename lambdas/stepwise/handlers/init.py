@@ -105,7 +105,7 @@ def rewind_to_checkpoint(state: RunState, *, session_name: str, created_at: floa
     state.last_decision = None
     state.step_metrics = {}
     state.datum_chunks = []
-    state.empty_steps = 0
+    state.empty_steps, state.empty_steps_report = 0, ""
     state.generation_batch = 0
     state.kept_groups = 0
     state.eval_step_pending = None

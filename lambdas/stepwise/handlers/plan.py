@@ -10,7 +10,8 @@ loop (`train_grpo.py`) with the DAPO proposal (shared/seeds/002) and DESIGN.md s
    due after a completed step (``eval_every > 0 and step % eval_every == 0``), once per step;
 2. at the start of a step: move to the next epoch when the queue cannot fill a batch (the
    reference drops a partial last batch); when the run is finishing (epochs done, DAPO cap hit,
-   or data exhausted): final eval unless one ran at the last step, final ``save_state``,
+   or data exhausted): fail with ``NoTrainingSignal`` if its last steps were empty and no optimizer
+   step was ever applied; final eval unless one ran at the last step, final ``save_state``,
    ``save_weights_at_end``, then finish; else ``save_state`` when ``save_every`` is due, else
    continue as a new execution every ``steps_per_execution`` steps;
 3. roll out the next generation batch of ``batch_size`` prompts x ``responses_per_prompt``.
@@ -26,7 +27,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from stepwise.handlers._common import BatchRef, RunEvent, SamplerPolicy, bind, logger, now, run_config, store
+from stepwise.handlers._common import (BatchRef, NoTrainingSignal, RunEvent, SamplerPolicy, bind, logger, now,
+                                       run_config, store)
 from stepwise.handlers.train import PhaseMismatch, plan_checkpoint
 from stepwise.runstore import RunState, dataset_index_key, dataset_shard_key, items_key, prompts_key
 
@@ -82,6 +84,12 @@ def decide(state: RunState, cfg: Any) -> Decision:
             state.epoch += 1
             state.cursor = 0
         if state.stop_reason is not None or state.epoch >= cfg.epochs:
+            if state.empty_steps and state.policy_version == 0:
+                # Shorter than max_consecutive_empty_steps, but the same verdict: it trained nothing.
+                raise NoTrainingSignal(
+                    f"the run ended after {state.step} step(s) without one optimizer step; its last "
+                    f"{state.empty_steps} step(s) produced no trainable datum; {state.empty_steps_report}"
+                )
             if eval_n and cfg.final_eval_needed(state.step, state.last_eval_step):
                 return eval_batch(True, "final eval")
             if not state.final_checkpoint_done:
