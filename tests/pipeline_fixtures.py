@@ -249,15 +249,11 @@ class FakeAgent:
         ro = body["_rollout"]
         run_id = ro["exp_id"].split("/", 1)[1]
         s3 = boto3.client("s3")
-        keys = {"session": f"sessions/{sid}.json", "task_token": f"runs/{run_id}/sessions/{sid}/task_token.json"}
-        out = {}
-        for name, key in keys.items():
-            try:
-                s3.head_object(Bucket=ro["s3_bucket"], Key=key)
-                out[name] = True
-            except Exception:
-                out[name] = False
-        return out
+        try:
+            record = json.loads(s3.get_object(Bucket=ro["s3_bucket"], Key=f"sessions/{sid}.json")["Body"].read())
+        except Exception:
+            return {"session": False, "task_token": False}
+        return {"session": record.get("run_id") == run_id, "task_token": bool(record.get("task_token"))}
 
     def finish(self, body: dict, sid: str) -> None:
         if not self.write_results:

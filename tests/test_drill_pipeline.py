@@ -134,8 +134,8 @@ def test_no_sid_or_task_token_is_logged_in_clear(local, faulty_run):
     moto, sim, agent, sm_arn, s3, base, arns = local
     run_id = faulty_run["run_id"]
     sids = {r["sid"] for r in _rollouts(s3, run_id)}
-    tokens = {json.loads(s3.get_object(Bucket=BUCKET, Key=f"runs/{run_id}/sessions/{sid}/task_token.json")["Body"].read())
-              ["task_token"] for sid in sids}
+    tokens = {json.loads(s3.get_object(Bucket=BUCKET, Key=f"sessions/{sid}.json")["Body"].read())["task_token"]
+              for sid in sids}
     logs = "\n".join(faulty_run["logs"])
     assert run_id in logs and "rollout started" in logs  # the capture saw the handlers' records
     leaked = [s for s in sids | tokens if s in logs]

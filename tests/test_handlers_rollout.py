@@ -129,8 +129,10 @@ def test_malformed_and_failed_agent_results_score_zero_without_failing_the_rollo
 
 def _s3_delta(stack, before: dict) -> dict:
     after = stack.moto.s3_requests.snapshot()
-    # HEADs are the fake agent's own probes of what exists at invoke time, not StartRollout's
-    return {k: n - before.get(k, 0) for k, n in after.items() if n != before.get(k, 0) and not k.startswith("HEAD")}
+    # one GET session is the fake agent's own probe of what exists at invoke time, not StartRollout's
+    delta = {k: n - before.get(k, 0) for k, n in after.items() if n != before.get(k, 0)}
+    delta["GET session"] = delta.get("GET session", 0) - 1
+    return {k: n for k, n in delta.items() if n}
 
 
 def test_start_rollout_takes_the_policy_from_the_batch_and_reads_no_state(env):
@@ -143,7 +145,7 @@ def test_start_rollout_takes_the_policy_from_the_batch_and_reads_no_state(env):
     before = stack.moto.s3_requests.snapshot()  # config.json and prompts.json are now cached
     sid = start(StartEvent.model_validate({"task_token": "t4", "run": run_ref(run_id), "batch": p["batch"],
                                            "item": items[1]}))["sid"]
-    assert _s3_delta(stack, before) == {"PUT task_token": 1, "PUT start_marker": 1, "PUT session": 1}
+    assert _s3_delta(stack, before) == {"PUT start_marker": 1, "PUT session": 1}  # the token rides in the session
     record = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=f"sessions/{sid}.json")["Body"].read())
     assert record["training_session_name"] == state.training_session_name and record["policy_version"] == state.policy_version
 
@@ -157,3 +159,26 @@ def test_a_batch_without_a_policy_reads_state_and_refuses_a_non_owner(env):
     stranger = {"run_id": run_id, "execution_arn": run_ref(run_id)["execution_arn"] + "-other"}
     with pytest.raises(RunOwnedElsewhere):
         start(StartEvent.model_validate({"task_token": "t6", "run": stranger, "batch": old, "item": items[0]}))
+
+
+def test_a_session_started_before_the_token_moved_still_resumes_and_another_run_s_sid_is_ignored(env):
+    stack, agent, sm, run_id, p, items = env
+    sfn = stack.moto.client("stepfunctions")
+    item = items[1]
+    seen = {b["_rollout"]["api_key"] for b in agent.invocations}
+    arn = sfn.start_execution(stateMachineArn=sm, name="legacy-token", input=json.dumps({"run": run_ref(run_id), "batch": p["batch"], "item": item}))["executionArn"]
+    sid = _wait_for(lambda: next((b["_rollout"]["api_key"] for b in agent.invocations[::-1]
+                                  if b["_rollout"]["input_id"] == item["input_id"] and b["_rollout"]["api_key"] not in seen), None))
+    key = f"rollout-results/{run_id}/{item['input_id']}/{sid}.json"
+    other_run = f"rollout-results/other-run/{item['input_id']}/{sid}.json"
+    assert on_result(_s3_event(other_run)) == {"resumed": 0, "ignored": 1}  # the record names another run
+    # as an older StartRollout left it: the token in runs/{run_id}/sessions/{sid}/task_token.json only
+    record = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=f"sessions/{sid}.json")["Body"].read())
+    token = record.pop("task_token")
+    stack.s3.put_object(Bucket=BUCKET, Key=f"sessions/{sid}.json", Body=json.dumps(record).encode())
+    stack.s3.put_object(Bucket=BUCKET, Key=f"runs/{run_id}/sessions/{sid}/task_token.json",
+                        Body=json.dumps({"task_token": token}).encode())
+    stack.s3.put_object(Bucket=BUCKET, Key=key, Body=json.dumps({"rewards": 1.0}).encode())
+    assert on_result(_s3_event(key)) == {"resumed": 1, "ignored": 0}
+    done = _wait_for(lambda: (d := sfn.describe_execution(executionArn=arn))["status"] != "RUNNING" and d)
+    assert done["status"] == "SUCCEEDED"

@@ -13,9 +13,9 @@ Layout (DESIGN.md section 3, refined in docs/internals.md)::
     runs/{run_id}/steps/{step}/datums/{chunk:04d}.json      forward_backward datum chunks
     runs/{run_id}/steps/{step}/summary.json                 the step's metrics
     runs/{run_id}/evals/{step}/...                          eval generation batches (same shape as gen{g})
-    runs/{run_id}/sessions/{sid}/task_token.json            Step Functions task token of the rollout
+    runs/{run_id}/sessions/{sid}/task_token.json            task token of a rollout started before it moved into sessions/{sid}.json
     runs/{run_id}/sessions/{sid}/turns/{key}.json           captured gateway turns
-    sessions/{sid}.json                                     gateway session record
+    sessions/{sid}.json                                     gateway session record (+ the rollout's task token)
     rollout-results/{run_id}/{input_id}/{sid}.json          written by the agent (toolkit result key)
 
 `RunState` writes use S3 conditional requests (``IfMatch`` on the ETag read, ``IfNoneMatch="*"``
@@ -124,6 +124,8 @@ def session_key(sid: str) -> str:
 
 
 def task_token_key(run_id: str, sid: str) -> str:
+    """Where StartRollout stored a rollout's task token before the token moved into the session
+    record (OnRolloutResult still reads it for sessions started then)."""
     return f"runs/{run_id}/sessions/{sid}/task_token.json"
 
 

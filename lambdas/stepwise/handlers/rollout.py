@@ -51,6 +51,8 @@ from stepwise.runstore import (
 )
 
 THROTTLING_CODES = frozenset({"ThrottlingException", "ServiceQuotaExceededException", "RetryableConflictException", "TooManyRequestsException"})
+#: The session record's field holding the rollout's Step Functions task token (OnRolloutResult reads it).
+TASK_TOKEN_FIELD = "task_token"
 #: Seconds the gateway session outlives the task timeout (the agent's last call may be in flight).
 SESSION_GRACE_S = 60
 
@@ -186,7 +188,7 @@ def _read_prompts(bucket: str, key: str) -> dict[str, Any]:
 def start(event: StartEvent) -> dict[str, Any]:
     """Open the session, store the task token, invoke the agent; returns ``{"sid"}``.
 
-    S3 requests: 3 PUTs (task token, start marker, session record), plus ``config.json`` and the
+    S3 requests: 2 PUTs (start marker, session record with the task token), plus ``config.json`` and the
     batch's ``prompts.json`` once per container. ``state.json`` is read (and its owner checked)
     only for a batch without ``policy``: PlanStep checked the owner when it planned the batch.
     """
@@ -200,11 +202,12 @@ def start(event: StartEvent) -> dict[str, Any]:
     cfg = run_config(run.run_id)
     sid = str(uuid.uuid4())
     bind(run_id=run.run_id, step=batch.step, sid=sid)
-    rs.put_json(task_token_key(run.run_id, sid), {"task_token": event.task_token, "created_at": now()}, bulk=True)
     rs.put_json(start_marker_key(run.run_id, batch, item.i), {"sid": sid, "input_id": item.input_id, "started_at": now()},
                 bulk=True)
     record = session_record(cfg, run.run_id, batch, sid, item.input_id, item.i)
-    rs.put_json(session_key(sid), record)
+    # The task token rides in the session record (one PUT fewer than an object of its own), written
+    # before the invoke, so the fastest result finds it. The gateway never serves the record.
+    rs.put_json(session_key(sid), {**record, TASK_TOKEN_FIELD: event.task_token})
     payload = _prompts(rs.bucket, prompts_key(run.run_id, batch.step, batch.generation_batch, batch.kind))[item.input_id]
     body = rollout_payload(payload, run_id=run.run_id, input_id=item.input_id, bucket=rs.bucket, sid=sid,
                            gateway_url=os.environ.get("STEPWISE_GATEWAY_URL", ""), model_id=cfg.base_model_arn,
@@ -238,6 +241,17 @@ def _s3_keys(event: dict[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
+def task_token(rs: Any, run_id: str, sid: str) -> str | None:
+    """The task token of session ``sid`` of run ``run_id``: the session record's ``task_token``;
+    for a session started before the token moved there, ``task_token_key``'s object. None when the
+    session is unknown or belongs to another run."""
+    record = rs.get_json_or(session_key(sid))
+    if isinstance(record, dict) and record.get("run_id") == run_id and record.get(TASK_TOKEN_FIELD):
+        return str(record[TASK_TOKEN_FIELD])
+    legacy = rs.get_json_or(task_token_key(run_id, sid)) if record is None or TASK_TOKEN_FIELD not in record else None
+    return str(legacy["task_token"]) if isinstance(legacy, dict) and legacy.get("task_token") else None
+
+
 def on_result(event: dict[str, Any]) -> dict[str, Any]:
     """SendTaskSuccess for each result object. Unknown, duplicate and late results are logged and ignored."""
     rs = store()
@@ -251,13 +265,13 @@ def on_result(event: dict[str, Any]) -> dict[str, Any]:
             ignored += 1
             continue
         bind(run_id=run_id, sid=sid)
-        token = rs.get_json_or(task_token_key(run_id, sid))
+        token = task_token(rs, run_id, sid)
         if token is None:
             logger.warning("no task token for this result (unknown session)", extra={"key": redact(key, sid)})
             ignored += 1
             continue
         try:
-            sfn.send_task_success(taskToken=token["task_token"], output=json.dumps({"sid": sid, "result_key": key}))
+            sfn.send_task_success(taskToken=token, output=json.dumps({"sid": sid, "result_key": key}))
             resumed += 1
         except (sfn.exceptions.TaskTimedOut, sfn.exceptions.InvalidToken, sfn.exceptions.TaskDoesNotExist) as e:
             logger.info("result arrived after its task ended (duplicate or late)", extra={"key": redact(key, sid), "why": type(e).__name__})
