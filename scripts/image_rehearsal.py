@@ -15,11 +15,12 @@ images' Python against the local stack.
    ``lambdas/`` (``scripts/image_child.py``): first-import time and peak RSS.
 4. **Invoke** a representative chain of handlers with the events the state machine sends
    (Init -> PollSession -> PlanStep -> StartRollout -> OnRolloutResult -> FinishRollout ->
-   ComputeAdvantages -> SubmitTrain/PollOperation -> Rebind -> StopSession, then Cleanup's
-   EventBridge event), each in a fresh
+   ComputeAdvantages -> SubmitTrain (-> PollOperation while not done) -> Rebind -> PlanStep -> Checkpoint ->
+   PlanStep -> StopSession, then Cleanup's EventBridge event), each in a fresh
    3.13 process, against moto (server mode) and the SageMaker simulator started here from the
    dev venv as loopback servers, with a loopback agent standing in for ACR: first-invocation
-   peak RSS (``ru_maxrss``) against the function's ``memory_mb``.
+   peak RSS (``VmHWM``: ``ru_maxrss`` survives execve, see image_child.py) against the
+   function's ``memory_mb``.
 5. **Serve** the gateway (``python -m stepwise.gateway``) under 3.13 and GET ``/healthz``.
 6. **Unit tests** of the handler package (``FAST_TESTS``) under 3.13, pytest and hypothesis
    installed in their own ``--target`` folder.
@@ -226,7 +227,8 @@ def invoke_representative_handlers(runner: Runner) -> None:
     agent = FakeAgent()
     try:
         env = {"AWS_ENDPOINT_URL_BEDROCK_AGENTCORE": agent.url}
-        config = stack.config()
+        # one step, then the run ends: PlanStep plans the final save_state
+        config = stack.config(max_prompts=2, epochs=1)
         run_id = f"rehearsal-{int(time.time())}"
         run = run_ref(run_id)
 
@@ -264,7 +266,7 @@ def invoke_representative_handlers(runner: Runner) -> None:
         if any(f.get("status") != "ok" for f in finished):
             raise RehearsalFailed(f"FinishRollout: {finished}")
         (adv,) = call("ComputeAdvantages", {"run": run, "batch": batch})
-        (op,) = call("SubmitTrain", {"run": run})
+        (op,) = call("SubmitTrain", {"run": run})  # the simulator completes inside the inline wait
         for _ in range(20):
             if op["done"]:
                 break
@@ -279,6 +281,18 @@ def invoke_representative_handlers(runner: Runner) -> None:
             raise RehearsalFailed(f"Rebind did not complete: {op}")
         if op.get("policy_version") != 1:
             raise RehearsalFailed(f"after one step the policy version is {op.get('policy_version')}, expected 1")
+        (plan,) = call("PlanStep", {"run": run})
+        if plan["action"] != "checkpoint":
+            raise RehearsalFailed(f"after the last step PlanStep planned {plan}, not the final checkpoint")
+        for _ in range(10):
+            (op,) = call("Checkpoint", {"run": run})
+            if op["done"]:
+                break
+        else:
+            raise RehearsalFailed(f"the final checkpoint did not complete: {op}")
+        (plan,) = call("PlanStep", {"run": run})
+        if plan["action"] != "finish":
+            raise RehearsalFailed(f"after the final checkpoint PlanStep planned {plan}, not finish")
         (stopped,) = call("StopSession", {"execution_arn": run["execution_arn"], "execution_name": run_id,
                                           "input": config, "reason": "finished"})
         # EventBridge's status-change event for the same execution: a second stop is idempotent
@@ -288,8 +302,8 @@ def invoke_representative_handlers(runner: Runner) -> None:
                                                  "status": "ABORTED", "input": json.dumps(config)}})
         if not cleaned.get("stopped"):
             raise RehearsalFailed(f"Cleanup of an aborted execution stopped nothing: {cleaned}")
-        say(f"invoke: one training step on moto + simulator: {len(items)} rollouts (results {notified}), "
-            f"advantages {adv}, policy_version {op['policy_version']}, session stopped: {stopped}")
+        say(f"invoke: a one-step run on moto + simulator: {len(items)} rollouts (results {notified}), "
+            f"advantages {adv}, final checkpoint, {plan['action']}: {plan['reason']}, session stopped: {stopped}")
     finally:
         agent.stop()
         stack.stop()
