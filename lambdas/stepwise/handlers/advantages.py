@@ -293,7 +293,7 @@ def compute(event: BatchEvent) -> dict[str, Any]:
         )
     rs.update_state(run.run_id, change, execution_arn=run.execution_arn)
     if sampling and decision != "need_more":
-        # the seed's per-step "sampling:" line (DAPO): generation batches, filtered fraction, kept, empty
+        # the seed's per-step "sampling:" line (DAPO; GRPO logs the same with one generation batch)
         logger.info("sampling", extra={k.removeprefix("sampling/"): v for k, v in sampling.items()}
                     | {"decision": decision})
     if decision == "cap_reached":
