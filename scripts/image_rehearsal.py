@@ -266,30 +266,23 @@ def invoke_representative_handlers(runner: Runner) -> None:
         if any(f.get("status") != "ok" for f in finished):
             raise RehearsalFailed(f"FinishRollout: {finished}")
         (adv,) = call("ComputeAdvantages", {"run": run, "batch": batch})
-        (op,) = call("SubmitTrain", {"run": run})  # the simulator completes inside the inline wait
-        for _ in range(20):
-            if op["done"]:
-                break
-            (op,) = call("PollOperation", {"run": run})
-        else:
-            raise RehearsalFailed(f"the training step did not complete: {op}")
-        for _ in range(10):
-            (op,) = call("Rebind", {"run": run})
-            if op["done"]:
-                break
-        else:
-            raise RehearsalFailed(f"Rebind did not complete: {op}")
+        def until_done(first: str, then: str, attempts: int = 10) -> dict[str, Any]:
+            """``first``, then ``then`` while the operation is not done (the state machine's poll loop)."""
+            (op,) = call(first, {"run": run})
+            for _ in range(attempts):
+                if op["done"]:
+                    return op
+                (op,) = call(then, {"run": run})
+            raise RehearsalFailed(f"{first} -> {then}: not done after {attempts} polls: {op}")
+
+        until_done("SubmitTrain", "PollOperation")  # the simulator usually completes inside the inline wait
+        op = until_done("Rebind", "Rebind")
         if op.get("policy_version") != 1:
             raise RehearsalFailed(f"after one step the policy version is {op.get('policy_version')}, expected 1")
         (plan,) = call("PlanStep", {"run": run})
         if plan["action"] != "checkpoint":
             raise RehearsalFailed(f"after the last step PlanStep planned {plan}, not the final checkpoint")
-        for _ in range(10):
-            (op,) = call("Checkpoint", {"run": run})
-            if op["done"]:
-                break
-        else:
-            raise RehearsalFailed(f"the final checkpoint did not complete: {op}")
+        until_done("Checkpoint", "Checkpoint")
         (plan,) = call("PlanStep", {"run": run})
         if plan["action"] != "finish":
             raise RehearsalFailed(f"after the final checkpoint PlanStep planned {plan}, not finish")
