@@ -103,17 +103,32 @@ class InvocationRecord:
     error: str | None
 
 
+def run_handler(function_name: str, handler: Handler, event: Any, ctx: LambdaContext) -> tuple[bytes, str | None]:
+    """Run ``handler(event, ctx)``; returns (payload bytes, ``"Unhandled"`` or None) like Lambda's
+    Invoke: an exception becomes the ``errorType``/``errorMessage``/``stackTrace`` payload."""
+    try:
+        return json.dumps(handler(event, ctx), default=str).encode(), None
+    except Exception as exc:  # Lambda reports an unhandled error as a payload, not a crash
+        error = type(exc).__name__
+        log.warning("Lambda %s raised %s: %s", function_name, error, exc)
+        return json.dumps({"errorType": error, "errorMessage": str(exc),
+                           "stackTrace": traceback.format_exception(exc)}).encode(), "Unhandled"
+
+
 class LambdaDispatcher:
-    """Maps moto function names to real handlers and runs them in-process.
+    """Maps moto function names to real handlers and runs them in-process, or in worker processes.
 
     ``invocations`` records every call (function name, wall seconds, error type or None).
+    ``workers``: a `local.workers.WorkerPool`; handlers registered by path then run there (off
+    moto's GIL), handlers registered as callables (tests) still run in this process.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, workers: Any = None) -> None:
         self._functions: dict[str, _Registered] = {}
         self._lock = threading.Lock()
         self.invocations: list[InvocationRecord] = []
         self._async_threads: list[threading.Thread] = []
+        self.workers = workers
 
     def register(self, function_name: str, *, handler_path: str, memory_mb: int, timeout_s: int, arn: str,
                  handler: Handler | None = None) -> None:
@@ -131,28 +146,27 @@ class LambdaDispatcher:
 
     def call(self, function_name: str, event: Any, invocation_type: str) -> tuple[bytes, str | None]:
         """Run the handler; returns (payload bytes, function error kind or None) like Lambda's Invoke."""
-        reg, handler = self._resolve(function_name)
-        ctx = LambdaContext(function_name, reg.memory_mb, reg.arn, reg.timeout_s)
         started = time.time()
         t0 = time.monotonic()
-        error: str | None = None
-        try:
-            result = handler(event, ctx)
-            payload = json.dumps(result, default=str).encode()
-        except Exception as exc:  # Lambda reports an unhandled error as a payload, not a crash
-            error = type(exc).__name__
-            log.warning("Lambda %s raised %s: %s", function_name, error, exc)
-            payload = json.dumps(
-                {
-                    "errorType": error,
-                    "errorMessage": str(exc),
-                    "stackTrace": traceback.format_exception(exc),
-                }
-            ).encode()
+        reg = self._functions.get(function_name)
+        if self.workers is not None and reg is not None and reg.handler_path and reg.handler is None:
+            context = {"function_name": function_name, "memory_limit_in_mb": reg.memory_mb,
+                       "invoked_function_arn": reg.arn, "timeout_s": reg.timeout_s}
+            payload, kind = self.workers.call(reg.handler_path, event, context, reg.timeout_s)
+        else:
+            reg, handler = self._resolve(function_name)
+            ctx = LambdaContext(function_name, reg.memory_mb, reg.arn, reg.timeout_s)
+            payload, kind = run_handler(function_name, handler, event, ctx)
+        error = None
+        if kind:
+            try:
+                error = str(json.loads(payload).get("errorType") or kind)
+            except (ValueError, AttributeError):
+                error = kind
         with self._lock:
             self.invocations.append(InvocationRecord(function_name, invocation_type, started,
                                                      time.monotonic() - t0, error))
-        return payload, ("Unhandled" if error else None)
+        return payload, kind
 
     def invoke_from_moto(self, function_name: str, body: Any, request_headers: Any, response_headers: Any) -> bytes:
         """The body of the patched ``LambdaFunction.invoke``.

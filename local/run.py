@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from local._proc import restore_env, stop_process
+from local.workers import WorkerPool, workers_from_env
 from stepwise.clients import ENV_MAX_POOL_CONNECTIONS
 from stepwise.commands.watch import eval_when, kept_groups
 
@@ -241,6 +242,10 @@ class LocalStack:
                                log_dir=str(log_dir) if log_dir else None, region=engine.REGION,
                                allowed_runtime_arns=allowed).start()
         self.set_env(self.acr.env)
+        n_workers = workers_from_env()
+        if n_workers:
+            # the handlers off moto's GIL (local/workers.py); their output goes where quiet mode sends it
+            self.moto.dispatcher.workers = WorkerPool(n_workers, log_path=str(log_dir / "lambdas.log") if log_dir else None)
         self.resources = create_resources(self.moto, self.bucket)
         return self
 
@@ -255,6 +260,9 @@ class LocalStack:
                 setattr(self, name, None)
         if self.moto is not None:
             self.moto.dispatcher.drain(timeout=10)
+            if self.moto.dispatcher.workers is not None:
+                self.moto.dispatcher.workers.stop()
+                self.moto.dispatcher.workers = None
         if self.simulator is not None:
             try:
                 self.simulator.stop()

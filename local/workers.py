@@ -1,0 +1,180 @@
+"""Lambda handlers in worker processes: the local engine's dispatch off moto's GIL.
+
+The run-local process hosts moto (S3, the Step Functions interpreter, Lambda). When the handlers
+ran there too, every S3 request of a rollout was serialized and parsed on both sides under one
+GIL (benchmarks/README.md section 5). ``WorkerPool`` starts ``n`` processes
+(``python -m local.workers``), each a threaded HTTP server on loopback that runs the real handler
+of ``stepwise.functions`` for each ``POST /invoke``, like a Lambda execution environment but with
+many invocations at once (the Map's children share a few processes, as they shared one before).
+
+Each invocation carries the parent's environment (the stack's variables and endpoints, which the
+parent may change between runs), so a worker never serves with a stale one. Handlers registered
+with a callable (tests) are not sent here: they run in-process, as before.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import importlib
+import itertools
+import json
+import os
+import queue
+import re
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from local._proc import stop_process
+
+_LISTENING = re.compile(r"listening on http://127\.0\.0\.1:(\d+)")
+#: Environment variable: worker processes for run-local's handlers (0 = in-process).
+ENV_WORKERS = "STEPWISE_LOCAL_WORKERS"
+DEFAULT_WORKERS = 2
+
+
+def workers_from_env() -> int:
+    """``STEPWISE_LOCAL_WORKERS`` (an integer >= 0), else 2."""
+    return max(0, int(os.environ.get(ENV_WORKERS) or DEFAULT_WORKERS))
+
+
+class WorkerPool:
+    """``n`` worker processes; ``call`` sends one invocation to the next one (round robin).
+
+    Args:
+        n: processes to start (>= 1).
+        log_path: where their stdout/stderr go (the handlers' Powertools lines); None = inherit.
+        timeout: seconds to wait for each process to listen.
+    """
+
+    def __init__(self, n: int, *, log_path: str | None = None, timeout: float = 60.0) -> None:
+        self._log = open(log_path, "a") if log_path else None  # noqa: SIM115 (closed in stop)
+        self.procs: list[subprocess.Popen] = []
+        self.ports: list[int] = []
+        try:
+            for _ in range(max(1, n)):
+                self._start_one(timeout)
+        except Exception:
+            self.stop()
+            raise
+        self._next = itertools.cycle(range(len(self.ports)))
+        self._lock = threading.Lock()
+
+    def _start_one(self, timeout: float) -> None:
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # `local` importable from anywhere
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
+        proc = subprocess.Popen([sys.executable, "-m", "local.workers", "--port", "0"], env=env,
+                                stdout=subprocess.PIPE, stderr=self._log, text=True)
+        self.procs.append(proc)
+        lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._pump, args=(proc, lines), daemon=True).start()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"Lambda worker exited with code {proc.returncode} before listening")
+            try:
+                m = _LISTENING.search(lines.get(timeout=0.2))
+            except queue.Empty:
+                continue
+            if m:
+                self.ports.append(int(m.group(1)))
+                return
+        raise RuntimeError(f"Lambda worker did not report its port within {timeout:.0f}s")
+
+    def _pump(self, proc: subprocess.Popen, lines: "queue.Queue[str]") -> None:
+        assert proc.stdout is not None
+        listening = False
+        for line in proc.stdout:
+            if not listening:
+                lines.put(line)
+                listening = bool(_LISTENING.search(line))
+                continue
+            try:
+                (self._log or sys.stdout).write(line)
+            except ValueError:  # log closed while stopping
+                return
+
+    def call(self, handler_path: str, event: Any, context: dict[str, Any], timeout_s: float) -> tuple[bytes, str | None]:
+        """Run ``handler_path`` on ``event`` in a worker; returns (payload bytes, error kind or None),
+        as `local.engine.run_handler` does in-process."""
+        with self._lock:
+            port = self.ports[next(self._next)]
+        body = json.dumps({"handler": handler_path, "event": event, "context": context,
+                           "env": dict(os.environ)}, default=str).encode()
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s + 30)
+        try:
+            conn.request("POST", "/invoke", body=body, headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            error = resp.getheader("X-Function-Error") or None
+            return resp.read(), error
+        finally:
+            conn.close()
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            stop_process(proc, None, timeout=5)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+# ---------------------------------------------------------------------------------- the worker
+
+_ENV_LOCK = threading.Lock()
+_HANDLERS: dict[str, Any] = {}
+
+
+def _handler(path: str) -> Any:
+    if path not in _HANDLERS:
+        module_name, _, attr = path.rpartition(".")
+        _HANDLERS[path] = getattr(importlib.import_module(module_name), attr)
+    return _HANDLERS[path]
+
+
+def _apply_env(env: dict[str, str]) -> None:
+    with _ENV_LOCK:
+        for key, value in env.items():
+            if os.environ.get(key) != value:
+                os.environ[key] = value
+
+
+class _Invoke(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        from local.engine import LambdaContext, run_handler
+
+        req = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+        _apply_env(req.get("env") or {})
+        c = req["context"]
+        ctx = LambdaContext(c["function_name"], c["memory_limit_in_mb"], c["invoked_function_arn"], c["timeout_s"])
+        payload, error = run_handler(c["function_name"], _handler(req["handler"]), req["event"], ctx)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        if error:
+            self.send_header("X-Function-Error", error)
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, format: str, *args: Any) -> None:  # one line per invocation: keep quiet
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="a local Lambda worker (run by local.workers.WorkerPool)")
+    parser.add_argument("--port", type=int, default=0)
+    args = parser.parse_args(argv)
+    server = ThreadingHTTPServer(("127.0.0.1", args.port), _Invoke)
+    server.daemon_threads = True
+    print(f"stepwise lambda worker listening on http://127.0.0.1:{server.server_address[1]}", flush=True)
+    server.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
