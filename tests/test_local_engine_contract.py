@@ -187,3 +187,43 @@ def test_send_task_success_answers_as_moto_does_for_live_unknown_and_ended_tasks
             sfn.send_task_success(taskToken="no-such-token", output="{}")
         with pytest.raises(sfn.exceptions.InvalidToken):  # its execution ended: moto's own answer
             sfn.send_task_success(taskToken=tokens[0], output="{}")
+
+
+def _where(event, ctx):
+    if event.get("boom"):
+        raise ValueError("bad thing in a worker")
+    return {"pid": os.getpid(), "function": ctx.function_name, "bucket": os.environ.get("STEPWISE_BUCKET")}
+
+
+def test_handlers_registered_by_path_run_in_worker_processes_with_the_parent_s_environment(monkeypatch):
+    from local.workers import WorkerPool
+
+    monkeypatch.setenv("PYTHONPATH", os.path.dirname(__file__) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    with engine.MotoServer() as moto:
+        moto.dispatcher.workers = pool = WorkerPool(1)
+        try:
+            lam, iam = moto.client("lambda"), moto.client("iam")
+            role = iam.create_role(RoleName="r-workers", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
+            arn = lam.create_function(FunctionName="where", Role=role, PackageType="Image", Timeout=30,
+                                      Code={"ImageUri": "123456789012.dkr.ecr.us-east-1.amazonaws.com/x:1"})["FunctionArn"]
+            moto.dispatcher.register("where", handler_path="test_local_engine_contract._where", memory_mb=128,
+                                     timeout_s=30, arn=arn)
+            monkeypatch.setenv("STEPWISE_BUCKET", "set-after-the-worker-started")
+            definition = {"StartAt": "Where", "States": {
+                "Where": {"Type": "Task", "Resource": "arn:aws:states:::lambda:invoke",
+                          "Parameters": {"FunctionName": arn, "Payload.$": "$"}, "ResultSelector": {"p.$": "$.Payload"},
+                          "Catch": [{"ErrorEquals": ["ValueError"], "ResultPath": "$.error", "Next": "Done"}],
+                          "Next": "Done"},
+                "Done": {"Type": "Pass", "End": True}}}
+            sm = engine.create_state_machine(moto, "workers-test", json.dumps(definition))
+            sfn = moto.client("stepfunctions")
+            ok = _wait(sfn, sfn.start_execution(stateMachineArn=sm, name="w-ok", input="{}")["executionArn"])
+            out = json.loads(ok["output"])["p"]
+            assert out["pid"] != os.getpid() and out["function"] == "where"
+            assert out["bucket"] == "set-after-the-worker-started"
+            failed = _wait(sfn, sfn.start_execution(stateMachineArn=sm, name="w-boom", input='{"boom": true}')["executionArn"])
+            err = json.loads(failed["output"])["error"]
+            assert err["Error"] == "ValueError" and "bad thing in a worker" in err["Cause"]
+            assert [(r.function_name, r.error) for r in moto.dispatcher.invocations] == [("where", None), ("where", "ValueError")]
+        finally:
+            pool.stop()
