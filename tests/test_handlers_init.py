@@ -75,7 +75,7 @@ def test_a_second_execution_of_an_existing_run_is_refused_without_a_session(stac
 
 
 def test_a_slow_session_start_is_left_to_the_poll_loop(stack):
-    stack.sim.set_session_start("ok", seconds=1.5)
+    stack.sim.set_session_start("ok", seconds=4.0)
     try:
         run_id = new_run_id()
         out = init_run(stack, run_id, stack.config())

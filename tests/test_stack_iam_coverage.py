@@ -122,7 +122,7 @@ def recorded_calls():
     botocore.client.BaseClient._make_api_call = make_api_call
     # A session that takes a moment to start sends the loop through PollSession (a session
     # already Running at Init skips the Wait state).
-    stack = Stack(bucket=BUCKET, session_start_seconds=1.5)
+    stack = Stack(bucket=BUCKET, session_start_seconds=4.0)
     moto = stack.moto
     agent = FakeAgent()
     try:
