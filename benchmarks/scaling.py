@@ -28,6 +28,15 @@ from benchmarks._common import DEFAULT_OUT, REPO_ROOT, load_average, write_resul
 HISTORY_LIMIT = 25_000
 
 
+def tps_limit(rollouts: int) -> int:
+    """ACR invokes per second for a size: one per rollout, at least 64, at most the config's cap
+    (RunConfig.acr_tps_limit <= 125: above it the Map's concurrency cap binds instead)."""
+    from stepwise.config import RunConfig
+
+    cap = next((m.le for m in RunConfig.model_fields["acr_tps_limit"].metadata if getattr(m, "le", None)), 125)
+    return int(min(cap, max(64, rollouts)))
+
+
 def parse_size(text: str) -> tuple[int, int]:
     """``"32x4"`` -> (32, 4). Raises ValueError naming the accepted form."""
     try:
@@ -64,7 +73,7 @@ def run_size(config_path: Path, batch: int, k: int, steps: int, out: Path) -> di
 
     overrides = {"batch_size": batch, "responses_per_prompt": k, "max_prompts": steps * batch,
                  "eval_dataset_path": "", "eval_every": 0, "save_every": 10_000,
-                 "acr_tps_limit": max(64, batch * k)}
+                 "acr_tps_limit": tps_limit(batch * k)}
     load_start = load_average()
     run_mod._history = capture
     try:
@@ -105,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             from benchmarks.reference_vs_pipeline import run_reference
 
             cfg = {**json.loads(args.config.read_text()), "batch_size": b, "responses_per_prompt": k,
-                   "acr_tps_limit": max(64, b * k)}
+                   "acr_tps_limit": tps_limit(b * k)}
             ref = run_reference(cfg, steps=args.steps, out=args.out / f"ref-{size}")
             row["reference_step_s"] = ref["step_seconds"]
             row["reference_rollout_s"] = ref.get("rollout_seconds")
