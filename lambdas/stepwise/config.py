@@ -16,7 +16,9 @@ Reference fields dropped because they cannot apply serverless:
 A config naming any of these (the reference's ``config.yaml.example`` does) loads: the key is
 dropped with a warning that gives the reason (`drop_unsupported`). Any other unknown key is refused.
 YAML is read with YAML 1.2's float syntax, so ``learning_rate: 1e-5`` (a string to PyYAML's YAML 1.1
-resolver) is the number 1e-05. docs/migration.md maps every reference field to ours.
+resolver) is the number 1e-05. docs/migration.md maps every reference field to ours. Safe loading only (no
+Python tags); a key given twice, a value referring to itself, an alias bomb, a file not in UTF-8 or a
+number of thousands of digits is a `ConfigError`, and values are shown abbreviated in messages (`shown`).
 
 Use `load_run_config(obj_or_path)` to get every problem at once as one `ConfigError`.
 """
@@ -28,6 +30,7 @@ import json
 import logging
 import math
 import re
+import reprlib
 from pathlib import Path
 from typing import Any, Literal
 
@@ -36,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from stepwise import service_limits as limits
 
 __all__ = ["RunConfig", "VpcConfig", "ConfigError", "load_run_config", "read_config_file", "drop_unsupported",
-           "DROPPED_FIELDS"]
+           "DROPPED_FIELDS", "shown"]
 
 log = logging.getLogger(__name__)
 
@@ -347,6 +350,28 @@ class RunConfig(BaseModel):
             )
         return v
 
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_kwargs(cls, v: dict[str, Any]) -> dict[str, Any]:
+        # It rides in the execution input and the gateway's session record, both JSON: a YAML date,
+        # binary, set or NaN would load here and fail later (or send invalid JSON).
+        stack: list[tuple[str, Any]] = list(v.items())
+        while stack:
+            where, x = stack.pop()
+            if isinstance(x, dict):
+                bad = [k for k in x if not isinstance(k, str)]
+                if bad:
+                    raise ValueError(f"{where}: keys must be strings (got {shown(bad[0])})")
+                stack.extend((f"{where}.{k}", c) for k, c in x.items())
+            elif isinstance(x, list):
+                stack.extend((f"{where}[{i}]", c) for i, c in enumerate(x))
+            elif isinstance(x, float) and not math.isfinite(x):
+                raise ValueError(f"{where}: {x!r} is not a JSON number")
+            elif not (x is None or isinstance(x, (str, int, float, bool))):
+                raise ValueError(f"{where}: must be JSON data (string, number, boolean, null, list, mapping), "
+                                 f"got a {type(x).__name__}")
+        return v
+
     @field_validator("agent_runtime_arn")
     @classmethod
     def _agent(cls, v: str) -> str:
@@ -532,6 +557,27 @@ class RunConfig(BaseModel):
 # ---------------------------------------------------------------------- loading
 
 
+class _ShortRepr(reprlib.Repr):
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxlevel, self.maxdict, self.maxlist, self.maxtuple, self.maxset = 3, 6, 6, 6, 6
+        self.maxstring, self.maxother, self.maxlong = 120, 120, 60
+
+    def repr_int(self, x: int, level: int) -> str:
+        if x.bit_length() > 1000:  # repr() refuses ints of more than 4300 digits; say how long instead
+            return f"<{len(str(x)) if x.bit_length() < 14000 else int(x.bit_length() * 0.30103) + 1}-digit int>"
+        return super().repr_int(x, level)
+
+
+_SHORT_REPR = _ShortRepr()
+
+
+def shown(value: Any) -> str:
+    """``repr(value)`` abbreviated for an error message: at most a few hundred characters, whatever
+    the value (a YAML alias bomb, a self-referring list, an int of thousands of digits)."""
+    return _SHORT_REPR.repr(value)
+
+
 def _format_error(err: dict[str, Any]) -> str:
     loc = ".".join(str(p) for p in err.get("loc", ())) or "(config)"
     kind = err.get("type", "")
@@ -541,7 +587,7 @@ def _format_error(err: dict[str, Any]) -> str:
         names = list(RunConfig.model_fields) if len(err["loc"]) == 1 else list(VpcConfig.model_fields)
         close = difflib.get_close_matches(field, names, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-        return f"{loc}: unknown field (got {value!r}){hint}"
+        return f"{loc}: unknown field (got {shown(value)}){hint}"
     if kind == "missing":
         desc = RunConfig.model_fields[loc].description if loc in RunConfig.model_fields else None
         return f"{loc}: required{f' ({desc})' if desc else ''}"
@@ -550,7 +596,7 @@ def _format_error(err: dict[str, Any]) -> str:
     source = LIMIT_SOURCES.get(loc) if kind in _RANGE_ERRORS else None
     if source is not None:
         msg = f"{msg}: {source}"
-    return f"{loc}: {msg} (got {value!r})"
+    return f"{loc}: {msg} (got {shown(value)})"
 
 
 _RANGE_ERRORS = frozenset({"greater_than", "greater_than_equal", "less_than", "less_than_equal"})
@@ -585,7 +631,23 @@ def _yaml_loader() -> Any:
     import yaml
 
     class Loader(yaml.SafeLoader):
-        pass
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            # PyYAML keeps the last of a key given twice; refuse it (a merge key's entries, ``<<``,
+            # may be overridden: that is what merging means).
+            if isinstance(node, yaml.MappingNode):
+                seen: dict[Any, Any] = {}
+                for key_node, _ in node.value:
+                    if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
+                        continue
+                    key = self.construct_object(key_node)
+                    try:
+                        first = seen.setdefault(key, key_node.start_mark)
+                    except TypeError:  # unhashable: SafeConstructor says so below
+                        continue
+                    if first is not key_node.start_mark:
+                        raise yaml.constructor.ConstructorError(
+                            None, None, f"{key!r} is given twice (first at line {first.line + 1})", key_node.start_mark)
+            return super().construct_mapping(node, deep=deep)
 
     Loader.add_implicit_resolver("tag:yaml.org,2002:float", _YAML12_FLOAT, list("-+0123456789."))
     return Loader
@@ -599,20 +661,69 @@ def read_config_file(path: str | Path) -> Any:
     """
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_bytes().decode("utf-8")
     except OSError as e:
         raise ConfigError([f"(file): cannot read {path}: {e.strerror or e}"], str(path)) from e
-    if path.suffix in (".yaml", ".yml"):
-        import yaml
-
-        try:
-            return yaml.load(text, Loader=_yaml_loader())  # noqa: S506 - a SafeLoader subclass
-        except yaml.YAMLError as e:
-            raise ConfigError([f"(file): not valid YAML: {e}"], str(path)) from e
+    except UnicodeDecodeError as e:
+        raise ConfigError([f"(file): not UTF-8 text (byte {e.object[e.start]:#x} at offset {e.start}); "
+                           "save the file as UTF-8"], str(path)) from None
+    is_yaml = path.suffix in (".yaml", ".yml")
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError([f"(file): not valid JSON at line {e.lineno} column {e.colno}: {e.msg}"], str(path)) from e
+        if is_yaml:
+            import yaml
+
+            try:
+                return yaml.load(text, Loader=_yaml_loader())  # noqa: S506 - a SafeLoader subclass
+            except yaml.YAMLError as e:
+                raise ConfigError([f"(file): not valid YAML: {e}"], str(path)) from e
+        try:
+            return json.loads(text, object_pairs_hook=_json_object)
+        except json.JSONDecodeError as e:
+            raise ConfigError([f"(file): not valid JSON at line {e.lineno} column {e.colno}: {e.msg}"], str(path)) from e
+    except RecursionError:
+        raise ConfigError([f"(file): values nested too deeply to read (a config needs {_MAX_DEPTH} levels at most)"],
+                          str(path)) from None
+    except ValueError as e:  # Python's int() refuses numbers of more than sys.get_int_max_str_digits() digits
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError([f"(file): not a usable {'YAML' if is_yaml else 'JSON'} value: {e}"], str(path)) from None
+
+
+def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object, refusing a key given twice (json keeps the last one silently)."""
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ConfigError([f"{k}: is given twice in one JSON object (the first would be ignored)"])
+        out[k] = v
+    return out
+
+
+#: Bounds on a loaded config's shape: its fields are scalars, short lists and one small mapping
+#: (chat_template_kwargs); beyond these it is a YAML alias bomb or a mistake, refused before validation.
+_MAX_VALUES = 10_000
+_MAX_DEPTH = 32
+
+
+def _shape_errors(raw: Any) -> list[str]:
+    """``field: message`` for a value that refers to itself, is nested deeper than `_MAX_DEPTH`, or makes the
+    config hold more than `_MAX_VALUES` values (counting each alias's expansion); [] when none."""
+    count = 0
+    stack: list[tuple[Any, str, int, tuple[int, ...]]] = [(v, str(k), 1, ()) for k, v in raw.items()]
+    while stack:
+        value, field, depth, parents = stack.pop()
+        count += 1
+        if count > _MAX_VALUES:
+            return [f"(config): holds more than {_MAX_VALUES:,} values (YAML aliases expanding?); a run config is small"]
+        if not isinstance(value, (dict, list, tuple, set, frozenset)):
+            continue
+        if id(value) in parents:
+            return [f"{field}: refers to itself (a YAML alias inside its own anchor)"]
+        if depth > _MAX_DEPTH:
+            return [f"{field}: nested more than {_MAX_DEPTH} levels deep"]
+        children = value.values() if isinstance(value, dict) else value
+        stack.extend((c, field, depth + 1, (*parents, id(value))) for c in children)
+    return []
 
 
 def drop_unsupported(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
@@ -623,7 +734,7 @@ def drop_unsupported(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     ``train_dapo.py``) also gets a warning that it trains GRPO unless ``algorithm: dapo`` is set.
     """
     out = {k: v for k, v in raw.items() if k not in DROPPED_FIELDS}
-    warnings = [f"{k}: ignored, {DROPPED_FIELDS[k]} (got {v!r})" for k, v in raw.items() if k in DROPPED_FIELDS]
+    warnings = [f"{k}: ignored, {DROPPED_FIELDS[k]} (got {shown(v)})" for k, v in raw.items() if k in DROPPED_FIELDS]
     if "max_num_gen_batches" in raw and "algorithm" not in raw:
         warnings.append("max_num_gen_batches: applies to algorithm 'dapo' only, and algorithm defaults to 'grpo' "
                         "(the reference picks DAPO by running train_dapo.py); set algorithm: dapo to use it")
@@ -650,6 +761,9 @@ def load_run_config(obj_or_path: RunConfig | dict[str, Any] | str | Path, *,
         raw = read_config_file(obj_or_path)
     if not isinstance(raw, dict):
         raise ConfigError([f"(config): must be a JSON object of fields (got {type(raw).__name__})"], source)
+    shape = _shape_errors(raw)
+    if shape:
+        raise ConfigError(shape, source)
     raw, dropped = drop_unsupported(raw)
     if warnings is not None:
         warnings.extend(dropped)
