@@ -18,7 +18,7 @@ from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.metrics import MetricUnit
 from pydantic import BaseModel, ConfigDict
 
-from stepwise.runstore import RunStore, config_key, eval_summary_key, summary_key
+from stepwise.runstore import RunState, RunStore, config_key, eval_summary_key, summary_key
 
 SERVICE = os.environ.get("POWERTOOLS_SERVICE_NAME", "stepwise")
 logger = Logger(service=SERVICE)
@@ -53,6 +53,12 @@ class SamplerPolicy(BaseModel):
     training_session_name: str
     sampler_model_package_arn: str = ""
     policy_version: int = 0
+
+    @classmethod
+    def of(cls, state: RunState) -> "SamplerPolicy":
+        """The policy ``state`` samples from now (its session, sampler model package and version)."""
+        return cls(training_session_name=state.training_session_name,
+                   sampler_model_package_arn=state.sampler_model_package_arn, policy_version=state.policy_version)
 
 
 class BatchRef(BaseModel):

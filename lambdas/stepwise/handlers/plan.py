@@ -202,11 +202,9 @@ def plan(event: RunEvent) -> dict[str, Any]:
     rs.put_json(prompts_key(run.run_id, d.step, d.generation_batch, kind), prompts, bulk=True)
     key = items_key(run.run_id, d.step, d.generation_batch, kind)
     rs.put_json(key, items, bulk=True)
-    policy = SamplerPolicy(training_session_name=state.training_session_name,
-                           sampler_model_package_arn=state.sampler_model_package_arn,
-                           policy_version=state.policy_version)
     batch = BatchRef(kind=kind, step=d.step, generation_batch=d.generation_batch,
-                     timeout_seconds=max(1, math.ceil(cfg.max_rollout_time)), final=d.final, policy=policy)
+                     timeout_seconds=max(1, math.ceil(cfg.max_rollout_time)), final=d.final,
+                     policy=SamplerPolicy.of(state))
     out.update(
         items_key=key,
         num_items=len(items),

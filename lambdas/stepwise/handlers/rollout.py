@@ -196,9 +196,7 @@ def start(event: StartEvent) -> dict[str, Any]:
     run, batch, item = event.run, event.batch, event.item
     if batch.policy is None:
         state = rs.owned_state(run.run_id, run.execution_arn)
-        batch = batch.model_copy(update={"policy": SamplerPolicy(
-            training_session_name=state.training_session_name,
-            sampler_model_package_arn=state.sampler_model_package_arn, policy_version=state.policy_version)})
+        batch = batch.model_copy(update={"policy": SamplerPolicy.of(state)})
     cfg = run_config(run.run_id)
     sid = str(uuid.uuid4())
     bind(run_id=run.run_id, step=batch.step, sid=sid)
