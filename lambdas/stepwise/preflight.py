@@ -27,10 +27,10 @@ from typing import Any
 
 from stepwise.config import ConfigError, RunConfig, parse_s3_uri
 from stepwise.functions import ENV_AGENT_RUNTIME_ARNS, ENV_DATA_BUCKETS
+from stepwise.stackinfo import ENV_BUCKET
 from stepwise.stackinfo import region_of_arn as arn_region
 
 ENV_REGION = "AWS_REGION"
-ENV_BUCKET = "STEPWISE_BUCKET"
 CONTEXT_DATA_BUCKETS = "dataBuckets"
 CONTEXT_AGENT_RUNTIME_ARNS = "agentRuntimeArns"
 

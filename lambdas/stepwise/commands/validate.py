@@ -80,11 +80,12 @@ def init_function_environment(dep: "Deployment") -> dict[str, str]:
 
 def deployed_scope(dep: "Deployment") -> "StackScope":
     """What the deployed stack grants its functions (see the module doc)."""
-    from stepwise.preflight import ENV_AGENT_RUNTIME_ARNS, ENV_DATA_BUCKETS, StackScope, arn_account
+    from stepwise.preflight import (ENV_AGENT_RUNTIME_ARNS, ENV_BUCKET, ENV_DATA_BUCKETS, ENV_REGION, StackScope,
+                                    arn_account)
 
     env = init_function_environment(dep)
     grants = {k: env.get(k, os.environ.get(k, "")) for k in (ENV_DATA_BUCKETS, ENV_AGENT_RUNTIME_ARNS)}
-    return StackScope.from_env({"AWS_REGION": dep.info.region, "STEPWISE_BUCKET": dep.bucket, **grants},
+    return StackScope.from_env({ENV_REGION: dep.info.region, ENV_BUCKET: dep.bucket, **grants},
                                account=arn_account(dep.state_machine_arn))
 
 
