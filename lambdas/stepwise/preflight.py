@@ -196,8 +196,9 @@ class Probes:
 def refusals(cfg: RunConfig, scope: StackScope, probes: Probes) -> list[str]:
     """Every reason this run cannot work on this stack (empty = go ahead); see the module doc."""
     locations = s3_locations(cfg)
-    errors = region_errors(cfg, scope) + runtime_scope_errors(cfg, scope) + bucket_scope_errors(locations, scope)
-    if not runtime_scope_errors(cfg, scope):
+    runtime_errors = runtime_scope_errors(cfg, scope)
+    errors = region_errors(cfg, scope) + runtime_errors + bucket_scope_errors(locations, scope)
+    if not runtime_errors:
         problem = probes.runtime(cfg.agent_runtime_arn)
         if problem:
             errors.append(f"agent_runtime_arn: {problem} (got {cfg.agent_runtime_arn!r})")
