@@ -44,21 +44,23 @@ __all__ = ["RunConfig", "VpcConfig", "ConfigError", "load_run_config", "read_con
 log = logging.getLogger(__name__)
 
 # Patterns follow botocore's service models (sagemaker CreateTrainingSession shapes) where
-# one exists; they are checks of form only, not of existence.
+# one exists; they are checks of form only, not of existence. ASCII (re.A: ``\d`` would match any
+# Unicode digit) and ending with ``\Z`` (``$`` also matches before a final newline, which a YAML
+# block scalar leaves).
 _PARTITION = r"arn:aws[a-z\-]*"
 _REGION = r"[a-z]{2}(?:-[a-z]+)+-\d{1,2}"
-ROLE_ARN_RE = re.compile(rf"^{_PARTITION}:iam::\d{{12}}:role/?[a-zA-Z_0-9+=,.@\-/]+$")
-HUB_CONTENT_ARN_RE = re.compile(rf"^{_PARTITION}:sagemaker:{_REGION}:(?:\d{{12}}|aws):hub-content/\S+$")
-HUB_MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,62}$")
-MODEL_PACKAGE_GROUP_ARN_RE = re.compile(rf"^{_PARTITION}:sagemaker:{_REGION}:\d{{12}}:model-package-group/\S{{1,2048}}$")
-MODEL_PACKAGE_ARN_RE = re.compile(rf"^{_PARTITION}:sagemaker:{_REGION}:\d{{12}}:model-package/\S+$")
-AGENT_RUNTIME_ARN_RE = re.compile(rf"^{_PARTITION}:bedrock-agentcore:{_REGION}:\d{{12}}:runtime/[A-Za-z0-9_\-]+$")
-KMS_KEY_ARN_RE = re.compile(rf"^{_PARTITION}:kms:{_REGION}:\d{{12}}:(?:key|alias)/[a-zA-Z0-9:/_\-]+$")
-REGION_RE = re.compile(rf"^{_REGION}$")
-S3_URI_RE = re.compile(r"^s3://([a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])(?:/(.*))?$")
-VPC_ID_RE = re.compile(r"^[-0-9a-zA-Z]{1,32}$")
+ROLE_ARN_RE = re.compile(rf"^{_PARTITION}:iam::\d{{12}}:role/?[a-zA-Z_0-9+=,.@\-/]+\Z", re.A)
+HUB_CONTENT_ARN_RE = re.compile(rf"^{_PARTITION}:sagemaker:{_REGION}:(?:\d{{12}}|aws):hub-content/[!-~]+\Z", re.A)
+HUB_MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,62}\Z", re.A)
+MODEL_PACKAGE_GROUP_ARN_RE = re.compile(rf"^{_PARTITION}:sagemaker:{_REGION}:\d{{12}}:model-package-group/[!-~]{{1,2048}}\Z", re.A)
+MODEL_PACKAGE_ARN_RE = re.compile(rf"^{_PARTITION}:sagemaker:{_REGION}:\d{{12}}:model-package/[!-~]+\Z", re.A)
+AGENT_RUNTIME_ARN_RE = re.compile(rf"^{_PARTITION}:bedrock-agentcore:{_REGION}:\d{{12}}:runtime/[A-Za-z0-9_\-]+\Z", re.A)
+KMS_KEY_ARN_RE = re.compile(rf"^{_PARTITION}:kms:{_REGION}:\d{{12}}:(?:key|alias)/[a-zA-Z0-9:/_\-]+\Z", re.A)
+REGION_RE = re.compile(rf"^{_REGION}\Z", re.A)
+S3_URI_RE = re.compile(r"^s3://([a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])(?:/(.*))?\Z", re.A | re.S)
+VPC_ID_RE = re.compile(r"^[-0-9a-zA-Z]{1,32}\Z", re.A)
 #: SageMaker managed MLflow: resource types the sagemaker-mlflow plugin routes (mlflow-app, mlflow-tracking-server).
-MLFLOW_ARN_RE = re.compile(rf"^{_PARTITION}:sagemaker:{_REGION}:\d{{12}}:(?:mlflow-app|mlflow-tracking-server)/[A-Za-z0-9\-]+$")
+MLFLOW_ARN_RE = re.compile(rf"^{_PARTITION}:sagemaker:{_REGION}:\d{{12}}:(?:mlflow-app|mlflow-tracking-server)/[A-Za-z0-9\-]+\Z", re.A)
 
 LOSSES = ("ppo", "importance_sampling", "cispo")
 CLIPPED_LOSSES = ("ppo", "cispo")
@@ -89,10 +91,10 @@ def parse_s3_uri(uri: str) -> tuple[str, str]:
     Raises:
         ValueError: not an ``s3://`` URI with a valid bucket name.
     """
-    m = S3_URI_RE.match(uri)
-    if not m:
-        raise ValueError(f"{S3_URI_HELP}, got {uri!r}")
-    return m.group(1), m.group(2) or ""
+    try:
+        return _check_s3(uri)
+    except ValueError as e:
+        raise ValueError(f"{e}, got {uri!r}") from None
 
 
 S3_URI_HELP = "expected s3://bucket/key with a valid bucket name (3-63 of a-z 0-9 . -)"
@@ -102,7 +104,16 @@ def _check_s3(uri: str) -> tuple[str, str]:
     m = S3_URI_RE.match(uri)
     if not m:
         raise ValueError(S3_URI_HELP)
-    return m.group(1), m.group(2) or ""
+    bucket, key = m.group(1), m.group(2) or ""
+    if ".." in bucket or _IP_ADDRESS_RE.match(bucket):  # S3's bucket naming rules
+        raise ValueError(f"{S3_URI_HELP}; no two adjacent periods, not an IP address")
+    if _CONTROL_RE.search(key):  # S3's XML listings cannot carry them; the datasets and tokenizer would not load
+        raise ValueError("the key holds a control character (tab, newline, NUL, ...)")
+    return bucket, key
+
+
+_IP_ADDRESS_RE = re.compile(r"^\d{1,3}(?:\.\d{1,3}){3}\Z", re.A)
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def _check_path(value: str, field: str, *, required: bool) -> str:
@@ -343,7 +354,7 @@ class RunConfig(BaseModel):
     def _tokenizer(cls, v: str) -> str:
         if v.startswith("s3://"):
             _check_s3(v)
-        elif v and not re.match(r"^\S+$", v):
+        elif v and not re.match(r"^\S+\Z", v):
             raise ValueError(
                 "must be '', an s3://bucket/prefix/ of tokenizer files, a model id like 'org/name', "
                 "or a local directory (local stack only)"
@@ -457,7 +468,7 @@ class RunConfig(BaseModel):
     @field_validator("mlflow_tracking_uri")
     @classmethod
     def _mlflow(cls, v: str) -> str:
-        if v and not (MLFLOW_ARN_RE.match(v) or re.match(r"^(https?://\S+|file:\S+|sqlite:///\S+)$", v)):
+        if v and not (MLFLOW_ARN_RE.match(v) or re.match(r"^(https?://\S+|file:\S+|sqlite:///\S+)\Z", v)):
             raise ValueError(
                 "must be '', a SageMaker MLflow ARN (arn:aws:sagemaker:REGION:ACCOUNT:mlflow-app/ID or "
                 ":mlflow-tracking-server/NAME), an http(s):// URL, or a local sqlite:/// or file: store"
