@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import os
+import queue
+import re
 import subprocess
+import sys
+import threading
+import time
 from typing import IO, Any
 
 
@@ -28,3 +33,42 @@ def restore_env(saved: dict[str, str | None]) -> None:
         else:
             os.environ[key] = value
     saved.clear()
+
+
+def await_listening(proc: subprocess.Popen, pattern: re.Pattern[str], *, what: str, timeout: float,
+                    log: IO[str] | None = None) -> re.Match[str]:
+    """Read ``proc``'s stdout (a text pipe) until a line matches ``pattern``, the line a local
+    service prints once it listens; returns the match. A daemon thread then copies every later
+    line to ``log`` (None = this process's stdout) until ``proc`` ends or ``log`` is closed.
+
+    Raises:
+        RuntimeError: ``proc`` exited first ("WHAT exited with code N before listening"), or no
+            line matched within ``timeout`` seconds ("WHAT did not report its port within Ns").
+    """
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=_pump, args=(proc, pattern, lines, log), daemon=True).start()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with code {proc.returncode} before listening")
+        try:
+            m = pattern.search(lines.get(timeout=0.2))
+        except queue.Empty:
+            continue
+        if m:
+            return m
+    raise RuntimeError(f"{what} did not report its port within {timeout:.0f}s")
+
+
+def _pump(proc: subprocess.Popen, pattern: re.Pattern[str], lines: "queue.Queue[str]", log: IO[str] | None) -> None:
+    assert proc.stdout is not None
+    listening = False
+    for line in proc.stdout:
+        if not listening:
+            lines.put(line)
+            listening = bool(pattern.search(line))
+            continue
+        try:
+            (log or sys.stdout).write(line)
+        except ValueError:  # log closed while stopping
+            return

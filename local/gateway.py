@@ -8,15 +8,12 @@ The process gets the handlers' environment (bucket, moto and simulator endpoints
 from __future__ import annotations
 
 import os
-import queue
 import re
 import subprocess
 import sys
-import threading
-import time
 import urllib.request
 
-from local._proc import stop_process
+from local._proc import await_listening, stop_process
 
 _LISTENING = re.compile(r"listening on (http://127\.0\.0\.1:\d+)")
 
@@ -33,33 +30,11 @@ class GatewayProcess:
             stderr=self._log,
             text=True,
         )
-        lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=self._pump, args=(lines,), daemon=True).start()
-        deadline = time.monotonic() + timeout
-        self.url = ""
-        while time.monotonic() < deadline and not self.url:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"gateway exited with code {self.proc.returncode} before listening")
-            try:
-                m = _LISTENING.search(lines.get(timeout=0.2))
-            except queue.Empty:
-                continue
-            if m:
-                self.url = m.group(1)
-        if not self.url:
+        try:
+            self.url = await_listening(self.proc, _LISTENING, what="gateway", timeout=timeout, log=self._log).group(1)
+        except RuntimeError:
             self.stop()
-            raise RuntimeError(f"gateway did not report its port within {timeout:.0f}s")
-
-    def _pump(self, lines: "queue.Queue[str]") -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            if not self.url:
-                lines.put(line)
-            else:
-                try:
-                    (self._log or sys.stdout).write(line)
-                except ValueError:  # log closed while stopping
-                    return
+            raise
 
     def healthy(self) -> bool:
         try:

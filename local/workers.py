@@ -20,16 +20,14 @@ import importlib
 import itertools
 import json
 import os
-import queue
 import re
 import subprocess
 import sys
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from local._proc import stop_process
+from local._proc import await_listening, stop_process
 
 _LISTENING = re.compile(r"listening on http://127\.0\.0\.1:(\d+)")
 #: Environment variable: worker processes for run-local's handlers (0 = in-process).
@@ -70,33 +68,8 @@ class WorkerPool:
         proc = subprocess.Popen([sys.executable, "-m", "local.workers", "--port", "0"], env=env,
                                 stdout=subprocess.PIPE, stderr=self._log, text=True)
         self.procs.append(proc)
-        lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=self._pump, args=(proc, lines), daemon=True).start()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"Lambda worker exited with code {proc.returncode} before listening")
-            try:
-                m = _LISTENING.search(lines.get(timeout=0.2))
-            except queue.Empty:
-                continue
-            if m:
-                self.ports.append(int(m.group(1)))
-                return
-        raise RuntimeError(f"Lambda worker did not report its port within {timeout:.0f}s")
-
-    def _pump(self, proc: subprocess.Popen, lines: "queue.Queue[str]") -> None:
-        assert proc.stdout is not None
-        listening = False
-        for line in proc.stdout:
-            if not listening:
-                lines.put(line)
-                listening = bool(_LISTENING.search(line))
-                continue
-            try:
-                (self._log or sys.stdout).write(line)
-            except ValueError:  # log closed while stopping
-                return
+        self.ports.append(int(await_listening(proc, _LISTENING, what="Lambda worker", timeout=timeout,
+                                              log=self._log).group(1)))
 
     def call(self, handler_path: str, event: Any, context: dict[str, Any], timeout_s: float) -> tuple[bytes, str | None]:
         """Run ``handler_path`` on ``event`` in a worker; returns (payload bytes, error kind or None),
