@@ -201,17 +201,25 @@ def checkpoint_text(c: dict[str, Any]) -> str:
     return f"step {c['step']} {c['kind']} ({c.get('reason') or '-'}): {c['model_package_arn']}"
 
 
+def checkpoint_lines(checkpoints: list[dict[str, Any]], final: dict[str, Any] | None) -> list[str]:
+    """``  checkpoint: ...`` per checkpoint, then ``  final weights: ...`` unless ``final`` is None
+    (`run_weights`' pair)."""
+    lines = [f"  checkpoint: {checkpoint_text(c)}" for c in checkpoints]
+    if final is not None:
+        lines.append(f"  final weights: {checkpoint_text(final)}")
+    return lines
+
+
 def weights_lines(state: dict[str, Any] | None, region: str) -> list[str]:
     """The lines a run's report ends with: each checkpoint, then the final weights' model package ARN
     and how to sample or deploy it (`stepwise.training.weights_usage`)."""
     from stepwise.training import weights_usage
 
     checkpoints, final = run_weights(state)
-    lines = [f"  checkpoint: {checkpoint_text(c)}" for c in checkpoints]
+    lines = checkpoint_lines(checkpoints, final)
     if final is None:
         lines.append("  final weights: none (no optimizer step was applied; the sampler is still the base model)")
         return lines
-    lines.append(f"  final weights: {checkpoint_text(final)}")
     lines += [f"    {line}" for line in weights_usage(final["model_package_arn"], region).splitlines()]
     return lines
 

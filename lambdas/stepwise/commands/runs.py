@@ -18,13 +18,13 @@ from stepwise.commands._runs import (
     CommandError,
     Deployment,
     add_stack_arguments,
+    checkpoint_lines,
     deployment,
     eval_accuracy,
     fail,
     fmt,
     get_json,
     list_executions,
-    checkpoint_text,
     mean_reward,
     run_config,
     run_id_of_execution,
@@ -95,9 +95,7 @@ def format_weights(rows: list[dict[str, Any]]) -> list[str]:
         if not r.get("checkpoints") and not r.get("final_weights"):
             continue
         lines.append(f"{r['run_id']}:")
-        lines += [f"  checkpoint: {checkpoint_text(c)}" for c in r.get("checkpoints") or []]
-        if r.get("final_weights"):
-            lines.append(f"  final weights: {checkpoint_text(r['final_weights'])}")
+        lines += checkpoint_lines(r.get("checkpoints") or [], r.get("final_weights") or None)
     newest = next((r for r in rows if r.get("final_weights")), None)
     if newest is not None:
         arn = newest["final_weights"]["model_package_arn"]
