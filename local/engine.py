@@ -10,8 +10,12 @@ through moto's ``LambdaFunction.invoke(body, request_headers, response_headers)`
 real handler from ``stepwise.functions``. This module is the only place that knows moto's
 internals; ``tests/test_local_engine_contract.py`` fails loudly when a moto upgrade moves them.
 
-Not emulated: EventBridge does not deliver to Lambda targets in moto, so the local runner
-calls Cleanup itself on abnormal ends; Lambda timeouts are not enforced.
+Lambda's limits are enforced per invocation (``local/limits.py``, in `run_handler`, in this
+process and in the worker processes alike): a handler that runs past its ``FunctionSpec.timeout_s``
+or whose memory goes past its ``memory_mb`` fails the way Lambda fails it (an unhandled error; Step
+Functions sees ``Lambda.Unknown`` with a message naming the function and the figure). Not
+emulated: EventBridge does not deliver to Lambda targets in moto, so the local runner calls Cleanup
+itself on abnormal ends. docs/internals.md lists the remaining differences.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from typing import Any, Callable, Iterator
 from botocore.config import Config
 
 from local._proc import restore_env
+from local.limits import LimitMonitor, MemoryMeasure, default_measure, process_monitor
 
 log = logging.getLogger(__name__)
 
@@ -94,41 +99,82 @@ class _Registered:
 
 @dataclass
 class InvocationRecord:
-    """One dispatched invocation (kept for tests and the run's timing split)."""
+    """One dispatched invocation (kept for tests and the run's timing split).
+
+    ``error`` is the ``errorType`` of a failed invocation (``Lambda.Unknown`` when it broke its
+    function's limit); ``peak_mb`` is its measured memory growth (`local.limits`).
+    """
 
     function_name: str
     invocation_type: str
     started: float
     seconds: float
     error: str | None
+    peak_mb: float = 0.0
 
 
-def run_handler(function_name: str, handler: Handler, event: Any, ctx: LambdaContext) -> tuple[bytes, str | None]:
-    """Run ``handler(event, ctx)``; returns (payload bytes, ``"Unhandled"`` or None) like Lambda's
-    Invoke: an exception becomes the ``errorType``/``errorMessage``/``stackTrace`` payload."""
-    try:
-        return json.dumps(handler(event, ctx), default=str).encode(), None
-    except Exception as exc:  # Lambda reports an unhandled error as a payload, not a crash
+def run_handler(function_name: str, handler: Handler, event: Any, ctx: LambdaContext,
+                monitor: LimitMonitor | None = None) -> tuple[bytes, str | None, float]:
+    """Run ``handler(event, ctx)`` under the function's limits; returns (payload bytes, ``"Unhandled"``
+    or None, measured peak MB) like Lambda's Invoke: an exception becomes the ``errorType`` /
+    ``errorMessage`` / ``stackTrace`` payload, and an invocation past ``ctx.timeout_s`` or
+    ``ctx.memory_limit_in_mb`` is stopped and answers ``Lambda.Unknown`` (the name Step Functions
+    gives Lambda timeouts and out-of-memory kills) with a message naming the function and the figure.
+
+    ``monitor``: the `local.limits.LimitMonitor` to run under (default: this process's).
+    """
+    monitor = monitor or process_monitor()
+    out = monitor.run(function_name, lambda: handler(event, ctx), memory_mb=ctx.memory_limit_in_mb,
+                      timeout_s=ctx.timeout_s)
+    peak = out.invocation.peak_mb
+    if out.violation is not None:
+        log.warning("Lambda %s stopped: %s", function_name, out.violation)
+        return json.dumps({"errorType": "Lambda.Unknown", "errorMessage": f"RequestId: {ctx.aws_request_id} "
+                           f"Error: {out.violation}"}).encode(), "Unhandled", peak
+    if out.error is not None:  # Lambda reports an unhandled error as a payload, not a crash
+        exc = out.error
         error = type(exc).__name__
         log.warning("Lambda %s raised %s: %s", function_name, error, exc)
         return json.dumps({"errorType": error, "errorMessage": str(exc),
-                           "stackTrace": traceback.format_exception(exc)}).encode(), "Unhandled"
+                           "stackTrace": traceback.format_exception(exc)}).encode(), "Unhandled", peak
+    try:
+        return json.dumps(out.result, default=str).encode(), None, peak
+    except (TypeError, ValueError) as exc:
+        return json.dumps({"errorType": type(exc).__name__, "errorMessage": f"result not JSON: {exc}"}).encode(), \
+            "Unhandled", peak
 
 
 class LambdaDispatcher:
     """Maps moto function names to real handlers and runs them in-process, or in worker processes.
 
-    ``invocations`` records every call (function name, wall seconds, error type or None).
+    ``invocations`` records every call (function name, wall seconds, error type or None, peak MB).
     ``workers``: a `local.workers.WorkerPool`; handlers registered by path then run there (off
-    moto's GIL), handlers registered as callables (tests) still run in this process.
+    moto's GIL), handlers registered as callables (tests) still run in this process. Both run under
+    Lambda's limits (`run_handler`); ``measure`` is how this process measures per-invocation memory
+    (`local.limits`; default ``STEPWISE_LOCAL_MEMORY_MEASURE`` or ``rss``), its monitor runs
+    between the first call and `stop_limits` (`MotoServer.stop`).
     """
 
-    def __init__(self, workers: Any = None) -> None:
+    def __init__(self, workers: Any = None, measure: MemoryMeasure | None = None) -> None:
         self._functions: dict[str, _Registered] = {}
         self._lock = threading.Lock()
         self.invocations: list[InvocationRecord] = []
         self._async_threads: list[threading.Thread] = []
         self.workers = workers
+        self.limits = LimitMonitor(measure or default_measure())
+        self._limits_started = False
+
+    def _monitor(self) -> LimitMonitor:
+        with self._lock:
+            if not self._limits_started:
+                self.limits.start()
+                self._limits_started = True
+        return self.limits
+
+    def stop_limits(self) -> None:
+        if self._limits_started:
+            self.limits.stop()
+            self._limits_started = False
 
     def register(self, function_name: str, *, handler_path: str, memory_mb: int, timeout_s: int, arn: str,
                  handler: Handler | None = None) -> None:
@@ -152,11 +198,11 @@ class LambdaDispatcher:
         if self.workers is not None and reg is not None and reg.handler_path and reg.handler is None:
             context = {"function_name": function_name, "memory_limit_in_mb": reg.memory_mb,
                        "invoked_function_arn": reg.arn, "timeout_s": reg.timeout_s}
-            payload, kind = self.workers.call(reg.handler_path, event, context, reg.timeout_s)
+            payload, kind, peak = self.workers.call(reg.handler_path, event, context, reg.timeout_s)
         else:
             reg, handler = self._resolve(function_name)
             ctx = LambdaContext(function_name, reg.memory_mb, reg.arn, reg.timeout_s)
-            payload, kind = run_handler(function_name, handler, event, ctx)
+            payload, kind, peak = run_handler(function_name, handler, event, ctx, self._monitor())
         error = None
         if kind:
             try:
@@ -165,7 +211,7 @@ class LambdaDispatcher:
                 error = kind
         with self._lock:
             self.invocations.append(InvocationRecord(function_name, invocation_type, started,
-                                                     time.monotonic() - t0, error))
+                                                     time.monotonic() - t0, error, peak))
         return payload, kind
 
     def invoke_from_moto(self, function_name: str, body: Any, request_headers: Any, response_headers: Any) -> bytes:
@@ -236,6 +282,13 @@ def check_seam() -> None:
     if ("_get_executions(" not in inspect.getsource(success)
             or tuple(inspect.signature(callback.CallbackPoolManager.notify).parameters) != ("self", "callback_id", "outcome")):
         raise SeamBroken("moto's send_task_success / CallbackPoolManager changed; port local/engine.py's indexed_task_tokens")
+    from moto.stepfunctions.responses import StepFunctionResponse
+
+    history = getattr(StepFunctionResponse.get_execution_history, "__stepwise_original__",
+                      StepFunctionResponse.get_execution_history)
+    if "get_execution_history(" not in inspect.getsource(history):
+        raise SeamBroken("moto's StepFunctionResponse.get_execution_history changed; port local/engine.py's "
+                         "paged_execution_history")
     from moto.s3 import notifications
 
     if "func.invoke(" not in inspect.getsource(notifications._invoke_awslambda):
@@ -243,21 +296,28 @@ def check_seam() -> None:
 
 
 @contextlib.contextmanager
+def _replaced(owner: Any, name: str, replacement: Callable[..., Any]) -> Iterator[Any]:
+    """Set ``owner.name`` to ``replacement`` for the duration (the original kept on it as
+    ``__stepwise_original__``, which `check_seam` reads); yields the original."""
+    original = getattr(owner, name)
+    replacement.__stepwise_original__ = original  # type: ignore[attr-defined]
+    setattr(owner, name, replacement)
+    try:
+        yield original
+    finally:
+        setattr(owner, name, original)
+
+
+@contextlib.contextmanager
 def patched_lambda_invoke(dispatcher: LambdaDispatcher) -> Iterator[None]:
     """Replace moto's ``LambdaFunction.invoke`` with ``dispatcher`` for the duration."""
     check_seam()
-    cls = moto_invoke_target()
-    original = cls.invoke
 
     def invoke(self: Any, body: Any, request_headers: Any, response_headers: Any) -> bytes:
         return dispatcher.invoke_from_moto(self.function_name, body, request_headers, response_headers)
 
-    invoke.__stepwise_original__ = original  # type: ignore[attr-defined]
-    cls.invoke = invoke
-    try:
+    with _replaced(moto_invoke_target(), "invoke", invoke):
         yield
-    finally:
-        cls.invoke = original
 
 
 @contextlib.contextmanager
@@ -282,12 +342,38 @@ def cached_backend_lookup() -> Iterator[None]:
             backend = cache[host] = original(self, host)
             return backend
 
-    get_backend_for_host.__stepwise_original__ = original  # type: ignore[attr-defined]
-    DomainDispatcherApplication.get_backend_for_host = get_backend_for_host
-    try:
+    with _replaced(DomainDispatcherApplication, "get_backend_for_host", get_backend_for_host):
         yield
-    finally:
-        DomainDispatcherApplication.get_backend_for_host = original
+
+
+@contextlib.contextmanager
+def paged_execution_history() -> Iterator[None]:
+    """Make moto's GetExecutionHistory honour ``reverseOrder`` and ``maxResults`` as Step Functions does.
+
+    moto 5.2.5 ignores both (it always answers every event, oldest first, with no ``nextToken``);
+    PlanStep reads the history's length as the newest event's id with ``reverseOrder=True,
+    maxResults=1``, one small call on AWS. Without this the local answer is correct (PlanStep takes
+    the largest id it is given) but grows with the history.
+    """
+    from moto.core.responses import ActionResult
+    from moto.stepfunctions.responses import StepFunctionResponse
+
+    original = StepFunctionResponse.get_execution_history
+
+    def get_execution_history(self: Any) -> Any:
+        result = original(self)
+        history = dict(result.result)
+        events = list(history.get("events") or [])
+        if self._get_param("reverseOrder"):
+            events.reverse()
+        limit = self._get_int_param("maxResults")
+        if limit:
+            events = events[:limit]
+        history["events"] = events
+        return ActionResult(history)
+
+    with _replaced(StepFunctionResponse, "get_execution_history", get_execution_history):
+        yield
 
 
 @contextlib.contextmanager
@@ -513,6 +599,7 @@ class MotoServer:
         self._patch.enter_context(cached_backend_lookup())
         self._patch.enter_context(cached_lambda_clients())
         self._patch.enter_context(indexed_task_tokens())
+        self._patch.enter_context(paged_execution_history())
         sfn_config = default_user_config.setdefault("stepfunctions", {})
         self._saved_config = sfn_config.get("execute_state_machine", False)
         sfn_config["execute_state_machine"] = True
@@ -540,6 +627,7 @@ class MotoServer:
         from moto.core.config import default_user_config
 
         self.dispatcher.drain(timeout=10)
+        self.dispatcher.stop_limits()
         if self._server is not None:
             self._server.stop()
             self._server = None

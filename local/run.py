@@ -549,14 +549,16 @@ def timing_split(events: list[dict[str, Any]], steps: int) -> dict[str, Any]:
 
 
 def lambda_stats(invocations: list[Any]) -> dict[str, dict[str, float]]:
-    """Per function: invocation count, errors, total and mean seconds (in-process handler time)."""
+    """Per function: invocation count, errors, total and mean seconds (in-process handler time), and
+    the largest memory growth one invocation was measured at (``peak_mb``, `local.limits`)."""
     out: dict[str, dict[str, float]] = {}
     for inv in invocations:
         name = inv.function_name.rsplit("-", 1)[-1]
-        st = out.setdefault(name, {"count": 0, "errors": 0, "seconds": 0.0})
+        st = out.setdefault(name, {"count": 0, "errors": 0, "seconds": 0.0, "peak_mb": 0.0})
         st["count"] += 1
         st["errors"] += 1 if inv.error else 0
         st["seconds"] += inv.seconds
+        st["peak_mb"] = round(max(st["peak_mb"], getattr(inv, "peak_mb", 0.0)), 1)
     for st in out.values():
         st["mean_seconds"] = round(st["seconds"] / st["count"], 4)
         st["seconds"] = round(st["seconds"], 3)

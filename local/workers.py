@@ -71,9 +71,10 @@ class WorkerPool:
         self.ports.append(int(await_listening(proc, _LISTENING, what="Lambda worker", timeout=timeout,
                                               log=self._log).group(1)))
 
-    def call(self, handler_path: str, event: Any, context: dict[str, Any], timeout_s: float) -> tuple[bytes, str | None]:
-        """Run ``handler_path`` on ``event`` in a worker; returns (payload bytes, error kind or None),
-        as `local.engine.run_handler` does in-process."""
+    def call(self, handler_path: str, event: Any, context: dict[str, Any],
+             timeout_s: float) -> tuple[bytes, str | None, float]:
+        """Run ``handler_path`` on ``event`` in a worker; returns (payload bytes, error kind or None,
+        measured peak MB), as `local.engine.run_handler` does in-process (limits included)."""
         with self._lock:
             port = self.ports[next(self._next)]
         body = json.dumps({"handler": handler_path, "event": event, "context": context,
@@ -83,7 +84,7 @@ class WorkerPool:
             conn.request("POST", "/invoke", body=body, headers={"Content-Type": "application/json"})
             resp = conn.getresponse()
             error = resp.getheader("X-Function-Error") or None
-            return resp.read(), error
+            return resp.read(), error, float(resp.getheader("X-Peak-MB") or 0.0)
         finally:
             conn.close()
 
@@ -125,10 +126,11 @@ class _Invoke(BaseHTTPRequestHandler):
         _apply_env(req.get("env") or {})
         c = req["context"]
         ctx = LambdaContext(c["function_name"], c["memory_limit_in_mb"], c["invoked_function_arn"], c["timeout_s"])
-        payload, error = run_handler(c["function_name"], _handler(req["handler"]), req["event"], ctx)
+        payload, error, peak = run_handler(c["function_name"], _handler(req["handler"]), req["event"], ctx)
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(payload)))
+        self.send_header("X-Peak-MB", f"{peak:.1f}")
         if error:
             self.send_header("X-Function-Error", error)
         self.end_headers()

@@ -227,3 +227,136 @@ def test_handlers_registered_by_path_run_in_worker_processes_with_the_parent_s_e
             assert [(r.function_name, r.error) for r in moto.dispatcher.invocations] == [("where", None), ("where", "ValueError")]
         finally:
             pool.stop()
+
+
+# ---------------------------------------------------------------------------------------------
+# Lambda's limits: memory_mb and timeout_s per invocation (local/limits.py)
+
+_hogs: list[bytes] = []
+_ticks: list[float] = []
+
+
+def _hog(event, ctx):
+    block = b"x" * (event["mb"] << 20)  # written, so resident too (rss) and traced (tracemalloc)
+    _hogs.append(block)
+    time.sleep(0.1)  # held for a few ticks: rss samples every tick (tracemalloc keeps the peak anyway)
+    _hogs.clear()
+    return {"allocated_mb": event["mb"]}
+
+
+def _slow(event, ctx):
+    try:
+        while True:  # a polling loop that never ends: Lambda stops it at timeout_s
+            _ticks.append(time.monotonic())
+            time.sleep(0.02)
+    finally:
+        _ticks.append(-1.0)  # finally blocks run, as the runtime unwinds
+
+
+@pytest.mark.parametrize("measure", ["tracemalloc", "rss"])
+def test_an_invocation_over_its_memory_fails_naming_the_function_and_the_figure(measure):
+    d = engine.LambdaDispatcher(measure=measure)
+    d.register("hog", handler_path="", memory_mb=160, timeout_s=30, arn="arn:hog", handler=_hog)
+    try:
+        payload, error = d.call("hog", {"mb": 8}, "RequestResponse")  # 100 MB runtime + 8 < 160
+        assert error is None and json.loads(payload) == {"allocated_mb": 8}
+        payload, error = d.call("hog", {"mb": 200}, "RequestResponse")
+    finally:
+        d.stop_limits()
+    body = json.loads(payload)
+    assert error == "Unhandled" and body["errorType"] == "Lambda.Unknown"
+    assert "Runtime.OutOfMemory: function hog used" in body["errorMessage"]
+    assert "of its memory_mb 160" in body["errorMessage"] and measure in body["errorMessage"]
+    used = int(body["errorMessage"].split(" used ")[1].split(" MB")[0].replace(",", ""))
+    assert 160 < used
+    records = [(r.function_name, r.error) for r in d.invocations]
+    assert records == [("hog", None), ("hog", "Lambda.Unknown")]
+    assert d.invocations[0].peak_mb < 60 and d.invocations[1].peak_mb >= 60
+
+
+def test_an_invocation_past_its_timeout_is_stopped_and_fails_naming_the_function_and_the_figure():
+    d = engine.LambdaDispatcher(measure="off")
+    d.register("slow", handler_path="", memory_mb=128, timeout_s=1, arn="arn:slow", handler=_slow)
+    _ticks.clear()
+    t0 = time.monotonic()
+    try:
+        payload, error = d.call("slow", {}, "RequestResponse")
+    finally:
+        d.stop_limits()
+    took = time.monotonic() - t0
+    body = json.loads(payload)
+    assert error == "Unhandled" and body["errorType"] == "Lambda.Unknown"
+    assert "Task timed out after 1.0" in body["errorMessage"] and "function slow has timeout_s 1" in body["errorMessage"]
+    assert 1.0 <= took < 1.5
+    time.sleep(0.2)
+    assert _ticks[-1] == -1.0  # the handler was stopped (its finally ran), not left running
+    assert d.invocations[-1].error == "Lambda.Unknown"
+
+
+def test_step_functions_sees_a_broken_limit_as_lambda_unknown_naming_the_function():
+    with engine.MotoServer() as moto:
+        lam, iam = moto.client("lambda"), moto.client("iam")
+        role = engine._ensure_role(iam, "limits-test", "lambda.amazonaws.com")
+        arns = {}
+        for name, fn, memory_mb, timeout_s in [("hog", _hog, 160, 30), ("slow", _slow, 128, 1)]:
+            arns[name] = lam.create_function(
+                FunctionName=name, Role=role, PackageType="Image",
+                Code={"ImageUri": "123456789012.dkr.ecr.us-east-1.amazonaws.com/x:1"}, Timeout=timeout_s,
+            )["FunctionArn"]
+            moto.dispatcher.register(name, handler_path="", memory_mb=memory_mb, timeout_s=timeout_s,
+                                     arn=arns[name], handler=fn)
+        states = {}
+        for name, nxt, payload in [("hog", "slow", {"mb": 200}), ("slow", "Done", {})]:
+            states[name] = {"Type": "Task", "Resource": "arn:aws:states:::lambda:invoke",
+                            "Parameters": {"FunctionName": arns[name], "Payload": payload}, "ResultPath": None,
+                            "Catch": [{"ErrorEquals": ["Lambda.Unknown"], "ResultPath": f"$.{name}", "Next": nxt}],
+                            "Next": nxt}
+        states["Done"] = {"Type": "Pass", "End": True}
+        sm = engine.create_state_machine(moto, "limits-test", json.dumps({"StartAt": "hog", "States": states}))
+        sfn = moto.client("stepfunctions")
+        arn = sfn.start_execution(stateMachineArn=sm, name="limits-1", input="{}")["executionArn"]
+        desc = _wait(sfn, arn)
+    assert desc["status"] == "SUCCEEDED", desc
+    out = json.loads(desc["output"])
+    assert out["hog"]["Error"] == out["slow"]["Error"] == "Lambda.Unknown"
+    assert "function hog used" in out["hog"]["Cause"] and "memory_mb 160" in out["hog"]["Cause"]
+    assert "function slow has timeout_s 1" in out["slow"]["Cause"]
+
+
+def test_execution_history_newest_first_one_event_is_the_history_length():
+    """PlanStep's history-budget read: GetExecutionHistory(reverseOrder=True, maxResults=1) answers the
+    newest event, whose id is the history's length (moto ignores both parameters; the seam adds them)."""
+    with engine.MotoServer() as moto:
+        definition = {"StartAt": "A", "States": {"A": {"Type": "Pass", "Next": "B"}, "B": {"Type": "Pass", "End": True}}}
+        sm = engine.create_state_machine(moto, "history-test", json.dumps(definition))
+        sfn = moto.client("stepfunctions")
+        arn = sfn.start_execution(stateMachineArn=sm, name="h-1", input="{}")["executionArn"]
+        _wait(sfn, arn)
+        every = sfn.get_execution_history(executionArn=arn)["events"]
+        newest = sfn.get_execution_history(executionArn=arn, reverseOrder=True, maxResults=1)["events"]
+    assert [e["id"] for e in every] == list(range(1, len(every) + 1)) and len(every) >= 5
+    assert len(newest) == 1 and newest[0]["id"] == len(every) and newest[0]["type"] == "ExecutionSucceeded"
+
+
+def test_a_worker_process_enforces_the_limits_of_the_handlers_it_runs(monkeypatch):
+    """run-local's handlers run in worker processes: the same limits hold there (each worker measures
+    its own RSS, which holds only its handlers, not moto or the simulator)."""
+    from local.workers import WorkerPool
+
+    monkeypatch.setenv("PYTHONPATH", os.path.dirname(__file__) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    d = engine.LambdaDispatcher(workers=WorkerPool(1))
+    try:
+        d.register("hog", handler_path="test_local_engine_contract._hog", memory_mb=160, timeout_s=30, arn="arn:hog")
+        d.register("slow", handler_path="test_local_engine_contract._slow", memory_mb=256, timeout_s=1, arn="arn:slow")
+        ok, error = d.call("hog", {"mb": 8}, "RequestResponse")
+        assert error is None and json.loads(ok) == {"allocated_mb": 8}
+        hog, hog_error = d.call("hog", {"mb": 200}, "RequestResponse")
+        slow, slow_error = d.call("slow", {}, "RequestResponse")
+    finally:
+        d.workers.stop()
+        d.stop_limits()
+    assert hog_error == slow_error == "Unhandled"
+    assert "function hog used" in json.loads(hog)["errorMessage"] and "memory_mb 160" in json.loads(hog)["errorMessage"]
+    assert "function slow has timeout_s 1" in json.loads(slow)["errorMessage"]
+    assert [r.error for r in d.invocations] == [None, "Lambda.Unknown", "Lambda.Unknown"]
+    assert d.invocations[1].peak_mb >= 60  # the worker's figure, sent back with the payload
