@@ -6,8 +6,9 @@ repo), uploads them to a moto S3 server in this process, then runs each handler'
 peak RSS), reporting the child's peak RSS (``VmHWM``) after importing the handler module (baseline) and after
 the call (peak), against the function's ``FunctionSpec.memory_mb``:
 
-* Init: ``stepwise.handlers.init.validate_inputs`` on a config naming the dataset (everything Init
-  does with the dataset; the session and tokenizer work does not depend on its size);
+* Init: ``stepwise.handlers.init.snapshot_dataset`` (``validate_inputs`` before the snapshot
+  existed): everything Init does with the dataset; its config, runtime, session and tokenizer work
+  does not depend on the dataset's size;
 * PlanStep: ``stepwise.handlers.plan.plan`` planning a training generation batch in the middle of
   the dataset (batch 32 x 4), after Init wrote the run's config and state.
 
@@ -19,7 +20,6 @@ Usage: ``python -m benchmarks.dataset_memory [--sizes 10,600] [--formats jsonl,p
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import os
 import random
@@ -95,9 +95,10 @@ def child(kind: str, config: dict[str, Any], run_id: str) -> dict[str, Any]:
     baseline = peak_rss_mb()
     t0 = time.monotonic()
     if kind == "init":
-        # With run_id, Init also writes the run's dataset snapshot (before it did not take one).
-        takes_run = "run_id" in inspect.signature(init.validate_inputs).parameters
-        _, rows, _ = init.validate_inputs(config, store(), *([run_id] if takes_run else []))
+        if hasattr(init, "snapshot_dataset"):  # validates while writing the run's dataset snapshot
+            rows = init.snapshot_dataset(store(), run_id, "train", config["dataset_path"], BATCH_SIZE).rows
+        else:  # before the snapshot existed: validate_inputs read the whole dataset
+            _, rows, _ = init.validate_inputs(config, store())
         out: dict[str, Any] = {"rows": rows}
     else:
         res = plan.plan(RunEvent.model_validate({"run": {"run_id": run_id, "execution_arn": "arn:bench"}}))

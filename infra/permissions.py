@@ -49,6 +49,7 @@ class Capability(enum.Enum):
     LOOKUP_AGENT = "GetAgentRuntime of the configured ACR runtimes (Init's refusal before billing)"
     TASK_RESPONSE = "SendTaskSuccess/Failure/Heartbeat for the training loop's callback tasks"
     CONTINUE_RUN = "StartExecution of the training loop (continue the run as a new execution)"
+    READ_HISTORY = "GetExecutionHistory of the training loop's executions (PlanStep's history budget)"
     DATA_READ = "read datasets and tokenizers in the dataBuckets"
     DATA_READ_WRITE = "read and write the dataBuckets (datasets, tokenizers, s3_output_path)"
     TRACKING = "log params and metrics to the configured SageMaker managed MLflow tracking servers"
@@ -59,6 +60,7 @@ C = Capability
 #: Actions of the capabilities that name the state machine (granted by ``infra.state_machine``).
 STATE_MACHINE_ACTIONS: dict[Capability, tuple[str, ...]] = {
     Capability.CONTINUE_RUN: ("states:StartExecution", "states:DescribeExecution"),
+    Capability.READ_HISTORY: ("states:GetExecutionHistory",),
 }
 #: Task-token responses: the Service Authorization Reference lists no resource type for them
 #: (the token, here from a Distributed Map child execution, is the authorization), so '*'.
@@ -81,7 +83,8 @@ FUNCTION_CAPABILITIES: dict[str, frozenset[Capability]] = {
     "Init": frozenset({C.RUN_STATE, C.SESSION_LIFECYCLE, C.DATA_READ_WRITE, C.LOOKUP_AGENT}),
     # PollSession also drives the resume phase (load_state, save_weights, load_weights_for_sampling).
     "PollSession": frozenset({C.RUN_STATE, C.SESSION_DESCRIBE, C.TRAINING_OPS, C.SAMPLING_OPS, C.MODEL_PACKAGES_READ}),
-    "PlanStep": frozenset({C.RUN_STATE, C.DATA_READ}),
+    # PlanStep reads its execution's history length before each step (continue-as-new on a budget).
+    "PlanStep": frozenset({C.RUN_STATE, C.DATA_READ, C.READ_HISTORY}),
     "StartRollout": frozenset({C.RUN_STATE, C.GATEWAY_SESSIONS, C.INVOKE_AGENT}),
     "OnRolloutResult": frozenset({C.RUN_STATE, C.GATEWAY_SESSIONS, C.READ_RESULTS, C.TASK_RESPONSE}),
     "FinishRollout": frozenset({C.RUN_STATE, C.GATEWAY_SESSIONS, C.READ_RESULTS}),
@@ -160,8 +163,8 @@ def statements(
 
     Every ARN is built with the stack's partition and, for regional services, its region
     (``Stack.format_arn``); context ARNs come in as given (the stack checks their region).
-    CONTINUE_RUN has none here: it names the state machine, which depends on the functions,
-    so the state machine construct grants it with a separate policy. DATA_READ(_WRITE),
+    CONTINUE_RUN and READ_HISTORY have none here: they name the state machine, which depends on
+    the functions, so the state machine construct grants them with a separate policy. DATA_READ(_WRITE),
     TRACKING and the KMS grant of SESSION_LIFECYCLE are empty when the stack is told no
     bucket, tracking server or key.
     """
@@ -266,6 +269,6 @@ def statements(
         if not mlflow_tracking_server_arns:
             return []
         return [iam.PolicyStatement(actions=list(MLFLOW_ACTIONS), resources=list(mlflow_tracking_server_arns))]
-    if capability is C.CONTINUE_RUN:
+    if capability in (C.CONTINUE_RUN, C.READ_HISTORY):
         return []
     raise ValueError(f"no statements for capability {capability!r}")

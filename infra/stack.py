@@ -84,6 +84,7 @@ class StepwiseStack(Stack):
             log_retention_days=settings.log_retention_days,
             bulk_retention_days=settings.bulk_retention_days,
             start_execution_functions=_holding(C.CONTINUE_RUN, fns),
+            history_functions=_holding(C.READ_HISTORY, fns),
         )
         state_machine = self.training_loop.state_machine
 

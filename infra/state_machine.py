@@ -127,7 +127,8 @@ class TrainingLoop(Construct):
 
     def __init__(self, scope: Construct, id: str, *, definition: str, substitutions: Mapping[str, str],
                  functions: Mapping[str, lambda_.IFunction], bucket: s3.Bucket, log_retention_days: int, bulk_retention_days: int,
-                 start_execution_functions: tuple[str, ...] = ()) -> None:
+                 start_execution_functions: tuple[str, ...] = (),
+                 history_functions: tuple[str, ...] = ()) -> None:
         super().__init__(scope, id)
         needs = asl_needs(definition)
         used = used_substitutions(definition, substitutions)
@@ -186,6 +187,10 @@ class TrainingLoop(Construct):
             policy = iam.Policy(self, f"{name}StartExecutionPolicy", statements=[
                 iam.PolicyStatement(actions=[start], resources=[self.state_machine.state_machine_arn]),
                 iam.PolicyStatement(actions=[describe], resources=executions)])
+            functions[name].role.attach_inline_policy(policy)
+        for name in history_functions:
+            policy = iam.Policy(self, f"{name}ReadHistoryPolicy", statements=[iam.PolicyStatement(
+                actions=list(STATE_MACHINE_ACTIONS[Capability.READ_HISTORY]), resources=executions)])
             functions[name].role.attach_inline_policy(policy)
 
         NagSuppressions.add_resource_suppressions(

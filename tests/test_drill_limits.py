@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from stepwise.config import load_run_config
 from stepwise.runstore import RunState, RunStore, config_key, dataset_index_key, state_key
 
 REPO = Path(__file__).resolve().parents[1]
@@ -94,8 +95,9 @@ def test_plan_step_reads_only_the_batch_rows_of_a_large_dataset(moto, handler_en
     size = rs.s3.head_object(Bucket=BUCKET, Key="drill/big.jsonl")["ContentLength"]
     run_id = "drill-plan-reads"
     config = {**CONFIG, "dataset_path": path}
-    cfg, n, _ = init.validate_inputs(config, rs, run_id)  # Init writes the run's dataset snapshot once
-    assert n == rows and rs.exists(dataset_index_key(run_id, "train"))
+    cfg = load_run_config(config)
+    index = init.snapshot_dataset(rs, run_id, "train", path, cfg.batch_size)  # what Init writes, once
+    assert index.rows == rows and rs.exists(dataset_index_key(run_id, "train"))
     rs.put_json(config_key(run_id), cfg.model_dump(mode="json"))
     cursor = 20_000
     rs.put_json(state_key(run_id), RunState(run_id=run_id, owner_execution_arn="arn:x", training_session_name="s",
@@ -123,10 +125,10 @@ def hwm():
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
 
-cfg = json.loads(sys.argv[1])
 peaks = []
-for i, path in enumerate(sys.argv[2:]):  # the first one warms up: imports, clients, allocator arenas
-    _, rows, _ = init.validate_inputs({**cfg, "dataset_path": path}, store(), f"drill-mem-{i}")
+for i, path in enumerate(sys.argv[1:]):  # the first one warms up: imports, clients, allocator arenas
+    # Init's dataset work (validate_inputs also looks the agent runtime up: no ACR here)
+    rows = init.snapshot_dataset(store(), f"drill-mem-{i}", "train", path, 8).rows
     peaks.append({"rows": rows, "peak_mb": hwm()})
 print(json.dumps(peaks))
 """
@@ -144,7 +146,7 @@ def test_init_memory_does_not_grow_with_the_dataset(moto, handler_env, tmp_path,
         paths.append(put_jsonl(s3, key, rows) if fmt == "jsonl" else put_parquet(s3, key, rows, tmp_path))
         size_mb[name] = s3.head_object(Bucket=BUCKET, Key=key)["ContentLength"] / 2**20
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "lambdas"), str(REPO)])}
-    proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(CONFIG), *paths],
+    proc = subprocess.run([sys.executable, "-c", CHILD, *paths],
                           env=env, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     warm, medium, large = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -194,3 +194,30 @@ def test_items_are_references_one_per_rollout_grouped_by_prompt():
         ("s0g0p0", 0), ("s0g0p0", 1), ("s0g0p0", 2), ("s0g0p1", 0), ("s0g0p1", 1), ("s0g0p1", 2)]
     assert [it["i"] for it in items] == list(range(6)) and all(len(str(it)) < 100 for it in items)
     assert prompts == {"s0g0p0": payloads[0], "s0g0p1": payloads[1]}
+
+
+def test_history_budget_continues_before_a_step_that_would_not_fit_and_never_twice_in_a_row():
+    c = cfg(batch_size=1, steps_per_execution=1000, history_event_budget=1000)
+    s = state(dataset_rows=10)
+    assert decide(s, c, history_events=11).action == "rollout"  # step 0 starts at event 11
+    finish_step(s)
+    # step 0 used 300 events: the next needs up to 2 x 300 + headroom; 311 + 650 <= 1000 goes on
+    assert decide(s, c, history_events=311).action == "rollout" and s.max_step_events == 300
+    finish_step(s)
+    d = decide(s, c, history_events=611)  # 611 + 650 > 1000: continue before step 2
+    assert d.action == "continue" and "history_event_budget 1000" in d.reason and s.current_batch is None
+    # the next execution (its history starts over) plans step 2 even though the budget is tight
+    s.segment, s.segment_start_step = s.segment + 1, s.step
+    assert decide(s, c, history_events=11).action == "rollout" and s.step_start_event_segment == s.segment
+    assert s.max_step_events == 300  # carried over from the earlier execution
+    finish_step(s)
+    assert decide(s, c, history_events=90).action == "rollout" and s.max_step_events == 300
+
+
+def test_without_a_history_the_count_still_bounds_an_execution():
+    c = cfg(batch_size=1, steps_per_execution=2)
+    s = state(dataset_rows=10)
+    for _ in range(2):
+        assert decide(s, c, history_events=None).action == "rollout"
+        finish_step(s)
+    assert decide(s, c, history_events=None).action == "continue"

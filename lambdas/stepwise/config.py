@@ -253,7 +253,19 @@ class RunConfig(BaseModel):
         "with the same config and seed give the same curve whatever their run ids; change it for an independent "
         "repeat. Data order is file order",
     )
-    steps_per_execution: int = Field(20, ge=1, description="continue as a new execution every N steps")
+    steps_per_execution: int = Field(
+        20, ge=1, le=1000,
+        description="continue as a new execution every N steps (or earlier, see history_event_budget); at most "
+        "1,000 because a step writes at least ~25 history events, so no more than 1,000 steps fit in the "
+        "25,000 events Step Functions allows one Standard execution",
+    )
+    history_event_budget: int = Field(
+        20_000, ge=200, le=25_000,
+        description="continue as a new execution before this execution's history would pass this many events: "
+        "checked before each step, with room for twice the most events one step has used so far (long "
+        "training or checkpoint waits poll, and every poll adds events); Step Functions fails a Standard "
+        "execution at 25,000 events",
+    )
     max_consecutive_empty_steps: int = Field(
         3, ge=1, le=1000,
         description="fail the run after N consecutive steps with no trainable datum (no rollout captured a turn "

@@ -204,6 +204,12 @@ class RunState(BaseModel):
     owner_execution_arn: str
     segment: int = 0  # executions of this run so far (continue-as-new)
     segment_start_step: int = 0
+    # The execution history at the start of the last training step (PlanStep's history budget):
+    # its event id, the step and the segment it was read in (event ids restart with each execution).
+    step_start_event: int = 0
+    step_start_event_step: int = -1
+    step_start_event_segment: int = -1
+    max_step_events: int = 0  # the most history events one step (with its evals and checkpoints) used
     training_session_name: str
     session_status: str = "Creating"
     session_created_at: float = 0.0

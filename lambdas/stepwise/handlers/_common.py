@@ -112,6 +112,21 @@ def store() -> RunStore:
         raise KeyError("STEPWISE_BUCKET is not set: the Lambda environment must name the run bucket") from None
 
 
+def sfn_client() -> Any:
+    """The Step Functions client of this container (one per endpoint: the local stack's tests start
+    one moto server after another in a process)."""
+    return _sfn_client(os.environ.get("AWS_ENDPOINT_URL_SFN", ""))
+
+
+@functools.lru_cache(maxsize=4)
+def _sfn_client(_endpoint: str) -> Any:
+    import boto3
+
+    from stepwise.clients import client_config
+
+    return boto3.client("stepfunctions", config=client_config())
+
+
 _CONFIGS: dict[tuple[str, str], Any] = {}
 
 

@@ -16,6 +16,11 @@ loop (`train_grpo.py`) with the DAPO proposal (shared/seeds/002) and DESIGN.md s
    continue as a new execution every ``steps_per_execution`` steps;
 3. roll out the next generation batch of ``batch_size`` prompts x ``responses_per_prompt``.
 
+Before all of these, between steps: continue as a new execution when the execution's history is
+near ``history_event_budget`` (:func:`history_budget_decision`). A Standard execution fails at
+25,000 events, and a step's events are not a constant: every poll of a long training operation or
+checkpoint adds a Wait, a Task and a Choice (~7 events), so a count of steps alone cannot bound it.
+
 Eval generation batches use the first ``eval_max_prompts`` eval rows, one rollout each, at
 ``eval_temperature`` (reference ``run_eval``).
 """
@@ -28,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from stepwise.handlers._common import (BatchRef, NoTrainingSignal, RunEvent, SamplerPolicy, bind, logger, now,
-                                       run_config, store)
+                                       run_config, sfn_client, store)
 from stepwise.handlers.train import PhaseMismatch, plan_checkpoint
 from stepwise.runstore import RunState, dataset_index_key, dataset_shard_key, items_key, prompts_key
 
@@ -58,8 +63,42 @@ def _batch_decision(state: RunState) -> Decision:
                     b["responses_per_prompt"], b.get("final", False))
 
 
-def decide(state: RunState, cfg: Any) -> Decision:
-    """The next action; mutates ``state`` (cursor, epoch, planned batch, planned checkpoint)."""
+#: History events kept free beyond the next step's estimate: the end of the execution (ContinueRun
+#: or the stop path, ~10 events) and this PlanStep's own.
+HISTORY_HEADROOM = 50
+#: The next step is assumed to use up to this many times the most events a step has used so far.
+STEP_EVENTS_FACTOR = 2
+
+
+def history_budget_decision(state: RunState, cfg: Any, history_events: int | None) -> Decision | None:
+    """Continue as a new execution when ``history_events`` leaves no room for one more step (mutates
+    ``state.max_step_events``); None to go on. Called at the start of a step (generation batch 0).
+
+    ``history_events`` is the id of the execution's newest history event (None = unknown: no check).
+    The room a step needs is ``STEP_EVENTS_FACTOR`` x the most events a step used so far (measured
+    from one step start to the next within an execution, evals and checkpoints in between included)
+    plus ``HISTORY_HEADROOM``. Never before this execution completed a step, so a budget smaller than
+    one step cannot continue forever.
+    """
+    if history_events is None:
+        return None
+    if state.step_start_event_segment == state.segment and state.step > state.step_start_event_step >= 0:
+        per_step = (history_events - state.step_start_event) // (state.step - state.step_start_event_step)
+        state.max_step_events = max(state.max_step_events, per_step)
+    if state.step <= state.segment_start_step:
+        return None
+    need = STEP_EVENTS_FACTOR * state.max_step_events + HISTORY_HEADROOM
+    if history_events + need > cfg.history_event_budget:
+        return Decision("continue", f"history at {history_events} events, a step needs up to {need}: "
+                                    f"history_event_budget {cfg.history_event_budget}")
+    return None
+
+
+def decide(state: RunState, cfg: Any, history_events: int | None = None) -> Decision:
+    """The next action; mutates ``state`` (cursor, epoch, planned batch, planned checkpoint, history marks).
+
+    ``history_events``: the id of the execution's newest history event (see `history_budget_decision`).
+    """
     if state.current_batch is not None:
         return _batch_decision(state)  # a retried PlanStep re-plans the same batch
     if state.phase == "checkpoint":
@@ -76,6 +115,8 @@ def decide(state: RunState, cfg: Any) -> Decision:
         return d
 
     if state.generation_batch == 0:
+        if (budget := history_budget_decision(state, cfg, history_events)) is not None:
+            return budget
         if eval_n and state.step == 0 and cfg.baseline_eval and state.last_eval_step != 0:
             return eval_batch(False, "eval_before_train")
         if eval_n and state.step > 0 and cfg.should_eval(state.step) and state.last_eval_step != state.step:
@@ -108,6 +149,10 @@ def decide(state: RunState, cfg: Any) -> Decision:
             return Decision("continue", f"steps_per_execution {cfg.steps_per_execution}")
         state.step_cursor_start = state.cursor
         state.step_started_at = now()
+        if history_events is not None:
+            state.step_start_event = history_events
+            state.step_start_event_step = state.step
+            state.step_start_event_segment = state.segment
     elif state.cursor + bs > used:  # DAPO: the epoch ran dry in the middle of a step
         if state.epoch + 1 < cfg.epochs:
             state.epoch += 1
@@ -115,7 +160,7 @@ def decide(state: RunState, cfg: Any) -> Decision:
         else:
             state.stop_reason = "dataset exhausted during dynamic sampling"
             state.generation_batch = 0
-            return decide(state, cfg)
+            return decide(state, cfg, history_events)
     d = Decision("rollout", "generation batch", "train", state.step, state.generation_batch,
                  list(range(state.cursor, state.cursor + bs)), cfg.responses_per_prompt)
     state.cursor += bs
@@ -179,20 +224,36 @@ def batch_payloads(run_id: str, kind: str, rows: list[int], source: str) -> dict
         Bucket=rs.bucket, Key=dataset_shard_key(run_id, kind, shard))["Body"].read())
 
 
+def history_length(execution_arn: str) -> int | None:
+    """The id of the execution's newest history event: its history's length, in one small call
+    (GetExecutionHistory, newest first, one event). None when Step Functions does not know the
+    execution (a handler invoked outside one, as in handler tests); other errors raise."""
+    sfn = sfn_client()
+    try:
+        events = sfn.get_execution_history(executionArn=execution_arn, reverseOrder=True, maxResults=1)["events"]
+    except (sfn.exceptions.ExecutionDoesNotExist, sfn.exceptions.InvalidArn):
+        logger.warning("execution unknown to Step Functions: no history budget check",
+                       extra={"execution_arn": execution_arn})
+        return None
+    return max((int(e["id"]) for e in events), default=0)
+
+
 def plan(event: RunEvent) -> dict[str, Any]:
     rs = store()
     run = event.run
     cfg = run_config(run.run_id)
     decision: list[Decision] = []
+    history_events = history_length(run.execution_arn)
 
     def change(state: RunState) -> None:
         decision.clear()
-        decision.append(decide(state, cfg))
+        decision.append(decide(state, cfg, history_events))
 
     state = rs.update_state(run.run_id, change, execution_arn=run.execution_arn)
     d = decision[0]
     bind(run_id=run.run_id, step=state.step)
-    out: dict[str, Any] = {"action": d.action, "reason": d.reason, "step": state.step, "epoch": state.epoch}
+    out: dict[str, Any] = {"action": d.action, "reason": d.reason, "step": state.step, "epoch": state.epoch,
+                           "history_events": history_events}
     if d.action != "rollout":
         logger.info("planned", extra=out)
         return out

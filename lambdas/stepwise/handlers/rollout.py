@@ -35,6 +35,7 @@ from stepwise.handlers._common import (
     now,
     redact,
     run_config,
+    sfn_client,
     store,
 )
 from stepwise.runstore import (
@@ -163,12 +164,6 @@ def _acr_client_for(region: str, _endpoint: str) -> Any:
                         config=client_config(retries={"mode": "standard", "max_attempts": 2}))
 
 
-@functools.lru_cache(maxsize=4)
-def _sfn_client(_endpoint: str) -> Any:
-    """The Step Functions client OnRolloutResult resumes tasks with (one per container)."""
-    return boto3.client("stepfunctions", config=client_config())
-
-
 _PROMPTS_LOCK = threading.Lock()
 
 
@@ -253,7 +248,7 @@ def task_token(rs: Any, run_id: str, sid: str) -> str | None:
 def on_result(event: dict[str, Any]) -> dict[str, Any]:
     """SendTaskSuccess for each result object. Unknown, duplicate and late results are logged and ignored."""
     rs = store()
-    sfn = _sfn_client(os.environ.get("AWS_ENDPOINT_URL_SFN", ""))
+    sfn = sfn_client()  # the client OnRolloutResult resumes tasks with (one per container)
     resumed, ignored = 0, 0
     for _bucket, key in _s3_keys(event):
         try:
