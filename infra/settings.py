@@ -14,15 +14,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-RUNTIME_ARN_RE = re.compile(r"^arn:aws[a-z\-]*:bedrock-agentcore:[a-z0-9\-]+:\d{12}:runtime/[A-Za-z0-9_\-]+$")
-ROLE_ARN_RE = re.compile(r"^arn:aws[a-z\-]*:iam::\d{12}:role/[A-Za-z0-9_+=,.@\-/]+$")
-TOPIC_ARN_RE = re.compile(r"^arn:aws[a-z\-]*:sns:[a-z0-9\-]+:\d{12}:[A-Za-z0-9_\-]+$")
+# ASCII (re.A: '\d' matches any Unicode digit) and '\Z' ('$' also matches before a final newline).
+RUNTIME_ARN_RE = re.compile(r"^arn:aws[a-z\-]*:bedrock-agentcore:[a-z0-9\-]+:\d{12}:runtime/[A-Za-z0-9_\-]+\Z", re.A)
+ROLE_ARN_RE = re.compile(r"^arn:aws[a-z\-]*:iam::\d{12}:role/[A-Za-z0-9_+=,.@\-/]+\Z", re.A)
+TOPIC_ARN_RE = re.compile(r"^arn:aws[a-z\-]*:sns:[a-z0-9\-]+:\d{12}:[A-Za-z0-9_\-]+\Z", re.A)
 #: A key ARN (not an alias: IAM authorizes KMS requests against the key, CreateTrainingSession takes a key ARN).
-KMS_KEY_ARN_RE = re.compile(r"^arn:aws[a-z\-]*:kms:[a-z0-9\-]+:\d{12}:key/(mrk-)?[a-f0-9\-]+$")
+KMS_KEY_ARN_RE = re.compile(r"^arn:aws[a-z\-]*:kms:[a-z0-9\-]+:\d{12}:key/(mrk-)?[a-f0-9\-]+\Z", re.A)
 #: SageMaker managed MLflow: a tracking server (the resource type ``sagemaker-mlflow:*`` actions name).
-MLFLOW_SERVER_ARN_RE = re.compile(r"^arn:aws[a-z\-]*:sagemaker:[a-z0-9\-]+:\d{12}:mlflow-tracking-server/[A-Za-z0-9\-]+$")
+MLFLOW_SERVER_ARN_RE = re.compile(r"^arn:aws[a-z\-]*:sagemaker:[a-z0-9\-]+:\d{12}:mlflow-tracking-server/[A-Za-z0-9\-]+\Z", re.A)
 #: S3 bucket naming rules (general purpose buckets): 3-63 of lowercase letters, digits, dots, hyphens.
-BUCKET_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
+BUCKET_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]\Z", re.A)
 #: Lambda's reserved concurrency cannot exceed the account's concurrency quota (1,000 by default).
 MAX_RESERVED_CONCURRENCY = 100_000
 
@@ -122,7 +123,13 @@ def _arns(value: Any, key: str, pattern: re.Pattern[str], shape: str) -> tuple[s
         return ()
     if isinstance(value, str):
         text = value.strip()
-        items = json.loads(text) if text.startswith("[") else [p.strip() for p in text.split(",") if p.strip()]
+        try:
+            items = json.loads(text) if text.startswith("[") else [p.strip() for p in text.split(",") if p.strip()]
+        except ValueError as e:
+            raise SettingsError(f"context {key}: not a JSON list ({e}); give a comma-separated string or a "
+                                f"JSON list of strings, got {value!r}") from None
+        if not isinstance(items, list):
+            raise SettingsError(f"context {key}: expected a JSON list of strings, got {value!r}")
     elif isinstance(value, (list, tuple)):
         items = list(value)
     else:
@@ -150,7 +157,7 @@ def _int(value: Any, key: str, default: int, lo: int, hi: int) -> int:
         return default
     try:
         n = int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: int(inf) (JSON's 1e999)
         raise SettingsError(f"context {key}: {value!r} is not an integer") from None
     if not lo <= n <= hi:
         raise SettingsError(f"context {key}: {n} is outside {lo}..{hi}")
@@ -162,7 +169,7 @@ def _fraction(value: Any, default: float) -> float:
         return default
     try:
         x = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: float() of an int beyond 1e308
         raise SettingsError(f"context rolloutFailureRateAlarm: {value!r} is not a number") from None
     if not 0.0 < x <= 1.0:
         raise SettingsError(f"context rolloutFailureRateAlarm: {x} is outside (0, 1]")

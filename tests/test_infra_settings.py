@@ -84,3 +84,45 @@ def re_escape(s: str) -> str:
     import re
 
     return re.escape(s)
+
+
+@pytest.mark.parametrize("key, value, fragment", [
+    ("agentRuntimeArns", [RUNTIME_A + "\n"], "agentRuntimeArns"),  # '$' matched before a final newline
+    ("agentRuntimeArns", '["' + RUNTIME_A + '\\n"]', "agentRuntimeArns"),
+    ("sagemakerRoleArns", ["arn:aws:iam::\u0661\u0662\u0663\u0664\u0665\u0666\u0667\u0668\u0669\u0660\u0661\u0662:role/R"],
+     "sagemakerRoleArns"),  # '\d' matched any Unicode digit
+    ("dataBuckets", ["my-datasets\n"], "dataBuckets"),
+    ("kmsKeyArn", "arn:aws:kms:us-west-2:111122223333:key/abc\n", "kmsKeyArn"),
+    ("agentRuntimeArns", '["arn:aws:bedrock', "agentRuntimeArns: not a JSON list"),
+    ("stallMinutes", float("inf"), "stallMinutes"),
+    ("gatewayReservedConcurrency", float("-inf"), "gatewayReservedConcurrency"),
+    pytest.param("rolloutFailureRateAlarm", 10 ** 400, "rolloutFailureRateAlarm", id="rolloutFailureRateAlarm-huge-int"),
+])
+def test_hostile_context_values_are_settings_errors_not_tracebacks(key, value, fragment):
+    with pytest.raises(SettingsError, match=re_escape(fragment)):
+        settings(**{key: value})
+
+
+def test_any_context_value_is_a_setting_or_a_settings_error():
+    from hypothesis import given, settings as hsettings, strategies as st
+
+    keys = ["agentRuntimeArns", "sagemakerRoleArns", "agentRoleArns", "notificationTopicArn", "bulkRetentionDays",
+            "stallMinutes", "rolloutFailureRateAlarm", "logRetentionDays", "destroyOnDelete", "dataBuckets",
+            "kmsKeyArn", "mlflowTrackingServerArns", "gatewayReservedConcurrency"]
+    values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20)
+                          | st.sampled_from(["[", "[1", '["a"', "[[]]", "[{}]", RUNTIME_A + "\n", "1e999"]),
+                          lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=3), c, max_size=2),
+                          max_leaves=5)
+
+    @hsettings(max_examples=300, deadline=None)
+    @given(st.dictionaries(st.sampled_from(keys), values, max_size=4))
+    def check(context):
+        try:
+            s = StackSettings.from_context(context.get)
+        except SettingsError:
+            return
+        for arns in (s.agent_runtime_arns, s.sagemaker_role_arns, s.agent_role_arns, s.data_buckets,
+                     s.mlflow_tracking_server_arns):
+            assert all(a.isascii() and a.isprintable() and " " not in a for a in arns)
+
+    check()
