@@ -2,14 +2,15 @@
 
 Each function answers '' when the location is usable, else the problem in words (the caller adds
 the field and the value). An answer of AccessDenied means the caller's credentials (Init's role,
-or the operator's for ``stepwise validate --check-aws``) cannot reach it.
+or the operator's for ``stepwise validate --check-aws``) cannot reach it; when S3 cannot be asked at
+all (no endpoint, no credentials: botocore's BotoCoreError) the answer says it cannot be checked.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError
 
 
 def _code(e: ClientError) -> str:
@@ -27,6 +28,8 @@ def bucket_problem(s3: Any, bucket: str) -> str:
         if code in ("403", "AccessDenied", "Forbidden"):
             return f"bucket {bucket!r} is not reachable with these credentials (HeadBucket: access denied)"
         return f"bucket {bucket!r} cannot be checked (HeadBucket: {code or e})"
+    except BotoCoreError as e:  # no endpoint, no credentials: nothing was learnt (as agentcore_control says)
+        return f"bucket {bucket!r} cannot be checked (HeadBucket: {e})"
     return ""
 
 
@@ -45,4 +48,6 @@ def prefix_problem(s3: Any, bucket: str, key: str) -> str:
                 return ""
     except ClientError as e:
         return f"prefix s3://{bucket}/{prefix} cannot be listed (ListObjectsV2: {_code(e) or e})"
+    except BotoCoreError as e:
+        return f"prefix s3://{bucket}/{prefix} cannot be listed (ListObjectsV2: {e})"
     return f"no files directly under s3://{bucket}/{prefix}"
