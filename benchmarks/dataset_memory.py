@@ -120,12 +120,12 @@ def run_child(kind: str, config: dict[str, Any], run_id: str, env: dict[str, str
 def write_run(s3: Any, run_id: str, config: dict[str, Any], rows: int) -> None:
     """config.json and state.json as Init leaves them, positioned in the middle of the dataset."""
     from stepwise.config import load_run_config
-    from stepwise.runstore import RunState, RunStore
+    from stepwise.runstore import RunState, RunStore, config_key, state_key
 
     rs = RunStore(BUCKET, s3)
-    rs.put_json(f"runs/{run_id}/config.json", load_run_config(config).model_dump(mode="json"))
+    rs.put_json(config_key(run_id), load_run_config(config).model_dump(mode="json"))
     mid = (rows // 2) // BATCH_SIZE * BATCH_SIZE
-    rs.put_json(f"runs/{run_id}/state.json", RunState(
+    rs.put_json(state_key(run_id), RunState(
         run_id=run_id, owner_execution_arn="arn:bench", training_session_name="bench", session_status="Running",
         dataset_rows=rows, cursor=mid, step=mid // BATCH_SIZE, segment_start_step=mid // BATCH_SIZE).model_dump())
 
