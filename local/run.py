@@ -219,6 +219,10 @@ class LocalStack:
         self.set_env({ENV_MAX_POOL_CONNECTIONS: os.environ.get(ENV_MAX_POOL_CONNECTIONS) or
                       str(local_pool_size(tps_limit))})
         self.moto = engine.MotoServer().start()
+        if n_workers := workers_from_env():
+            # the handlers off moto's GIL (local/workers.py), importing while the other services start;
+            # their output goes where quiet mode sends the handlers' (every invocation carries the env)
+            self.moto.dispatcher.workers = WorkerPool(n_workers, log_path=str(log_dir / "lambdas.log") if log_dir else None)
         if self.simulator_in_process:
             self.simulator = start_simulator(port=0, **(simulator_options or {}))
         else:
@@ -242,10 +246,8 @@ class LocalStack:
                                log_dir=str(log_dir) if log_dir else None, region=engine.REGION,
                                allowed_runtime_arns=allowed).start()
         self.set_env(self.acr.env)
-        n_workers = workers_from_env()
-        if n_workers:
-            # the handlers off moto's GIL (local/workers.py); their output goes where quiet mode sends it
-            self.moto.dispatcher.workers = WorkerPool(n_workers, log_path=str(log_dir / "lambdas.log") if log_dir else None)
+        if self.moto.dispatcher.workers is not None:
+            self.moto.dispatcher.workers.wait()
         self.resources = create_resources(self.moto, self.bucket)
         return self
 

@@ -41,7 +41,8 @@ def workers_from_env() -> int:
 
 
 class WorkerPool:
-    """``n`` worker processes; ``call`` sends one invocation to the next one (round robin).
+    """``n`` worker processes, spawned at construction; ``call`` sends one invocation to the next
+    one (round robin), after `wait`.
 
     Args:
         n: processes to start (>= 1).
@@ -53,28 +54,42 @@ class WorkerPool:
         self._log = open(log_path, "a") if log_path else None  # noqa: SIM115 (closed in stop)
         self.procs: list[subprocess.Popen] = []
         self.ports: list[int] = []
+        self._timeout = timeout
+        self._lock = threading.Lock()
+        self._next: Any = None
         try:
-            for _ in range(max(1, n)):
-                self._start_one(timeout)
+            for _ in range(max(1, n)):  # they import in parallel
+                self._spawn()
         except Exception:
             self.stop()
             raise
-        self._next = itertools.cycle(range(len(self.ports)))
-        self._lock = threading.Lock()
 
-    def _start_one(self, timeout: float) -> None:
+    def wait(self) -> "WorkerPool":
+        """Block until every worker listens (their imports take seconds: spawn early, wait late).
+        Raises RuntimeError (after stopping them) when one exits first or stays silent too long."""
+        with self._lock:
+            if self._next is None:
+                try:
+                    self.ports = [int(await_listening(proc, _LISTENING, what="Lambda worker", timeout=self._timeout,
+                                                      log=self._log).group(1)) for proc in self.procs]
+                except Exception:
+                    self.stop()
+                    raise
+                self._next = itertools.cycle(range(len(self.ports)))
+        return self
+
+    def _spawn(self) -> None:
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # `local` importable from anywhere
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
         proc = subprocess.Popen([sys.executable, "-m", "local.workers", "--port", "0"], env=env,
                                 stdout=subprocess.PIPE, stderr=self._log, text=True)
         self.procs.append(proc)
-        self.ports.append(int(await_listening(proc, _LISTENING, what="Lambda worker", timeout=timeout,
-                                              log=self._log).group(1)))
 
     def call(self, handler_path: str, event: Any, context: dict[str, Any],
              timeout_s: float) -> tuple[bytes, str | None, float]:
         """Run ``handler_path`` on ``event`` in a worker; returns (payload bytes, error kind or None,
         measured peak MB), as `local.engine.run_handler` does in-process (limits included)."""
+        self.wait()
         with self._lock:
             port = self.ports[next(self._next)]
         body = json.dumps({"handler": handler_path, "event": event, "context": context,
@@ -140,10 +155,25 @@ class _Invoke(BaseHTTPRequestHandler):
         pass
 
 
+def _warm() -> None:
+    """Import every handler of ``stepwise.functions`` before listening: the stack spawns the workers
+    early, so the first rollouts do not wait for pydantic, boto3 and Powertools to import."""
+    from stepwise import functions
+
+    import local.engine  # noqa: F401  (run_handler, LambdaContext)
+
+    for spec in functions.FUNCTIONS:
+        try:
+            _handler(spec.handler)
+        except Exception as exc:  # an import error surfaces on the invocation, as in Lambda
+            print(f"could not import {spec.handler}: {exc!r}", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="a local Lambda worker (run by local.workers.WorkerPool)")
     parser.add_argument("--port", type=int, default=0)
     args = parser.parse_args(argv)
+    _warm()
     server = ThreadingHTTPServer(("127.0.0.1", args.port), _Invoke)
     server.daemon_threads = True
     print(f"stepwise lambda worker listening on http://127.0.0.1:{server.server_address[1]}", flush=True)
