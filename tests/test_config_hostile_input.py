@@ -167,3 +167,14 @@ def test_stepwise_validate_exits_0_or_2_on_any_yaml_document(tmp_path, capsys, t
     path = _write(tmp_path, "fuzz.yaml", text)
     assert main(["validate", str(path), "--json"]) in (0, 2)
     capsys.readouterr()
+
+
+def test_an_upper_case_yaml_suffix_is_read_as_yaml(tmp_path):
+    assert load_run_config(_write(tmp_path, "config.YAML", BASE + "lora_rank: 8\n"), warnings=[]).lora_rank == 8
+
+
+def test_a_json_key_given_twice_names_the_file(tmp_path):
+    path = _write(tmp_path, "dupe.json", '{"lora_rank": 4, "lora_rank": 8}')
+    with pytest.raises(ConfigError) as e:
+        load_run_config(path, warnings=[])
+    assert e.value.source == str(path) and str(path) in str(e.value)

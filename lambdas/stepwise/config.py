@@ -690,7 +690,7 @@ def read_config_file(path: str | Path) -> Any:
     except UnicodeDecodeError as e:
         raise ConfigError([f"(file): not UTF-8 text (byte {e.object[e.start]:#x} at offset {e.start}); "
                            "save the file as UTF-8"], str(path)) from None
-    is_yaml = path.suffix in (".yaml", ".yml")
+    is_yaml = path.suffix.lower() in (".yaml", ".yml")
     try:
         if is_yaml:
             import yaml
@@ -707,8 +707,8 @@ def read_config_file(path: str | Path) -> Any:
         raise ConfigError([f"(file): values nested too deeply to read (a config needs {_MAX_DEPTH} levels at most)"],
                           str(path)) from None
     except ValueError as e:  # Python's int() refuses numbers of more than sys.get_int_max_str_digits() digits
-        if isinstance(e, ConfigError):
-            raise
+        if isinstance(e, ConfigError):  # a JSON key given twice (_json_object): name the file
+            raise ConfigError(e.errors, str(path)) from None
         raise ConfigError([f"(file): not a usable {'YAML' if is_yaml else 'JSON'} value: {e}"], str(path)) from None
 
 
