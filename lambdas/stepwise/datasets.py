@@ -19,8 +19,10 @@ a generation batch needs (PlanStep).
 from __future__ import annotations
 
 import bisect
+import codecs
 import io
 import json
+import math
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -39,6 +41,10 @@ PARQUET_SUFFIXES = (".parquet", ".pq")
 SHARD_BYTES = 1 << 20
 #: Bytes per read of a JSONL stream, and per ranged GET / Arrow buffer of a Parquet file.
 READ_CHUNK = 1 << 20
+#: The longest JSONL line read: InvokeAgentRuntime's payload limit (botocore model bedrock-agentcore,
+#: InvokeAgentRuntime ``payload``: 100,000,000 bytes) plus 1 MiB for the row's other fields. A longer
+#: line holds a payload no agent can be invoked with (or the file is one JSON document, not JSONL).
+MAX_LINE_BYTES = 100_000_000 + (1 << 20)
 #: Rows per Arrow record batch when streaming Parquet.
 PARQUET_BATCH_ROWS = 1024
 
@@ -137,20 +143,49 @@ def _open(path: str, s3_client: Any | None, *, seekable: bool) -> BinaryIO:
         raise DatasetError(f"{path}: cannot read ({e.strerror or e})") from e
 
 
-def _lines(stream: BinaryIO) -> Iterator[bytes]:
+def _lines(stream: BinaryIO, path: str) -> Iterator[bytes]:
     """The ``\n``-separated lines of ``stream``, read ``READ_CHUNK`` bytes at a time (JSONL's only separator:
-    unlike ``str.splitlines``, a U+2028 inside a JSON string does not split a row)."""
-    pending = b""
+    unlike ``str.splitlines``, a U+2028 inside a JSON string does not split a row). Each chunk is scanned
+    once, so a long line costs its length, not its length squared.
+
+    Raises:
+        DatasetError: a line longer than `MAX_LINE_BYTES`.
+    """
+    parts: list[bytes] = []
+    size = lineno = 0
     while chunk := stream.read(READ_CHUNK):
-        pending += chunk
-        *lines, pending = pending.split(b"\n")
-        yield from lines
-    if pending:
-        yield pending
+        start = 0
+        while (end := chunk.find(b"\n", start)) != -1:
+            parts.append(chunk[start:end])
+            lineno += 1
+            yield b"".join(parts)
+            parts, size, start = [], 0, end + 1
+        if start < len(chunk):
+            parts.append(chunk[start:])
+            size += len(chunk) - start
+            if size > MAX_LINE_BYTES:
+                raise DatasetError(
+                    f"{path}:{lineno + 1}: line longer than {MAX_LINE_BYTES:,} bytes: more than an InvokeAgentRuntime "
+                    "payload can hold (JSONL expected: one row per line; name Parquet files *.parquet)")
+    if parts:
+        yield b"".join(parts)
+
+
+def _not_a_json_number(text: str) -> float:
+    raise ValueError(f"{text} is not a JSON number (the payload is sent to the agent as JSON)")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} overflows a float (the payload is sent to the agent as JSON)")
+    return value
 
 
 def _jsonl_payloads(path: str, stream: BinaryIO) -> Iterator[Any]:
-    for lineno, raw in enumerate(_lines(stream), start=1):
+    for lineno, raw in enumerate(_lines(stream, path), start=1):
+        if lineno == 1 and raw.startswith(codecs.BOM_UTF8):  # what Windows editors put before the first row
+            raw = raw[len(codecs.BOM_UTF8):]
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as e:
@@ -159,9 +194,13 @@ def _jsonl_payloads(path: str, stream: BinaryIO) -> Iterator[Any]:
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            row = json.loads(line, parse_constant=_not_a_json_number, parse_float=_finite_float)
         except json.JSONDecodeError as e:
             raise DatasetError(f"{path}:{lineno}: not valid JSON ({e.msg} at column {e.colno})") from e
+        except RecursionError:
+            raise DatasetError(f"{path}:{lineno}: values nested too deeply to read") from None
+        except ValueError as e:  # NaN/Infinity, a float beyond 1e308, an int of more than 4300 digits
+            raise DatasetError(f"{path}:{lineno}: not usable JSON ({e})") from None
         if not isinstance(row, dict) or PAYLOAD_COLUMN not in row:
             raise DatasetError(f"{path}:{lineno}: line must be an object with a '{PAYLOAD_COLUMN}' field")
         if not isinstance(row[PAYLOAD_COLUMN], dict):
