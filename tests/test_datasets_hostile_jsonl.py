@@ -78,3 +78,24 @@ def test_lines_longer_than_a_read_are_joined_and_a_line_no_payload_limit_allows_
     monkeypatch.setattr(datasets, "MAX_LINE_BYTES", 40)
     with pytest.raises(DatasetError, match=r":3: line longer than 40 bytes"):
         check_dataset(path, 1)
+
+
+@pytest.mark.parametrize("value, fragment", [
+    pytest.param({"p": "a", "t": __import__("datetime").datetime(2024, 1, 1)}, "datetime", id="timestamp"),
+    pytest.param({"p": b"\x00\xff"}, "bytes", id="binary"),
+    pytest.param({"p": __import__("decimal").Decimal("1.5")}, "Decimal", id="decimal"),
+    pytest.param({"p": float("nan")}, "NaN", id="NaN"),
+])
+def test_a_parquet_payload_json_cannot_carry_is_refused_by_validate_as_by_init(tmp_path, value, fragment):
+    # check_dataset (validate --check-datasets) said ok and Init's snapshot raised TypeError or wrote NaN.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from stepwise.datasets import shard_dataset
+
+    path = str(tmp_path / "train.parquet")
+    pq.write_table(pa.table({"payload": pa.array([{k: v for k, v in value.items()}])}), path)
+    for check in (lambda: check_dataset(path, 1), lambda: shard_dataset(path, 1, lambda i, body: None)):
+        with pytest.raises(DatasetError) as e:
+            check()
+        assert f"{path}: row 0 (0-based)" in str(e.value) and fragment in str(e.value), str(e.value)

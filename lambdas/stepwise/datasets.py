@@ -238,6 +238,11 @@ def _parquet_payloads(path: str, stream: BinaryIO) -> Iterator[Any]:
                 value = dict(value)
             if not isinstance(value, dict):
                 raise DatasetError(f"{path}: row {row} (0-based): {_not_object(value)}")
+            try:  # Parquet types JSON has no form for: the payload is sent to the agent as JSON
+                json.dumps(value, allow_nan=False)
+            except (TypeError, ValueError) as e:
+                raise DatasetError(f"{path}: row {row} (0-based): the payload is not JSON data ({e}); cast "
+                                   "timestamp/binary/decimal fields to strings, replace NaN/Infinity") from None
             row += 1
             yield value
 
