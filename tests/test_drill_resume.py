@@ -13,10 +13,10 @@ from pipeline_fixtures import BUCKET, Stack, execution_arn, init_run, new_run_id
 from stepwise.handlers import advantages, plan, train
 from stepwise.handlers._common import BatchEvent, RunEvent
 from stepwise.handlers.init import InitEvent, initialize, rewind_to_checkpoint
-from stepwise.handlers.rollout import FinishEvent, finish, start_marker_key
+from stepwise.handlers.rollout import FinishEvent, finish
 from stepwise.handlers._common import BatchRef
 from stepwise.handlers.session import StopEvent, poll_session, stop
-from stepwise.runstore import Checkpoint, RunState, RunStore
+from stepwise.runstore import Checkpoint, RunState, RunStore, start_marker_key
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +32,8 @@ def _roll_out(stack: Stack, ref: dict, p: dict, rewards: list[float]) -> None:
     batch = BatchRef.model_validate(p["batch"])
     for item in rs.get_json(p["items_key"]):
         sid = str(uuid.uuid4())
-        rs.put_json(start_marker_key(ref["run_id"], batch, item["i"]), {"sid": sid, "input_id": item["input_id"]})
+        rs.put_json(start_marker_key(ref["run_id"], batch.step, batch.generation_batch, batch.kind, item["i"]),
+                    {"sid": sid, "input_id": item["input_id"]})
         key = play_rollout(stack, ref["run_id"], sid, item["input_id"], rewards[item["i"]], [10 + item["i"], 11])
         finish(FinishEvent.model_validate({"run": ref, "batch": p["batch"], "item": item,
                                            "result": {"sid": sid, "result_key": key}, "error": None}))

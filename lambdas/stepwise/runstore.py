@@ -9,6 +9,7 @@ Layout (DESIGN.md section 3, refined in docs/internals.md)::
     runs/{run_id}/dataset/{kind}/{shard:05d}.jsonl          its payloads, one JSON object per line (~1 MiB each)
     runs/{run_id}/steps/{step}/gen{g}/items.json            Distributed Map items (references only)
     runs/{run_id}/steps/{step}/gen{g}/prompts.json          {input_id: payload} for the items
+    runs/{run_id}/steps/{step}/gen{g}/starts/{i}.json       {sid} item i was started with (the timeout path needs it)
     runs/{run_id}/steps/{step}/gen{g}/rollouts/{sid}.json   rollout record (reward, status, TraceRecords)
     runs/{run_id}/steps/{step}/datums/{chunk:04d}.json      forward_backward datum chunks
     runs/{run_id}/steps/{step}/summary.json                 the step's metrics
@@ -96,6 +97,11 @@ def items_key(run_id: str, step: int, generation_batch: int, kind: str = "train"
 
 def prompts_key(run_id: str, step: int, generation_batch: int, kind: str = "train") -> str:
     return batch_prefix(run_id, step, generation_batch, kind) + "prompts.json"
+
+
+def start_marker_key(run_id: str, step: int, generation_batch: int, kind: str, i: int) -> str:
+    """Which sid item ``i`` of a batch was started with (the timeout path needs it)."""
+    return batch_prefix(run_id, step, generation_batch, kind) + f"starts/{i}.json"
 
 
 def rollouts_prefix(run_id: str, step: int, generation_batch: int, kind: str = "train") -> str:

@@ -38,7 +38,7 @@ from stepwise.handlers._common import (
     store,
     write_summary,
 )
-from stepwise.runstore import RunState, datums_key, eval_summary_key, rollouts_prefix
+from stepwise.runstore import RunState, datums_key, eval_summary_key, rollouts_prefix, start_marker_key
 
 
 class BatchMismatch(RuntimeError):
@@ -115,16 +115,13 @@ def current_rollouts(rs: Any, run_id: str, batch: BatchRef, generation_batch: in
                      rollouts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One record per item: when an item has several (a resumed run re-doing a step after a
     rewind, a re-run Map child), keep the one whose sid its start marker names (the newest start)."""
-    from stepwise.handlers.rollout import start_marker_key
-
     by_i: dict[int, list[dict[str, Any]]] = {}
     for r in rollouts:
         by_i.setdefault(r["i"], []).append(r)
     out = []
     for i, records in by_i.items():
         if len(records) > 1:
-            ref = batch.model_copy(update={"generation_batch": generation_batch})
-            sid = (rs.get_json_or(start_marker_key(run_id, ref, i)) or {}).get("sid")
+            sid = (rs.get_json_or(start_marker_key(run_id, batch.step, generation_batch, batch.kind, i)) or {}).get("sid")
             records = [r for r in records if r.get("sid") == sid] or records[-1:]
         out.append(records[0])
     return out

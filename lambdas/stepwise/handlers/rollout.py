@@ -39,13 +39,13 @@ from stepwise.handlers._common import (
     store,
 )
 from stepwise.runstore import (
-    batch_prefix,
     parse_result_key,
     prompts_key,
     result_key,
     results_exp_id,
     rollout_key,
     session_key,
+    start_marker_key,
     task_token_key,
     tokenizer_prefix,
     turns_prefix,
@@ -86,11 +86,6 @@ class StartEvent(BaseModel):
     run: RunRef
     batch: BatchRef
     item: RolloutItem
-
-
-def start_marker_key(run_id: str, batch: BatchRef, i: int) -> str:
-    """Which sid item ``i`` of a batch was started with (the timeout path needs it)."""
-    return batch_prefix(run_id, batch.step, batch.generation_batch, batch.kind) + f"starts/{i}.json"
 
 
 def session_record(cfg: Any, run_id: str, batch: BatchRef, sid: str, input_id: str, index: int) -> dict[str, Any]:
@@ -195,8 +190,8 @@ def start(event: StartEvent) -> dict[str, Any]:
     cfg = run_config(run.run_id)
     sid = str(uuid.uuid4())
     bind(run_id=run.run_id, step=batch.step, sid=sid)
-    rs.put_json(start_marker_key(run.run_id, batch, item.i), {"sid": sid, "input_id": item.input_id, "started_at": now()},
-                bulk=True)
+    rs.put_json(start_marker_key(run.run_id, batch.step, batch.generation_batch, batch.kind, item.i),
+                {"sid": sid, "input_id": item.input_id, "started_at": now()}, bulk=True)
     record = session_record(cfg, run.run_id, batch, sid, item.input_id, item.i)
     # The task token rides in the session record (one PUT fewer than an object of its own), written
     # before the invoke, so the fastest result finds it. The gateway never serves the record.
@@ -308,7 +303,7 @@ def finish(event: FinishEvent) -> dict[str, Any]:
     run, batch, item = event.run, event.batch, event.item
     sid = (event.result or {}).get("sid")
     if sid is None:
-        marker = rs.get_json_or(start_marker_key(run.run_id, batch, item.i)) or {}
+        marker = rs.get_json_or(start_marker_key(run.run_id, batch.step, batch.generation_batch, batch.kind, item.i)) or {}
         sid = marker.get("sid")
     bind(run_id=run.run_id, step=batch.step, sid=sid)
     status, error, result_obj = "ok", None, None
