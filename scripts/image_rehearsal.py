@@ -51,6 +51,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "lambdas"), str(ROOT / "tests")]
 
 from infra.image_platform import (  # noqa: E402
     LOCK, PYTHON_VERSION, normalize, read_lock, supported_tags, target_args, target_python)
+from local._proc import stop_process  # noqa: E402
 
 LAMBDAS = ROOT / "lambdas"
 CHILD = Path(__file__).resolve().parent / "image_child.py"
@@ -347,11 +348,7 @@ def serve_gateway(python313: str, site: Path, runner: Runner) -> None:
         say(f"gateway: python -m stepwise.gateway listening after {listening:.2f} s; GET /healthz -> {body}; "
             f"peak RSS {rss:.0f} MB of {spec.memory_mb} MB (3 s after readiness, tokenizer imports warmed)")
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc, timeout=10)
         s3.stop()
 
 
