@@ -23,6 +23,7 @@ from infra.permissions import C, FUNCTION_CAPABILITIES
 from infra.settings import SettingsError, StackSettings
 from infra.state_machine import TrainingLoop
 from infra.storage import ROLLOUT_RESULTS_PREFIX, Storage
+from stepwise.stackinfo import region_of_arn
 
 #: Stack output keys (the CLI finds the deployment by these; docs/internals.md "Stack outputs").
 OUTPUT_BUCKET = "BucketName"
@@ -127,7 +128,7 @@ def context_arn_regions(settings: StackSettings) -> dict[str, set[str]]:
     for key, arns in named.items():
         for arn in arns:
             if arn:
-                out.setdefault(arn.split(":")[3], set()).add(key)
+                out.setdefault(region_of_arn(arn), set()).add(key)
     return out
 
 

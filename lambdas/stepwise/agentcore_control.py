@@ -15,6 +15,8 @@ from typing import Any
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
+from stepwise.stackinfo import region_of_arn
+
 #: The status in which a runtime can be invoked (the model's ``AgentRuntimeStatus`` enum).
 READY = "READY"
 
@@ -37,8 +39,7 @@ def _client(region: str, _endpoint: str) -> Any:
 
 def client_for(arn: str) -> Any:
     """A ``bedrock-agentcore-control`` client in the runtime's region (one per region and endpoint)."""
-    region = arn.split(":")[3]
-    return _client(region, os.environ.get("AWS_ENDPOINT_URL_BEDROCK_AGENTCORE_CONTROL", ""))
+    return _client(region_of_arn(arn), os.environ.get("AWS_ENDPOINT_URL_BEDROCK_AGENTCORE_CONTROL", ""))
 
 
 def get_agent_runtime(arn: str) -> dict[str, Any]:
@@ -48,7 +49,7 @@ def get_agent_runtime(arn: str) -> dict[str, Any]:
 
 def runtime_problem(arn: str) -> str:
     """'' if the runtime exists, is this ARN and is READY; else what is wrong, in words."""
-    region = arn.split(":")[3]
+    region = region_of_arn(arn)
     try:
         rt = get_agent_runtime(arn)
     except ClientError as e:
