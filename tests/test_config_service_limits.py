@@ -107,3 +107,22 @@ def test_acr_tps_limit_stops_where_the_map_concurrency_cap_binds():
     assert errors(acr_tps_limit=top) == []
     [err] = errors(acr_tps_limit=top + 1)
     assert err.startswith("acr_tps_limit:") and str(top) in err
+
+
+def _sagemaker_member(shape: str, member: str):
+    model = botocore.session.get_session().get_service_model("sagemaker")
+    return model.shape_for(shape).members[member]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(min_value=-2, max_value=2 ** 40), st.sampled_from(["lora_rank", "lora_alpha"]))
+def test_lora_rank_and_alpha_accepted_exactly_within_create_training_sessions_lora_config(v, field):
+    # CreateTrainingSession's LoraConfig (botocore's sagemaker model): Rank 1..256, Alpha >= 1, both
+    # 32-bit integers; the config allowed a rank up to 1024 and any alpha, refused only by the service.
+    member = _sagemaker_member("LoraConfig", {"lora_rank": "Rank", "lora_alpha": "Alpha"}[field])
+    assert member.type_name == "integer"
+    lo, hi = member.metadata["min"], member.metadata.get("max", 2 ** 31 - 1)
+    errs = [e for e in errors(**{field: v}) if e.startswith(f"{field}:")]
+    assert (not errs) == (lo <= v <= hi), errs
+    if errs and v >= lo:
+        assert "LoraConfig" in errs[0], errs

@@ -171,8 +171,11 @@ class RunConfig(BaseModel):
     )
     s3_output_path: str = Field("", description="s3:// prefix for checkpoints; '' = the SDK's default")
     model_package_group_arn: str = Field("", description="model package group for checkpoints; '' = the SDK's default")
-    lora_rank: int = Field(32, ge=1, le=1024, description="LoRA rank of the trained adapter")
-    lora_alpha: int = Field(64, ge=1, description="LoRA alpha (scaling) of the trained adapter")
+    lora_rank: int = Field(32, ge=limits.LORA_RANK.lo, le=limits.LORA_RANK.hi,
+                           description="LoRA rank of the trained adapter (range: CreateTrainingSession's LoraConfig.Rank)")
+    lora_alpha: int = Field(64, ge=limits.LORA_ALPHA.lo, le=limits.LORA_ALPHA.hi or limits.MAX_INTEGER,
+                            description="LoRA alpha (scaling) of the trained adapter (range: LoraConfig.Alpha, a 32-bit "
+                            "integer)")
     resume_from_model_package: str = Field(
         "", description="model package ARN of a save_state checkpoint to resume from (weights + optimizer); '' = fresh"
     )
@@ -626,6 +629,8 @@ _RANGE_ERRORS = frozenset({"greater_than", "greater_than_equal", "less_than", "l
 
 #: Where a field's bounds come from, named in its range errors (see `stepwise.service_limits`).
 LIMIT_SOURCES: dict[str, str] = {
+    "lora_rank": f"the service's range is {limits.LORA_RANK.describe()}",
+    "lora_alpha": f"the service's range is {limits.LORA_ALPHA.describe()}, a 32-bit integer",
     "max_new_tokens": f"the service's range is {limits.MAX_TOKENS.describe()}",
     "temperature": f"the service's range is {limits.TEMPERATURE.describe()}",
     "eval_temperature": f"the service's range is {limits.TEMPERATURE.describe()}",

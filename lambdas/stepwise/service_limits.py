@@ -3,7 +3,8 @@
 Service-side value ranges are read from botocore's service models (the JSON files botocore ships),
 so they follow the service when botocore is upgraded: ``SamplingParams.maxTokens``,
 ``SamplingParams.temperature``, ``SampleConfig.numSamples``, ``AdamParamsConfig.learningRate`` and
-the ``LossFnName`` enum of ``sagemakertrainingsessionruntime``. The clip thresholds travel in
+the ``LossFnName`` enum of ``sagemakertrainingsessionruntime``, and ``LoraConfig.Rank`` / ``.Alpha``
+of sagemaker's ``CreateTrainingSession``. The clip thresholds travel in
 ``lossFnConfig``, a free-form document in that model, so their ranges stay in `stepwise.config`.
 
 Limits no model carries are documented quotas, kept here as constants with their page:
@@ -89,3 +90,8 @@ TEMPERATURE = model_range("SamplingParams", "temperature")
 NUM_SAMPLES = model_range("SampleConfig", "numSamples")
 LEARNING_RATE = model_range("AdamParamsConfig", "learningRate")
 LOSS_FUNCTIONS = model_enum("LossFnName")
+#: CreateTrainingSession's LoraConfig (the sagemaker model): the adapter's rank and alpha.
+LORA_RANK = model_range("LoraConfig", "Rank", service="sagemaker")
+LORA_ALPHA = model_range("LoraConfig", "Alpha", service="sagemaker")
+#: The largest value of a botocore ``integer`` shape (32-bit; ``long`` is 64-bit).
+MAX_INTEGER = 2**31 - 1
