@@ -128,7 +128,7 @@ def test_chat_template_kwargs_of_json_data_loads():
 _AMBIGUOUS = st.sampled_from(["yes", "no", "on", "off", "Yes", "NO", "y", "n", "~", "null", "1e-5", ".inf", "-.inf",
                               "NaN", ".nan", "1_000", "0x1F", "0o17", "2024-01-01", "12:30:00", "1e999", "-0",
                               "'1e-5'", "!!python/none ''", "!!binary aGk=", "!!float 1", "'x'", '"\\u0000"',
-                              "9" * 4400, "*undefined", "&a 1", "[]", "{}", "!!set {a}"])
+                              "9" * 4400, "*undefined", "&a 1", "[]", "{}", "!!set {a}", "!!timestamp x", "2024-13-45"])
 _SCALAR = st.one_of(_AMBIGUOUS, st.integers().map(str), st.floats().map(repr), st.text(max_size=12).map(json.dumps))
 _FIELDS = st.sampled_from(["lora_rank", "learning_rate", "region", "exp_id", "seed", "save_weights_at_end", "vpc_config",
                            "chat_template_kwargs", "eval_before_train", "max_rollout_time", "gateway_port",
@@ -178,3 +178,10 @@ def test_a_json_key_given_twice_names_the_file(tmp_path):
     with pytest.raises(ConfigError) as e:
         load_run_config(path, warnings=[])
     assert e.value.source == str(path) and str(path) in str(e.value)
+
+
+@pytest.mark.parametrize("value", ["!!timestamp x", "2024-13-45", "!!int abc", "!!float abc", "!!int 09"])
+def test_a_scalar_its_tag_cannot_construct_is_an_error_not_a_traceback(tmp_path, value):
+    # PyYAML's own constructors raise AttributeError (an explicit !!timestamp that is no date) or ValueError.
+    errors = _errors(_write(tmp_path, "tagged.yaml", BASE + f"exp_id: {value}\n"))
+    assert any(e.startswith("(file): ") for e in errors), errors

@@ -704,6 +704,9 @@ def read_config_file(path: str | Path) -> Any:
                 return yaml.load(text, Loader=_yaml_loader())  # noqa: S506 - a SafeLoader subclass
             except yaml.YAMLError as e:
                 raise ConfigError([f"(file): not valid YAML: {e}"], str(path)) from e
+            except (AttributeError, TypeError) as e:  # PyYAML's constructors on some explicit tags (!!timestamp x)
+                raise ConfigError([f"(file): not valid YAML: a tagged value cannot be constructed ({e})"],
+                                  str(path)) from None
         try:
             return json.loads(text, object_pairs_hook=_json_object)
         except json.JSONDecodeError as e:
