@@ -70,3 +70,28 @@ def test_reward_metrics():
     assert reward_metrics([]) == {"sampler/mean_reward": 0.0, "sampler/reward_std": 0.0, "sampler/reward_min": 0.0,
                                   "sampler/reward_max": 0.0, "sampler/num_rollouts": 0.0}
     assert (reward_metrics([-0.5, 2.0])["sampler/reward_min"], reward_metrics([-0.5, 2.0])["sampler/reward_max"]) == (-0.5, 2.0)
+
+
+@pytest.mark.parametrize("value", [1.7e308, -1.7e308, 1e200, 10 ** 200])
+def test_a_reward_too_large_for_group_statistics_scores_zero_with_a_reason(value):
+    # Finite, but the mean or the squares of a group overflow: GRPO advantages of [1.7e308, 1.7e308, 0, 0]
+    # were NaN (sent to forward_backward), of [1e200, 0] silently 0, and the step summary's mean inf.
+    reward, reason = extract_reward({"rewards": value})
+    assert reward == 0.0 and reason is not None and "beyond" in reason, reason
+
+
+def test_any_accepted_rewards_give_finite_advantages_and_metrics():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from stepwise.core.advantages import compute_grpo_advantages
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.lists(st.one_of(st.floats(), st.integers(), st.sampled_from([1.7e308, -1.7e308, 1e154, 1e200])),
+                    min_size=1, max_size=64))
+    def check(values):
+        rewards = [extract_reward({"rewards": v})[0] for v in values]
+        assert all(math.isfinite(a) for a in compute_grpo_advantages(rewards))
+        assert all(math.isfinite(m) for m in reward_metrics(rewards).values())
+
+    check()

@@ -67,6 +67,12 @@ def _status_error(result: dict[str, Any]) -> str | None:
     return f"agent returned status_code={failure['status_code']}: {failure['cause']}"
 
 
+#: The largest reward magnitude kept: a group's squared deviations (GRPO's std, the step's reward_std)
+#: stay finite for up to 10,000 rollouts ((2e150)^2 x 1e4 < 1.8e308). A larger finite reward made
+#: the advantages NaN; it scores 0.0 with a reason, like a non-finite one.
+MAX_ABS_REWARD = 1e150
+
+
 def _as_float(value: Any, field: str) -> tuple[float | None, str | None]:
     try:
         reward = float(value)
@@ -74,6 +80,8 @@ def _as_float(value: Any, field: str) -> tuple[float | None, str | None]:
         return None, f"non-numeric {field}: {preview(value)!r}"
     if not math.isfinite(reward):
         return None, f"non-finite {field}: {reward}"
+    if abs(reward) > MAX_ABS_REWARD:
+        return None, f"{field} beyond +-{MAX_ABS_REWARD:g}: {reward:g} (a group's mean and squares would overflow)"
     return reward, None
 
 
@@ -88,7 +96,8 @@ def extract_reward(result: dict[str, Any] | None) -> tuple[float, str | None]:
         ``(reward, reason)``. ``reward`` is ``rewards`` (scalar, or the last element of a
         list), else ``reward``; it is 0.0 with a reason when the result is missing, not a
         dict, reports a non-200 ``status_code``, has neither key, an empty ``rewards`` list
-        and no ``reward``, or a non-numeric / NaN / infinite / out-of-float-range value.
+        and no ``reward``, or a non-numeric / NaN / infinite / out-of-float-range value, or one beyond
+        +-`MAX_ABS_REWARD` (finite, but a group's statistics would overflow).
         Never raises, whatever JSON value ``result`` is (property-tested with hypothesis).
     """
     if result is None:
