@@ -463,6 +463,27 @@ def indexed_task_tokens() -> Iterator[None]:
         manager_cls.add, backend_cls.send_task_success = original_add, original_success
 
 
+def without_flask_debug(dispatcher_app: Any) -> None:
+    """Build moto's per-service Flask apps with ``debug`` off.
+
+    moto's ``create_backend_app`` sets ``debug = True``, and in debug mode Flask's
+    ``Request._load_form_data`` (every S3 PUT) defines a new ``files`` multidict subclass per request
+    (``flask.debughelpers.attach_enctype_error_multidict``): ~10% of the run-local process's GIL time
+    at 64 rollouts per step (py-spy --gil). Errors still answer 500 without debug.
+    """
+    create_app = getattr(dispatcher_app, "create_app", None)
+    if create_app is None:
+        raise SeamBroken("moto's DomainDispatcherApplication no longer builds apps with create_app; "
+                         "port local/engine.py's without_flask_debug")
+
+    def create_app_without_debug(service: Any) -> Any:
+        app = create_app(service)
+        app.debug = False
+        return app
+
+    dispatcher_app.create_app = create_app_without_debug
+
+
 def with_pool(client: Any) -> Any:
     """``client`` rebuilt with its own settings but `stepwise.clients.client_config`'s pool: every
     task of every running Map shares the one client, so moto's 10 connections overflowed."""
@@ -611,6 +632,7 @@ class MotoServer:
         if wsgi is None or not hasattr(wsgi, "app"):
             raise SeamBroken("moto's ThreadedMotoServer no longer keeps its werkzeug server as _server; "
                              "port local/engine.py's S3RequestLog")
+        without_flask_debug(wsgi.app)
         self.s3_requests = wsgi.app = S3RequestLog(wsgi.app)
         host, port = self._server.get_host_and_port()
         self.endpoint = f"http://{host}:{port}"

@@ -154,6 +154,8 @@ def test_s3_request_log_counts_every_process_s_requests_by_operation_and_key_kin
         s3.put_object(Bucket=BUCKET, Key="rollout-results/r1/0/s1.json", Body=b"{}")
         moto.client("stepfunctions").list_state_machines()  # not S3: not counted
         counts = moto.s3_requests.snapshot()
+        apps = moto.s3_requests.app.app_instances  # moto's Flask app per service, built on first use
+        assert apps and not any(app.debug for app in apps.values())  # engine.without_flask_debug
     assert counts == {"GET state": 1, "HEAD state": 1, "LIST turn": 1, "PUT bucket": 1, "PUT result": 1,
                       "PUT state": 1, "PUT turn": 1}
 
