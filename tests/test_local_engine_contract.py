@@ -362,3 +362,13 @@ def test_a_worker_process_enforces_the_limits_of_the_handlers_it_runs(monkeypatc
     assert "function slow has timeout_s 1" in json.loads(slow)["errorMessage"]
     assert [r.error for r in d.invocations] == [None, "Lambda.Unknown", "Lambda.Unknown"]
     assert d.invocations[1].peak_mb >= 60  # the worker's figure, sent back with the payload
+
+
+def test_json_paths_are_parsed_once_while_the_server_runs():
+    from moto.stepfunctions.parser.asl.utils import json_path
+
+    original = json_path.parse
+    with engine.MotoServer():
+        assert json_path.parse("$.batch.timeout_seconds") is json_path.parse("$.batch.timeout_seconds")
+        assert json_path.extract_json("$.a[1]", {"a": [1, 2]}) == 2  # moto's own evaluation, unchanged
+    assert json_path.parse is original
