@@ -74,8 +74,9 @@ def result(tmp_path_factory):
         seen["description"] = desc
         return finish(stack, follower, desc, *args, **kwargs)
 
-    # The handlers' Powertools logger keeps the stream it was created with (in one pytest process,
-    # maybe an earlier module's), so read its lines here rather than from logs/lambdas.log.
+    # Handlers run in this process too (STEPWISE_LOCAL_WORKERS=0, or a call outside the workers): their
+    # Powertools logger keeps the stream it was created with (in one pytest process, maybe an earlier
+    # module's), so read its lines here as well as from logs/lambdas.log.
     from stepwise.handlers._common import logger
 
     lines: list[dict] = []
@@ -95,6 +96,16 @@ def result(tmp_path_factory):
     finally:
         logging.getLogger(logger._logger.name).removeHandler(keep)
     result.execution = seen
+    # run-local dispatches the handlers to worker processes by default (local/workers.py); their
+    # lines reach the run folder's logs/lambdas.log, not this process's logger.
+    log_file = result.run_dir / "logs" / "lambdas.log"
+    for text in (log_file.read_text().splitlines() if log_file.exists() else []):
+        try:
+            line = json.loads(text)
+        except ValueError:
+            continue
+        if isinstance(line, dict) and "message" in line and line not in lines:
+            lines.append(line)
     result.log_lines = lines
     return result
 
