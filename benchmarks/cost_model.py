@@ -1,7 +1,7 @@
 """Cost per training step of the serverless pipeline at 8x4, 32x4, 128x4, next to an always-on EC2 host.
 
 Pipeline units per step (Lambda GB-seconds and requests, Step Functions state transitions, S3
-PUT/GET-class requests) come from ``stepwise.cost.estimate`` (the ASL walked along a step's
+PUT/GET-class requests) come from ``stepwise_cli.cost.estimate`` (the ASL walked along a step's
 path, handler memory from ``stepwise.functions``, the handlers' S3 calls) priced at its us-east-1
 list prices. S3 bytes written per step are the measured ones from ``runs-bench/scaling.json`` when
 ``benchmarks.scaling`` has run, else blank.
@@ -44,7 +44,7 @@ def cost_rows(sizes: list[str], *, config: dict[str, Any], step_seconds: float |
               bytes_by_size: dict[str, float]) -> list[dict[str, Any]]:
     """One row per size: units and USD per step for the pipeline and the EC2 hosts."""
     from stepwise.config import load_run_config
-    from stepwise.cost import Assumptions, estimate
+    from stepwise_cli.cost import Assumptions, estimate
 
     a = Assumptions()
     rows = []

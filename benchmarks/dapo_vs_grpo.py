@@ -118,7 +118,7 @@ def run_arm(arm: str, repeat: int, out: Path, timeout: float, extra: list[str], 
     config, sets = ARMS[arm]
     sets = sets + extra
     run_id = f"{arm}{tag}-r{repeat}"
-    cmd = [sys.executable, str(REPO_ROOT / "cli.py"), "run-local", str(REPO_ROOT / config), "--no-progress",
+    cmd = [sys.executable, "-m", "stepwise_cli", "run-local", str(REPO_ROOT / config), "--no-progress",
            "--out", str(out), "--run-id", run_id, "--timeout", str(timeout)]
     for s in sets:
         cmd += ["--set", s]

@@ -41,7 +41,7 @@ from typing import Any, Callable
 from local._proc import restore_env, stop_process
 from local.workers import WorkerPool, workers_from_env
 from stepwise.clients import ENV_MAX_POOL_CONNECTIONS
-from stepwise.commands.watch import eval_when, kept_groups
+from stepwise_cli.commands.watch import eval_when, kept_groups
 
 log = logging.getLogger("stepwise.run_local")
 
@@ -143,7 +143,7 @@ class SimulatorProcess:
         import re
         import subprocess
 
-        args = [sys.executable, "-c", "import cli, sys; sys.exit(cli.main())", "simulator", "--port", "0",
+        args = [sys.executable, "-m", "stepwise_cli", "simulator", "--port", "0",
                 "--region", region]
         for key, value in (options or {}).items():
             flag = f"--{key.replace('_', '-')}"
@@ -588,10 +588,10 @@ def plot(run_dir: Path, rewards: list[tuple[int, float]], evals: list[tuple[int,
          steps: dict[int, dict[str, Any]] | None = None) -> Path | None:
     """``reward.png``: mean training reward per step and eval accuracy (the baseline at step 0
     included), and a second panel of the behaviour metrics of the step summaries
-    (`stepwise.commands.watch.write_plot`, the plot `stepwise watch --plot` draws)."""
+    (`stepwise_cli.commands.watch.write_plot`, the plot `stepwise watch --plot` draws)."""
     if not rewards and not evals:
         return None
-    from stepwise.commands.watch import behaviour_curves, write_plot
+    from stepwise_cli.commands.watch import behaviour_curves, write_plot
 
     return write_plot(run_dir / "reward.png", rewards, evals, run_dir.name, behaviour_curves(steps or {}))
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import cli
+from stepwise_cli import main as cli
 
 
 def test_no_region_is_one_clear_line(monkeypatch, capsys):

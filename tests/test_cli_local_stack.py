@@ -15,9 +15,9 @@ import boto3
 import pytest
 from PIL import Image
 
-from cli import main
-from stepwise import cost
-from stepwise.commands.watch import CURVES_KEY
+from stepwise_cli.main import main
+from stepwise_cli import cost
+from stepwise_cli.commands.watch import CURVES_KEY
 
 REPO = Path(__file__).resolve().parents[1]
 RUN_ID = "cli-e2e"

@@ -7,9 +7,9 @@ import json
 import pytest
 from cli_fixtures import moto_dep, moto_env, run_state, wait_status  # noqa: F401 (fixtures)
 
-from cli import main
-from stepwise.commands._runs import CommandError
-from stepwise.commands.resume import continuation_input, next_segment_name, plan_resume
+from stepwise_cli.main import main
+from stepwise_cli.commands._runs import CommandError
+from stepwise_cli.commands.resume import continuation_input, next_segment_name, plan_resume
 from stepwise.handlers._common import resolve_run
 from stepwise.handlers.session import continuation_name
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from cli_fixtures import moto_dep, moto_env, run_state, wait_status  # noqa: F401 (fixtures)
 
-from cli import main
+from stepwise_cli.main import main
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -67,13 +67,13 @@ def test_runs_limit_and_empty(moto_dep, capsys):
 
 def test_cli_help_and_runs_do_not_import_torch():
     code = (
-        "import sys, cli\n"
+        "import sys\nfrom stepwise_cli import main as cli\n"
         "for argv in (['--help'], ['runs', '--help'], ['watch', '--help'], ['start', '--help']):\n"
         "    try:\n"
         "        cli.main(argv)\n"
         "    except SystemExit:\n"
         "        pass\n"
-        "from stepwise.commands import runs, watch, stop, resume, start\n"
+        "from stepwise_cli.commands import runs, watch, stop, resume, start\n"
         "heavy = [m for m in ('torch', 'mlflow', 'transformers', 'sagemaker.train') if m in sys.modules]\n"
         "print('HEAVY', heavy)\n"
     )

@@ -8,7 +8,7 @@ import boto3
 import pytest
 from cli_fixtures import moto_dep, moto_env  # noqa: F401 (fixtures)
 
-from cli import main
+from stepwise_cli.main import main
 from stepwise import stackinfo
 from stepwise.stackinfo import StackNotFound, resolve
 

@@ -6,7 +6,7 @@ import json
 
 from cli_fixtures import BASE_CONFIG, moto_dep, moto_env, run_state  # noqa: F401 (fixtures)
 
-from cli import main
+from stepwise_cli.main import main
 
 
 def _config(tmp_path, **extra):

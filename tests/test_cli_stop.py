@@ -11,7 +11,7 @@ import json
 import pytest
 from cli_fixtures import BASE_CONFIG, moto_dep, moto_env, run_state, wait_status  # noqa: F401 (fixtures)
 
-from cli import main
+from stepwise_cli.main import main
 from local.simulator import start_simulator
 
 
@@ -41,7 +41,7 @@ def _session(sim, run_id):
 
 
 def _status(cfg, name):
-    from stepwise.commands.stop import session_status
+    from stepwise_cli.commands.stop import session_status
 
     return session_status(cfg.region, name)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from stepwise.datasets import payloads_to_parquet_bytes
 
-from cli import main
+from stepwise_cli.main import main
 
 REPO = Path(__file__).resolve().parents[1]
 BASE = {
@@ -81,6 +81,6 @@ def test_dataset_problems_exit_2(tmp_path, capsys):
 
 def test_console_script_entry(tmp_path):
     cfg = write(tmp_path, "bad.json", {"batch_size": 1})
-    proc = subprocess.run([sys.executable, str(REPO / "cli.py"), "validate", cfg],
+    proc = subprocess.run([sys.executable, "-m", "stepwise_cli", "validate", cfg],
                           capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 2 and "role_arn: required" in proc.stderr

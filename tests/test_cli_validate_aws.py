@@ -9,7 +9,7 @@ import json
 import pytest
 from pipeline_fixtures import BUCKET, REGION, FakeAgent, Stack
 
-from cli import main
+from stepwise_cli.main import main
 
 OTHER_BUCKET = "stepwise-validate-elsewhere"
 

@@ -7,8 +7,8 @@ import json
 from cli_fixtures import moto_dep, moto_env, run_state  # noqa: F401 (fixtures)
 from PIL import Image
 
-from cli import main
-from stepwise.commands.watch import CURVES_KEY, HEADER, step_line
+from stepwise_cli.main import main
+from stepwise_cli.commands.watch import CURVES_KEY, HEADER, step_line
 
 SUMMARIES = {
     0: {"sampler/mean_reward": 0.125, "sampler/num_rollouts": 8.0, "sampler/zeroed_rollouts": 1.0,
@@ -127,7 +127,7 @@ def test_step_line_shows_the_behaviour_columns_under_their_titles():
 
 
 def test_a_lambda_errors_cause_prints_as_its_message():
-    from stepwise.commands._runs import failure_message
+    from stepwise_cli.commands._runs import failure_message
 
     cause = json.dumps({"errorType": "RolloutsFailed", "errorMessage": "all 4 rollouts ... 4 x AgentError: boom",
                         "stackTrace": ["  File ..."]})

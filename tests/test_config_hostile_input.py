@@ -16,7 +16,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cli import main
+from stepwise_cli.main import main
 from stepwise.config import ConfigError, load_run_config
 
 BASE = """role_arn: arn:aws:iam::123456789012:role/r

@@ -16,7 +16,7 @@ from agentcore_rl_toolkit.backends.experimental.sagemaker.config import Config a
 from agentcore_rl_toolkit.backends.experimental.sagemaker.config import load_config as reference_load_config
 from cli_fixtures import moto_dep, moto_env  # noqa: F401 (fixtures)
 
-from cli import main
+from stepwise_cli.main import main
 from stepwise.config import DROPPED_FIELDS, load_run_config, read_config_file
 
 EXAMPLE = importlib.resources.files("agentcore_rl_toolkit.backends.experimental.sagemaker") / "config.yaml.example"

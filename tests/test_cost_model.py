@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from cli import main
+from stepwise_cli.main import main
 from state_machine.definition import load_asl
-from stepwise import cost
+from stepwise_cli import cost
 from stepwise.config import load_run_config
 
 BASE = {

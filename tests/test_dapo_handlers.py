@@ -81,7 +81,7 @@ def test_clip_thresholds_with_a_loss_that_takes_none_are_refused_clearly(stack, 
 
 
 def test_a_dataset_smaller_than_batch_size_is_refused_before_any_session(stack, tmp_path):
-    from stepwise.commands.validate import check_datasets
+    from stepwise_cli.commands.validate import check_datasets
 
     small = stack.put_dataset(f"data/small-{uuid.uuid4().hex[:6]}.jsonl", [{"prompt": "q"}] * 3)
     config = stack.config(algorithm="dapo", batch_size=4, dataset_path=small)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cli import COMMANDS
+from stepwise_cli.main import COMMANDS
 from state_machine.definition import load_asl
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.e2e
 
 
 def test_ctrl_c_stops_everything(tmp_path):
-    cmd = [sys.executable, "-c", "import cli, sys; sys.exit(cli.main())", "run-local", str(ROOT / "examples" / "toy.json"),
+    cmd = [sys.executable, "-m", "stepwise_cli", "run-local", str(ROOT / "examples" / "toy.json"),
            "--run-id", "e2e-interrupt", "--out", str(tmp_path), "--no-progress",
            "--set", "batch_size=4", "--set", "responses_per_prompt=4", "--set", "max_prompts=40"]
     # A shell that starts jobs in the background (CI under nohup, `cmd &`) leaves SIGINT ignored, and

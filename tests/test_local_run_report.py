@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from local import run as run_module
-from stepwise.commands import watch
+from stepwise_cli.commands import watch
 
 
 def _result(run_dir, **kw):

@@ -19,7 +19,7 @@ def test_cli_prints_exports_serves_and_stops_on_ctrl_c():
     # No AWS settings inherited: the simulator prints dummy ones, and only then.
     child_env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cli", "simulator", "--port", "0", "--fault", "throttle:ListTrainingSessions:1"],
+        [sys.executable, "-m", "stepwise_cli", "simulator", "--port", "0", "--fault", "throttle:ListTrainingSessions:1"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env,
         # A shell that starts jobs in the background (CI under nohup, `cmd &`) leaves SIGINT ignored,
         # and Python then installs no KeyboardInterrupt handler: restore the default for the child.

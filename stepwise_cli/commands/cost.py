@@ -1,7 +1,7 @@
 """`stepwise cost CONFIG.json`: estimate what the stack's own services cost per step and per run.
 
-The model is `stepwise.cost` (Lambda GB-seconds and requests, Step Functions transitions read
-off the deployed ASL, S3 requests), at list prices dated `stepwise.cost.PRICES_AS_OF`. Not
+The model is `stepwise_cli.cost` (Lambda GB-seconds and requests, Step Functions transitions read
+off the deployed ASL, S3 requests), at list prices dated `stepwise_cli.cost.PRICES_AS_OF`. Not
 included: the SageMaker training session, the ACR agent runtime, CloudWatch, data transfer.
 The run total needs the number of steps: ``--steps``, or the train dataset's rows when
 ``dataset_path`` is a local file (or ``--check-datasets`` for an ``s3://`` one).
@@ -15,11 +15,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from stepwise.commands._runs import EXIT_OK, EXIT_USAGE
+from stepwise_cli.commands._runs import EXIT_OK, EXIT_USAGE
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from stepwise.cost import Assumptions
+    from stepwise_cli.cost import Assumptions
 
     d = Assumptions()
     parser.add_argument("config", help="run config, JSON (or YAML) file")
@@ -79,7 +79,7 @@ def format_estimate(est: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from stepwise.config import ConfigError, load_run_config
-    from stepwise.cost import Assumptions, estimate
+    from stepwise_cli.cost import Assumptions, estimate
 
     try:
         cfg = load_run_config(args.config)

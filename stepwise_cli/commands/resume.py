@@ -23,7 +23,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from stepwise.commands._runs import (
+from stepwise_cli.commands._runs import (
     EXIT_OK,
     CommandError,
     Deployment,
@@ -84,7 +84,7 @@ def plan_resume(run_id: str, newest: dict[str, Any] | None, state: dict[str, Any
 
 def next_segment_name(run_id: str, state: dict[str, Any], existing_names: list[str]) -> tuple[str, int]:
     """``(execution name, segment)`` of the next continuation: above the state's segment and every used name."""
-    from stepwise.commands._runs import _CONTINUATION_RE
+    from stepwise_cli.commands._runs import _CONTINUATION_RE
 
     used = [int(m.group("segment")) for n in existing_names if (m := _CONTINUATION_RE.match(n))]
     segment = max([int(state.get("segment", 0)), *used]) + 1

@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from stepwise.commands._runs import (
+from stepwise_cli.commands._runs import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_USAGE,
@@ -116,7 +116,7 @@ def start(args: argparse.Namespace) -> dict[str, Any]:
         ConfigError: the config or a dataset is invalid (every problem at once).
         CommandError: the run exists (without ``--resume``) or the deployment cannot be found.
     """
-    from stepwise.commands.validate import check_datasets
+    from stepwise_cli.commands.validate import check_datasets
     from stepwise.config import ConfigError, load_run_config
 
     warnings: list[str] = []
@@ -151,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         if args.resume and args.run_id:
-            from stepwise.commands import resume
+            from stepwise_cli.commands import resume
 
             dep = deployment(args)
             if run_exists(dep, validate_run_id(args.run_id)):

@@ -16,7 +16,7 @@ import argparse
 import time
 from typing import Any
 
-from stepwise.commands._runs import (
+from stepwise_cli.commands._runs import (
     EXIT_FAILED,
     EXIT_OK,
     CommandError,

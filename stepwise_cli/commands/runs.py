@@ -13,7 +13,7 @@ import argparse
 import json
 from typing import Any
 
-from stepwise.commands._runs import (
+from stepwise_cli.commands._runs import (
     EXIT_OK,
     CommandError,
     Deployment,

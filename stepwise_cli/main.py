@@ -13,13 +13,13 @@ import sys
 
 # name -> (module, one-line help). Keep sorted by workflow, not alphabetically.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "validate": ("stepwise.commands.validate", "check a run config (and its datasets) without starting anything"),
-    "start": ("stepwise.commands.start", "validate a config, upload its local data, start a run on the deployed stack"),
-    "watch": ("stepwise.commands.watch", "follow a run until it ends: status, per-step reward, eval accuracy, plot"),
-    "stop": ("stepwise.commands.stop", "stop a run's execution and make sure its training session stops"),
-    "resume": ("stepwise.commands.resume", "continue a failed or stopped run from its saved state"),
-    "runs": ("stepwise.commands.runs", "recent runs with status and last metrics"),
-    "cost": ("stepwise.commands.cost", "estimate the stack's Lambda, Step Functions and S3 cost per step and per run"),
+    "validate": ("stepwise_cli.commands.validate", "check a run config (and its datasets) without starting anything"),
+    "start": ("stepwise_cli.commands.start", "validate a config, upload its local data, start a run on the deployed stack"),
+    "watch": ("stepwise_cli.commands.watch", "follow a run until it ends: status, per-step reward, eval accuracy, plot"),
+    "stop": ("stepwise_cli.commands.stop", "stop a run's execution and make sure its training session stops"),
+    "resume": ("stepwise_cli.commands.resume", "continue a failed or stopped run from its saved state"),
+    "runs": ("stepwise_cli.commands.runs", "recent runs with status and last metrics"),
+    "cost": ("stepwise_cli.commands.cost", "estimate the stack's Lambda, Step Functions and S3 cost per step and per run"),
     "simulator": ("local.simulator.cli", "run the SageMaker Training Sessions simulator (tiny model) on a loopback port"),
     "run-local": ("local.run", "run a whole training run on this machine (moto, simulator, gateway, ACR emulator)"),
 }

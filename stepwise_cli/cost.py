@@ -156,12 +156,12 @@ def _walk(states: dict[str, Any], start: str, choices: dict[str, str], stop: str
     name = start
     for _ in range(200):
         if name not in states:
-            raise KeyError(f"state {name!r} is not in the ASL; update stepwise.cost's path")
+            raise KeyError(f"state {name!r} is not in the ASL; update stepwise_cli.cost's path")
         path.append(name)
         s = states[name]
         if s["Type"] == "Choice":
             if name not in choices:
-                raise KeyError(f"no branch chosen for Choice {name!r} in stepwise.cost")
+                raise KeyError(f"no branch chosen for Choice {name!r} in stepwise_cli.cost")
             nxt = choices[name]
             targets = [c["Next"] for c in s.get("Choices", [])] + [s.get("Default")]
             if nxt not in targets:
@@ -194,7 +194,7 @@ def asl_step_counts(asl: dict[str, Any] | None = None) -> dict[str, int]:
     loops = {}
     for key, (choice, wait) in (("train_poll", TRAIN_POLL_LOOP), ("rebind_poll", REBIND_POLL_LOOP)):
         if choice not in states or wait not in states:
-            raise KeyError(f"poll loop {choice!r} -> {wait!r} is not in the ASL; update stepwise.cost")
+            raise KeyError(f"poll loop {choice!r} -> {wait!r} is not in the ASL; update stepwise_cli.cost")
         loops[key] = len(_walk(states, wait, {}, choice)) + 1  # the wait branch, then the Choice again
     mapstate = states[train[train.index("Roll out generation batch")]]
     processor = mapstate.get("ItemProcessor") or mapstate.get("Iterator") or {}

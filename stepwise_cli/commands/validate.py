@@ -27,7 +27,7 @@ from stepwise.config import ConfigError, RunConfig, load_run_config
 from stepwise.datasets import DatasetError, check_dataset
 
 if TYPE_CHECKING:
-    from stepwise.commands._runs import Deployment
+    from stepwise_cli.commands._runs import Deployment
     from stepwise.preflight import StackScope
 
 EXIT_INVALID = 2
@@ -41,7 +41,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="also run Init's refusals against the deployed stack: region, agent runtime (GetAgentRuntime), "
                              "S3 locations and the stack's grants (implies --check-datasets; calls AWS, read-only)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
-    from stepwise.commands._runs import add_stack_arguments
+    from stepwise_cli.commands._runs import add_stack_arguments
 
     add_stack_arguments(parser)
 
@@ -91,7 +91,7 @@ def deployed_scope(dep: "Deployment") -> "StackScope":
 
 def check_aws(cfg: RunConfig, args: argparse.Namespace) -> tuple["StackScope", list[str]]:
     """Init's refusals against the deployed stack: ``(scope, problems)``; CommandError if no stack is found."""
-    from stepwise.commands._runs import deployment
+    from stepwise_cli.commands._runs import deployment
     from stepwise.preflight import Probes, refusals
 
     dep = deployment(args)
@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     train_rows: int | None = None
     scope = None
     if args.check_aws:
-        from stepwise.commands._runs import CommandError, fail
+        from stepwise_cli.commands._runs import CommandError, fail
         from stepwise.preflight import RunRefused, resolve_region
 
         try:

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from stepwise import tracking
-from stepwise.commands._runs import (
+from stepwise_cli.commands._runs import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
