@@ -70,7 +70,7 @@ class _StepClock(logging.Handler):
 def reference_config(cfg: dict[str, Any], *, steps: int, evals: bool) -> Any:
     """The toolkit ``Config`` equivalent to RunConfig ``cfg`` (``steps`` x batch_size prompts)."""
     from agentcore_rl_toolkit.backends.experimental.sagemaker.config import Config
-    from local.run import resolve_dataset
+    from local.datasets import resolve_dataset
 
     kw = {k: cfg[k] for k in SHARED_FIELDS if k in cfg}
     kw["max_prompts"] = steps * int(cfg["batch_size"])
@@ -90,7 +90,7 @@ def run_reference(cfg: dict[str, Any], *, steps: int, out: Path, evals: bool = F
     """Run ``train_grpo.train`` (unmodified) against the simulator + ACR emulator; per-step figures."""
     from agentcore_rl_toolkit.backends.experimental.sagemaker import train_grpo
     from local.acr import AcrEmulator
-    from local.run import SimulatorProcess
+    from local.stack import SimulatorProcess
 
     saved = dict(os.environ)
     clock = _StepClock()

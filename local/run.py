@@ -16,6 +16,10 @@ step summary, eval summaries too), the step summaries, ``timing.json`` (wall tim
 step split into rollouts, advantages, training, eval/checkpoint, orchestration) and
 ``reward.png``. Exit code 0 when the execution succeeded, 1 otherwise (the failing state
 and cause are printed), 130 on Ctrl-C.
+
+This module is the orchestration (follow the execution, collect at its end) and the CLI entry;
+the services are started in `local.stack`, the datasets made and uploaded in `local.datasets`,
+and the figures, plot and closing lines computed in `local.report`.
 """
 
 from __future__ import annotations
@@ -25,7 +29,6 @@ import contextlib
 import io
 import json
 import logging
-import math
 import os
 import shutil
 import signal
@@ -33,357 +36,36 @@ import sys
 import threading
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from local._proc import restore_env, stop_process
-from local.workers import WorkerPool, workers_from_env
-from stepwise.clients import ENV_MAX_POOL_CONNECTIONS
+from local.datasets import planned_steps, upload_datasets
+from local.report import (
+    RunResult,
+    eval_accuracy,
+    failure_from_history,
+    flatten,
+    lambda_stats,
+    mean_reward,
+    mirror_run_objects,
+    plot,
+    report,
+    s3_requests_per_rollout,
+    timing_split,
+)
+from local.stack import LocalStack, run_cleanup, training_session_status
 from stepwise_cli.commands.watch import eval_when, kept_groups
 
 log = logging.getLogger("stepwise.run_local")
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = Path("runs-local")
-LOCAL_ROLE_ARN = "arn:aws:iam::123456789012:role/stepwise-local-sagemaker"
-TERMINAL = ("SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED")
-
-
-# --------------------------------------------------------------------------------------
-# Datasets: generation hooks and upload
-# --------------------------------------------------------------------------------------
-
-
-def _shared_data_dir() -> Path:
-    """``shared/`` beside the clone (CI) or the team's copy on this machine."""
-    for candidate in (REPO_ROOT.parent / "shared", Path("/work/shared")):
-        if (candidate / "data").is_dir():
-            return candidate / "data"
-    raise FileNotFoundError("no shared/data directory beside the clone (../shared/data) or at /work/shared/data")
-
-
-def _gen_toy(rows: int, seed: int) -> Callable[[Path], None]:
-    def gen(path: Path) -> None:
-        from prepare_datasets.prepare_toy import write_rows
-
-        write_rows(path, rows, seed)
-
-    return gen
-
-
-def _gen_gsm8k(split: str) -> Callable[[Path], None]:
-    def gen(path: Path) -> None:
-        from prepare_datasets.prepare_gsm8k import gsm8k_rows, write_rows
-
-        write_rows(gsm8k_rows(_shared_data_dir() / "gsm8k" / f"{split}.jsonl"), path)
-
-    return gen
-
-
-#: Dataset file name -> how to make it when the config names it and it does not exist yet.
-DATASET_GENERATORS: dict[str, Callable[[Path], None]] = {
-    "toy_train.jsonl": _gen_toy(rows=200, seed=0),
-    "toy_eval.jsonl": _gen_toy(rows=10, seed=1),
-    "toy_small.jsonl": _gen_toy(rows=40, seed=2),
-    "gsm8k_test.jsonl": _gen_gsm8k("test"),
-    "gsm8k_train.jsonl": _gen_gsm8k("train"),
-}
-
-
-def resolve_dataset(path_str: str, config_dir: Path) -> Path:
-    """A local dataset path (relative to the repo, then the config's folder); generated if a
-    known generator makes it. Raises FileNotFoundError naming what was tried."""
-    path = Path(path_str)
-    candidates = [path] if path.is_absolute() else [REPO_ROOT / path, config_dir / path, Path.cwd() / path]
-    for c in candidates:
-        if c.is_file():
-            return c
-    gen = DATASET_GENERATORS.get(path.name)
-    if gen is None:
-        raise FileNotFoundError(f"dataset {path_str!r} not found (tried {[str(c) for c in candidates]}) and no "
-                                f"generator for {path.name!r}; known: {sorted(DATASET_GENERATORS)}")
-    target = candidates[0]
-    target.parent.mkdir(parents=True, exist_ok=True)
-    gen(target)
-    return target
-
-
-def upload_datasets(cfg: dict[str, Any], *, s3: Any, bucket: str, run_id: str, config_dir: Path) -> dict[str, Any]:
-    """Copy local dataset files to ``s3://bucket/datasets/{run_id}/`` and point the config at
-    them (as a user does before starting an execution on AWS). ``s3://`` paths are kept."""
-    out = dict(cfg)
-    for key in ("dataset_path", "eval_dataset_path"):
-        value = out.get(key)
-        if not value or str(value).startswith("s3://"):
-            continue
-        local = resolve_dataset(str(value), config_dir)
-        s3_key = f"datasets/{run_id}/{local.name}"
-        s3.upload_file(str(local), bucket, s3_key)
-        out[key] = f"s3://{bucket}/{s3_key}"
-    return out
-
-
-# --------------------------------------------------------------------------------------
-# The stack
-# --------------------------------------------------------------------------------------
-
-
-class SimulatorProcess:
-    """The simulator in its own process (``stepwise simulator --port 0``), so the tiny model's
-    torch work runs beside, not inside, the process that hosts moto and the handlers.
-
-    Same surface as ``local.simulator.SimulatorHandle`` where the runner needs it: ``url``,
-    ``env``, ``counters`` and ``session_statuses`` (read from ``/_simulator/state``), ``stop()``.
-    """
-
-    def __init__(self, *, region: str, log_path: Path | None = None, options: dict[str, Any] | None = None,
-                 timeout: float = 120.0):
-        import re
-        import subprocess
-
-        args = [sys.executable, "-m", "stepwise_cli", "simulator", "--port", "0",
-                "--region", region]
-        for key, value in (options or {}).items():
-            flag = f"--{key.replace('_', '-')}"
-            if value is True:
-                args.append(flag)
-            elif value is not False and value is not None:
-                args += [flag, str(value)]
-        self._log = log_path.open("a") if log_path else None
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self._log, text=True, cwd=str(REPO_ROOT))
-        self.url = ""
-        self.env: dict[str, str] = {}
-        deadline = time.monotonic() + timeout
-        assert self.proc.stdout is not None
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                raise RuntimeError(f"simulator exited (code {self.proc.poll()}) before serving")
-            m = re.search(r"simulator on (http://\S+)", line)
-            if m:
-                self.url = m.group(1)
-            m = re.match(r"export (\w+)=(\S+)", line.strip())
-            if m:
-                self.env[m.group(1)] = m.group(2).strip("'\"")
-            if "Ctrl-C" in line:
-                break
-        if not self.url:
-            self.stop()
-            raise RuntimeError("simulator did not report its URL")
-        for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "AWS_REGION"):
-            self.env.pop(key, None)  # credentials and region stay the runner's
-
-    def state(self) -> dict[str, Any]:
-        import urllib.request
-
-        with urllib.request.urlopen(f"{self.url}/_simulator/state", timeout=10) as resp:
-            return json.loads(resp.read())
-
-    @property
-    def counters(self) -> dict[str, Any]:
-        return dict(self.state().get("counters", {}))
-
-    def stop(self) -> None:
-        stop_process(self.proc, self._log, timeout=15)
-
-
-@dataclass
-class LocalStack:
-    """Every local service of one run; ``stop()`` ends them all (idempotent)."""
-
-    bucket: str
-    moto: Any = None
-    simulator: Any = None
-    gateway: Any = None
-    acr: Any = None
-    resources: Any = None
-    simulator_in_process: bool = False
-    _saved_env: dict[str, str | None] = field(default_factory=dict)
-
-    def set_env(self, env: dict[str, str]) -> None:
-        for key, value in env.items():
-            self._saved_env.setdefault(key, os.environ.get(key))
-            os.environ[key] = value
-
-    def start(self, *, tps_limit: float | None, simulator_options: dict[str, Any] | None = None,
-              acr_faults: dict[str, int] | None = None, log_dir: Path | None = None) -> "LocalStack":
-        from local import engine
-        from local.acr import AcrEmulator, Faults
-        from local.gateway import GatewayProcess
-        from local.simulator import start_simulator
-
-        # Every handler of the Map runs in this process on shared clients: size their pools (and the
-        # gateway's, which inherits this environment) to the concurrency the run will drive.
-        self.set_env({ENV_MAX_POOL_CONNECTIONS: os.environ.get(ENV_MAX_POOL_CONNECTIONS) or
-                      str(local_pool_size(tps_limit))})
-        self.moto = engine.MotoServer().start()
-        if n_workers := workers_from_env():
-            # the handlers off moto's GIL (local/workers.py), importing while the other services start;
-            # their output goes where quiet mode sends the handlers' (every invocation carries the env)
-            self.moto.dispatcher.workers = WorkerPool(n_workers, log_path=str(log_dir / "lambdas.log") if log_dir else None)
-        if self.simulator_in_process:
-            self.simulator = start_simulator(port=0, **(simulator_options or {}))
-        else:
-            self.simulator = SimulatorProcess(region=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
-                                              log_path=log_dir / "simulator.log" if log_dir else None,
-                                              options=simulator_options)
-        self.set_env(dict(self.simulator.env))
-        self.set_env({"STEPWISE_BUCKET": self.bucket})
-        # Loopback gateway: a streamed turn lands within ms of [DONE]; the 1 s default grace sat on
-        # every rollout's critical path (FinishRollout sleeps it). A value set by the user wins.
-        self.set_env({"STEPWISE_TURN_GRACE_SECONDS": os.environ.get("STEPWISE_TURN_GRACE_SECONDS", "0.2")})
-        engine.create_bucket(self.moto, self.bucket, result_function_arn=None)
-        self.gateway = GatewayProcess(dict(os.environ), log_path=str(log_dir / "gateway.log") if log_dir else None)
-        self.set_env({"STEPWISE_GATEWAY_URL": self.gateway.url})
-        # ACR scoped as the stack's IAM grant scopes it: the stack's region, or its allow-list.
-        from stepwise.preflight import StackScope
-
-        allowed = StackScope.from_env().agent_runtime_arns  # STEPWISE_AGENT_RUNTIME_ARNS, read as Init reads it
-        self.acr = AcrEmulator(tps_limit=tps_limit, faults=Faults(**(acr_faults or {})),
-                               agent_env=engine.endpoint_env(self.moto.endpoint),
-                               log_dir=str(log_dir) if log_dir else None, region=engine.REGION,
-                               allowed_runtime_arns=allowed).start()
-        self.set_env(self.acr.env)
-        if self.moto.dispatcher.workers is not None:
-            self.moto.dispatcher.workers.wait()
-        self.resources = create_resources(self.moto, self.bucket)
-        return self
-
-    def stop(self) -> None:
-        for name in ("acr", "gateway"):
-            part = getattr(self, name)
-            if part is not None:
-                try:
-                    part.stop()
-                except Exception:  # keep stopping the rest
-                    log.exception("stopping %s", name)
-                setattr(self, name, None)
-        if self.moto is not None:
-            self.moto.dispatcher.drain(timeout=10)
-            if self.moto.dispatcher.workers is not None:
-                self.moto.dispatcher.workers.stop()
-                self.moto.dispatcher.workers = None
-        if self.simulator is not None:
-            try:
-                self.simulator.stop()
-            except Exception:
-                log.exception("stopping the simulator")
-            self.simulator = None
-        if self.moto is not None:
-            self.moto.stop()
-            self.moto = None
-        restore_env(self._saved_env)
-
-
-def local_pool_size(tps_limit: float | None) -> int:
-    """Connections per client and host for the local stack: two per rollout the Map may run at
-    once (PlanStep's bound: ``acr_tps_limit`` x CONCURRENCY_PER_TPS, at most MAX_MAP_CONCURRENCY;
-    StartRollout's or FinishRollout's call plus OnRolloutResult's), plus the parent's tasks."""
-    from stepwise.handlers.plan import CONCURRENCY_PER_TPS, MAX_MAP_CONCURRENCY
-
-    concurrency = MAX_MAP_CONCURRENCY if not tps_limit else min(MAX_MAP_CONCURRENCY,
-                                                                  math.ceil(tps_limit * CONCURRENCY_PER_TPS))
-    return 2 * concurrency + 16
-
-
-def local_substitutions(function_arns: dict[str, str], bucket: str) -> dict[str, str]:
-    """The state machine's substitutions, computed exactly as the stack computes them."""
-    from infra.definition import substitutions
-
-    return substitutions(function_arns=function_arns, bucket_name=bucket)
-
-
-def create_resources(moto: Any, bucket: str, *, state_machine_name: str = "stepwise-training-loop") -> Any:
-    """Functions, bucket notification and state machine, as the stack creates them."""
-    from local import engine
-    from state_machine.definition import render_definition
-
-    arns = engine.create_functions(moto)
-    engine.create_bucket(moto, bucket, result_function_arn=arns["OnRolloutResult"])
-    definition = render_definition(local_substitutions(arns, bucket))
-    sm_arn = engine.create_state_machine(moto, state_machine_name, definition)
-    return engine.LocalResources(bucket=bucket, state_machine_arn=sm_arn, function_arns=arns, definition=definition)
 
 
 # --------------------------------------------------------------------------------------
 # Following the execution
 # --------------------------------------------------------------------------------------
-
-
-def _metric(summary: dict[str, Any], *names: str, contains: str | None = None) -> float | None:
-    flat = _flatten(summary)
-    for n in names:
-        if isinstance(flat.get(n), (int, float)):
-            return float(flat[n])
-    if contains:
-        for k, v in flat.items():
-            if contains in k and isinstance(v, (int, float)) and not isinstance(v, bool):
-                return float(v)
-    return None
-
-
-def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(_flatten(v, key + "/"))
-        else:
-            out[key] = v
-    return out
-
-
-def mean_reward(summary: dict[str, Any]) -> float | None:
-    return _metric(summary, "sampler/mean_reward", "reward/mean", "mean_reward", contains="mean_reward")
-
-
-def eval_accuracy(summary: dict[str, Any]) -> float | None:
-    return _metric(summary, "eval/accuracy", "accuracy", contains="accuracy")
-
-
-@dataclass
-class Failure:
-    """Where an execution failed: the state whose error started it, and the final error."""
-
-    state: str | None
-    error: str | None
-    cause: str | None
-
-
-def failure_from_history(events: list[dict[str, Any]]) -> Failure:
-    """The first failing task/map state (and its error and cause) from an execution history,
-    falling back to the ExecutionFailed/Aborted/TimedOut event."""
-    current: str | None = None
-    for ev in events:
-        etype = ev["type"]
-        if etype.endswith("StateEntered"):
-            current = ev["stateEnteredEventDetails"]["name"]
-        details_key = next((k for k in ev if k.endswith("EventDetails") and k != "stateEnteredEventDetails"), None)
-        if etype in ("TaskFailed", "LambdaFunctionFailed", "TaskTimedOut", "MapRunFailed", "LambdaFunctionTimedOut",
-                     "ExecutionFailed", "ExecutionTimedOut", "ExecutionAborted", "MapStateFailed"):
-            det = ev.get(details_key, {}) if details_key else {}
-            return Failure(current, det.get("error") or etype, det.get("cause"))
-    return Failure(current, None, None)
-
-
-@dataclass
-class RunResult:
-    """What ``run_local`` reports."""
-
-    run_id: str
-    status: str
-    run_dir: Path
-    wall_seconds: float
-    steps: int
-    rewards: list[float]
-    evals: list[dict[str, Any]]
-    failure: Failure | None
-    timing: dict[str, Any]
-    simulator_counters: dict[str, Any]
-    session_status: str | None
-    executions: list[str]
 
 
 class Follower:
@@ -445,7 +127,7 @@ class Follower:
 
     def _record(self, kind: str, step: int, summary: dict[str, Any]) -> None:
         line = {"kind": "train" if kind == "steps" else "eval", "step": step,
-                "time": datetime.now(timezone.utc).isoformat(), **_flatten(summary)}
+                "time": datetime.now(timezone.utc).isoformat(), **flatten(summary)}
         with (self.run_dir / "metrics.jsonl").open("a") as fh:
             fh.write(json.dumps(line, default=str) + "\n")
         target = self.run_dir / kind / str(step)
@@ -499,103 +181,6 @@ class Follower:
             self.bar.close()
 
 
-# --------------------------------------------------------------------------------------
-# Timing split and plot
-# --------------------------------------------------------------------------------------
-
-_TRAIN_STATES = ("Submit training step", "Wait for training step", "Check training step", "Training step done?",
-                 "Rebind sampler to new weights", "Sampler rebound?", "Wait for sampler")
-_EVAL_CKPT_STATES = ("Record eval accuracy", "Save checkpoint", "Checkpoint saved?", "Wait for checkpoint")
-
-
-def timing_split(events: list[dict[str, Any]], steps: int) -> dict[str, Any]:
-    """Seconds per category from one execution history (state entered -> next state entered).
-
-    Categories: rollouts (the train Map), eval_rollouts (Maps followed by eval bookkeeping),
-    advantages, training (submit/poll/rebind), eval_checkpoint, orchestration (planning,
-    choices, session start and everything else). ``per_step`` divides by ``steps``.
-    """
-    spans: list[tuple[str, float]] = []
-    entered: list[tuple[str, datetime]] = [
-        (ev["stateEnteredEventDetails"]["name"], ev["timestamp"]) for ev in events if ev["type"].endswith("StateEntered")
-    ]
-    end = events[-1]["timestamp"] if events else None
-    for i, (name, t0) in enumerate(entered):
-        t1 = entered[i + 1][1] if i + 1 < len(entered) else end
-        spans.append((name, (t1 - t0).total_seconds()))
-    out = {"rollouts": 0.0, "eval_rollouts": 0.0, "advantages": 0.0, "training": 0.0, "eval_checkpoint": 0.0,
-           "orchestration": 0.0, "session_start": 0.0}
-    for i, (name, secs) in enumerate(spans):
-        if name == "Roll out generation batch":
-            following = next((n for n, _ in spans[i + 1:] if not n.endswith("?")), "")
-            out["eval_rollouts" if following == "Record eval accuracy" else "rollouts"] += secs
-        elif name == "Compute advantages and filter groups":
-            out["advantages"] += secs
-        elif name in _TRAIN_STATES:
-            out["training"] += secs
-        elif name in _EVAL_CKPT_STATES:
-            out["eval_checkpoint"] += secs
-        elif name in ("Initialize run", "Is the training session ready?", "Wait for training session",
-                      "Check training session"):
-            out["session_start"] += secs
-        else:
-            out["orchestration"] += secs
-    total = sum(out.values())
-    result: dict[str, Any] = {"total_seconds": round(total, 3), "steps": steps,
-                              "seconds": {k: round(v, 3) for k, v in out.items()}}
-    if steps:
-        train_keys = ("rollouts", "advantages", "training", "orchestration")
-        result["per_step"] = {k: round(out[k] / steps, 3) for k in train_keys}
-        result["per_step"]["wall"] = round(sum(out[k] for k in train_keys) / steps, 3)
-    return result
-
-
-def lambda_stats(invocations: list[Any]) -> dict[str, dict[str, float]]:
-    """Per function: invocation count, errors, total and mean seconds (in-process handler time), and
-    the largest memory growth one invocation was measured at (``peak_mb``, `local.limits`)."""
-    out: dict[str, dict[str, float]] = {}
-    for inv in invocations:
-        name = inv.function_name.rsplit("-", 1)[-1]
-        st = out.setdefault(name, {"count": 0, "errors": 0, "seconds": 0.0, "peak_mb": 0.0})
-        st["count"] += 1
-        st["errors"] += 1 if inv.error else 0
-        st["seconds"] += inv.seconds
-        st["peak_mb"] = round(max(st["peak_mb"], getattr(inv, "peak_mb", 0.0)), 1)
-    for st in out.values():
-        st["mean_seconds"] = round(st["seconds"] / st["count"], 4)
-        st["seconds"] = round(st["seconds"], 3)
-    return out
-
-
-def s3_requests_per_rollout(counts: dict[str, int], rollouts: int) -> dict[str, Any]:
-    """The run's S3 requests (``{"OP kind": n}`` from `local.engine.S3RequestLog`) with totals per
-    operation and, when ``rollouts`` > 0, per rollout (every request of the run divided by the
-    rollouts it ran: Init's and the steps' own requests are a few percent of it)."""
-    by_op: dict[str, int] = {}
-    for name, n in counts.items():
-        op = name.split(" ", 1)[0]
-        by_op[op] = by_op.get(op, 0) + n
-    out: dict[str, Any] = {"rollouts": rollouts, "total": sum(counts.values()), "by_operation": by_op,
-                           "by_kind": counts}
-    if rollouts:
-        out["per_rollout"] = {op: round(n / rollouts, 2) for op, n in sorted(by_op.items())}
-        out["per_rollout"]["total"] = round(out["total"] / rollouts, 2)
-        out["per_rollout_by_kind"] = {k: round(n / rollouts, 2) for k, n in counts.items()}
-    return out
-
-
-def plot(run_dir: Path, rewards: list[tuple[int, float]], evals: list[tuple[int, float]],
-         steps: dict[int, dict[str, Any]] | None = None) -> Path | None:
-    """``reward.png``: mean training reward per step and eval accuracy (the baseline at step 0
-    included), and a second panel of the behaviour metrics of the step summaries
-    (`stepwise_cli.commands.watch.write_plot`, the plot `stepwise watch --plot` draws)."""
-    if not rewards and not evals:
-        return None
-    from stepwise_cli.commands.watch import behaviour_curves, write_plot
-
-    return write_plot(run_dir / "reward.png", rewards, evals, run_dir.name, behaviour_curves(steps or {}))
-
-
 def _history(sfn: Any, arn: str) -> list[dict[str, Any]]:
     events, token = [], None
     while True:
@@ -609,39 +194,23 @@ def _history(sfn: Any, arn: str) -> list[dict[str, Any]]:
             return events
 
 
-def _cleanup(stack: LocalStack, execution: dict[str, Any]) -> None:
-    """What the stack's EventBridge rule does on an abnormal end: run Cleanup with the event."""
-    event = {
-        "version": "0", "id": str(uuid.uuid4()), "source": "aws.states",
-        "detail-type": "Step Functions Execution Status Change",
-        "account": "123456789012", "region": os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
-        "time": datetime.now(timezone.utc).isoformat(), "resources": [execution["executionArn"]],
-        "detail": {"executionArn": execution["executionArn"], "stateMachineArn": execution.get("stateMachineArn"),
-                   "name": execution.get("name"), "status": execution["status"],
-                   "input": execution.get("input"), "output": None},
-    }
-    lam = stack.moto.client("lambda")
-    resp = lam.invoke(FunctionName=stack.resources.function_arns["Cleanup"], Payload=json.dumps(event).encode())
-    if resp.get("FunctionError"):
-        log.error("Cleanup failed: %s", resp["Payload"].read()[:2000])
+def stop_execution(sfn: Any, arn: str, *, error: str, cause: str, wait: float = 15.0) -> dict[str, Any]:
+    """StopExecution, then wait until moto's worker reports it ended; the description it ends with
+    (status forced to ABORTED if the worker is still winding down, as the API reports at once)."""
+    sfn.stop_execution(executionArn=arn, error=error, cause=cause)
+    deadline = time.monotonic() + wait
+    desc = sfn.describe_execution(executionArn=arn)
+    while desc["status"] == "RUNNING" and time.monotonic() < deadline:
+        time.sleep(0.2)
+        desc = sfn.describe_execution(executionArn=arn)
+    if desc["status"] == "RUNNING":
+        desc = {**desc, "status": "ABORTED", "error": error, "cause": cause}
+    return desc
 
 
-def simulator_sessions(simulator: Any) -> dict[str, str]:
-    """Session name -> status, from the simulator (in-process handle or process)."""
-    if hasattr(simulator, "state"):
-        return dict(simulator.state().get("sessions", {}))
-    return dict(simulator.simulator.session_statuses())
-
-
-def _session_status(stack: LocalStack, run_id: str) -> str | None:
-    """The run's training session status (name from state.json, status from the simulator)."""
-    try:
-        s3 = stack.moto.client("s3")
-        state = json.loads(s3.get_object(Bucket=stack.bucket, Key=f"runs/{run_id}/state.json")["Body"].read())
-        return simulator_sessions(stack.simulator).get(state["training_session_name"])
-    except Exception as exc:
-        log.warning("could not read the training session status: %s", exc)
-        return None
+# --------------------------------------------------------------------------------------
+# The run
+# --------------------------------------------------------------------------------------
 
 
 def load_local_config(path: Path) -> dict[str, Any]:
@@ -752,7 +321,7 @@ def _run(stack: LocalStack, config: Any, cfg: dict[str, Any], config_path: Path,
         (run_dir / "config.json").write_text(json.dumps(run_cfg, indent=2))
         sfn = stack.moto.client("stepfunctions")
         sfn.start_execution(stateMachineArn=stack.resources.state_machine_arn, name=run_id, input=json.dumps(run_cfg))
-        total = _total_steps(config, s3, bucket, run_cfg)
+        total = planned_steps(config, s3, bucket, run_cfg)
         follower = Follower(stack, run_id, run_dir, total, progress, responses_per_prompt=config.responses_per_prompt)
         deadline = None if timeout is None else time.monotonic() + timeout
         while desc is None:
@@ -778,44 +347,6 @@ def _run(stack: LocalStack, config: Any, cfg: dict[str, Any], config_path: Path,
     return result, interrupted
 
 
-def stop_execution(sfn: Any, arn: str, *, error: str, cause: str, wait: float = 15.0) -> dict[str, Any]:
-    """StopExecution, then wait until moto's worker reports it ended; the description it ends with
-    (status forced to ABORTED if the worker is still winding down, as the API reports at once)."""
-    sfn.stop_execution(executionArn=arn, error=error, cause=cause)
-    deadline = time.monotonic() + wait
-    desc = sfn.describe_execution(executionArn=arn)
-    while desc["status"] == "RUNNING" and time.monotonic() < deadline:
-        time.sleep(0.2)
-        desc = sfn.describe_execution(executionArn=arn)
-    if desc["status"] == "RUNNING":
-        desc = {**desc, "status": "ABORTED", "error": error, "cause": cause}
-    return desc
-
-
-def _total_steps(config: Any, s3: Any, bucket: str, run_cfg: dict[str, Any]) -> int | None:
-    try:
-        from stepwise.datasets import load_payloads
-
-        rows = len(load_payloads(run_cfg["dataset_path"], s3_client=s3))
-        return config.steps_per_epoch(rows) * config.epochs
-    except Exception:
-        return None
-
-
-def mirror_run_objects(s3: Any, bucket: str, run_id: str, target: Path) -> int:
-    """Copy ``runs/{run_id}/`` and ``rollout-results/{run_id}/`` to ``target``; returns the object count."""
-    count = 0
-    paginator = s3.get_paginator("list_objects_v2")
-    for prefix in (f"runs/{run_id}/", f"rollout-results/{run_id}/"):
-        for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
-            for obj in page.get("Contents", []):
-                path = target / obj["Key"]
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_bytes(s3.get_object(Bucket=bucket, Key=obj["Key"])["Body"].read())
-                count += 1
-    return count
-
-
 def _finish(stack: LocalStack, follower: Follower | None, desc: dict[str, Any] | None, run_id: str, run_dir: Path,
             t_start: float, mirror_s3: bool = False) -> RunResult:
     """After the execution ends (or on any error): cleanup on abnormal ends, collect, write the run folder."""
@@ -828,7 +359,7 @@ def _finish(stack: LocalStack, follower: Follower | None, desc: dict[str, Any] |
         sfn = stack.moto.client("stepfunctions")
         if desc is not None and status in ("FAILED", "TIMED_OUT", "ABORTED"):
             try:
-                _cleanup(stack, desc)
+                run_cleanup(stack, desc)
             except Exception:
                 log.exception("Cleanup")
         stack.moto.dispatcher.drain(timeout=10)
@@ -854,7 +385,7 @@ def _finish(stack: LocalStack, follower: Follower | None, desc: dict[str, Any] |
             timing["acr"] = {"invocations": c.invocations, "forwarded": c.forwarded, "throttled": c.throttled,
                              "mean_forward_seconds": round(c.forward_seconds / max(1, c.forwarded), 4),
                              "max_forward_seconds": round(c.max_forward_seconds, 4)}
-        session_status = _session_status(stack, run_id)
+        session_status = training_session_status(stack, run_id)
         s3 = stack.moto.client("s3")
         for key in (f"runs/{run_id}/state.json", f"runs/{run_id}/config.json"):
             try:
@@ -945,37 +476,6 @@ def run(args: argparse.Namespace) -> int:
         return 130
     print(report(result))
     return 0 if result.status == "SUCCEEDED" else 1
-
-
-def report(result: RunResult) -> str:
-    """A few lines for the terminal."""
-    lines = [f"run {result.run_id}: {result.status} in {result.wall_seconds:.0f}s, {result.steps} steps -> {result.run_dir}"]
-    if result.rewards:
-        r = result.rewards
-        head, tail = r[:3], r[-3:]
-        lines.append(f"mean reward: first 3 steps {sum(head) / len(head):.3f}, last 3 steps {sum(tail) / len(tail):.3f}")
-    for e in result.evals:
-        lines.append(f"{eval_when(e['step'])}: accuracy {e['accuracy']:.3f}")
-    for ckpt in _checkpoints(result.run_dir):
-        lines.append(f"checkpoint at step {ckpt.get('step')} ({ckpt.get('reason')}): {ckpt.get('model_package_arn')}")
-    per = result.timing.get("per_step")
-    if per:
-        lines.append("per step (s): " + ", ".join(f"{k} {v:.2f}" for k, v in per.items()))
-    if result.session_status:
-        lines.append(f"training session: {result.session_status}")
-    if result.failure:
-        lines.append(f"FAILED in state {result.failure.state!r}: {result.failure.error}")
-        if result.failure.cause:
-            lines.append(f"cause: {result.failure.cause[:2000]}")
-    return "\n".join(lines)
-
-
-def _checkpoints(run_dir: Path) -> list[dict[str, Any]]:
-    """The run's saved checkpoints, as recorded in the run folder's ``state.json`` (none if absent)."""
-    try:
-        return list(json.loads((run_dir / "state.json").read_text()).get("checkpoints") or [])
-    except (OSError, ValueError):
-        return []
 
 
 def _interrupt(*_: Any) -> None:

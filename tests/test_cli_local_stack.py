@@ -25,7 +25,7 @@ RUN_ID = "cli-e2e"
 
 @pytest.fixture(scope="module")
 def stack():
-    from local.run import LocalStack
+    from local.stack import LocalStack
 
     s = LocalStack(bucket=f"stepwise-cli-{uuid.uuid4().hex[:10]}")
     try:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from local import engine
-from local.run import local_substitutions
+from local.stack import local_substitutions
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from local import report as report_module
 from local import run as run_module
 from stepwise_cli.commands import watch
 
@@ -12,20 +13,20 @@ def _result(run_dir, **kw):
     base = dict(run_id="r", status="SUCCEEDED", run_dir=run_dir, wall_seconds=12.0, steps=2, rewards=[0.25, 0.75],
                 evals=[{"step": 2, "accuracy": 1.0}], failure=None, timing={}, simulator_counters={},
                 session_status="Stopped", executions=[])
-    return run_module.RunResult(**{**base, **kw})
+    return report_module.RunResult(**{**base, **kw})
 
 
 def test_report_lists_each_checkpoint_from_the_run_state(tmp_path):
     (tmp_path / "state.json").write_text(json.dumps({"checkpoints": [
         {"step": 10, "reason": "save_every", "model_package_arn": "arn:aws:sagemaker:us-east-1:1:model-package/g/11"},
         {"step": 20, "reason": "final", "model_package_arn": "arn:aws:sagemaker:us-east-1:1:model-package/g/22"}]}))
-    text = run_module.report(_result(tmp_path))
+    text = report_module.report(_result(tmp_path))
     assert "checkpoint at step 10 (save_every): arn:aws:sagemaker:us-east-1:1:model-package/g/11" in text
     assert "checkpoint at step 20 (final): arn:aws:sagemaker:us-east-1:1:model-package/g/22" in text
 
 
 def test_report_without_a_state_file_lists_no_checkpoint(tmp_path):
-    assert "checkpoint" not in run_module.report(_result(tmp_path))
+    assert "checkpoint" not in report_module.report(_result(tmp_path))
 
 
 def test_the_progress_bar_and_watch_share_one_kept_groups():

@@ -1,0 +1,94 @@
+"""run-local's datasets: the files a config names, generated on first use, and their upload to moto's S3.
+
+``DATASET_GENERATORS`` maps a dataset file name to what makes it (the toy task's rows, GSM8K
+from the team's shared copy); ``upload_datasets`` points the config at ``s3://`` copies, as a
+user does before starting an execution on AWS.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from local import REPO_ROOT
+
+
+def _shared_data_dir() -> Path:
+    """``shared/`` beside the clone (CI) or the team's copy on this machine."""
+    for candidate in (REPO_ROOT.parent / "shared", Path("/work/shared")):
+        if (candidate / "data").is_dir():
+            return candidate / "data"
+    raise FileNotFoundError("no shared/data directory beside the clone (../shared/data) or at /work/shared/data")
+
+
+def _gen_toy(rows: int, seed: int) -> Callable[[Path], None]:
+    def gen(path: Path) -> None:
+        from prepare_datasets.prepare_toy import write_rows
+
+        write_rows(path, rows, seed)
+
+    return gen
+
+
+def _gen_gsm8k(split: str) -> Callable[[Path], None]:
+    def gen(path: Path) -> None:
+        from prepare_datasets.prepare_gsm8k import gsm8k_rows, write_rows
+
+        write_rows(gsm8k_rows(_shared_data_dir() / "gsm8k" / f"{split}.jsonl"), path)
+
+    return gen
+
+
+#: Dataset file name -> how to make it when the config names it and it does not exist yet.
+DATASET_GENERATORS: dict[str, Callable[[Path], None]] = {
+    "toy_train.jsonl": _gen_toy(rows=200, seed=0),
+    "toy_eval.jsonl": _gen_toy(rows=10, seed=1),
+    "toy_small.jsonl": _gen_toy(rows=40, seed=2),
+    "gsm8k_test.jsonl": _gen_gsm8k("test"),
+    "gsm8k_train.jsonl": _gen_gsm8k("train"),
+}
+
+
+def resolve_dataset(path_str: str, config_dir: Path) -> Path:
+    """A local dataset path (relative to the repo, then the config's folder); generated if a
+    known generator makes it. Raises FileNotFoundError naming what was tried."""
+    path = Path(path_str)
+    candidates = [path] if path.is_absolute() else [REPO_ROOT / path, config_dir / path, Path.cwd() / path]
+    for c in candidates:
+        if c.is_file():
+            return c
+    gen = DATASET_GENERATORS.get(path.name)
+    if gen is None:
+        raise FileNotFoundError(f"dataset {path_str!r} not found (tried {[str(c) for c in candidates]}) and no "
+                                f"generator for {path.name!r}; known: {sorted(DATASET_GENERATORS)}")
+    target = candidates[0]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    gen(target)
+    return target
+
+
+def upload_datasets(cfg: dict[str, Any], *, s3: Any, bucket: str, run_id: str, config_dir: Path) -> dict[str, Any]:
+    """Copy local dataset files to ``s3://bucket/datasets/{run_id}/`` and point the config at
+    them (as a user does before starting an execution on AWS). ``s3://`` paths are kept."""
+    out = dict(cfg)
+    for key in ("dataset_path", "eval_dataset_path"):
+        value = out.get(key)
+        if not value or str(value).startswith("s3://"):
+            continue
+        local = resolve_dataset(str(value), config_dir)
+        s3_key = f"datasets/{run_id}/{local.name}"
+        s3.upload_file(str(local), bucket, s3_key)
+        out[key] = f"s3://{bucket}/{s3_key}"
+    return out
+
+
+def planned_steps(config: Any, s3: Any, bucket: str, run_cfg: dict[str, Any]) -> int | None:
+    """The run's train steps (steps per epoch of the uploaded train set x epochs), for the
+    progress bar's total; None when the dataset cannot be read."""
+    try:
+        from stepwise.datasets import load_payloads
+
+        rows = len(load_payloads(run_cfg["dataset_path"], s3_client=s3))
+        return config.steps_per_epoch(rows) * config.epochs
+    except Exception:
+        return None

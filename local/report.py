@@ -1,0 +1,224 @@
+"""What run-local reports: metrics read off the step summaries, the failure, the timing split,
+the run folder's S3 mirror, the plot and the closing lines for the terminal."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from stepwise_cli.commands.watch import eval_when
+
+
+def _metric(summary: dict[str, Any], *names: str, contains: str | None = None) -> float | None:
+    flat = flatten(summary)
+    for n in names:
+        if isinstance(flat.get(n), (int, float)):
+            return float(flat[n])
+    if contains:
+        for k, v in flat.items():
+            if contains in k and isinstance(v, (int, float)) and not isinstance(v, bool):
+                return float(v)
+    return None
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "/"))
+        else:
+            out[key] = v
+    return out
+
+
+def mean_reward(summary: dict[str, Any]) -> float | None:
+    return _metric(summary, "sampler/mean_reward", "reward/mean", "mean_reward", contains="mean_reward")
+
+
+def eval_accuracy(summary: dict[str, Any]) -> float | None:
+    return _metric(summary, "eval/accuracy", "accuracy", contains="accuracy")
+
+
+@dataclass
+class Failure:
+    """Where an execution failed: the state whose error started it, and the final error."""
+
+    state: str | None
+    error: str | None
+    cause: str | None
+
+
+def failure_from_history(events: list[dict[str, Any]]) -> Failure:
+    """The first failing task/map state (and its error and cause) from an execution history,
+    falling back to the ExecutionFailed/Aborted/TimedOut event."""
+    current: str | None = None
+    for ev in events:
+        etype = ev["type"]
+        if etype.endswith("StateEntered"):
+            current = ev["stateEnteredEventDetails"]["name"]
+        details_key = next((k for k in ev if k.endswith("EventDetails") and k != "stateEnteredEventDetails"), None)
+        if etype in ("TaskFailed", "LambdaFunctionFailed", "TaskTimedOut", "MapRunFailed", "LambdaFunctionTimedOut",
+                     "ExecutionFailed", "ExecutionTimedOut", "ExecutionAborted", "MapStateFailed"):
+            det = ev.get(details_key, {}) if details_key else {}
+            return Failure(current, det.get("error") or etype, det.get("cause"))
+    return Failure(current, None, None)
+
+
+@dataclass
+class RunResult:
+    """What ``run_local`` reports."""
+
+    run_id: str
+    status: str
+    run_dir: Path
+    wall_seconds: float
+    steps: int
+    rewards: list[float]
+    evals: list[dict[str, Any]]
+    failure: Failure | None
+    timing: dict[str, Any]
+    simulator_counters: dict[str, Any]
+    session_status: str | None
+    executions: list[str]
+
+
+_TRAIN_STATES = ("Submit training step", "Wait for training step", "Check training step", "Training step done?",
+                 "Rebind sampler to new weights", "Sampler rebound?", "Wait for sampler")
+_EVAL_CKPT_STATES = ("Record eval accuracy", "Save checkpoint", "Checkpoint saved?", "Wait for checkpoint")
+
+
+def timing_split(events: list[dict[str, Any]], steps: int) -> dict[str, Any]:
+    """Seconds per category from one execution history (state entered -> next state entered).
+
+    Categories: rollouts (the train Map), eval_rollouts (Maps followed by eval bookkeeping),
+    advantages, training (submit/poll/rebind), eval_checkpoint, orchestration (planning,
+    choices, session start and everything else). ``per_step`` divides by ``steps``.
+    """
+    spans: list[tuple[str, float]] = []
+    entered: list[tuple[str, datetime]] = [
+        (ev["stateEnteredEventDetails"]["name"], ev["timestamp"]) for ev in events if ev["type"].endswith("StateEntered")
+    ]
+    end = events[-1]["timestamp"] if events else None
+    for i, (name, t0) in enumerate(entered):
+        t1 = entered[i + 1][1] if i + 1 < len(entered) else end
+        spans.append((name, (t1 - t0).total_seconds()))
+    out = {"rollouts": 0.0, "eval_rollouts": 0.0, "advantages": 0.0, "training": 0.0, "eval_checkpoint": 0.0,
+           "orchestration": 0.0, "session_start": 0.0}
+    for i, (name, secs) in enumerate(spans):
+        if name == "Roll out generation batch":
+            following = next((n for n, _ in spans[i + 1:] if not n.endswith("?")), "")
+            out["eval_rollouts" if following == "Record eval accuracy" else "rollouts"] += secs
+        elif name == "Compute advantages and filter groups":
+            out["advantages"] += secs
+        elif name in _TRAIN_STATES:
+            out["training"] += secs
+        elif name in _EVAL_CKPT_STATES:
+            out["eval_checkpoint"] += secs
+        elif name in ("Initialize run", "Is the training session ready?", "Wait for training session",
+                      "Check training session"):
+            out["session_start"] += secs
+        else:
+            out["orchestration"] += secs
+    total = sum(out.values())
+    result: dict[str, Any] = {"total_seconds": round(total, 3), "steps": steps,
+                              "seconds": {k: round(v, 3) for k, v in out.items()}}
+    if steps:
+        train_keys = ("rollouts", "advantages", "training", "orchestration")
+        result["per_step"] = {k: round(out[k] / steps, 3) for k in train_keys}
+        result["per_step"]["wall"] = round(sum(out[k] for k in train_keys) / steps, 3)
+    return result
+
+
+def lambda_stats(invocations: list[Any]) -> dict[str, dict[str, float]]:
+    """Per function: invocation count, errors, total and mean seconds (in-process handler time), and
+    the largest memory growth one invocation was measured at (``peak_mb``, `local.limits`)."""
+    out: dict[str, dict[str, float]] = {}
+    for inv in invocations:
+        name = inv.function_name.rsplit("-", 1)[-1]
+        st = out.setdefault(name, {"count": 0, "errors": 0, "seconds": 0.0, "peak_mb": 0.0})
+        st["count"] += 1
+        st["errors"] += 1 if inv.error else 0
+        st["seconds"] += inv.seconds
+        st["peak_mb"] = round(max(st["peak_mb"], getattr(inv, "peak_mb", 0.0)), 1)
+    for st in out.values():
+        st["mean_seconds"] = round(st["seconds"] / st["count"], 4)
+        st["seconds"] = round(st["seconds"], 3)
+    return out
+
+
+def s3_requests_per_rollout(counts: dict[str, int], rollouts: int) -> dict[str, Any]:
+    """The run's S3 requests (``{"OP kind": n}`` from `local.engine.S3RequestLog`) with totals per
+    operation and, when ``rollouts`` > 0, per rollout (every request of the run divided by the
+    rollouts it ran: Init's and the steps' own requests are a few percent of it)."""
+    by_op: dict[str, int] = {}
+    for name, n in counts.items():
+        op = name.split(" ", 1)[0]
+        by_op[op] = by_op.get(op, 0) + n
+    out: dict[str, Any] = {"rollouts": rollouts, "total": sum(counts.values()), "by_operation": by_op,
+                           "by_kind": counts}
+    if rollouts:
+        out["per_rollout"] = {op: round(n / rollouts, 2) for op, n in sorted(by_op.items())}
+        out["per_rollout"]["total"] = round(out["total"] / rollouts, 2)
+        out["per_rollout_by_kind"] = {k: round(n / rollouts, 2) for k, n in counts.items()}
+    return out
+
+
+def plot(run_dir: Path, rewards: list[tuple[int, float]], evals: list[tuple[int, float]],
+         steps: dict[int, dict[str, Any]] | None = None) -> Path | None:
+    """``reward.png``: mean training reward per step and eval accuracy (the baseline at step 0
+    included), and a second panel of the behaviour metrics of the step summaries
+    (`stepwise_cli.commands.watch.write_plot`, the plot `stepwise watch --plot` draws)."""
+    if not rewards and not evals:
+        return None
+    from stepwise_cli.commands.watch import behaviour_curves, write_plot
+
+    return write_plot(run_dir / "reward.png", rewards, evals, run_dir.name, behaviour_curves(steps or {}))
+
+
+def mirror_run_objects(s3: Any, bucket: str, run_id: str, target: Path) -> int:
+    """Copy ``runs/{run_id}/`` and ``rollout-results/{run_id}/`` to ``target``; returns the object count."""
+    count = 0
+    paginator = s3.get_paginator("list_objects_v2")
+    for prefix in (f"runs/{run_id}/", f"rollout-results/{run_id}/"):
+        for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
+            for obj in page.get("Contents", []):
+                path = target / obj["Key"]
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(s3.get_object(Bucket=bucket, Key=obj["Key"])["Body"].read())
+                count += 1
+    return count
+
+
+def report(result: RunResult) -> str:
+    """A few lines for the terminal."""
+    lines = [f"run {result.run_id}: {result.status} in {result.wall_seconds:.0f}s, {result.steps} steps -> {result.run_dir}"]
+    if result.rewards:
+        r = result.rewards
+        head, tail = r[:3], r[-3:]
+        lines.append(f"mean reward: first 3 steps {sum(head) / len(head):.3f}, last 3 steps {sum(tail) / len(tail):.3f}")
+    for e in result.evals:
+        lines.append(f"{eval_when(e['step'])}: accuracy {e['accuracy']:.3f}")
+    for ckpt in _checkpoints(result.run_dir):
+        lines.append(f"checkpoint at step {ckpt.get('step')} ({ckpt.get('reason')}): {ckpt.get('model_package_arn')}")
+    per = result.timing.get("per_step")
+    if per:
+        lines.append("per step (s): " + ", ".join(f"{k} {v:.2f}" for k, v in per.items()))
+    if result.session_status:
+        lines.append(f"training session: {result.session_status}")
+    if result.failure:
+        lines.append(f"FAILED in state {result.failure.state!r}: {result.failure.error}")
+        if result.failure.cause:
+            lines.append(f"cause: {result.failure.cause[:2000]}")
+    return "\n".join(lines)
+
+
+def _checkpoints(run_dir: Path) -> list[dict[str, Any]]:
+    """The run's saved checkpoints, as recorded in the run folder's ``state.json`` (none if absent)."""
+    try:
+        return list(json.loads((run_dir / "state.json").read_text()).get("checkpoints") or [])
+    except (OSError, ValueError):
+        return []

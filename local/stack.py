@@ -1,0 +1,242 @@
+"""run-local's stack: moto, the SageMaker simulator, the gateway and the ACR emulator, started and stopped.
+
+``LocalStack.start`` starts every service on free loopback ports, points the environment at
+them (restored by ``stop``) and creates the stack's resources (functions, bucket notification,
+state machine) as the CDK stack creates them. ``run_cleanup`` stands in for the stack's
+EventBridge rule, which moto does not deliver to Lambda.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from local import REPO_ROOT
+from local._proc import restore_env, stop_process
+from local.workers import WorkerPool, workers_from_env
+from stepwise.clients import ENV_MAX_POOL_CONNECTIONS
+
+log = logging.getLogger("stepwise.run_local")
+
+LOCAL_ROLE_ARN = "arn:aws:iam::123456789012:role/stepwise-local-sagemaker"
+
+
+class SimulatorProcess:
+    """The simulator in its own process (``stepwise simulator --port 0``), so the tiny model's
+    torch work runs beside, not inside, the process that hosts moto and the handlers.
+
+    Same surface as ``local.simulator.SimulatorHandle`` where the runner needs it: ``url``,
+    ``env``, ``counters`` and ``session_statuses`` (read from ``/_simulator/state``), ``stop()``.
+    """
+
+    def __init__(self, *, region: str, log_path: Path | None = None, options: dict[str, Any] | None = None,
+                 timeout: float = 120.0):
+        import re
+        import subprocess
+
+        args = [sys.executable, "-m", "stepwise_cli", "simulator", "--port", "0",
+                "--region", region]
+        for key, value in (options or {}).items():
+            flag = f"--{key.replace('_', '-')}"
+            if value is True:
+                args.append(flag)
+            elif value is not False and value is not None:
+                args += [flag, str(value)]
+        self._log = log_path.open("a") if log_path else None
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self._log, text=True, cwd=str(REPO_ROOT))
+        self.url = ""
+        self.env: dict[str, str] = {}
+        deadline = time.monotonic() + timeout
+        assert self.proc.stdout is not None
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"simulator exited (code {self.proc.poll()}) before serving")
+            m = re.search(r"simulator on (http://\S+)", line)
+            if m:
+                self.url = m.group(1)
+            m = re.match(r"export (\w+)=(\S+)", line.strip())
+            if m:
+                self.env[m.group(1)] = m.group(2).strip("'\"")
+            if "Ctrl-C" in line:
+                break
+        if not self.url:
+            self.stop()
+            raise RuntimeError("simulator did not report its URL")
+        for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "AWS_REGION"):
+            self.env.pop(key, None)  # credentials and region stay the runner's
+
+    def state(self) -> dict[str, Any]:
+        import urllib.request
+
+        with urllib.request.urlopen(f"{self.url}/_simulator/state", timeout=10) as resp:
+            return json.loads(resp.read())
+
+    @property
+    def counters(self) -> dict[str, Any]:
+        return dict(self.state().get("counters", {}))
+
+    def stop(self) -> None:
+        stop_process(self.proc, self._log, timeout=15)
+
+
+@dataclass
+class LocalStack:
+    """Every local service of one run; ``stop()`` ends them all (idempotent)."""
+
+    bucket: str
+    moto: Any = None
+    simulator: Any = None
+    gateway: Any = None
+    acr: Any = None
+    resources: Any = None
+    simulator_in_process: bool = False
+    _saved_env: dict[str, str | None] = field(default_factory=dict)
+
+    def set_env(self, env: dict[str, str]) -> None:
+        for key, value in env.items():
+            self._saved_env.setdefault(key, os.environ.get(key))
+            os.environ[key] = value
+
+    def start(self, *, tps_limit: float | None, simulator_options: dict[str, Any] | None = None,
+              acr_faults: dict[str, int] | None = None, log_dir: Path | None = None) -> "LocalStack":
+        from local import engine
+        from local.acr import AcrEmulator, Faults
+        from local.gateway import GatewayProcess
+        from local.simulator import start_simulator
+
+        # Every handler of the Map runs in this process on shared clients: size their pools (and the
+        # gateway's, which inherits this environment) to the concurrency the run will drive.
+        self.set_env({ENV_MAX_POOL_CONNECTIONS: os.environ.get(ENV_MAX_POOL_CONNECTIONS) or
+                      str(local_pool_size(tps_limit))})
+        self.moto = engine.MotoServer().start()
+        if n_workers := workers_from_env():
+            # the handlers off moto's GIL (local/workers.py), importing while the other services start;
+            # their output goes where quiet mode sends the handlers' (every invocation carries the env)
+            self.moto.dispatcher.workers = WorkerPool(n_workers, log_path=str(log_dir / "lambdas.log") if log_dir else None)
+        if self.simulator_in_process:
+            self.simulator = start_simulator(port=0, **(simulator_options or {}))
+        else:
+            self.simulator = SimulatorProcess(region=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
+                                              log_path=log_dir / "simulator.log" if log_dir else None,
+                                              options=simulator_options)
+        self.set_env(dict(self.simulator.env))
+        self.set_env({"STEPWISE_BUCKET": self.bucket})
+        # Loopback gateway: a streamed turn lands within ms of [DONE]; the 1 s default grace sat on
+        # every rollout's critical path (FinishRollout sleeps it). A value set by the user wins.
+        self.set_env({"STEPWISE_TURN_GRACE_SECONDS": os.environ.get("STEPWISE_TURN_GRACE_SECONDS", "0.2")})
+        engine.create_bucket(self.moto, self.bucket, result_function_arn=None)
+        self.gateway = GatewayProcess(dict(os.environ), log_path=str(log_dir / "gateway.log") if log_dir else None)
+        self.set_env({"STEPWISE_GATEWAY_URL": self.gateway.url})
+        # ACR scoped as the stack's IAM grant scopes it: the stack's region, or its allow-list.
+        from stepwise.preflight import StackScope
+
+        allowed = StackScope.from_env().agent_runtime_arns  # STEPWISE_AGENT_RUNTIME_ARNS, read as Init reads it
+        self.acr = AcrEmulator(tps_limit=tps_limit, faults=Faults(**(acr_faults or {})),
+                               agent_env=engine.endpoint_env(self.moto.endpoint),
+                               log_dir=str(log_dir) if log_dir else None, region=engine.REGION,
+                               allowed_runtime_arns=allowed).start()
+        self.set_env(self.acr.env)
+        if self.moto.dispatcher.workers is not None:
+            self.moto.dispatcher.workers.wait()
+        self.resources = create_resources(self.moto, self.bucket)
+        return self
+
+    def stop(self) -> None:
+        for name in ("acr", "gateway"):
+            part = getattr(self, name)
+            if part is not None:
+                try:
+                    part.stop()
+                except Exception:  # keep stopping the rest
+                    log.exception("stopping %s", name)
+                setattr(self, name, None)
+        if self.moto is not None:
+            self.moto.dispatcher.drain(timeout=10)
+            if self.moto.dispatcher.workers is not None:
+                self.moto.dispatcher.workers.stop()
+                self.moto.dispatcher.workers = None
+        if self.simulator is not None:
+            try:
+                self.simulator.stop()
+            except Exception:
+                log.exception("stopping the simulator")
+            self.simulator = None
+        if self.moto is not None:
+            self.moto.stop()
+            self.moto = None
+        restore_env(self._saved_env)
+
+
+def local_pool_size(tps_limit: float | None) -> int:
+    """Connections per client and host for the local stack: two per rollout the Map may run at
+    once (PlanStep's bound: ``acr_tps_limit`` x CONCURRENCY_PER_TPS, at most MAX_MAP_CONCURRENCY;
+    StartRollout's or FinishRollout's call plus OnRolloutResult's), plus the parent's tasks."""
+    from stepwise.handlers.plan import CONCURRENCY_PER_TPS, MAX_MAP_CONCURRENCY
+
+    concurrency = MAX_MAP_CONCURRENCY if not tps_limit else min(MAX_MAP_CONCURRENCY,
+                                                                  math.ceil(tps_limit * CONCURRENCY_PER_TPS))
+    return 2 * concurrency + 16
+
+
+def local_substitutions(function_arns: dict[str, str], bucket: str) -> dict[str, str]:
+    """The state machine's substitutions, computed exactly as the stack computes them."""
+    from infra.definition import substitutions
+
+    return substitutions(function_arns=function_arns, bucket_name=bucket)
+
+
+def create_resources(moto: Any, bucket: str, *, state_machine_name: str = "stepwise-training-loop") -> Any:
+    """Functions, bucket notification and state machine, as the stack creates them."""
+    from local import engine
+    from state_machine.definition import render_definition
+
+    arns = engine.create_functions(moto)
+    engine.create_bucket(moto, bucket, result_function_arn=arns["OnRolloutResult"])
+    definition = render_definition(local_substitutions(arns, bucket))
+    sm_arn = engine.create_state_machine(moto, state_machine_name, definition)
+    return engine.LocalResources(bucket=bucket, state_machine_arn=sm_arn, function_arns=arns, definition=definition)
+
+
+def run_cleanup(stack: LocalStack, execution: dict[str, Any]) -> None:
+    """What the stack's EventBridge rule does on an abnormal end: run Cleanup with the event."""
+    event = {
+        "version": "0", "id": str(uuid.uuid4()), "source": "aws.states",
+        "detail-type": "Step Functions Execution Status Change",
+        "account": "123456789012", "region": os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
+        "time": datetime.now(timezone.utc).isoformat(), "resources": [execution["executionArn"]],
+        "detail": {"executionArn": execution["executionArn"], "stateMachineArn": execution.get("stateMachineArn"),
+                   "name": execution.get("name"), "status": execution["status"],
+                   "input": execution.get("input"), "output": None},
+    }
+    lam = stack.moto.client("lambda")
+    resp = lam.invoke(FunctionName=stack.resources.function_arns["Cleanup"], Payload=json.dumps(event).encode())
+    if resp.get("FunctionError"):
+        log.error("Cleanup failed: %s", resp["Payload"].read()[:2000])
+
+
+def simulator_sessions(simulator: Any) -> dict[str, str]:
+    """Session name -> status, from the simulator (in-process handle or process)."""
+    if hasattr(simulator, "state"):
+        return dict(simulator.state().get("sessions", {}))
+    return dict(simulator.simulator.session_statuses())
+
+
+def training_session_status(stack: LocalStack, run_id: str) -> str | None:
+    """The run's training session status (name from state.json, status from the simulator)."""
+    try:
+        s3 = stack.moto.client("s3")
+        state = json.loads(s3.get_object(Bucket=stack.bucket, Key=f"runs/{run_id}/state.json")["Body"].read())
+        return simulator_sessions(stack.simulator).get(state["training_session_name"])
+    except Exception as exc:
+        log.warning("could not read the training session status: %s", exc)
+        return None
