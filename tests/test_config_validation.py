@@ -122,6 +122,8 @@ BAD_VALUES = [
     ("clip_high_threshold", 0.5, "between 1 and 10"),
     ("clip_high_threshold", 11.0, "between 1 and 10"),
     ("max_num_gen_batches", 0, "greater than or equal to 1"),
+    ("max_staleness", -1, "greater than or equal to 0"),
+    ("max_staleness", 2, "overlaps a step's training with the next step's rollouts"),
     ("overlong_buffer_len", -1, "greater than or equal to 0"),
     ("overlong_buffer_len", 262144, "max_tokens_per_rollout (262144)"),
     ("overlong_penalty_factor", -1.0, "greater than or equal to 0"),

@@ -246,6 +246,13 @@ class RunConfig(BaseModel):
         description="DAPO: generation batches per step before giving up (checkpoint and stop); bounded so one "
         "step's batches fit in one execution's 25,000-event history",
     )
+    max_staleness: int = Field(
+        0, ge=0,
+        description="policy versions a trained batch may lag the policy it updates: 0 = strict on-policy (the "
+        "reference loop: roll out, then train); 1 = the next step's rollouts run on the current sampler while "
+        "this step trains and rebinds (one Parallel state), and the losses correct for the lag with the "
+        "sampling logprobs the datums carry. At most 1",
+    )
     overlong_buffer_len: int = Field(0, ge=0, description="DAPO overlong shaping buffer L_cache in tokens; 0 = off")
     overlong_penalty_factor: float = Field(1.0, ge=0, description="DAPO overlong shaping scale")
     save_weights_at_end: bool = Field(False, description="also save sampler weights (save_weights) at the end")
@@ -436,6 +443,19 @@ class RunConfig(BaseModel):
         lo, hi = (0.0, 1.0) if info.field_name == "clip_low_threshold" else (1.0, 10.0)
         if not (math.isfinite(v) and lo <= v <= hi):
             raise ValueError(f"must be between {lo:g} and {hi:g} (the service's accepted range)")
+        return v
+
+    @field_validator("max_staleness")
+    @classmethod
+    def _staleness(cls, v: int) -> int:
+        from stepwise.core.staleness import MAX_SUPPORTED_STALENESS
+
+        if v > MAX_SUPPORTED_STALENESS:
+            raise ValueError(
+                f"max_staleness {v} is not supported: one Parallel state overlaps a step's training with the next "
+                f"step's rollouts, so a batch lags by at most {MAX_SUPPORTED_STALENESS} policy version; use 0 "
+                f"(on-policy) or {MAX_SUPPORTED_STALENESS}"
+            )
         return v
 
     @field_validator("overlong_buffer_len")

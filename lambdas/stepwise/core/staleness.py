@@ -1,0 +1,122 @@
+"""Overlapped steps (``max_staleness`` >= 1): which policy versions a batch may mix, and what the overlap costs.
+
+With ``max_staleness`` 0 (the reference loop, `train_grpo.py`) a step rolls out on policy version
+``v`` and trains on it, so its datums are exactly on-policy. With 1, the rollouts of step ``n+1``
+sample on version ``v`` while step ``n`` trains and rebinds to ``v+1`` (one Parallel state,
+DESIGN.md section 9); step ``n+1`` then updates version ``v+1`` with datums sampled on ``v``. The
+datums carry the sampling logprobs (`stepwise.core.datums`: the reference's ``logprobs`` loss
+input), so the ``importance_sampling``, ``ppo`` and ``cispo`` losses weight each token by
+``exp(logprob_now - logprob_sampled)`` and correct for the lag; one version of lag is the
+"one-step off-policy" of verl / AReaL / PipelineRL.
+
+Everything here is pure (no I/O): the planner asks `roll_out_ahead_blocker`, ComputeAdvantages
+calls `check_staleness` and reports `staleness_metrics`, Rebind reports `session_time_metrics`.
+
+Staleness of a rollout = ``trained_version - sampled_version``: how many optimizer steps the
+policy that receives the update has moved since the rollout sampled. Units: policy versions
+(``RunState.policy_version``, one per optimizer step applied).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+#: The largest ``max_staleness`` the state machine implements: one Parallel state overlaps one
+#: training step with the next step's rollouts, so nothing can lag by two versions.
+MAX_SUPPORTED_STALENESS = 1
+
+
+class StalenessExceeded(RuntimeError):
+    """A batch about to be trained holds rollouts older than ``max_staleness`` versions (or sampled
+    on a version newer than the policy they would update): training on it would break the run's
+    off-policy bound. Raised by ComputeAdvantages before any datum is written."""
+
+
+def staleness_R(sampled_versions_R: Sequence[int | None], trained_version: int) -> list[int]:
+    """Per rollout, ``trained_version - sampled_version`` (policy versions; 0 = on-policy).
+
+    Args:
+        sampled_versions_R: the policy version each rollout sampled with (its rollout record's
+            ``policy_version``); None = a record written before rollouts recorded it, which only
+            the on-policy loop produced, so it counts as ``trained_version``.
+        trained_version: the policy version the batch's update is applied to (``state.policy_version``
+            when ComputeAdvantages runs).
+    """
+    return [trained_version - (trained_version if v is None else int(v)) for v in sampled_versions_R]
+
+
+def check_staleness(sampled_versions_R: Sequence[int | None], trained_version: int, max_staleness: int,
+                    *, where: str = "the batch") -> None:
+    """The assertion ComputeAdvantages makes before it writes datums: every rollout sampled on a
+    version in ``[trained_version - max_staleness, trained_version]``.
+
+    Raises:
+        StalenessExceeded: naming how many rollouts are too old or from the future, and the versions.
+    """
+    lags = staleness_R(sampled_versions_R, trained_version)
+    too_old = [lag for lag in lags if lag > max_staleness]
+    future = [lag for lag in lags if lag < 0]
+    if too_old or future:
+        versions = sorted({trained_version - lag for lag in lags})
+        parts = []
+        if too_old:
+            parts.append(f"{len(too_old)} rollout(s) {max(too_old)} version(s) old (max_staleness {max_staleness})")
+        if future:
+            parts.append(f"{len(future)} rollout(s) sampled on a version newer than the policy they would update")
+        raise StalenessExceeded(f"{where} would update policy version {trained_version} with "
+                                f"{' and '.join(parts)}; sampled versions {versions}")
+
+
+def staleness_metrics(sampled_versions_R: Sequence[int | None], trained_version: int) -> dict[str, float]:
+    """``staleness/max``, ``staleness/mean`` (policy versions) and ``staleness/stale_fraction`` (rollouts
+    sampled on an older version) of the rollouts a step trains on; ``{}`` when there are none."""
+    lags = staleness_R(sampled_versions_R, trained_version)
+    if not lags:
+        return {}
+    return {"staleness/max": float(max(lags)), "staleness/mean": sum(lags) / len(lags),
+            "staleness/stale_fraction": sum(1 for lag in lags if lag > 0) / len(lags)}
+
+
+def roll_out_ahead_blocker(*, max_staleness: int, finishing: bool, save_due: bool, segment_ends: bool) -> str | None:
+    """Why the next step's first generation batch may NOT be rolled out while this step trains, or None.
+
+    Args:
+        max_staleness: the run's bound (0 = never overlap).
+        finishing: no next training step (epochs done, data exhausted, a stop reason set).
+        save_due: a ``save_every`` checkpoint comes before the next step: the checkpoint records the
+            dataset cursor a resume rewinds to, which must not include a batch rolled out ahead.
+        segment_ends: the execution continues as a new one before the next step
+            (``steps_per_execution``): the next execution starts that step on its own.
+
+    Evals due before the next step do not block: the eval runs after the rebind, on the new policy,
+    and the batch rolled out ahead waits for it in ``state.json``.
+    """
+    if max_staleness < 1:
+        return "max_staleness 0"
+    if finishing:
+        return "no next training step"
+    if save_due:
+        return "a save_every checkpoint comes first"
+    if segment_ends:
+        return "the execution continues as a new one first"
+    return None
+
+
+def session_time_metrics(*, train_started_at: float, rebound_at: float, previous_end: float | None) -> dict[str, float]:
+    """How long the training session was busy and idle during one step, in seconds.
+
+    Busy = from the step's first training operation submitted to its sampler rebound (forward_backward,
+    optim_step, save_weights, load_weights_for_sampling and the polls between them: the session's
+    billed work as the state machine sees it). Idle = the rest of the step's wall time, from the
+    previous step's rebind (``previous_end``; None = the step's start is unknown, so no idle figure):
+    rollouts, advantages and orchestration, all billed too. Overlapped steps shrink the idle part.
+
+    Returns ``{"time/session_busy", "time/session_idle", "time/step_wall"}`` (idle and wall only when
+    ``previous_end`` is given; idle is never negative).
+    """
+    busy = max(0.0, rebound_at - train_started_at)
+    out = {"time/session_busy": busy}
+    if previous_end is not None:
+        wall = max(busy, rebound_at - previous_end)
+        out.update({"time/session_idle": wall - busy, "time/step_wall": wall})
+    return out
