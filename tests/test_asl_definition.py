@@ -18,6 +18,8 @@ def _walk(states: dict[str, Any], depth: int = 0) -> Iterator[tuple[str, dict[st
         yield name, st, depth
         if st.get("Type") == "Map":
             yield from _walk(st["ItemProcessor"]["States"], depth + 1)
+        for branch in st.get("Branches", []):
+            yield from _walk(branch["States"], depth + 1)
 
 
 def _all_strings(obj: Any) -> Iterator[str]:
@@ -65,6 +67,8 @@ def test_every_transition_targets_an_existing_state_and_every_state_is_reachable
             if st["Type"] == "Map":
                 proc = st["ItemProcessor"]
                 check(proc["States"], proc["StartAt"])
+            for branch in st.get("Branches", []):
+                check(branch["States"], branch["StartAt"])
         assert set(states) == targets, f"unreachable: {set(states) - targets}"
 
     asl = load_asl()
@@ -105,3 +109,47 @@ def test_render_refuses_missing_placeholders() -> None:
     with pytest.raises(KeyError, match="BucketName"):
         render_definition({f"{s.name}FunctionArn": "arn:x" for s in FUNCTIONS})
     assert "${InitFunctionArn}" in load_definition()
+
+
+def _names(states: dict[str, Any]) -> list[str]:
+    """Every state name of a machine, its Parallel branches and Map children included."""
+    return [name for name, _, _ in _walk(states)]
+
+
+def test_overlapped_step_is_a_parallel_of_training_and_the_next_steps_rollouts() -> None:
+    """max_staleness 1 (issue 17): one Parallel state, visible in the console graph, trains and rebinds
+    this step while the next step's first generation batch rolls out; failures take the stop path."""
+    states = load_asl()["States"]
+    names = _names(states)
+    assert len(names) == len(set(names)), "state names are unique across the machine (asl-validator refuses repeats)"
+    enough = states["Enough groups to train?"]
+    overlap = enough["Choices"][0]
+    assert overlap["Next"] == "Train this step while rolling out the next"
+    assert {"Variable": "$.advantages.roll_out_next", "IsPresent": True} in overlap["And"]  # absent = sequential
+    assert enough["Choices"][1] == {"Variable": "$.advantages.decision", "StringEquals": "train",
+                                    "Next": "Submit training step"}
+    par = states["Train this step while rolling out the next"]
+    assert par["Type"] == "Parallel" and par["ResultPath"] is None and par["Next"] == "Plan next action"
+    assert par["Catch"] == [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.error", "Next": STOP_ON_FAILURE}]
+    train, roll = par["Branches"]
+    resources = {st.get("Resource") for st in train["States"].values()}
+    assert {"${SubmitTrainFunctionArn}", "${PollOperationFunctionArn}", "${RebindFunctionArn}"} <= resources
+    plan = roll["States"][roll["StartAt"]]
+    assert plan["Resource"] == "${PlanStepFunctionArn}" and plan["Parameters"]["ahead_of_step.$"] == "$.advantages.step"
+    ahead_map = roll["States"]["Roll out the next step's generation batch"]
+    sequential_map = states["Roll out generation batch"]
+    # the same rollout children, their states renamed (names are unique machine-wide)
+    rename = {"Start a rollout of the next step": "Start rollout", "Finish a rollout of the next step": "Finish rollout"}
+    ahead_children = json.loads(json.dumps(ahead_map["ItemProcessor"]))
+    for old, new in rename.items():
+        ahead_children["States"][new] = ahead_children["States"].pop(old)
+    ahead_children = json.loads(json.dumps(ahead_children).replace(
+        '"Finish a rollout of the next step"', '"Finish rollout"').replace(
+        '"Start a rollout of the next step"', '"Start rollout"'))
+    assert ahead_children == sequential_map["ItemProcessor"]
+    assert ahead_map["ItemReader"] == sequential_map["ItemReader"] and ahead_map["ResultPath"] is None
+    # the batch rolled out ahead goes straight to its advantages after the next PlanStep
+    assert {"Variable": "$.plan.action", "StringEquals": "rolled_out", "Next": "Train or eval batch?"} in \
+        states["What comes next?"]["Choices"]
+    for st in [*train["States"].values(), *roll["States"].values()]:
+        assert "Catch" not in st, "a branch's failure must reach the Parallel's Catch (the stop path)"
