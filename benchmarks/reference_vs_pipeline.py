@@ -15,8 +15,17 @@ emulator (``local/acr.py``), with the same agent logic (``local/agents/toy_task`
   agent processes); per-step wall time = time between step summaries, as its progress bar shows,
   and ``timing.json``'s split.
 
-Usage: ``python -m benchmarks.reference_vs_pipeline --steps 8 [--which ref|pipeline|both]``.
-Prints a table and writes ``runs-bench/reference_vs_pipeline.json``.
+Both loops run the pipeline at each ``--max-staleness`` (default ``0,1``: today's on-policy loop and
+the overlapped steps of issue 17) in the same invocation, side by side. ``--latency KIND=SECONDS``
+(repeatable) is the simulator's own latency injection (``stepwise simulator --latency``), given
+alike to the reference's and to the pipeline's simulator: ``--latency forward_backward=3 --latency
+optim_step=2`` makes a step's training last about as long as a generation batch's rollouts, as a
+20B LoRA's does on AWS, where the toy model trains in well under a second.
+
+Usage: ``python -m benchmarks.reference_vs_pipeline --steps 8 [--which ref|pipeline|both]
+[--max-staleness 0,1] [--latency forward_backward=3 --latency optim_step=2]``.
+Prints a table (median s/step and the ratio to the reference) and writes
+``runs-bench/reference_vs_pipeline.json``.
 """
 
 from __future__ import annotations
@@ -86,8 +95,11 @@ def reference_config(cfg: dict[str, Any], *, steps: int, evals: bool) -> Any:
                   s3_output_path="s3://stepwise-simulator/output", agent_runtime_arn=REF_AGENT_ARN, **kw)
 
 
-def run_reference(cfg: dict[str, Any], *, steps: int, out: Path, evals: bool = False) -> dict[str, Any]:
-    """Run ``train_grpo.train`` (unmodified) against the simulator + ACR emulator; per-step figures."""
+def run_reference(cfg: dict[str, Any], *, steps: int, out: Path, evals: bool = False,
+                  latency: dict[str, float] | None = None) -> dict[str, Any]:
+    """Run ``train_grpo.train`` (unmodified) against the simulator + ACR emulator; per-step figures.
+
+    ``latency``: simulator latency per operation kind or API, seconds (``{"optim_step": 2.0}``)."""
     from agentcore_rl_toolkit.backends.experimental.sagemaker import train_grpo
     from local.acr import AcrEmulator
     from local.stack import SimulatorProcess
@@ -101,7 +113,7 @@ def run_reference(cfg: dict[str, Any], *, steps: int, out: Path, evals: bool = F
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
     os.environ.setdefault("AWS_DEFAULT_REGION", region)
     # The simulator in its own process, exactly as run-local starts it.
-    sim = SimulatorProcess(region=region)
+    sim = SimulatorProcess(region=region, options={"latency": latency} if latency else None)
     out.mkdir(parents=True, exist_ok=True)
     acr = AcrEmulator({REF_AGENT_ARN: "benchmarks.ref_agent:app"}, tps_limit=cfg.get("acr_tps_limit"),
                       log_dir=str(out))
@@ -128,31 +140,91 @@ def run_reference(cfg: dict[str, Any], *, steps: int, out: Path, evals: bool = F
             "optim_steps": counters.get("optim_step"), "acr": acr_counters, "load_average": load_average()}
 
 
-def run_pipeline(config_path: Path, *, steps: int, out: Path, evals: bool = False) -> dict[str, Any]:
-    """Run ``stepwise run-local`` for ``steps`` steps; per-step figures from its run folder."""
+def parse_latency(specs: list[str]) -> dict[str, float]:
+    """``["forward_backward=3", "optim_step=2"]`` -> ``{"forward_backward": 3.0, "optim_step": 2.0}``.
+
+    Raises:
+        ValueError: a spec is not ``KIND=SECONDS`` with a number >= 0, or names a kind twice.
+    """
+    out: dict[str, float] = {}
+    for spec in specs:
+        kind, sep, seconds = spec.partition("=")
+        try:
+            value = float(seconds)
+        except ValueError:
+            value = -1.0
+        if not sep or not kind or not value >= 0:
+            raise ValueError(f"--latency {spec!r}: expected KIND=SECONDS (seconds >= 0), e.g. optim_step=2")
+        if kind in out:
+            raise ValueError(f"--latency names {kind!r} twice")
+        out[kind] = value
+    return out
+
+
+def run_pipeline(config_path: Path, *, steps: int, out: Path, evals: bool = False, max_staleness: int = 0,
+                 latency: dict[str, float] | None = None) -> dict[str, Any]:
+    """Run ``stepwise run-local`` for ``steps`` steps at ``max_staleness``; per-step figures from its run folder.
+
+    ``latency``: as `run_reference`'s, given to the run's simulator."""
     from local.run import run_local
 
     cfg = json.loads(config_path.read_text())
     # the reference loop has no baseline eval before training: compare like with like
-    overrides: dict[str, Any] = {"max_prompts": steps * int(cfg["batch_size"]), "eval_before_train": False}
+    overrides: dict[str, Any] = {"max_prompts": steps * int(cfg["batch_size"]), "eval_before_train": False,
+                                 "max_staleness": max_staleness}
     if not evals:
         overrides.update(eval_every=10_000, save_every=10_000)
-    res = run_local(config_path, run_id=f"bench-pipeline-{int(time.time())}", out_root=out, progress=False,
-                    overrides=overrides, quiet=True)
+    res = run_local(config_path, run_id=f"bench-pipeline-s{max_staleness}-{int(time.time())}", out_root=out,
+                    progress=False, overrides=overrides, quiet=True,
+                    simulator_options={"latency": latency} if latency else None)
     times = []
+    session: dict[str, list[float]] = {"time/session_busy": [], "time/session_idle": []}
     for line in (res.run_dir / "metrics.jsonl").read_text().splitlines():
         row = json.loads(line)
         if row["kind"] == "train":
             times.append(row["time"])
+            for key, values in session.items():
+                if isinstance(row.get(key), (int, float)):
+                    values.append(float(row[key]))
     from datetime import datetime
 
     stamps = [datetime.fromisoformat(t).timestamp() for t in times]
     # The first step's start is not a summary: use the timing split's per-step wall for it.
     secs = [b - a for a, b in zip(stamps, stamps[1:])]
     return {"status": res.status, "steps": res.steps, "step_seconds": secs, "rewards": res.rewards,
-            "wall_seconds": res.wall_seconds, "timing": res.timing,
+            "max_staleness": max_staleness, "wall_seconds": res.wall_seconds, "timing": res.timing,
+            "session_busy_seconds": session["time/session_busy"], "session_idle_seconds": session["time/session_idle"],
             "optim_steps": res.simulator_counters.get("optim_step"), "run_dir": str(res.run_dir),
             "s3_requests": res.timing.get("s3_requests"), "load_average": load_average()}
+
+
+def loop_rows(result: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """``(label, run)`` of each loop in ``result``: the reference, then the pipeline per max_staleness."""
+    rows = [("reference", result["reference"])] if result.get("reference") else []
+    rows += [(f"pipeline s={r['max_staleness']}", r) for r in result.get("pipelines", [])]
+    return rows
+
+
+def table(result: dict[str, Any]) -> list[str]:
+    """The printed table: per loop, steps, median and p90 s/step, ratio to the reference's median,
+    the session's median idle s/step (pipeline; from the step summaries) and the rewards.
+    Sets each run's ``step_summary`` and ``ratio_to_reference``."""
+    lines = [f"{'loop':<13} {'steps':>5} {'median s':>9} {'p90 s':>7} {'x ref':>6} {'idle s':>7}  rewards"]
+    ref = (result.get("reference") or {}).get("step_seconds")
+    ref_median = summary(ref)["median"] if ref else None
+    for label, r in loop_rows(result):
+        if not r.get("step_seconds"):
+            lines.append(f"{label:<13} {r.get('steps', 0):>5}  (no step times: {r.get('status', 'no steps')})")
+            continue
+        s = r["step_summary"] = summary(r["step_seconds"])
+        ratio = r["ratio_to_reference"] = s["median"] / ref_median if ref_median else None
+        idle = r.get("session_idle_seconds") or []
+        ratio_text = f"{ratio:.2f}" if ratio else "-"
+        idle_text = f"{summary(idle)['median']:.2f}" if idle else "-"
+        rewards = " ".join(f"{x:.2f}" for x in r["rewards"])
+        lines.append(f"{label:<13} {r['steps']:>5} {s['median']:>9.2f} {s['p90']:>7.2f} {ratio_text:>6} "
+                     f"{idle_text:>7}  {rewards}  (load {r['load_average']})")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -160,34 +232,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", type=Path, default=REPO_ROOT / "examples" / "toy.json")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--which", choices=("ref", "pipeline", "both"), default="both")
+    parser.add_argument("--max-staleness", default="0,1",
+                        help="comma-separated max_staleness values the pipeline runs at, one run each (default 0,1)")
+    parser.add_argument("--latency", action="append", default=[], metavar="KIND=SECONDS",
+                        help="simulator latency of an operation kind (repeatable), given to both loops, "
+                             "e.g. --latency forward_backward=3 --latency optim_step=2")
     parser.add_argument("--evals", action="store_true", help="keep the config's evals and checkpoints")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
+    try:
+        latency = parse_latency(args.latency)
+        stalenesses = [int(x) for x in args.max_staleness.split(",") if x.strip()]
+    except ValueError as e:
+        parser.error(str(e))
     logging.basicConfig(level=logging.WARNING)
     cfg = json.loads(args.config.read_text())
-    result: dict[str, Any] = {"config": str(args.config), "steps_requested": args.steps,
+    result: dict[str, Any] = {"config": str(args.config), "steps_requested": args.steps, "latency": latency,
                               "load_average_start": load_average()}
     if args.which in ("ref", "both"):
-        result["reference"] = run_reference(cfg, steps=args.steps, out=args.out, evals=args.evals)
+        result["reference"] = run_reference(cfg, steps=args.steps, out=args.out, evals=args.evals, latency=latency)
     if args.which in ("pipeline", "both"):
-        result["pipeline"] = run_pipeline(args.config, steps=args.steps, out=args.out, evals=args.evals)
-    print(f"{'loop':<10} {'steps':>5} {'median s':>9} {'p90 s':>7}  rewards")
-    for name in ("reference", "pipeline"):
-        r = result.get(name)
-        if r and r["step_seconds"]:
-            s = summary(r["step_seconds"])
-            r["step_summary"] = s
-            print(f"{name:<10} {r['steps']:>5} {s['median']:>9.2f} {s['p90']:>7.2f}  "
-                  f"{' '.join(f'{x:.2f}' for x in r['rewards'])}  (load {r['load_average']})")
-    if "step_summary" in result.get("reference", {}) and "step_summary" in result.get("pipeline", {}):
-        ratio = result["pipeline"]["step_summary"]["median"] / result["reference"]["step_summary"]["median"]
-        result["ratio_median"] = ratio
-        print(f"pipeline / reference, median step: {ratio:.2f}x")
-    s3 = (result.get("pipeline") or {}).get("s3_requests") or {}
-    if s3.get("per_rollout"):
-        print(f"pipeline S3 requests per rollout ({s3['rollouts']} rollouts): "
-              + " ".join(f"{op} {n}" for op, n in s3["per_rollout"].items()))
-        print("  by kind: " + ", ".join(f"{k} {n}" for k, n in s3["per_rollout_by_kind"].items()))
+        # one after the other (never at once): the machine is shared and the figures are wall times
+        result["pipelines"] = [run_pipeline(args.config, steps=args.steps, out=args.out, evals=args.evals,
+                                            max_staleness=m, latency=latency) for m in stalenesses]
+    if latency:
+        print("simulator latency: " + ", ".join(f"{k}={v:g}s" for k, v in latency.items()))
+    for line in table(result):
+        print(line)
+    for r in result.get("pipelines", []):
+        s3 = r.get("s3_requests") or {}
+        if s3.get("per_rollout"):
+            print(f"pipeline s={r['max_staleness']} S3 requests per rollout ({s3['rollouts']} rollouts): "
+                  + " ".join(f"{op} {n}" for op, n in s3["per_rollout"].items()))
     print(f"written: {write_result(args.out, 'reference_vs_pipeline', result)}")
     return 0
 

@@ -49,6 +49,9 @@ class SimulatorProcess:
             flag = f"--{key.replace('_', '-')}"
             if value is True:
                 args.append(flag)
+            elif isinstance(value, dict):  # start_simulator's form, e.g. latency={"optim_step": 2.0}
+                for target, amount in value.items():
+                    args += [flag, f"{target}={amount}"]
             elif value is not False and value is not None:
                 args += [flag, str(value)]
         self._log = log_path.open("a") if log_path else None

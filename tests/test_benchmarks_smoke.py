@@ -110,3 +110,33 @@ def test_dataset_memory_measures_init_and_plan_step_in_child_processes(tmp_path:
     for r in rows:
         assert r["init"]["rows"] == r["rows"] > 1000 and r["plan"]["num_items"] == 32 * 4
         assert r["init"]["peak_mb"] >= r["init"]["baseline_mb"] > 10
+
+
+def test_latency_flags_parse_and_reach_the_simulator_process() -> None:
+    """``--latency KIND=SECONDS`` (issue 17): parsed once, given to the simulator as its own flags."""
+    from local.stack import SimulatorProcess
+
+    latency = reference_vs_pipeline.parse_latency(["forward_backward=3", "optim_step=0.5"])
+    assert latency == {"forward_backward": 3.0, "optim_step": 0.5}
+    for bad in (["optim_step"], ["optim_step=-1"], ["=2"], ["optim_step=x"], ["optim_step=1", "optim_step=2"]):
+        with pytest.raises(ValueError, match="--latency"):
+            reference_vs_pipeline.parse_latency(bad)
+    sim = SimulatorProcess(region="us-east-1", options={"latency": latency})
+    try:
+        assert sim.state()["latency"] == latency
+    finally:
+        sim.stop()
+
+
+def test_table_puts_the_pipeline_at_each_staleness_beside_the_reference() -> None:
+    run = {"steps": 3, "rewards": [0.1, 0.2], "load_average": "1.0/1.0/1.0"}
+    result = {"reference": {**run, "step_seconds": [4.0, 4.0, 5.0]},
+              "pipelines": [{**run, "max_staleness": 0, "step_seconds": [6.0, 6.0], "session_idle_seconds": [3.0]},
+                            {**run, "max_staleness": 1, "step_seconds": [3.0, 3.0], "session_idle_seconds": []},
+                            {"steps": 0, "max_staleness": 1, "status": "FAILED", "step_seconds": []}]}
+    lines = reference_vs_pipeline.table(result)
+    assert lines[1].split()[:6] == ["reference", "3", "4.00", "4.80", "1.00", "-"]
+    assert lines[2].split()[:7] == ["pipeline", "s=0", "3", "6.00", "6.00", "1.50", "3.00"]
+    assert lines[3].split()[:6] == ["pipeline", "s=1", "3", "3.00", "3.00", "0.75"]
+    assert "FAILED" in lines[4]
+    assert result["pipelines"][1]["ratio_to_reference"] == 0.75
