@@ -16,9 +16,7 @@ from aws_cdk import aws_sns as sns
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
-EXECUTION_STATUS_CHANGE = "Step Functions Execution Status Change"
-CLEANUP_STATUSES = ("ABORTED", "TIMED_OUT", "FAILED")
-NOTIFY_STATUSES = ("SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED")
+from stepwise.executions import ABNORMAL_END_STATUSES, EXECUTION_STATUS_CHANGE, TERMINAL_STATUSES
 
 
 def status_pattern(state_machine: sfn.IStateMachine, statuses: tuple[str, ...]) -> events.EventPattern:
@@ -39,7 +37,7 @@ class Cleanup(Construct):
         self.rule = events.Rule(
             self, "StopSessionOnAbnormalEnd",
             description="Execution aborted, timed out or failed -> Cleanup Lambda stops the run's training session",
-            event_pattern=status_pattern(state_machine, CLEANUP_STATUSES),
+            event_pattern=status_pattern(state_machine, ABNORMAL_END_STATUSES),
             targets=[targets.LambdaFunction(cleanup_function, retry_attempts=8, max_event_age=Duration.hours(6))],
         )
         self.notify_rule: events.Rule | None = None
@@ -48,7 +46,7 @@ class Cleanup(Construct):
             self.notify_rule = events.Rule(
                 self, "NotifyRunEnd",
                 description="A training run's execution succeeded, failed, timed out or was stopped -> SNS",
-                event_pattern=status_pattern(state_machine, NOTIFY_STATUSES),
+                event_pattern=status_pattern(state_machine, TERMINAL_STATUSES),
                 targets=[targets.SnsTopic(topic, message=events.RuleTargetInput.from_text(
                     f"Stepwise run {detail('$.detail.name')} {detail('$.detail.status')} "
                     f"(execution {detail('$.detail.executionArn')})"))],

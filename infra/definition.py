@@ -16,14 +16,11 @@ This module imports no CDK code: the local stack pays nothing for it.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from typing import Any
 
+from state_machine.definition import PLACEHOLDER_RE, placeholders
 from stepwise.functions import FUNCTIONS
-
-#: ``${Name}`` as Step Functions' DefinitionSubstitutions spells a placeholder.
-PLACEHOLDER_RE = re.compile(r"\$\{([A-Za-z0-9_]+)\}")
 
 BUCKET_PLACEHOLDER = "BucketName"
 #: Placeholder -> the Step Functions service integration it stands for (``arn:PARTITION:states:::X``).
@@ -74,11 +71,6 @@ def substitutions(*, function_arns: Mapping[str, str], bucket_name: str, partiti
     subs[BUCKET_PLACEHOLDER] = bucket_name
     subs.update({p: integration_arn(i, partition) for p, i in INTEGRATION_PLACEHOLDERS.items()})
     return subs
-
-
-def placeholders(definition: str) -> set[str]:
-    """The placeholder names used in an ASL text (``${Name}`` -> ``Name``)."""
-    return set(PLACEHOLDER_RE.findall(definition))
 
 
 def used_substitutions(definition: str, subs: Mapping[str, Any]) -> dict[str, Any]:

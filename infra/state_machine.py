@@ -34,10 +34,11 @@ from aws_cdk import aws_stepfunctions as sfn
 from cdk_nag import NagSuppressions
 from constructs import Construct
 
-from infra.definition import INTEGRATION_PLACEHOLDERS, PLACEHOLDER_RE, used_substitutions
+from infra.definition import INTEGRATION_PLACEHOLDERS, used_substitutions
 from infra.functions import _retention
 from infra.permissions import STATE_MACHINE_ACTIONS, Capability
 from infra.storage import RUNS_PREFIX
+from state_machine.definition import PLACEHOLDER_RE
 
 #: Service integrations this construct grants, by what follows ``arn:PARTITION:states:::``.
 LAMBDA_INTEGRATIONS = ("lambda:invoke", "lambda:invoke.waitForTaskToken")

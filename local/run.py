@@ -56,6 +56,7 @@ from local.report import (
     timing_split,
 )
 from local.stack import LocalStack, run_cleanup, training_session_status
+from stepwise.executions import ABNORMAL_END_STATUSES
 from stepwise_cli.commands.watch import eval_when, kept_groups
 
 log = logging.getLogger("stepwise.run_local")
@@ -357,7 +358,7 @@ def _finish(stack: LocalStack, follower: Follower | None, desc: dict[str, Any] |
     counters: dict[str, Any] = {}
     if stack.moto is not None and stack.resources is not None and follower is not None:
         sfn = stack.moto.client("stepfunctions")
-        if desc is not None and status in ("FAILED", "TIMED_OUT", "ABORTED"):
+        if desc is not None and status in ABNORMAL_END_STATUSES:
             try:
                 run_cleanup(stack, desc)
             except Exception:

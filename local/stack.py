@@ -24,6 +24,7 @@ from local import REPO_ROOT
 from local._proc import restore_env, stop_process
 from local.workers import WorkerPool, workers_from_env
 from stepwise.clients import ENV_MAX_POOL_CONNECTIONS
+from stepwise.executions import EXECUTION_STATUS_CHANGE
 
 log = logging.getLogger("stepwise.run_local")
 
@@ -214,7 +215,7 @@ def run_cleanup(stack: LocalStack, execution: dict[str, Any]) -> None:
     """What the stack's EventBridge rule does on an abnormal end: run Cleanup with the event."""
     event = {
         "version": "0", "id": str(uuid.uuid4()), "source": "aws.states",
-        "detail-type": "Step Functions Execution Status Change",
+        "detail-type": EXECUTION_STATUS_CHANGE,
         "account": "123456789012", "region": os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
         "time": datetime.now(timezone.utc).isoformat(), "resources": [execution["executionArn"]],
         "detail": {"executionArn": execution["executionArn"], "stateMachineArn": execution.get("stateMachineArn"),

@@ -36,7 +36,8 @@ def env():
     task.pop("Next")
     task["End"] = True
     text = json.dumps({"StartAt": "Start rollout", "States": {"Start rollout": task}})
-    from infra.definition import PLACEHOLDER_RE, substitutions
+    from infra.definition import substitutions
+    from state_machine.definition import PLACEHOLDER_RE
 
     values = substitutions(function_arns=arns, bucket_name=BUCKET)  # the rendered ASL's values
     text = PLACEHOLDER_RE.sub(lambda m: values[m.group(1)], text)

@@ -1,7 +1,7 @@
 """What the operator commands share: finding the deployment, a run's executions, its summaries.
 
 A run is identified by its run id. Its first execution is named after it; a continuation
-(continue-as-new, `stepwise.handlers.session.continuation_name`) is named ``{run_id[:70]}--{n}``.
+(continue-as-new, `stepwise.executions.continuation_name`) is named ``{run_id[:70]}--{n}``.
 Everything else about a run is in the bucket: ``runs/{run_id}/state.json``, ``config.json``,
 ``steps/{step}/summary.json`` and ``evals/{step}/summary.json`` (docs/internals.md).
 
@@ -19,13 +19,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from stepwise.executions import belongs_to
 from stepwise.stackinfo import StackInfo, StackNotFound, resolve
 
-TERMINAL = ("SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED")
 #: Run ids become execution names (1-80 of [A-Za-z0-9_-]); continuations append ``--{n}`` to
 #: the first 70 characters, so run ids are kept to 70 characters and may not contain ``--``.
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9_]|-(?!-)){0,69}$")
-_CONTINUATION_RE = re.compile(r"^(?P<prefix>.+)--(?P<segment>\d+)$")
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -86,20 +85,6 @@ def validate_run_id(run_id: str) -> str:
 
 
 # ------------------------------------------------------------------------------ executions
-
-
-def run_id_of_execution(name: str) -> str:
-    """The run id an execution name belongs to (a continuation's ``--N`` suffix removed)."""
-    m = _CONTINUATION_RE.match(name)
-    return m.group("prefix") if m else name
-
-
-def belongs_to(name: str, run_id: str) -> bool:
-    """Whether execution ``name`` is ``run_id`` itself or one of its continuations."""
-    if name == run_id:
-        return True
-    m = _CONTINUATION_RE.match(name)
-    return bool(m) and m.group("prefix") == run_id[:70]
 
 
 def list_executions(sfn: Any, state_machine_arn: str, *, limit: int | None = None) -> list[dict[str, Any]]:

@@ -23,6 +23,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from stepwise.executions import ABNORMAL_END_STATUSES, CONTINUATION_RE, continuation_name
 from stepwise_cli.commands._runs import (
     EXIT_OK,
     CommandError,
@@ -73,7 +74,7 @@ def plan_resume(run_id: str, newest: dict[str, Any] | None, state: dict[str, Any
         raise CommandError(f"run {run_id!r} finished (step {state.get('step')}); start a new run to train further")
     if newest is None:
         return ResumePlan("new_execution", "the run has state but no execution in this state machine", {})
-    if (allow_redrive and status in ("FAILED", "ABORTED", "TIMED_OUT")
+    if (allow_redrive and status in ABNORMAL_END_STATUSES
             and newest.get("redriveStatus") == "REDRIVABLE" and not state.get("session_stopped")):
         return ResumePlan("redrive", f"{status} execution is redrivable and its training session is live", newest)
     why = (f"newest execution {status}" +
@@ -84,11 +85,9 @@ def plan_resume(run_id: str, newest: dict[str, Any] | None, state: dict[str, Any
 
 def next_segment_name(run_id: str, state: dict[str, Any], existing_names: list[str]) -> tuple[str, int]:
     """``(execution name, segment)`` of the next continuation: above the state's segment and every used name."""
-    from stepwise_cli.commands._runs import _CONTINUATION_RE
-
-    used = [int(m.group("segment")) for n in existing_names if (m := _CONTINUATION_RE.match(n))]
+    used = [int(m.group("segment")) for n in existing_names if (m := CONTINUATION_RE.match(n))]
     segment = max([int(state.get("segment", 0)), *used]) + 1
-    return f"{run_id[:70]}--{segment}", segment
+    return continuation_name(run_id, segment), segment
 
 
 def continuation_input(run_id: str, state: dict[str, Any], segment: int) -> dict[str, Any]:

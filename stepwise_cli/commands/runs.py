@@ -13,6 +13,7 @@ import argparse
 import json
 from typing import Any
 
+from stepwise.executions import run_id_of_execution
 from stepwise_cli.commands._runs import (
     EXIT_OK,
     CommandError,
@@ -27,7 +28,6 @@ from stepwise_cli.commands._runs import (
     list_executions,
     mean_reward,
     run_config,
-    run_id_of_execution,
     run_state,
     run_weights,
     step_folders,

@@ -38,11 +38,11 @@ from pathlib import Path
 from typing import Any
 
 from stepwise import tracking
+from stepwise.executions import ABNORMAL_END_STATUSES, TERMINAL_STATUSES
 from stepwise_cli.commands._runs import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
-    TERMINAL,
     CommandError,
     Deployment,
     SummaryCache,
@@ -326,7 +326,7 @@ class Watcher:
 
 def finished(desc: dict[str, Any] | None, watcher: Watcher) -> bool:
     """The run ended: its newest execution is terminal and did not hand over to a continuation."""
-    if desc is None or desc["status"] not in TERMINAL:
+    if desc is None or desc["status"] not in TERMINAL_STATUSES:
         return False
     if desc["status"] == "SUCCEEDED":
         state = run_state(watcher.dep, watcher.run_id) or {}
@@ -334,7 +334,7 @@ def finished(desc: dict[str, Any] | None, watcher: Watcher) -> bool:
             # a continue-as-new hand-over: the successor may not be listed yet
             time.sleep(0.5)
             newest = run_executions(watcher.dep, watcher.run_id)[-1]
-            return newest["executionArn"] == desc["executionArn"] and newest["status"] in TERMINAL
+            return newest["executionArn"] == desc["executionArn"] and newest["status"] in TERMINAL_STATUSES
     return True
 
 
@@ -355,7 +355,7 @@ def run(args: argparse.Namespace) -> int:
                 watcher.outputs(args.plot, args.metrics)
                 last_steps = len(watcher.cache.steps) + len(watcher.cache.evals)
             if args.once:
-                return EXIT_FAILED if desc and desc["status"] in ("FAILED", "TIMED_OUT", "ABORTED") else EXIT_OK
+                return EXIT_FAILED if desc and desc["status"] in ABNORMAL_END_STATUSES else EXIT_OK
             if finished(desc, watcher):
                 watcher.poll()  # summaries written just before the end
                 watcher.outputs(args.plot, args.metrics)

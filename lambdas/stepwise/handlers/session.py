@@ -21,6 +21,7 @@ import boto3
 from pydantic import BaseModel, ConfigDict
 
 from stepwise import tracking, training
+from stepwise.executions import ABNORMAL_END_STATUSES, continuation_name
 from stepwise.handlers._common import (
     RunEvent,
     RunRef,
@@ -156,7 +157,7 @@ def cleanup(event: dict[str, Any]) -> dict[str, Any]:
     """EventBridge "Step Functions Execution Status Change" -> stop the session of the run it owned."""
     detail = event.get("detail") or {}
     status = detail.get("status")
-    if status not in ("ABORTED", "TIMED_OUT", "FAILED"):
+    if status not in ABNORMAL_END_STATUSES:
         return {"stopped": False, "why": f"status {status!r} needs no cleanup"}
     return stop_owned_session(
         detail["executionArn"], detail.get("name") or detail["executionArn"].rsplit(":", 1)[-1], detail.get("input"),
@@ -169,11 +170,6 @@ class ContinueEvent(BaseModel):
 
     run: RunRef
     state_machine_arn: str
-
-
-def continuation_name(run_id: str, segment: int) -> str:
-    """Execution name of segment ``segment`` (<= 80 chars, deterministic so a retry cannot start two)."""
-    return f"{run_id[:70]}--{segment}"
 
 
 def continue_run(event: ContinueEvent) -> dict[str, Any]:

@@ -1,0 +1,59 @@
+"""A run's Step Functions executions: their names and the statuses they end in.
+
+A run is identified by its run id. Its first execution is named after it; each continuation
+(continue-as-new, and `stepwise resume` when it starts a new execution) is named
+``{run_id[:70]}--{segment}``: execution names are 1-80 characters, so the run id is cut to 70
+and a run id may not contain ``--`` (`stepwise_cli.commands._runs.RUN_ID_RE`).
+
+Statuses are DescribeExecution's ``status`` and the ``detail.status`` of EventBridge's
+"Step Functions Execution Status Change" events (the Step Functions API reference, and
+"Monitoring Step Functions with EventBridge" in its developer guide). The stack's cleanup rule,
+the Cleanup handler, the operator CLI and the local stack all read them from here.
+
+Pure and stdlib-only (not in `stepwise.core`, whose package imports numpy): `stepwise runs` and
+`stepwise --help` import it.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = [
+    "ABNORMAL_END_STATUSES",
+    "CONTINUATION_RE",
+    "EXECUTION_STATUS_CHANGE",
+    "TERMINAL_STATUSES",
+    "belongs_to",
+    "continuation_name",
+    "run_id_of_execution",
+]
+
+#: Every status an execution ends in (all but RUNNING; PENDING_REDRIVE is a redrive's start).
+TERMINAL_STATUSES = ("SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED")
+#: The ends that skip the state machine's own stop path (a Catch runs on none of them), so the
+#: stack's rule runs Cleanup to stop the training session.
+ABNORMAL_END_STATUSES = ("ABORTED", "TIMED_OUT", "FAILED")
+#: The EventBridge ``detail-type`` of an execution's status changes.
+EXECUTION_STATUS_CHANGE = "Step Functions Execution Status Change"
+
+#: ``{prefix}--{segment}``: a continuation's execution name.
+CONTINUATION_RE = re.compile(r"^(?P<prefix>.+)--(?P<segment>\d+)$")
+
+
+def continuation_name(run_id: str, segment: int) -> str:
+    """Execution name of segment ``segment`` (<= 80 chars, deterministic so a retry cannot start two)."""
+    return f"{run_id[:70]}--{segment}"
+
+
+def run_id_of_execution(name: str) -> str:
+    """The run id an execution name belongs to (a continuation's ``--N`` suffix removed)."""
+    m = CONTINUATION_RE.match(name)
+    return m.group("prefix") if m else name
+
+
+def belongs_to(name: str, run_id: str) -> bool:
+    """Whether execution ``name`` is ``run_id`` itself or one of its continuations."""
+    if name == run_id:
+        return True
+    m = CONTINUATION_RE.match(name)
+    return bool(m) and m.group("prefix") == run_id[:70]
