@@ -1,5 +1,5 @@
-"""What run-local reports: metrics read off the step summaries, the failure, the timing split,
-the run folder's S3 mirror, the plot and the closing lines for the terminal."""
+"""What run-local reports: the failure, the timing split, the run folder's S3 mirror and the
+closing lines for the terminal (the plot is `stepwise_cli.plot`'s, the one `stepwise watch` draws)."""
 
 from __future__ import annotations
 
@@ -10,37 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from stepwise_cli.commands.watch import eval_when
-
-
-def _metric(summary: dict[str, Any], *names: str, contains: str | None = None) -> float | None:
-    flat = flatten(summary)
-    for n in names:
-        if isinstance(flat.get(n), (int, float)):
-            return float(flat[n])
-    if contains:
-        for k, v in flat.items():
-            if contains in k and isinstance(v, (int, float)) and not isinstance(v, bool):
-                return float(v)
-    return None
-
-
-def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(flatten(v, key + "/"))
-        else:
-            out[key] = v
-    return out
-
-
-def mean_reward(summary: dict[str, Any]) -> float | None:
-    return _metric(summary, "sampler/mean_reward", "reward/mean", "mean_reward", contains="mean_reward")
-
-
-def eval_accuracy(summary: dict[str, Any]) -> float | None:
-    return _metric(summary, "eval/accuracy", "accuracy", contains="accuracy")
 
 
 @dataclass
@@ -165,18 +134,6 @@ def s3_requests_per_rollout(counts: dict[str, int], rollouts: int) -> dict[str, 
         out["per_rollout"]["total"] = round(out["total"] / rollouts, 2)
         out["per_rollout_by_kind"] = {k: round(n / rollouts, 2) for k, n in counts.items()}
     return out
-
-
-def plot(run_dir: Path, rewards: list[tuple[int, float]], evals: list[tuple[int, float]],
-         steps: dict[int, dict[str, Any]] | None = None) -> Path | None:
-    """``reward.png``: mean training reward per step and eval accuracy (the baseline at step 0
-    included), and a second panel of the behaviour metrics of the step summaries
-    (`stepwise_cli.commands.watch.write_plot`, the plot `stepwise watch --plot` draws)."""
-    if not rewards and not evals:
-        return None
-    from stepwise_cli.commands.watch import behaviour_curves, write_plot
-
-    return write_plot(run_dir / "reward.png", rewards, evals, run_dir.name, behaviour_curves(steps or {}))
 
 
 def mirror_run_objects(s3: Any, bucket: str, run_id: str, target: Path) -> int:

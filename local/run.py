@@ -44,20 +44,20 @@ from typing import Any
 from local.datasets import planned_steps, upload_datasets
 from local.report import (
     RunResult,
-    eval_accuracy,
     failure_from_history,
-    flatten,
     lambda_stats,
-    mean_reward,
     mirror_run_objects,
-    plot,
     report,
     s3_requests_per_rollout,
     timing_split,
 )
 from local.stack import LocalStack, run_cleanup, training_session_status
 from stepwise.executions import ABNORMAL_END_STATUSES
+from stepwise.stackinfo import StackInfo
+from stepwise_cli.commands._runs import Deployment, eval_accuracy, mean_reward
 from stepwise_cli.commands.watch import eval_when, kept_groups
+from stepwise_cli.follow import RunFollower
+from stepwise_cli.plot import curves, plot_run
 
 log = logging.getLogger("stepwise.run_local")
 
@@ -69,21 +69,19 @@ DEFAULT_OUT = Path("runs-local")
 # --------------------------------------------------------------------------------------
 
 
-class Follower:
-    """Polls the run's executions and S3 summaries; writes ``metrics.jsonl`` as they appear."""
+class LocalFollower(RunFollower):
+    """run-local's view of the run it follows (`stepwise_cli.follow.RunFollower`, as `stepwise watch`
+    follows one): writes each summary into the run folder as it appears (a ``metrics.jsonl`` line
+    when first seen; ``steps|evals/{step}/summary.json`` as it last read) and drives the progress bar."""
 
     def __init__(self, stack: LocalStack, run_id: str, run_dir: Path, total_steps: int | None, progress: bool,
                  responses_per_prompt: int | None = None):
-        self.stack = stack
+        info = StackInfo(bucket=stack.bucket, state_machine_arn=stack.resources.state_machine_arn, source="run-local")
+        super().__init__(Deployment(info, stack.moto.client("stepfunctions"), stack.moto.client("s3")), run_id,
+                         probe_steps=True)
         self.responses_per_prompt = responses_per_prompt
-        self.run_id = run_id
         self.run_dir = run_dir
-        self.sfn = stack.moto.client("stepfunctions")
-        self.s3 = stack.moto.client("s3")
-        self.seen: set[str] = set()
-        self.summaries: dict[int, dict[str, Any]] = {}
-        self.evals: dict[int, dict[str, Any]] = {}
-        self.executions: list[str] = []
+        self._seen: set[tuple[str, int]] = set()
         self._last_step_t = time.monotonic()
         self._step_seconds: list[float] = []
         self.bar = None
@@ -92,55 +90,38 @@ class Follower:
 
             self.bar = tqdm(total=total_steps, unit="step", desc=run_id, dynamic_ncols=True)
 
-    def _new_summaries(self, *, full: bool = False) -> None:
-        """Record summaries that appeared since the last call. While the run goes on, the next
-        train step's summary is probed with one GET: listing ``steps/`` returned every rollout
-        record and datum chunk of the run, so each poll cost moto and this process more as the
-        run grew. ``full`` lists both prefixes (at the end, nothing can be missed)."""
-        prefix = f"runs/{self.run_id}/"
-        if not full:
-            self._probe_steps(prefix)
-        for kind in ("steps", "evals") if full else ("evals",):
-            paginator = self.s3.get_paginator("list_objects_v2")
-            for page in paginator.paginate(Bucket=self.stack.bucket, Prefix=f"{prefix}{kind}/"):
-                for obj in page.get("Contents", []):
-                    key = obj["Key"]
-                    if not key.endswith("/summary.json") or key in self.seen:
-                        continue
-                    try:
-                        step = int(key[len(prefix) + len(kind) + 1:].split("/")[0])
-                    except ValueError:
-                        continue
-                    body = json.loads(self.s3.get_object(Bucket=self.stack.bucket, Key=key)["Body"].read())
-                    self.seen.add(key)
-                    self._record(kind, step, body)
+    @property
+    def summaries(self) -> dict[int, dict[str, Any]]:
+        """``{step: summary}`` of the train steps read so far."""
+        return self.cache.steps
 
-    def _probe_steps(self, prefix: str) -> None:
-        while True:
-            step = max(self.summaries, default=-1) + 1
-            key = f"{prefix}steps/{step}/summary.json"
-            try:
-                body = json.loads(self.s3.get_object(Bucket=self.stack.bucket, Key=key)["Body"].read())
-            except self.s3.exceptions.NoSuchKey:
-                return
-            self.seen.add(key)
-            self._record("steps", step, body)
+    @property
+    def evals(self) -> dict[int, dict[str, Any]]:
+        """``{step: summary}`` of the evals read so far."""
+        return self.cache.evals
+
+    def record_new(self, *, full: bool = False) -> None:
+        """Read new or changed summaries (`RunFollower.refresh`; ``full`` at the end, when nothing
+        may be missed) and write them into the run folder."""
+        for kind, step in self.refresh(full=full):
+            self._record(kind, step, (self.cache.steps if kind == "steps" else self.cache.evals)[step])
 
     def _record(self, kind: str, step: int, summary: dict[str, Any]) -> None:
+        target = self.run_dir / kind / str(step)
+        target.mkdir(parents=True, exist_ok=True)
+        (target / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+        if (kind, step) in self._seen:  # a summary extended later: its copy is updated, nothing more
+            return
+        self._seen.add((kind, step))
         line = {"kind": "train" if kind == "steps" else "eval", "step": step,
                 "time": datetime.now(timezone.utc).isoformat(), **flatten(summary)}
         with (self.run_dir / "metrics.jsonl").open("a") as fh:
             fh.write(json.dumps(line, default=str) + "\n")
-        target = self.run_dir / kind / str(step)
-        target.mkdir(parents=True, exist_ok=True)
-        (target / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
         if kind == "evals":
-            self.evals[step] = summary
             if self.bar is not None:
                 acc = eval_accuracy(summary)
                 self.bar.write(f"{eval_when(step)}: accuracy {acc if acc is None else round(acc, 3)}")
             return
-        self.summaries[step] = summary
         now = time.monotonic()
         self._step_seconds.append(now - self._last_step_t)
         self._last_step_t = now
@@ -151,35 +132,30 @@ class Follower:
                                  kept=None if kept is None else int(kept), s_per_step=f"{self._step_seconds[-1]:.1f}")
             self.bar.update(1)
 
-    def current_execution(self) -> dict[str, Any] | None:
-        """The run's newest execution (continue-as-new starts more of them)."""
-        arn = self.stack.resources.state_machine_arn
-        runs = [e for e in self.sfn.list_executions(stateMachineArn=arn)["executions"]
-                if e["name"] == self.run_id or e["name"].startswith(f"{self.run_id}-")]
-        runs.sort(key=lambda e: e["startDate"])
-        for e in runs:
-            if e["executionArn"] not in self.executions:
-                self.executions.append(e["executionArn"])
-        return runs[-1] if runs else None
-
     def poll(self) -> dict[str, Any] | None:
-        """One poll; returns the newest execution's description once it has ended."""
-        self._new_summaries()
-        newest = self.current_execution()
-        if newest is None:
+        """One poll; returns the newest execution's description once the run has ended."""
+        self.record_new()
+        desc = self.describe_newest()
+        if not self.ended(desc):
             return None
-        desc = self.sfn.describe_execution(executionArn=newest["executionArn"])
-        if desc["status"] == "RUNNING":
-            return None
-        time.sleep(0.5)  # a continue-as-new successor may be starting right now
-        if self.current_execution()["executionArn"] != newest["executionArn"]:
-            return None
-        self._new_summaries(full=True)
+        self.record_new(full=True)
         return desc
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A summary's nested dicts as ``outer/inner`` keys (``metrics.jsonl`` lines are flat)."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "/"))
+        else:
+            out[key] = v
+    return out
 
 
 def _history(sfn: Any, arn: str) -> list[dict[str, Any]]:
@@ -260,9 +236,6 @@ def run_local(config_path: Path, *, run_id: str | None = None, out_root: Path = 
     log_dir.mkdir()
     bucket = f"stepwise-local-{uuid.uuid4().hex[:12]}"
     stack = LocalStack(bucket=bucket)
-    follower: Follower | None = None
-    desc: dict[str, Any] | None = None
-    interrupted = False
     with contextlib.ExitStack() as outputs:
         if quiet:
             lambda_log = outputs.enter_context((log_dir / "lambdas.log").open("a"))
@@ -308,7 +281,7 @@ def _run(stack: LocalStack, config: Any, cfg: dict[str, Any], config_path: Path,
          log_dir: Path, simulator_options: dict[str, Any] | None, acr_faults: dict[str, int] | None,
          timeout: float | None, progress: bool, mirror_s3: bool, t_start: float) -> tuple[RunResult, bool]:
     bucket = stack.bucket
-    follower: Follower | None = None
+    follower: LocalFollower | None = None
     desc: dict[str, Any] | None = None
     interrupted = False
     try:
@@ -323,11 +296,11 @@ def _run(stack: LocalStack, config: Any, cfg: dict[str, Any], config_path: Path,
         sfn = stack.moto.client("stepfunctions")
         sfn.start_execution(stateMachineArn=stack.resources.state_machine_arn, name=run_id, input=json.dumps(run_cfg))
         total = planned_steps(config, s3, bucket, run_cfg)
-        follower = Follower(stack, run_id, run_dir, total, progress, responses_per_prompt=config.responses_per_prompt)
+        follower = LocalFollower(stack, run_id, run_dir, total, progress, responses_per_prompt=config.responses_per_prompt)
         deadline = None if timeout is None else time.monotonic() + timeout
         while desc is None:
             if deadline is not None and time.monotonic() > deadline:
-                newest = follower.current_execution()
+                newest = follower.newest_execution()
                 desc = stop_execution(sfn, newest["executionArn"], error="States.Timeout",
                                       cause=f"run-local timeout of {timeout:.0f}s")
                 break
@@ -336,7 +309,7 @@ def _run(stack: LocalStack, config: Any, cfg: dict[str, Any], config_path: Path,
     except KeyboardInterrupt:
         interrupted = True
         if follower is not None and stack.moto is not None:
-            newest = follower.current_execution()
+            newest = follower.newest_execution()
             if newest is not None:
                 desc = stop_execution(stack.moto.client("stepfunctions"), newest["executionArn"],
                                       error="Interrupted", cause="Ctrl-C in run-local")
@@ -348,7 +321,7 @@ def _run(stack: LocalStack, config: Any, cfg: dict[str, Any], config_path: Path,
     return result, interrupted
 
 
-def _finish(stack: LocalStack, follower: Follower | None, desc: dict[str, Any] | None, run_id: str, run_dir: Path,
+def _finish(stack: LocalStack, follower: LocalFollower | None, desc: dict[str, Any] | None, run_id: str, run_dir: Path,
             t_start: float, mirror_s3: bool = False) -> RunResult:
     """After the execution ends (or on any error): cleanup on abnormal ends, collect, write the run folder."""
     status = desc["status"] if desc else "NOT_STARTED"
@@ -365,7 +338,7 @@ def _finish(stack: LocalStack, follower: Follower | None, desc: dict[str, Any] |
                 log.exception("Cleanup")
         stack.moto.dispatcher.drain(timeout=10)
         try:
-            follower._new_summaries(full=True)
+            follower.record_new(full=True)
         except Exception:
             log.exception("reading summaries")
         histories = [(_arn, _history(sfn, _arn)) for _arn in follower.executions]
@@ -398,10 +371,11 @@ def _finish(stack: LocalStack, follower: Follower | None, desc: dict[str, Any] |
             mirror_run_objects(s3, stack.bucket, run_id, run_dir / "s3")
     if stack.simulator is not None:
         counters = dict(getattr(stack.simulator, "counters", {}) or {})
-    steps = sorted(follower.summaries) if follower else []
-    rewards = [(s, r) for s in steps if (r := mean_reward(follower.summaries[s])) is not None] if follower else []
-    evals = sorted((s, a) for s, e in (follower.evals.items() if follower else []) if (a := eval_accuracy(e)) is not None)
-    plot(run_dir, rewards, evals, follower.summaries if follower else {})
+    summaries, eval_summaries = (follower.summaries, follower.evals) if follower else ({}, {})
+    steps = sorted(summaries)
+    rewards, evals = curves(summaries, eval_summaries)
+    if rewards or evals:
+        plot_run(run_dir / "reward.png", summaries, eval_summaries, run_dir.name)
     result = RunResult(
         run_id=run_id, status=status, run_dir=run_dir, wall_seconds=round(time.monotonic() - t_start, 1),
         steps=len(steps), rewards=[r for _, r in rewards],

@@ -17,7 +17,7 @@ from PIL import Image
 
 from stepwise_cli.main import main
 from stepwise_cli import cost
-from stepwise_cli.commands.watch import CURVES_KEY
+from stepwise_cli.plot import CURVES_KEY
 
 REPO = Path(__file__).resolve().parents[1]
 RUN_ID = "cli-e2e"

@@ -8,7 +8,8 @@ from cli_fixtures import moto_dep, moto_env, run_state  # noqa: F401 (fixtures)
 from PIL import Image
 
 from stepwise_cli.main import main
-from stepwise_cli.commands.watch import CURVES_KEY, HEADER, step_line
+from stepwise_cli.commands.watch import HEADER, step_line
+from stepwise_cli.plot import CURVES_KEY
 
 SUMMARIES = {
     0: {"sampler/mean_reward": 0.125, "sampler/num_rollouts": 8.0, "sampler/zeroed_rollouts": 1.0,

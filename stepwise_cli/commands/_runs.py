@@ -15,9 +15,8 @@ import argparse
 import json
 import re
 import sys
-from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple
 
 from stepwise.executions import belongs_to
 from stepwise.stackinfo import StackInfo, StackNotFound, resolve
@@ -209,50 +208,6 @@ def weights_lines(state: dict[str, Any] | None, region: str) -> list[str]:
     return lines
 
 
-@dataclass
-class SummaryCache:
-    """Step and eval summaries of one run, re-read only when their ETag changes.
-
-    ``steps`` / ``evals``: ``{step: summary}``; ``written``: ``{(kind, step): LastModified}``.
-    """
-
-    run_id: str
-    steps: dict[int, dict[str, Any]] = field(default_factory=dict)
-    evals: dict[int, dict[str, Any]] = field(default_factory=dict)
-    written: dict[tuple[str, int], datetime] = field(default_factory=dict)
-    _etags: dict[str, str] = field(default_factory=dict)
-
-    def refresh(self, s3: Any, bucket: str) -> list[tuple[str, int]]:
-        """Read new or changed summaries; returns ``[(kind, step), ...]`` that changed, in step order.
-
-        Lists step folders with a delimiter (never the rollout objects under them), reads each
-        summary once, and re-reads only the newest two of each kind (train metrics are merged
-        into a summary after its first write).
-        """
-        changed: list[tuple[str, int]] = []
-        for kind, target in (("steps", self.steps), ("evals", self.evals)):
-            steps = step_folders(s3, bucket, f"runs/{self.run_id}/{kind}/")
-            recent = set(steps[-2:])
-            for step in steps:
-                if step in target and step not in recent:
-                    continue
-                key = f"runs/{self.run_id}/{kind}/{step}/summary.json"
-                try:
-                    obj = s3.get_object(Bucket=bucket, Key=key)
-                except Exception as e:  # not written yet
-                    if getattr(e, "response", {}).get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
-                        continue
-                    raise
-                if self._etags.get(key) == obj["ETag"]:
-                    obj["Body"].close()
-                    continue
-                target[step] = json.loads(obj["Body"].read())
-                self._etags[key] = obj["ETag"]
-                self.written[(kind, step)] = obj["LastModified"]
-                changed.append((kind, step))
-        return sorted(changed, key=lambda c: (c[1], c[0]))
-
-
 def step_folders(s3: Any, bucket: str, prefix: str) -> list[int]:
     """The numeric sub-folders of ``prefix`` (``.../steps/0/``, ``.../steps/1/``, ...), sorted."""
     out: list[int] = []
@@ -285,6 +240,38 @@ def mean_reward(summary: dict[str, Any] | None) -> float | None:
 
 def eval_accuracy(summary: dict[str, Any] | None) -> float | None:
     return metric(summary, "eval/accuracy")
+
+
+class BehaviourMetric(NamedTuple):
+    """A behaviour metric of a step summary, as `stepwise watch` prints it and the plot draws it.
+
+    ``title`` and ``spec``: its column in the watch table and the number's format (None: not a
+    column); ``label`` and ``axis``: its line in the plot's second panel, ``count`` = per-rollout
+    amounts and seconds (left axis, symlog), ``fraction`` = 0..1 (right axis).
+    """
+
+    key: str
+    title: str | None
+    spec: str | None
+    label: str
+    axis: Literal["count", "fraction"]
+
+
+#: The behaviour metrics (`stepwise.core.behaviour`, ``zero_adv`` from `stepwise.core.advantages`),
+#: in the order of the table's columns and of the plot's lines (and colours). Fractions print as
+#: fractions (0.25, not 25%). ``rollouts/failed_fraction`` is derived (error + timeout rollouts of
+#: all, `stepwise_cli.plot.behaviour_curves`); the table shows the two counts as ``err/to``.
+BEHAVIOUR_METRICS = (
+    BehaviourMetric("behaviour/turns_per_rollout", "turns", ".2f", "turns / rollout", "count"),
+    BehaviourMetric("behaviour/tool_calls_per_rollout", "tools", ".2f", "tool calls / rollout", "count"),
+    BehaviourMetric("behaviour/sampled_tokens_per_rollout", "tokens", ".1f", "sampled tokens / rollout", "count"),
+    BehaviourMetric("time/rollout_duration_p50", "p50_s", ".1f", "rollout p50 (s)", "count"),
+    BehaviourMetric("time/rollout_duration_p95", "p95_s", ".1f", "rollout p95 (s)", "count"),
+    BehaviourMetric("behaviour/truncated_turns_fraction", "trunc", ".2f", "truncated turns", "fraction"),
+    BehaviourMetric("behaviour/ill_formed_turns_fraction", "illf", ".2f", "ill-formed turns", "fraction"),
+    BehaviourMetric("advantages/zero_groups_fraction", "zero_adv", ".2f", "zero-advantage groups", "fraction"),
+    BehaviourMetric("rollouts/failed_fraction", None, None, "error + timeout rollouts", "fraction"),
+)
 
 
 def step_seconds(summary: dict[str, Any] | None) -> float | None:

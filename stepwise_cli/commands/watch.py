@@ -12,19 +12,20 @@ and prints one line per completed step:
 GRPO: every group) of ``batch_size``; ``zeroed`` = rollouts whose reward was forced to 0.0
 (failed, timed out, or no reward) of all rollouts (``sampler/zeroed_rollouts`` /
 ``sampler/num_rollouts``); ``step_s`` = ``time/rollout`` + ``time/train`` when reported, else the
-time between two step summaries. Then the behaviour columns (`BEHAVIOUR_COLUMNS`): turns, sampled
-tokens and tool calls per rollout, the fractions of truncated and ill-formed turns, rollout
-duration p50 / p95 (s), the fraction of zero-advantage groups, and ``err/to`` = rollouts with
+time between two step summaries. Then the behaviour columns (`BEHAVIOUR_COLUMNS`): turns, tool
+calls and sampled tokens per rollout, rollout duration p50 / p95 (s), the fractions of truncated
+and ill-formed turns, the fraction of zero-advantage groups, and ``err/to`` = rollouts with
 status ``error`` / ``timeout``. Eval results print as their own lines. The status line
 changes when the execution, its current state or the run's phase changes. When the run ends it
 prints every checkpoint (step, kind, reason, model package ARN) and ends with the final weights'
 model package ARN and how to sample or deploy them.
 
 ``--plot`` writes a PNG (matplotlib, Agg) of mean training reward per step and eval accuracy,
-with a second panel of the behaviour metrics per step, refreshed as summaries arrive; the plotted series are also stored in the PNG's text chunk
-``stepwise-curves`` (JSON), read back from the drawn lines. ``--metrics`` writes the summaries
-as JSON lines in `stepwise run-local`'s ``metrics.jsonl`` form (``kind``, ``step``, then the
-summary's fields). Exit code: 0 when the run succeeded (or, with ``--once``, is running), 1 when it
+with a second panel of the behaviour metrics per step, refreshed as summaries arrive: the plot of
+`stepwise_cli.plot`, the one `stepwise run-local` draws as ``reward.png``; the plotted series are
+also stored in the PNG's text chunk ``stepwise-curves`` (JSON), read back from the drawn lines.
+``--metrics`` writes the summaries as JSON lines in `stepwise run-local`'s ``metrics.jsonl`` form
+(``kind``, ``step``, then the summary's fields). Exit code: 0 when the run succeeded (or, with ``--once``, is running), 1 when it
 failed, timed out or was stopped, 130 on Ctrl-C.
 """
 
@@ -38,14 +39,14 @@ from pathlib import Path
 from typing import Any
 
 from stepwise import tracking
-from stepwise.executions import ABNORMAL_END_STATUSES, TERMINAL_STATUSES
+from stepwise.executions import ABNORMAL_END_STATUSES
 from stepwise_cli.commands._runs import (
+    BEHAVIOUR_METRICS,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
     CommandError,
     Deployment,
-    SummaryCache,
     add_stack_arguments,
     console_url,
     current_state_name,
@@ -57,13 +58,12 @@ from stepwise_cli.commands._runs import (
     mean_reward,
     metric,
     run_config,
-    run_executions,
     run_state,
     step_seconds,
     weights_lines,
 )
-
-CURVES_KEY = "stepwise-curves"
+from stepwise_cli.follow import RunFollower, SummaryCache
+from stepwise_cli.plot import curves, plot_run
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -79,21 +79,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 # ------------------------------------------------------------------------------ pure formatting
 
 
-#: Behaviour columns after ``step_s``: (title, summary key, format), `stepwise.core.behaviour` and
-#: `stepwise.core.advantages` (``zero_adv``). Fractions print as fractions (0.25, not 25%).
-BEHAVIOUR_COLUMNS = (
-    ("turns", "behaviour/turns_per_rollout", ".2f"),
-    ("tokens", "behaviour/sampled_tokens_per_rollout", ".1f"),
-    ("trunc", "behaviour/truncated_turns_fraction", ".2f"),
-    ("illf", "behaviour/ill_formed_turns_fraction", ".2f"),
-    ("tools", "behaviour/tool_calls_per_rollout", ".2f"),
-    ("p50_s", "time/rollout_duration_p50", ".1f"),
-    ("p95_s", "time/rollout_duration_p95", ".1f"),
-    ("zero_adv", "advantages/zero_groups_fraction", ".2f"),
-)
 _BEHAVIOUR_WIDTH = 8
+#: The behaviour columns after ``step_s``: the `BEHAVIOUR_METRICS` that have a column title.
+BEHAVIOUR_COLUMNS = tuple(m for m in BEHAVIOUR_METRICS if m.title)
 HEADER = (f"{'step':>5}  {'reward':>7}  {'kept':>7}  {'datums':>6}  {'zeroed':>9}  {'step_s':>7}"
-          + "".join(f"  {title:>{_BEHAVIOUR_WIDTH}}" for title, _, _ in BEHAVIOUR_COLUMNS) + f"  {'err/to':>7}")
+          + "".join(f"  {m.title:>{_BEHAVIOUR_WIDTH}}" for m in BEHAVIOUR_COLUMNS) + f"  {'err/to':>7}")
 
 
 def kept_groups(summary: dict[str, Any], cfg: dict[str, Any] | None) -> float | None:
@@ -117,7 +107,7 @@ def step_line(step: int, summary: dict[str, Any], cfg: dict[str, Any] | None, wa
     secs = wall_seconds if secs is None else secs
     datums = metric(summary, "sampler/num_datums")
     line = f"{step:>5}  {fmt(mean_reward(summary)):>7}  {kept_s:>7}  {fmt(datums, 'g'):>6}  {zeroed_s:>9}  {fmt(secs, '.1f'):>7}"
-    line += "".join(f"  {fmt(metric(summary, key), spec):>{_BEHAVIOUR_WIDTH}}" for _, key, spec in BEHAVIOUR_COLUMNS)
+    line += "".join(f"  {fmt(metric(summary, m.key), m.spec):>{_BEHAVIOUR_WIDTH}}" for m in BEHAVIOUR_COLUMNS)
     errors, timeouts = metric(summary, "rollouts/num_error"), metric(summary, "rollouts/num_timeout")
     line += f"  {'-' if errors is None or timeouts is None else f'{errors:g}/{timeouts:g}':>7}"
     decision = summary.get("decision")
@@ -138,13 +128,6 @@ def eval_line(step: int, summary: dict[str, Any]) -> str:
     return f"  {eval_when(step)}{final}: accuracy {fmt(eval_accuracy(summary))} on {fmt(metric(summary, 'eval/n'), 'g')} prompts{extra}"
 
 
-def curves(cache: SummaryCache) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
-    """``(reward per step, eval accuracy per eval step)`` from the summaries, in step order."""
-    rewards = [(s, r) for s in sorted(cache.steps) if (r := mean_reward(cache.steps[s])) is not None]
-    evals = [(s, a) for s in sorted(cache.evals) if (a := eval_accuracy(cache.evals[s])) is not None]
-    return rewards, evals
-
-
 def metrics_lines(cache: SummaryCache) -> list[dict[str, Any]]:
     """The summaries as `stepwise run-local` ``metrics.jsonl`` lines, in step order (eval after train)."""
     rows = [({"kind": "train", "step": s, **cache.steps[s]}, (s, 0)) for s in cache.steps]
@@ -152,111 +135,15 @@ def metrics_lines(cache: SummaryCache) -> list[dict[str, Any]]:
     return [r for r, _ in sorted(rows, key=lambda x: x[1])]
 
 
-#: The plot's second panel: (summary key, label, axis). ``count`` = per-rollout amounts and
-#: seconds (left, symlog), ``fraction`` = 0..1 (right). ``rollouts/failed_fraction`` is derived
-#: (error + timeout rollouts of all; `behaviour_curves`).
-BEHAVIOUR_SERIES = (
-    ("behaviour/turns_per_rollout", "turns / rollout", "count"),
-    ("behaviour/tool_calls_per_rollout", "tool calls / rollout", "count"),
-    ("behaviour/sampled_tokens_per_rollout", "sampled tokens / rollout", "count"),
-    ("time/rollout_duration_p50", "rollout p50 (s)", "count"),
-    ("time/rollout_duration_p95", "rollout p95 (s)", "count"),
-    ("behaviour/truncated_turns_fraction", "truncated turns", "fraction"),
-    ("behaviour/ill_formed_turns_fraction", "ill-formed turns", "fraction"),
-    ("advantages/zero_groups_fraction", "zero-advantage groups", "fraction"),
-    ("rollouts/failed_fraction", "error + timeout rollouts", "fraction"),
-)
-
-
-def behaviour_curves(steps: dict[int, dict[str, Any]]) -> dict[str, list[tuple[int, float]]]:
-    """``{summary key: [(step, value), ...]}`` of the `BEHAVIOUR_SERIES` a step summary reports."""
-    out: dict[str, list[tuple[int, float]]] = {}
-    for step in sorted(steps):
-        summary = steps[step]
-        n = metric(summary, "sampler/num_rollouts")
-        errors, timeouts = metric(summary, "rollouts/num_error"), metric(summary, "rollouts/num_timeout")
-        derived = {"rollouts/failed_fraction": (errors + timeouts) / n if n and errors is not None
-                   and timeouts is not None else None}
-        for key, _, _ in BEHAVIOUR_SERIES:
-            value = derived[key] if key in derived else metric(summary, key)
-            if value is not None:
-                out.setdefault(key, []).append((step, value))
-    return out
-
-
-def write_plot(path: Path, rewards: list[tuple[int, float]], evals: list[tuple[int, float]], title: str,
-               behaviour: dict[str, list[tuple[int, float]]] | None = None) -> Path:
-    """A PNG of mean training reward per step (line) and eval accuracy (squares; step 0 is the
-    baseline before training), and, given ``behaviour`` (`behaviour_curves`), a second panel of
-    the behaviour metrics per step: per-rollout amounts and seconds on the left (symlog), fractions
-    on the right.
-
-    The series drawn are read back from the figure's lines and stored as JSON in the PNG text
-    chunk ``stepwise-curves``: ``{"reward": [[step, value], ...], "eval_accuracy": [...],
-    "behaviour": {summary key: [[step, value], ...]}}``.
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    two = behaviour is not None
-    fig, axes = plt.subplots(2 if two else 1, 1, figsize=(8, 8.5 if two else 4), sharex=two, squeeze=False)
-    ax = axes[0][0]
-    drawn: dict[str, Any] = {"reward": [], "eval_accuracy": []}
-    if rewards:
-        (line,) = ax.plot([s for s, _ in rewards], [r for _, r in rewards], marker=".", label="mean training reward")
-        drawn["reward"] = line.get_xydata().tolist()
-    if evals:
-        (line,) = ax.plot([s for s, _ in evals], [a for _, a in evals], "s", label="eval accuracy")
-        drawn["eval_accuracy"] = line.get_xydata().tolist()
-    ax.set_ylabel("reward / accuracy")
-    ax.grid(alpha=0.3)
-    if rewards or evals:
-        ax.legend()
-    ax.set_title(title)
-    if two:
-        drawn["behaviour"] = {}
-        left = axes[1][0]
-        right = left.twinx()
-        handles = []
-        for key, label, axis in BEHAVIOUR_SERIES:
-            points = (behaviour or {}).get(key)
-            if not points:
-                continue
-            target = left if axis == "count" else right
-            (line,) = target.plot([s for s, _ in points], [v for _, v in points], marker=".",
-                                  linestyle="-" if axis == "count" else "--", label=label,
-                                  color=f"C{len(handles) % 10}")
-            drawn["behaviour"][key] = line.get_xydata().tolist()
-            handles.append(line)
-        left.set_yscale("symlog", linthresh=1.0)
-        left.set_ylabel("per rollout (symlog): turns, tool calls, tokens, seconds")
-        right.set_ylim(-0.02, 1.02)
-        right.set_ylabel("fraction (dashed)")
-        left.grid(alpha=0.3)
-        left.set_title("behaviour per step")
-        if handles:
-            left.legend(handles=handles, fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=3)
-    axes[-1][0].set_xlabel("step")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100, metadata={CURVES_KEY: json.dumps(drawn)})
-    plt.close(fig)
-    return path
-
-
 # ------------------------------------------------------------------------------ the loop
 
 
-class Watcher:
+class Watcher(RunFollower):
     """One run's view; ``poll()`` prints what changed and returns the newest execution's description."""
 
     def __init__(self, dep: Deployment, run_id: str, out: Any = None) -> None:
-        self.dep = dep
-        self.run_id = run_id
+        super().__init__(dep, run_id)
         self.out = out or sys.stdout
-        self.cache = SummaryCache(run_id)
         self.cfg: dict[str, Any] | None = None
         self._status_line = ""
         self._printed_header = False
@@ -267,10 +154,10 @@ class Watcher:
         print(text, file=self.out, flush=True)
 
     def poll(self) -> dict[str, Any] | None:
-        executions = run_executions(self.dep, self.run_id)
+        newest = self.newest_execution()
         if self.cfg is None:
             self.cfg = run_config(self.dep, self.run_id)
-        changed = self.cache.refresh(self.dep.s3, self.dep.bucket)
+        changed = self.refresh()
         for kind, step in changed:
             if (kind, step) in self._seen:
                 self._warn(kind, step)  # a summary extended later (Rebind) may bring its own
@@ -286,10 +173,10 @@ class Watcher:
                 self._print(eval_line(step, self.cache.evals[step]))
             self._seen.add((kind, step))
             self._warn(kind, step)
-        if not executions:
+        if newest is None:
             self._status(f"run {self.run_id}: no execution yet")
             return None
-        desc = self.dep.sfn.describe_execution(executionArn=executions[-1]["executionArn"])
+        desc = self.dep.sfn.describe_execution(executionArn=newest["executionArn"])
         state = run_state(self.dep, self.run_id) or {}
         where = current_state_name(self.dep.sfn, desc["executionArn"]) if desc["status"] == "RUNNING" else None
         parts = [f"{desc['name']} {desc['status']}"]
@@ -317,25 +204,10 @@ class Watcher:
 
     def outputs(self, plot: Path | None, metrics_path: Path | None) -> None:
         if plot is not None:
-            rewards, evals = curves(self.cache)
-            write_plot(plot, rewards, evals, self.run_id, behaviour_curves(self.cache.steps))
+            plot_run(plot, self.cache.steps, self.cache.evals, self.run_id)
         if metrics_path is not None:
             metrics_path.parent.mkdir(parents=True, exist_ok=True)
             metrics_path.write_text("".join(json.dumps(r, default=str) + "\n" for r in metrics_lines(self.cache)))
-
-
-def finished(desc: dict[str, Any] | None, watcher: Watcher) -> bool:
-    """The run ended: its newest execution is terminal and did not hand over to a continuation."""
-    if desc is None or desc["status"] not in TERMINAL_STATUSES:
-        return False
-    if desc["status"] == "SUCCEEDED":
-        state = run_state(watcher.dep, watcher.run_id) or {}
-        if not state.get("finished"):
-            # a continue-as-new hand-over: the successor may not be listed yet
-            time.sleep(0.5)
-            newest = run_executions(watcher.dep, watcher.run_id)[-1]
-            return newest["executionArn"] == desc["executionArn"] and newest["status"] in TERMINAL_STATUSES
-    return True
 
 
 def run(args: argparse.Namespace) -> int:
@@ -356,7 +228,7 @@ def run(args: argparse.Namespace) -> int:
                 last_steps = len(watcher.cache.steps) + len(watcher.cache.evals)
             if args.once:
                 return EXIT_FAILED if desc and desc["status"] in ABNORMAL_END_STATUSES else EXIT_OK
-            if finished(desc, watcher):
+            if watcher.ended(desc):
                 watcher.poll()  # summaries written just before the end
                 watcher.outputs(args.plot, args.metrics)
                 return report_end(desc, watcher)
@@ -373,7 +245,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def report_end(desc: dict[str, Any], watcher: Watcher) -> int:
-    rewards, evals = curves(watcher.cache)
+    rewards, evals = curves(watcher.cache.steps, watcher.cache.evals)
     print(f"run {watcher.run_id} {desc['status']}: {len(watcher.cache.steps)} step(s)"
           + (f", last mean reward {rewards[-1][1]:.3f}" if rewards else "")
           + (f", last eval accuracy {evals[-1][1]:.3f}" if evals else ""))
