@@ -132,6 +132,13 @@ def console_url(execution_arn: str) -> str:
     return f"https://{region}.console.aws.amazon.com/states/home?region={region}#/v2/executions/details/{execution_arn}"
 
 
+def execution_lines(run_id: str, execution_arn: str) -> list[str]:
+    """The lines `stepwise start` and `stepwise resume` end with: the execution they started (or
+    redrove), its console page, and how to follow the run."""
+    return [f"  execution  {execution_arn}", f"  console    {console_url(execution_arn)}",
+            f"  follow it  stepwise watch {run_id}"]
+
+
 # ------------------------------------------------------------------------------ S3 objects
 
 

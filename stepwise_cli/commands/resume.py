@@ -31,6 +31,7 @@ from stepwise_cli.commands._runs import (
     add_stack_arguments,
     console_url,
     deployment,
+    execution_lines,
     fail,
     run_executions,
     run_state,
@@ -127,7 +128,5 @@ def run(args: argparse.Namespace) -> int:
         return fail(str(e))
     verb = "redrove" if out["action"] == "redrive" else "started a new execution of"
     print(f"{verb} run {args.run} ({out['reason']})")
-    print(f"  execution  {out['execution_arn']}")
-    print(f"  console    {out['console_url']}")
-    print(f"  follow it  stepwise watch {args.run}")
+    print("\n".join(execution_lines(args.run, out["execution_arn"])))
     return EXIT_OK

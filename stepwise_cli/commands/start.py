@@ -34,6 +34,7 @@ from stepwise_cli.commands._runs import (
     add_stack_arguments,
     console_url,
     deployment,
+    execution_lines,
     fail,
     run_executions,
     run_state,
@@ -168,7 +169,5 @@ def run(args: argparse.Namespace) -> int:
     for uri in out["uploaded"]:
         print(f"uploaded {uri}")
     print(f"started run {out['run_id']}")
-    print(f"  execution  {out['execution_arn']}")
-    print(f"  console    {out['console_url']}")
-    print(f"  follow it  stepwise watch {out['run_id']}")
+    print("\n".join(execution_lines(out["run_id"], out["execution_arn"])))
     return EXIT_OK if out["execution_arn"] else EXIT_FAILED
