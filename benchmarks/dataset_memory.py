@@ -120,7 +120,9 @@ def run_child(kind: str, config: dict[str, Any], run_id: str, env: dict[str, str
 def write_run(s3: Any, run_id: str, config: dict[str, Any], rows: int) -> None:
     """config.json and state.json as Init leaves them, positioned in the middle of the dataset."""
     from stepwise.config import load_run_config
-    from stepwise.runstore import RunState, RunStore, config_key, state_key
+    from stepwise.layout import config_key, state_key
+    from stepwise.records import RunState
+    from stepwise.runstore import RunStore
 
     rs = RunStore(BUCKET, s3)
     rs.put_json(config_key(run_id), load_run_config(config).model_dump(mode="json"))
@@ -146,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from local.engine import MotoServer
     from stepwise.functions import by_name
+    from stepwise.layout import upload_key
 
     limits = {"init": by_name("Init").memory_mb, "plan": by_name("PlanStep").memory_mb}
     rows_out: list[dict[str, Any]] = []
@@ -158,9 +161,9 @@ def main(argv: list[str] | None = None) -> int:
         for size in [int(s) for s in args.sizes.split(",")]:
             for fmt in args.formats.split(","):
                 path, rows = generate(args.data, size, fmt)
-                key = f"datasets/{path.name}"
-                s3.upload_file(str(path), BUCKET, key)
                 run_id = f"bench-{size}mb-{fmt}-{int(time.time())}"
+                key = upload_key(run_id, path.name)
+                s3.upload_file(str(path), BUCKET, key)
                 config = {"region": "us-east-1", "role_arn": "arn:aws:iam::123456789012:role/r",
                           "base_model_arn": "stepwise-tiny",
                           "agent_runtime_arn": "arn:aws:bedrock-agentcore:us-east-1:123456789012:runtime/a",

@@ -22,7 +22,7 @@ from aws_cdk import ArnFormat, Stack
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 
-from infra.storage import DATASETS_PREFIX, ROLLOUT_RESULTS_PREFIX, RUNS_PREFIX, SESSIONS_PREFIX
+from stepwise.layout import DATASETS_PREFIX, RESULTS_PREFIX, RUNS_PREFIX, SESSIONS_PREFIX, run_sessions_prefix, tokenizer_prefix
 
 PUBLIC_HUB = "SageMakerPublicHub"
 #: Init names every training session ``stepwise-{run}-{hash}`` (``stepwise.training.session_name_for``).
@@ -182,15 +182,15 @@ def statements(
         return [iam.PolicyStatement(actions=["s3:GetObject", "s3:PutObject", "s3:PutObjectTagging"],
                                     resources=[objects(f"{SESSIONS_PREFIX}*")]), list_bucket]
     if capability is C.READ_RESULTS:
-        return [iam.PolicyStatement(actions=["s3:GetObject"], resources=[objects(f"{ROLLOUT_RESULTS_PREFIX}*")]),
+        return [iam.PolicyStatement(actions=["s3:GetObject"], resources=[objects(f"{RESULTS_PREFIX}*")]),
                 list_bucket]
     if capability is C.GATEWAY_S3:
         return [
             iam.PolicyStatement(actions=["s3:GetObject"],
-                                resources=[objects(f"{SESSIONS_PREFIX}*"), objects(f"{RUNS_PREFIX}*/tokenizer/*"),
-                                           objects(f"{RUNS_PREFIX}*/sessions/*")]),
+                                resources=[objects(f"{SESSIONS_PREFIX}*"), objects(f"{tokenizer_prefix('*')}*"),
+                                           objects(f"{run_sessions_prefix('*')}*")]),
             iam.PolicyStatement(actions=["s3:PutObject", "s3:PutObjectTagging"],
-                                resources=[objects(f"{RUNS_PREFIX}*/sessions/*")]),
+                                resources=[objects(f"{run_sessions_prefix('*')}*")]),
             list_bucket,
         ]
     if capability is C.SESSION_LIFECYCLE:

@@ -22,7 +22,8 @@ from infra.monitoring import Monitoring
 from infra.permissions import C, FUNCTION_CAPABILITIES
 from infra.settings import SettingsError, StackSettings
 from infra.state_machine import TrainingLoop
-from infra.storage import ROLLOUT_RESULTS_PREFIX, Storage
+from infra.storage import Storage
+from stepwise.layout import RESULTS_PREFIX
 from stepwise.stackinfo import region_of_arn
 
 #: Stack output keys (the CLI finds the deployment by these; docs/internals.md "Stack outputs").
@@ -93,7 +94,7 @@ class StepwiseStack(Stack):
         bucket.add_event_notification(
             s3.EventType.OBJECT_CREATED,
             s3n.LambdaDestination(fns["OnRolloutResult"]),
-            s3.NotificationKeyFilter(prefix=ROLLOUT_RESULTS_PREFIX),
+            s3.NotificationKeyFilter(prefix=RESULTS_PREFIX),
         )
 
         topic = (sns.Topic.from_topic_arn(self, "NotificationTopic", settings.notification_topic_arn)

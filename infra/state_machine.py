@@ -37,8 +37,8 @@ from constructs import Construct
 from infra.definition import INTEGRATION_PLACEHOLDERS, used_substitutions
 from infra.functions import _retention
 from infra.permissions import STATE_MACHINE_ACTIONS, Capability
-from infra.storage import RUNS_PREFIX
 from state_machine.definition import PLACEHOLDER_RE
+from stepwise.layout import RUNS_PREFIX
 
 #: Service integrations this construct grants, by what follows ``arn:PARTITION:states:::``.
 LAMBDA_INTEGRATIONS = ("lambda:invoke", "lambda:invoke.waitForTaskToken")

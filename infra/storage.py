@@ -8,14 +8,14 @@ from aws_cdk import aws_s3 as s3
 from cdk_nag import NagSuppressions
 from constructs import Construct
 
-#: Key prefixes (docs/internals.md, "S3 layout").
-RUNS_PREFIX = "runs/"
-SESSIONS_PREFIX = "sessions/"
-ROLLOUT_RESULTS_PREFIX = "rollout-results/"
-DATASETS_PREFIX = "datasets/"
-SAGEMAKER_OUTPUT_PREFIX = "sagemaker-output/"
-#: Object tag that marks bulky per-step data (datums, rollout records, captured turns, Map items).
-BULK_TAG_KEY, BULK_TAG_VALUE = "stepwise-class", "bulk"
+from stepwise.layout import (  # the key prefixes and the bulk tag (docs/internals.md, "S3 layout")
+    BULK_TAG_KEY,
+    BULK_TAG_VALUE,
+    RESULTS_PREFIX,
+    RUNS_PREFIX,
+    SAGEMAKER_OUTPUT_PREFIX,
+    SESSIONS_PREFIX,
+)
 
 
 class Storage(Construct):
@@ -75,7 +75,7 @@ class Storage(Construct):
                     tag_filters={BULK_TAG_KEY: BULK_TAG_VALUE},
                     expiration=bulk,
                 ),
-                s3.LifecycleRule(id="expire-agent-results", prefix=ROLLOUT_RESULTS_PREFIX, expiration=bulk),
+                s3.LifecycleRule(id="expire-agent-results", prefix=RESULTS_PREFIX, expiration=bulk),
                 s3.LifecycleRule(id="expire-gateway-sessions", prefix=SESSIONS_PREFIX, expiration=bulk),
                 s3.LifecycleRule(id="abort-incomplete-uploads", abort_incomplete_multipart_upload_after=Duration.days(7)),
             ],
@@ -90,7 +90,7 @@ class Storage(Construct):
                     sid="AgentsWriteRolloutResults",
                     principals=[iam.ArnPrincipal(a) for a in agent_role_arns],
                     actions=["s3:PutObject"],
-                    resources=[self.bucket.arn_for_objects(f"{ROLLOUT_RESULTS_PREFIX}*")],
+                    resources=[self.bucket.arn_for_objects(f"{RESULTS_PREFIX}*")],
                 )
             )
         # The training session writes checkpoints to OutputConfig.S3Location; the default

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from local import REPO_ROOT
+from stepwise import layout
 
 
 def _shared_data_dir() -> Path:
@@ -76,7 +77,7 @@ def upload_datasets(cfg: dict[str, Any], *, s3: Any, bucket: str, run_id: str, c
         if not value or str(value).startswith("s3://"):
             continue
         local = resolve_dataset(str(value), config_dir)
-        s3_key = f"datasets/{run_id}/{local.name}"
+        s3_key = layout.upload_key(run_id, local.name)
         s3.upload_file(str(local), bucket, s3_key)
         out[key] = f"s3://{bucket}/{s3_key}"
     return out

@@ -28,7 +28,6 @@ import inspect
 import json
 import logging
 import os
-import re
 import threading
 import time
 import traceback
@@ -40,6 +39,7 @@ from botocore.config import Config
 
 from local._proc import restore_env
 from local.limits import LimitMonitor, MemoryMeasure, default_measure, process_monitor
+from stepwise.layout import RESULTS_PREFIX, key_kind
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,6 @@ REGION = "us-east-1"
 ACCOUNT_ID = "123456789012"  # moto's default account
 LAMBDA_ROLE_NAME = "stepwise-local-lambda"
 STATE_MACHINE_ROLE_NAME = "stepwise-local-states"
-ROLLOUT_RESULTS_PREFIX = "rollout-results/"
 #: boto3 service name -> the suffix of its ``AWS_ENDPOINT_URL_*`` variable (botocore's
 #: service id, upper-cased, spaces as underscores: Step Functions is ``SFN``).
 MOTO_SERVICES = {
@@ -535,30 +534,11 @@ def with_pool(client: Any) -> Any:
 # S3 request log (what a rollout costs in requests, by kind)
 # --------------------------------------------------------------------------------------
 
-#: (regex on the object key, kind), first match wins: the run store's layout (stepwise.runstore).
-_S3_KEY_KINDS = tuple((re.compile(rx), kind) for rx, kind in (
-    (r"^runs/[^/]+/state\.json$", "state"),
-    (r"^runs/[^/]+/config\.json$", "config"),
-    (r"^runs/[^/]+/sessions/[^/]+/task_token\.json$", "task_token"),
-    (r"^runs/[^/]+/sessions/[^/]+/turns/", "turn"),
-    (r"^sessions/[^/]+\.json$", "session"),
-    (r"/starts/[^/]+\.json$", "start_marker"),
-    (r"/rollouts/", "rollout"),
-    (r"/prompts\.json$", "prompts"),
-    (r"/items\.json$", "items"),
-    (r"/datums/", "datums"),
-    (r"/summary\.json$", "summary"),
-    (r"^runs/[^/]+/tokenizer/", "tokenizer"),
-    (r"^runs/[^/]+/dataset/", "dataset"),
-    (r"^rollout-results/", "result"),
-))
-
-
 def s3_request_kind(method: str, path: str, query: str) -> tuple[str, str]:
     """``(operation, object kind)`` of one path-style S3 request.
 
     Operation: ``GET``, ``PUT``, ``HEAD``, ``DELETE``, ``POST`` or ``LIST`` (a GET of the bucket
-    itself); object kind: the run-store key it touches (``state``, ``session``, ``turn``, ...;
+    itself); object kind: the layout's kind of the key it touches (`stepwise.layout.key_kind`: ``state``, ``session``, ``turn``, ...;
     ``bucket`` for bucket-level calls, ``other`` for keys outside the layout). For a LIST the kind
     is the one of its ``prefix`` (``turn`` for a session's turns).
     """
@@ -574,10 +554,7 @@ def s3_request_kind(method: str, path: str, query: str) -> tuple[str, str]:
         op, key = "LIST", prefix
         if not key:
             return op, "bucket"
-    for rx, kind in _S3_KEY_KINDS:
-        if rx.search(key):
-            return op, kind
-    return op, "other"
+    return op, key_kind(key)
 
 
 class S3RequestLog:
@@ -793,7 +770,7 @@ def create_bucket(moto: MotoServer, bucket: str, *, result_function_arn: str | N
                         "Id": "rollout-results",
                         "LambdaFunctionArn": result_function_arn,
                         "Events": ["s3:ObjectCreated:*"],
-                        "Filter": {"Key": {"FilterRules": [{"Name": "prefix", "Value": ROLLOUT_RESULTS_PREFIX}]}},
+                        "Filter": {"Key": {"FilterRules": [{"Name": "prefix", "Value": RESULTS_PREFIX}]}},
                     }
                 ]
             },

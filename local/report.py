@@ -9,6 +9,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from stepwise import layout
 from stepwise_cli.commands.watch import eval_when
 
 
@@ -140,7 +141,7 @@ def mirror_run_objects(s3: Any, bucket: str, run_id: str, target: Path) -> int:
     """Copy ``runs/{run_id}/`` and ``rollout-results/{run_id}/`` to ``target``; returns the object count."""
     count = 0
     paginator = s3.get_paginator("list_objects_v2")
-    for prefix in (f"runs/{run_id}/", f"rollout-results/{run_id}/"):
+    for prefix in (layout.run_prefix(run_id), layout.results_prefix(run_id)):
         for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
             for obj in page.get("Contents", []):
                 path = target / obj["Key"]

@@ -52,6 +52,7 @@ from local.report import (
     timing_split,
 )
 from local.stack import LocalStack, run_cleanup, training_session_status
+from stepwise import layout
 from stepwise.executions import ABNORMAL_END_STATUSES
 from stepwise.stackinfo import StackInfo
 from stepwise_cli.commands._runs import Deployment, eval_accuracy, mean_reward
@@ -361,7 +362,7 @@ def _finish(stack: LocalStack, follower: LocalFollower | None, desc: dict[str, A
                              "max_forward_seconds": round(c.max_forward_seconds, 4)}
         session_status = training_session_status(stack, run_id)
         s3 = stack.moto.client("s3")
-        for key in (f"runs/{run_id}/state.json", f"runs/{run_id}/config.json"):
+        for key in (layout.state_key(run_id), layout.config_key(run_id)):
             try:
                 body = s3.get_object(Bucket=stack.bucket, Key=key)["Body"].read()
                 (run_dir / ("state.json" if key.endswith("state.json") else "run_config.json")).write_bytes(body)

@@ -23,6 +23,7 @@ from typing import Any
 from local import REPO_ROOT
 from local._proc import restore_env, stop_process
 from local.workers import WorkerPool, workers_from_env
+from stepwise import layout
 from stepwise.clients import ENV_MAX_POOL_CONNECTIONS
 from stepwise.executions import EXECUTION_STATUS_CHANGE
 
@@ -185,7 +186,7 @@ def local_pool_size(tps_limit: float | None) -> int:
     """Connections per client and host for the local stack: two per rollout the Map may run at
     once (PlanStep's bound: ``acr_tps_limit`` x CONCURRENCY_PER_TPS, at most MAX_MAP_CONCURRENCY;
     StartRollout's or FinishRollout's call plus OnRolloutResult's), plus the parent's tasks."""
-    from stepwise.handlers.plan import CONCURRENCY_PER_TPS, MAX_MAP_CONCURRENCY
+    from stepwise.service_limits import CONCURRENCY_PER_TPS, MAX_MAP_CONCURRENCY
 
     concurrency = MAX_MAP_CONCURRENCY if not tps_limit else min(MAX_MAP_CONCURRENCY,
                                                                   math.ceil(tps_limit * CONCURRENCY_PER_TPS))
@@ -239,7 +240,7 @@ def training_session_status(stack: LocalStack, run_id: str) -> str | None:
     """The run's training session status (name from state.json, status from the simulator)."""
     try:
         s3 = stack.moto.client("s3")
-        state = json.loads(s3.get_object(Bucket=stack.bucket, Key=f"runs/{run_id}/state.json")["Body"].read())
+        state = json.loads(s3.get_object(Bucket=stack.bucket, Key=layout.state_key(run_id))["Body"].read())
         return simulator_sessions(stack.simulator).get(state["training_session_name"])
     except Exception as exc:
         log.warning("could not read the training session status: %s", exc)

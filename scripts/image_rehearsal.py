@@ -222,7 +222,7 @@ def invoke_representative_handlers(runner: Runner) -> None:
     from pipeline_fixtures import FakeAgent, Stack, execution_arn, run_ref
 
     from stepwise.functions import by_name
-    from stepwise.runstore import result_key
+    from stepwise.layout import result_key
 
     stack = Stack()
     agent = FakeAgent()

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from stepwise import layout
 from stepwise.executions import TERMINAL_STATUSES
 from stepwise_cli.commands._runs import Deployment, run_executions, run_state, step_folders
 
@@ -53,7 +54,7 @@ class SummaryCache:
         changed: list[tuple[str, int]] = []
         for kind, target in (("steps", self.steps), ("evals", self.evals)):
             probe = kind == "steps" and self.probe_steps and not full
-            steps = sorted(target) if probe else step_folders(s3, bucket, f"runs/{self.run_id}/{kind}/")
+            steps = sorted(target) if probe else step_folders(s3, bucket, layout.summaries_prefix(self.run_id, kind))
             recent = set(steps[-2:])
             for step in steps:
                 if step in target and step not in recent:
@@ -70,7 +71,7 @@ class SummaryCache:
     def _read(self, s3: Any, bucket: str, kind: str, step: int, target: dict[int, dict[str, Any]]) -> bool | None:
         """Read one summary into ``target``: True when it is new or changed, False when unchanged,
         None when it does not exist (yet)."""
-        key = f"runs/{self.run_id}/{kind}/{step}/summary.json"
+        key = layout.step_summary_key(self.run_id, kind, step)
         try:
             obj = s3.get_object(Bucket=bucket, Key=key)
         except Exception as e:  # not written yet

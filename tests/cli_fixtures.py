@@ -83,7 +83,7 @@ def moto_dep(moto_env) -> MotoDeployment:
 
 def run_state(run_id: str, execution_arn: str, **extra: Any) -> dict[str, Any]:
     """A ``state.json`` body (the fields the commands read; RunState's own defaults otherwise)."""
-    from stepwise.runstore import RunState
+    from stepwise.records import RunState
 
     return RunState(run_id=run_id, owner_execution_arn=execution_arn,
                     training_session_name=f"stepwise-{run_id}", **extra).model_dump()

@@ -22,7 +22,7 @@ def main() -> None:
 
     from gateway_fixtures import BUCKET, MotoS3, ScriptedSampler, cache_tokenizer, open_session
     from stepwise.gateway import start_gateway
-    from stepwise.gateway.session import SessionRecord
+    from stepwise.records import SessionRecord
 
     s3 = MotoS3()
     cache_tokenizer(s3.client, "bench")

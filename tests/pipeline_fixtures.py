@@ -164,7 +164,7 @@ def play_rollout(stack: Stack, run_id: str, sid: str, input_id: str, reward: flo
     """What the gateway and the agent leave in S3 for one rollout: one captured turn (none when
     ``with_turn`` is false: an agent that never called its LLM), then the toolkit's result object
     (``reward=None`` writes none). Returns the result key."""
-    from stepwise.runstore import result_key, turns_prefix
+    from stepwise.layout import result_key, turns_prefix
 
     prompt_ids = prompt_ids or [1, 2, 3, 4]
     turn = captured_turn(sid, prompt_ids, output_ids, [-0.5] * len(output_ids))

@@ -14,7 +14,8 @@ from stepwise.config import ConfigError, load_run_config
 from stepwise.datasets import DatasetError
 from stepwise.handlers import advantages, plan, train
 from stepwise.handlers._common import BatchEvent, RunEvent
-from stepwise.runstore import RunStore, result_key
+from stepwise.layout import result_key
+from stepwise.runstore import RunStore
 
 
 @pytest.fixture(scope="module")
@@ -205,7 +206,7 @@ def test_empty_rollouts_count_rollouts_without_a_trainable_datum(stack):
     # members 0 and 3 captured a turn that sampled nothing: no loss-mask token, so no datum
     p, d = _batch(stack, run_id, ev, [1.0, 0.0, 0.0, 1.0], output_ids=[[], [20, 21], [22], []])
     rollouts = advantages.load_rollouts(run_id, advantages.BatchRef.model_validate(p["batch"]))
-    assert [len(r["records"]) for r in rollouts] == [0, 1, 1, 0]
+    assert [len(r.records) for r in rollouts] == [0, 1, 1, 0]
     assert d["decision"] == "train" and d["num_datums"] == 2
     state, _ = RunStore(BUCKET, stack.s3).read_state(run_id)
     assert state.step_metrics["sampling/empty_rollouts"] == 2

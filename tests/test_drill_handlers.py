@@ -16,7 +16,8 @@ from stepwise.handlers import plan
 from stepwise.handlers._common import RunEvent
 from stepwise.handlers.rollout import FinishEvent, finish
 from stepwise.handlers.session import SessionStartTimeout, StopEvent, poll_session, stop
-from stepwise.runstore import RunStore, state_key
+from stepwise.layout import state_key
+from stepwise.runstore import RunStore
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from stepwise.config import load_run_config
-from stepwise.runstore import RunState, RunStore, config_key, dataset_index_key, state_key
+from stepwise.layout import config_key, dataset_index_key, state_key
+from stepwise.records import RunState
+from stepwise.runstore import RunStore
 
 REPO = Path(__file__).resolve().parents[1]
 BUCKET = "stepwise-limits-drill"

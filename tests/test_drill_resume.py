@@ -16,7 +16,9 @@ from stepwise.handlers.init import InitEvent, initialize, rewind_to_checkpoint
 from stepwise.handlers.rollout import FinishEvent, finish
 from stepwise.handlers._common import BatchRef
 from stepwise.handlers.session import StopEvent, poll_session, stop
-from stepwise.runstore import Checkpoint, RunState, RunStore, start_marker_key
+from stepwise.layout import start_marker_key
+from stepwise.records import Checkpoint, RunState
+from stepwise.runstore import RunStore
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from stepwise.gateway.session import (
-    SessionRecord,
     TurnUsage,
     is_plausible_sid,
     limit_exceeded,
@@ -15,6 +14,7 @@ from stepwise.gateway.session import (
     turn_key,
     usage_from_keys,
 )
+from stepwise.records import SessionRecord
 
 RECORD = SessionRecord(sid="s1", run_id="r", training_session_name="ts", deadline=100.0, max_turns=3,
                        max_total_tokens=50)

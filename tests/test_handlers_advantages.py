@@ -105,7 +105,7 @@ def test_the_step_summary_carries_behaviour_metrics_of_every_rollout(stack):
 
     from stepwise.handlers._common import BatchRef, run_config
     from stepwise.handlers.rollout import FinishEvent, finish, session_record
-    from stepwise.runstore import session_key
+    from stepwise.layout import session_key
 
     run_id = new_run_id("behaviour")
     init_run(stack, run_id, stack.config())
@@ -117,7 +117,7 @@ def test_the_step_summary_carries_behaviour_metrics_of_every_rollout(stack):
         sid = f"sid-{item['i']}-{run_id}"
         record = session_record(run_config(run_id), run_id, BatchRef.model_validate(p["batch"]), sid, item["input_id"],
                                 item["i"])
-        stack.s3.put_object(Bucket=BUCKET, Key=session_key(sid), Body=json.dumps(record).encode())  # as StartRollout
+        stack.s3.put_object(Bucket=BUCKET, Key=session_key(sid), Body=record.model_dump_json().encode())  # as StartRollout
         key = play_rollout(stack, run_id, sid, item["input_id"], float(item["i"] % 2), [10, 11, 12 + item["i"]])
         finish(FinishEvent.model_validate({"run": run_ref(run_id), "batch": p["batch"], "item": item,
                                            "result": {"sid": sid, "result_key": key}, "error": None}))
@@ -177,7 +177,7 @@ def test_a_batch_of_agent_errors_and_timeouts_fails_the_run_with_the_causes_coun
     import uuid
 
     from stepwise.handlers.rollout import FinishEvent, finish
-    from stepwise.runstore import result_key
+    from stepwise.layout import result_key
 
     run_id = new_run_id()
     init_run(stack, run_id, stack.config())
@@ -204,7 +204,7 @@ def test_eval_rollouts_whose_agent_raised_count_as_failed_and_score_zero(stack):
     import uuid
 
     from stepwise.handlers.rollout import FinishEvent, finish
-    from stepwise.runstore import result_key
+    from stepwise.layout import result_key
 
     run_id = new_run_id("eval")
     eval_path = stack.put_dataset("data/eval-fail.jsonl", [{"prompt": "e0", "answer": "0"}, {"prompt": "e1", "answer": "1"}])

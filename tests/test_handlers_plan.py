@@ -7,7 +7,7 @@ from pydantic import ValidationError
 
 from stepwise.config import RunConfig
 from stepwise.handlers.plan import build_items, decide
-from stepwise.runstore import Checkpoint, RunState
+from stepwise.records import Checkpoint, RunState
 
 BASE = {
     "role_arn": "arn:aws:iam::123456789012:role/R",
@@ -190,9 +190,9 @@ def test_items_are_references_one_per_rollout_grouped_by_prompt():
     d = decide(s, c)
     payloads = [{"prompt": f"q{i}", "big": "x" * 10_000} for i in range(4)]
     items, prompts = build_items(d, payloads)
-    assert [(it["input_id"], it["member"]) for it in items] == [
+    assert [(it.input_id, it.member) for it in items] == [
         ("s0g0p0", 0), ("s0g0p0", 1), ("s0g0p0", 2), ("s0g0p1", 0), ("s0g0p1", 1), ("s0g0p1", 2)]
-    assert [it["i"] for it in items] == list(range(6)) and all(len(str(it)) < 100 for it in items)
+    assert [it.i for it in items] == list(range(6)) and all(len(str(it.model_dump())) < 100 for it in items)
     assert prompts == {"s0g0p0": payloads[0], "s0g0p1": payloads[1]}
 
 

@@ -7,15 +7,9 @@ import pytest
 from botocore.exceptions import ClientError
 from moto import mock_aws
 
-from stepwise.runstore import (
-    RunOwnedElsewhere,
-    RunState,
-    RunStore,
-    StateConflict,
-    parse_result_key,
-    result_key,
-    state_key,
-)
+from stepwise.layout import parse_result_key, result_key, state_key
+from stepwise.records import RunState
+from stepwise.runstore import RunOwnedElsewhere, RunStore, StateConflict
 
 OWNER = "arn:aws:states:us-east-1:123456789012:execution:sm:run-1"
 
@@ -90,7 +84,8 @@ def test_result_keys_round_trip_and_bad_keys_are_named():
 
 
 def test_final_weights_are_the_weights_saved_at_the_end_else_the_sampler_else_none():
-    from stepwise.runstore import Checkpoint, RunState, final_weights
+    from stepwise.core.phases import final_weights
+    from stepwise.records import Checkpoint, RunState
 
     state = RunState(run_id="r", owner_execution_arn="e", training_session_name="s", step=5, policy_version=4)
     assert final_weights(state) is None  # nothing trained: the sampler is the base model

@@ -11,7 +11,7 @@ from moto import mock_aws
 from stepwise import tracking
 from stepwise.config import load_run_config
 from stepwise.handlers import _common, session
-from stepwise.runstore import config_key, eval_summary_key, summary_key
+from stepwise.layout import config_key, eval_summary_key, summary_key
 
 BUCKET = "stepwise-tracking-test"
 

@@ -12,7 +12,7 @@ Memory does not grow with the file: `iter_payloads` streams it (JSONL line by li
 read; Parquet batch by batch from ranged reads of only the ``payload`` column), so Init can validate a
 dataset of any size within its Lambda's memory. `shard_dataset` also writes the payloads once as
 JSONL *shards* of about `SHARD_BYTES` each (Init puts them under the run's prefix,
-``stepwise.runstore.dataset_shard_key``), and `read_rows` then reads only the shards holding the rows
+``stepwise.layout.dataset_shard_key``), and `read_rows` then reads only the shards holding the rows
 a generation batch needs (PlanStep).
 """
 
@@ -344,7 +344,7 @@ def shard_dataset(path: str, min_rows: int, put_shard: Callable[[int, bytes], No
 
     Args:
         put_shard: ``put_shard(i, body)`` for shard i = 0, 1, ...: one payload object per line,
-            about ``shard_bytes`` each (Init: a PutObject of ``stepwise.runstore.dataset_shard_key``).
+            about ``shard_bytes`` each (Init: a PutObject of ``stepwise.layout.dataset_shard_key``).
 
     Raises:
         DatasetError: as `check_dataset` (shards already written stay; a retried Init rewrites them).
@@ -363,7 +363,7 @@ def read_rows(rows: Iterable[int], index: DatasetIndex, get_shard: Callable[[int
     Args:
         rows: 0-based row numbers, each < ``index.rows``.
         index: the snapshot's `DatasetIndex`.
-        get_shard: shard number -> its bytes (a GetObject of ``stepwise.runstore.dataset_shard_key``).
+        get_shard: shard number -> its bytes (a GetObject of ``stepwise.layout.dataset_shard_key``).
 
     Raises:
         IndexError: a row outside the dataset.

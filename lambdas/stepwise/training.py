@@ -29,7 +29,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from stepwise.runstore import PendingOperation, RunState
+from stepwise.records import PendingOperation, RunState
 
 #: Namespace of the deterministic client tokens (uuid5).
 CLIENT_TOKEN_NAMESPACE = uuid.UUID("6f0b6c1e-5d0a-4f4e-9a51-5e8f3b1f2c7d")

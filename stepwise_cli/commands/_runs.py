@@ -18,6 +18,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
+from stepwise import layout
 from stepwise.executions import belongs_to
 from stepwise.stackinfo import StackInfo, StackNotFound, resolve
 
@@ -155,11 +156,11 @@ def get_json(s3: Any, bucket: str, key: str) -> Any | None:
 
 
 def run_state(dep: Deployment, run_id: str) -> dict[str, Any] | None:
-    return get_json(dep.s3, dep.bucket, f"runs/{run_id}/state.json")
+    return get_json(dep.s3, dep.bucket, layout.state_key(run_id))
 
 
 def run_config(dep: Deployment, run_id: str) -> dict[str, Any] | None:
-    return get_json(dep.s3, dep.bucket, f"runs/{run_id}/config.json")
+    return get_json(dep.s3, dep.bucket, layout.config_key(run_id))
 
 
 def failure_message(cause: Any) -> str:
@@ -176,9 +177,10 @@ def failure_message(cause: Any) -> str:
 
 def run_weights(state: dict[str, Any] | None) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     """``(checkpoints, final weights)`` of a ``state.json`` body, each a dict with ``step``, ``kind``,
-    ``reason`` and ``model_package_arn`` (`stepwise.runstore.final_weights`; ``None`` when no step was
+    ``reason`` and ``model_package_arn`` (`stepwise.core.phases.final_weights`; ``None`` when no step was
     trained). Fields this version does not know are ignored, so an older CLI reads a newer state."""
-    from stepwise.runstore import RunState, final_weights
+    from stepwise.core.phases import final_weights
+    from stepwise.records import RunState
 
     if not state:
         return [], None

@@ -13,6 +13,7 @@ import argparse
 import json
 from typing import Any
 
+from stepwise import layout
 from stepwise.executions import run_id_of_execution
 from stepwise_cli.commands._runs import (
     EXIT_OK,
@@ -42,9 +43,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def last_summary(dep: Deployment, run_id: str, kind: str) -> tuple[int | None, dict[str, Any] | None]:
     """``(step, summary)`` of the newest written ``{kind}/{step}/summary.json`` (kind: steps | evals)."""
-    prefix = f"runs/{run_id}/{kind}/"
-    for step in reversed(step_folders(dep.s3, dep.bucket, prefix)):
-        body = get_json(dep.s3, dep.bucket, f"{prefix}{step}/summary.json")
+    for step in reversed(step_folders(dep.s3, dep.bucket, layout.summaries_prefix(run_id, kind))):
+        body = get_json(dep.s3, dep.bucket, layout.step_summary_key(run_id, kind, step))
         if body is not None:
             return step, body
     return None, None

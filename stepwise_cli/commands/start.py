@@ -25,6 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from stepwise import layout
 from stepwise_cli.commands._runs import (
     EXIT_FAILED,
     EXIT_OK,
@@ -82,13 +83,13 @@ def upload_inputs(raw: dict[str, Any], *, s3: Any, bucket: str, run_id: str) -> 
         path = Path(str(value))
         if not path.is_file():
             raise CommandError(f"{field}: {value} is not a file")
-        key = f"datasets/{run_id}/{path.name}"
+        key = layout.upload_key(run_id, path.name)
         s3.upload_file(str(path), bucket, key)
         out[field] = f"s3://{bucket}/{key}"
         uploaded.append(out[field])
     tok = out.get("tokenizer_path")
     if tok and not str(tok).startswith("s3://") and Path(str(tok)).is_dir():
-        prefix = f"datasets/{run_id}/tokenizer/"
+        prefix = layout.upload_tokenizer_prefix(run_id)
         files = [p for p in sorted(Path(str(tok)).iterdir()) if p.is_file()]
         if not files:
             raise CommandError(f"tokenizer_path: {tok} holds no files")

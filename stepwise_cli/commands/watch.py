@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from stepwise import tracking
+from stepwise import layout, tracking
 from stepwise.executions import ABNORMAL_END_STATUSES
 from stepwise_cli.commands._runs import (
     BEHAVIOUR_METRICS,
@@ -221,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
             desc = watcher.poll()
             if first and desc is None and run_state(dep, args.run) is None:
                 raise CommandError(f"no run {args.run!r} in this deployment (no execution of that name, no "
-                                   f"runs/{args.run}/state.json in s3://{dep.bucket}); see `stepwise runs`")
+                                   f"{layout.state_key(args.run)} in s3://{dep.bucket}); see `stepwise runs`")
             first = False
             if len(watcher.cache.steps) + len(watcher.cache.evals) != last_steps:
                 watcher.outputs(args.plot, args.metrics)

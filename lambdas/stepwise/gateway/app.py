@@ -40,21 +40,20 @@ from agentcore_rl_toolkit.rollout_gateway.adapters.anthropic import AnthropicAda
 from agentcore_rl_toolkit.rollout_gateway.adapters.common import sid_from_bearer
 from agentcore_rl_toolkit.rollout_gateway.adapters.openai import OpenAIAdapter
 from stepwise.core.seeding import turn_seed
+from stepwise.layout import session_key, turns_prefix
+from stepwise.records import SessionRecord
 
 from . import _toolkit
 from .recorder import PendingTurn, S3TurnRecorder
 from .renderers import RoutingRenderer, RunRenderers, S3TokenizerLoader, TokenizerLoader
 from .sampling import SamplerFactory, SessionSamplerBackend
 from .session import (
-    SessionRecord,
     TurnUsage,
     is_plausible_sid,
     limit_exceeded,
     turn_index,
     refusal,
-    session_key,
     sid_digest,
-    turns_prefix,
     usage_from_keys,
 )
 from .validation import TURN_ROUTES, Protocol, error_response, parse_body

@@ -17,7 +17,7 @@ from typing import Any
 
 from agentcore_rl_toolkit.rollout_gateway.render import ParsedOutput
 
-from .session import SessionRecord
+from stepwise.records import SessionRecord
 
 #: (record) -> tokenizer; the default downloads from S3. Tests may inject a local loader.
 TokenizerLoader = Callable[[SessionRecord], Any]

@@ -24,8 +24,9 @@ from typing import Any
 
 from agentcore_rl_toolkit.rollout_gateway.trajectory import TurnRecord
 
+from stepwise.records import SessionRecord
+
 from . import _toolkit
-from .session import SessionRecord
 
 #: Builds the token-in/token-out backend for one session record.
 SamplerFactory = Callable[[SessionRecord], Any]

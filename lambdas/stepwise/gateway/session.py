@@ -1,8 +1,8 @@
 """Gateway session records and captured-turn keys in the run bucket.
 
-The session record ``sessions/{sid}.json`` is written by StartRollout and closed by
-FinishRollout; the gateway only reads it (format: ``docs/internals.md``, "Gateway session
-record"). Captured turns live under ``runs/{run_id}/sessions/{sid}/turns/`` one object
+The session record ``sessions/{sid}.json`` (`stepwise.records.SessionRecord`) is written by
+StartRollout and closed by FinishRollout; the gateway only reads it (format: ``docs/internals.md``,
+"Gateway session record"). Captured turns live under ``runs/{run_id}/sessions/{sid}/turns/`` one object
 each, so a turn cap and a sampled-token budget can be counted across any number of
 gateway containers with a single listing.
 """
@@ -15,9 +15,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from stepwise.runstore import session_key, turns_prefix  # noqa: F401  (one home for the layout)
+from stepwise.layout import turns_prefix
+from stepwise.records import SessionRecord
 
 #: What a sid may look like before we spend an S3 call on it (StartRollout makes uuid4s;
 #: anything key-safe up to 128 characters is accepted so other callers can open sessions).
@@ -25,46 +24,6 @@ _SID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 #: ``{completed_at_ns:020d}-{uuid4 hex}-o{output_tokens}.json``; see :func:`turn_key`.
 _TURN_NAME_RE = re.compile(r"^(?P<ns>\d{20})-(?P<uid>[0-9a-f]{32})(?:-o(?P<out>\d+))?\.json$")
-
-
-class SessionRecord(BaseModel):
-    """``sessions/{sid}.json``: what one rollout's agent may do with the gateway.
-
-    Unknown keys are kept (``extra="allow"``) so StartRollout can add fields without a
-    gateway release. ``deadline`` is epoch seconds; ``0`` disables it. ``max_turns`` and
-    ``max_total_tokens`` of ``0`` disable the turn cap / sampled-token budget.
-    ``chat_template_kwargs`` (optional, an extension of the contract) reaches
-    ``HfTemplateRenderer(chat_template_kwargs=...)`` like the reference config's field.
-    ``sampling_seed`` (optional) seeds every turn's sample (see :func:`turn_index`).
-    """
-
-    model_config = ConfigDict(extra="allow")
-
-    sid: str
-    run_id: str
-    step: int = 0
-    generation_batch: int = 0
-    kind: str = "train"
-    training_session_name: str
-    sampler_model_package_arn: str = ""
-    policy_version: int = 0
-    region: str | None = None
-    tokenizer_prefix: str = ""
-    sampling_defaults: dict[str, Any] = Field(default_factory=dict)
-    max_context_tokens: int = 0
-    max_turns: int = 0
-    max_total_tokens: int = 0
-    deadline: float = 0.0
-    closed: bool = False
-    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
-    #: The rollout's seed (`stepwise.core.seeding.rollout_seed`); each turn samples with
-    #: `turn_seed(sampling_seed, turn index)`. None = unseeded samples.
-    sampling_seed: int | None = None
-
-    def resolved_tokenizer_prefix(self) -> str:
-        """The S3 prefix of the run's cached tokenizer (``runs/{run_id}/tokenizer/`` by default)."""
-        prefix = self.tokenizer_prefix or f"runs/{self.run_id}/tokenizer/"
-        return prefix if prefix.endswith("/") else prefix + "/"
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,9 @@ from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.metrics import MetricUnit
 from pydantic import BaseModel, ConfigDict
 
-from stepwise.runstore import RunState, RunStore, config_key, eval_summary_key, summary_key
+from stepwise.layout import config_key, eval_summary_key, summary_key
+from stepwise.records import BatchRef, RunRef
+from stepwise.runstore import RunStore
 
 SERVICE = os.environ.get("POWERTOOLS_SERVICE_NAME", "stepwise")
 logger = Logger(service=SERVICE)
@@ -32,50 +34,6 @@ class NoTrainingSignal(RuntimeError):
     empty (PlanStep). No rollout captured a turn with a loss-mask token: the agent answers without
     calling its LLM, or never reaches the gateway. Fail the run instead of billing the session for
     steps that train nothing."""
-
-
-class RunRef(BaseModel):
-    """The reference every step of the state machine carries: ``$.run``."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    run_id: str
-    execution_arn: str
-
-
-class SamplerPolicy(BaseModel):
-    """The policy a generation batch samples from, as ``state.json`` held it when PlanStep planned
-    the batch. Nothing changes it before the batch's rollouts end (training and Rebind run after
-    the Map), so StartRollout takes it from the batch instead of re-reading ``state.json``."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    training_session_name: str
-    sampler_model_package_arn: str = ""
-    policy_version: int = 0
-
-    @classmethod
-    def of(cls, state: RunState) -> "SamplerPolicy":
-        """The policy ``state`` samples from now (its session, sampler model package and version)."""
-        return cls(training_session_name=state.training_session_name,
-                   sampler_model_package_arn=state.sampler_model_package_arn, policy_version=state.policy_version)
-
-
-class BatchRef(BaseModel):
-    """One generation batch: ``$.plan.batch`` (also handed to every rollout child).
-
-    ``policy`` is None in a batch planned before PlanStep carried it (an execution in flight
-    across an upgrade): StartRollout then reads it from ``state.json``.
-    """
-
-    model_config = ConfigDict(extra="ignore")
-
-    kind: str  # "train" | "eval"
-    step: int
-    generation_batch: int = 0
-    timeout_seconds: int = 1800
-    final: bool = False
-    policy: SamplerPolicy | None = None
 
 
 class RunEvent(BaseModel):

@@ -28,7 +28,6 @@ from stepwise import training
 from stepwise.core.rewards import preview
 from stepwise.handlers._common import (
     BatchEvent,
-    BatchRef,
     NoTrainingSignal,
     bind,
     emit,
@@ -38,7 +37,8 @@ from stepwise.handlers._common import (
     store,
     write_summary,
 )
-from stepwise.runstore import RunState, datums_key, eval_summary_key, rollouts_prefix, start_marker_key
+from stepwise.layout import datums_key, eval_summary_key, rollouts_prefix, start_marker_key
+from stepwise.records import BatchRef, RolloutRecord, RunState
 
 
 class BatchMismatch(RuntimeError):
@@ -55,21 +55,21 @@ class RolloutsFailed(RuntimeError):
 TOP_CAUSES = 3
 
 
-def rollout_report(rollouts: list[dict[str, Any]], top: int = TOP_CAUSES) -> str:
+def rollout_report(rollouts: list[RolloutRecord], top: int = TOP_CAUSES) -> str:
     """What a batch's rollouts reported, for a failure's cause: status counts, rollouts with no
     captured turn, then the ``top`` most common causes with their counts (the error and cause of
     failed rollouts, else the reason a reward was zeroed), e.g.
     ``4 error, 0 timeout, 0 ok; 4 without a captured turn; 4 x AgentError: boom``."""
-    statuses = collections.Counter(str(r.get("status")) for r in rollouts)
+    statuses = collections.Counter(str(r.status) for r in rollouts)
     causes: collections.Counter[str] = collections.Counter()
     for r in rollouts:
-        err = r.get("error") or {}
+        err = r.error or {}
         if err:
             causes[f"{err.get('error')}: {preview(err.get('cause'), 300)}"] += 1
-        elif r.get("reward_reason"):
-            causes[preview(r.get("reward_reason"), 300)] += 1
+        elif r.reward_reason:
+            causes[preview(r.reward_reason, 300)] += 1
     parts = [", ".join(f"{statuses.get(s, 0)} {s}" for s in ("error", "timeout", "ok"))]
-    no_turns = sum(1 for r in rollouts if not r.get("num_turns"))
+    no_turns = sum(1 for r in rollouts if not r.num_turns)
     if no_turns:
         parts.append(f"{no_turns} without a captured turn")
     if causes:
@@ -79,10 +79,10 @@ def rollout_report(rollouts: list[dict[str, Any]], top: int = TOP_CAUSES) -> str
     return "; ".join(parts)
 
 
-def check_not_all_failed(rollouts: list[dict[str, Any]], batch: BatchRef) -> None:
+def check_not_all_failed(rollouts: list[RolloutRecord], batch: BatchRef) -> None:
     """Raise RolloutsFailed when every rollout of the batch has status ``error`` or ``timeout``,
     naming the most common causes with their counts (`rollout_report`)."""
-    if rollouts and all(r.get("status") in ("error", "timeout") for r in rollouts):
+    if rollouts and all(r.status in ("error", "timeout") for r in rollouts):
         raise RolloutsFailed(
             f"all {len(rollouts)} rollouts of the {batch.kind} batch of step {batch.step} (generation batch "
             f"{batch.generation_batch}) failed: {rollout_report(rollouts)}"
@@ -97,62 +97,62 @@ class Group:
     input_id: str
     rewards_G: list[float] = field(default_factory=list)
     records_G: list[list[Any]] = field(default_factory=list)
-    rollouts_G: list[dict[str, Any]] = field(default_factory=list)
+    rollouts_G: list[RolloutRecord] = field(default_factory=list)
     empty: int = 0
     zeroed: list[str | None] = field(default_factory=list)
 
 
-def load_rollouts(run_id: str, batch: BatchRef, generation_batch: int | None = None) -> list[dict[str, Any]]:
+def load_rollouts(run_id: str, batch: BatchRef, generation_batch: int | None = None) -> list[RolloutRecord]:
     """The rollout records of a generation batch, in item order."""
     rs = store()
     g = batch.generation_batch if generation_batch is None else generation_batch
     prefix = rollouts_prefix(run_id, batch.step, g, batch.kind)
-    rollouts = [rs.get_json(k) for k in rs.list_keys(prefix) if k.endswith(".json")]
-    return sorted(current_rollouts(rs, run_id, batch, g, rollouts), key=lambda r: r["i"])
+    rollouts = [RolloutRecord.model_validate(rs.get_json(k)) for k in rs.list_keys(prefix) if k.endswith(".json")]
+    return sorted(current_rollouts(rs, run_id, batch, g, rollouts), key=lambda r: r.i)
 
 
 def current_rollouts(rs: Any, run_id: str, batch: BatchRef, generation_batch: int,
-                     rollouts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+                     rollouts: list[RolloutRecord]) -> list[RolloutRecord]:
     """One record per item: when an item has several (a resumed run re-doing a step after a
     rewind, a re-run Map child), keep the one whose sid its start marker names (the newest start)."""
-    by_i: dict[int, list[dict[str, Any]]] = {}
+    by_i: dict[int, list[RolloutRecord]] = {}
     for r in rollouts:
-        by_i.setdefault(r["i"], []).append(r)
+        by_i.setdefault(r.i, []).append(r)
     out = []
     for i, records in by_i.items():
         if len(records) > 1:
             sid = (rs.get_json_or(start_marker_key(run_id, batch.step, generation_batch, batch.kind, i)) or {}).get("sid")
-            records = [r for r in records if r.get("sid") == sid] or records[-1:]
+            records = [r for r in records if r.sid == sid] or records[-1:]
         out.append(records[0])
     return out
 
 
-def shaped_reward(rollout: dict[str, Any], cfg: Any) -> float:
+def shaped_reward(rollout: RolloutRecord, cfg: Any) -> float:
     """The reward, plus DAPO's overlong penalty when ``algorithm == "dapo"`` and a buffer is set."""
-    reward = float(rollout["reward"])
+    reward = float(rollout.reward)
     if cfg.algorithm == "dapo" and cfg.overlong_buffer_len > 0:
         from stepwise.core.dapo import overlong_penalty
 
-        reward += overlong_penalty(int(rollout.get("sampled_tokens", 0)), max_len=cfg.max_tokens_per_rollout,
+        reward += overlong_penalty(int(rollout.sampled_tokens), max_len=cfg.max_tokens_per_rollout,
                                    buffer_len=cfg.overlong_buffer_len, penalty_factor=cfg.overlong_penalty_factor)
     return reward
 
 
-def group_rollouts(rollouts: list[dict[str, Any]], cfg: Any) -> list[Group]:
+def group_rollouts(rollouts: list[RolloutRecord], cfg: Any) -> list[Group]:
     """Rollouts -> groups in prompt order, members in member order."""
     from stepwise.core.datums import trace_record_to_datum
     from stepwise.core.replay import record_from_json
 
     groups: dict[str, Group] = {}
-    for r in sorted(rollouts, key=lambda r: (r["i"], r.get("member", 0))):
-        g = groups.setdefault(r["input_id"], Group(r["input_id"]))
+    for r in sorted(rollouts, key=lambda r: (r.i, r.member)):
+        g = groups.setdefault(r.input_id, Group(r.input_id))
         g.rewards_G.append(shaped_reward(r, cfg))
-        records = [record_from_json(x) for x in r.get("records", [])]
+        records = [record_from_json(x) for x in r.records]
         g.records_G.append(records)
-        g.rollouts_G.append({k: v for k, v in r.items() if k != "records"})
+        g.rollouts_G.append(r.model_copy(update={"records": []}))
         # empty = no trainable datum (the reference's rule: no loss-mask token or no prompt token)
         g.empty += 0 if any(trace_record_to_datum(rec, 0.0) is not None for rec in records) else 1
-        g.zeroed.append(r.get("reward_reason"))
+        g.zeroed.append(r.reward_reason)
     return list(groups.values())
 
 
@@ -208,8 +208,9 @@ def select_groups(run_id: str, batch: BatchRef, cfg: Any) -> tuple[str, list[Gro
 
 def _check_batch(state: RunState, batch: BatchRef) -> None:
     cur = state.current_batch
-    if cur is None or (cur["kind"], cur["step"], cur["generation_batch"]) != (batch.kind, batch.step, batch.generation_batch):
-        raise BatchMismatch(f"batch {batch.kind} step {batch.step} gen {batch.generation_batch} is not the planned batch {cur}")
+    if not batch.is_planned(cur):
+        raise BatchMismatch(f"batch {batch.kind} step {batch.step} gen {batch.generation_batch} is not the planned batch "
+                            f"{cur.model_dump() if cur is not None else None}")
 
 
 def compute(event: BatchEvent) -> dict[str, Any]:
@@ -230,7 +231,7 @@ def compute(event: BatchEvent) -> dict[str, Any]:
     all_rewards = [r for g in all_groups for r in g.rewards_G]
     metrics_: dict[str, Any] = {"step": batch.step, "epoch": state.epoch}
     metrics_.update(reward_metrics(all_rewards, [z for g in all_groups for z in g.zeroed]))
-    metrics_.update(behaviour_metrics(rollouts))
+    metrics_.update(behaviour_metrics([r.model_dump() for r in rollouts]))
     metrics_.update(sampling)
     if state.step_started_at:
         metrics_["time/rollout"] = now() - state.step_started_at
@@ -310,10 +311,10 @@ def record_eval(event: BatchEvent) -> dict[str, Any]:
     _check_batch(state, batch)
     rollouts = load_rollouts(run.run_id, batch)
     check_not_all_failed(rollouts, batch)
-    scores = [float(r["reward"]) for r in rollouts]
+    scores = [float(r.reward) for r in rollouts]
     accuracy = sum(scores) / len(scores) if scores else 0.0
     summary = {"step": batch.step, "eval/accuracy": accuracy, "eval/n": len(scores), "final": batch.final,
-               "eval/failed_rollouts": sum(1 for r in rollouts if r.get("status") != "ok")}
+               "eval/failed_rollouts": sum(1 for r in rollouts if r.status != "ok")}
     write_summary(run.run_id, batch.step, summary, kind="eval")
 
     def change(s: RunState) -> None:

@@ -24,17 +24,9 @@ from pydantic import BaseModel, ConfigDict
 from stepwise import training
 from stepwise.handlers._common import bind, logger, now, poll_seconds, resolve_run, run_config, store
 from stepwise.handlers.train import plan_resume
-from stepwise.runstore import (
-    Checkpoint,
-    RunNotFound,
-    RunOwnedElsewhere,
-    RunState,
-    RunStore,
-    config_key,
-    dataset_index_key,
-    dataset_shard_key,
-    tokenizer_prefix,
-)
+from stepwise.layout import config_key, dataset_index_key, dataset_shard_key, tokenizer_prefix
+from stepwise.records import Checkpoint, RunState
+from stepwise.runstore import RunNotFound, RunOwnedElsewhere, RunStore
 
 
 class InitEvent(BaseModel):

@@ -32,10 +32,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from stepwise.handlers._common import (BatchRef, NoTrainingSignal, RunEvent, SamplerPolicy, bind, logger, now,
-                                       run_config, sfn_client, store)
+from stepwise.handlers._common import NoTrainingSignal, RunEvent, bind, logger, now, run_config, sfn_client, store
 from stepwise.handlers.train import PhaseMismatch, plan_checkpoint
-from stepwise.runstore import RunState, dataset_index_key, dataset_shard_key, items_key, prompts_key
+from stepwise.layout import dataset_index_key, dataset_shard_key, items_key, prompts_key
+from stepwise.records import BatchItem, BatchRef, PlannedBatch, RunState, SamplerPolicy
 
 from stepwise.service_limits import CONCURRENCY_PER_TPS, MAX_MAP_CONCURRENCY  # one home: the config bounds use them
 
@@ -57,10 +57,9 @@ def prompts_used(rows: int, limit: int) -> int:
     return min(rows, limit) if limit > 0 else rows
 
 
-def _batch_decision(state: RunState) -> Decision:
-    b = state.current_batch or {}
-    return Decision("rollout", "planned", b["kind"], b["step"], b["generation_batch"], list(b["rows"]),
-                    b["responses_per_prompt"], b.get("final", False))
+def _batch_decision(batch: PlannedBatch) -> Decision:
+    return Decision("rollout", "planned", batch.kind, batch.step, batch.generation_batch, list(batch.rows),
+                    batch.responses_per_prompt, batch.final)
 
 
 #: History events kept free beyond the next step's estimate: the end of the execution (ContinueRun
@@ -100,7 +99,7 @@ def decide(state: RunState, cfg: Any, history_events: int | None = None) -> Deci
     ``history_events``: the id of the execution's newest history event (see `history_budget_decision`).
     """
     if state.current_batch is not None:
-        return _batch_decision(state)  # a retried PlanStep re-plans the same batch
+        return _batch_decision(state.current_batch)  # a retried PlanStep re-plans the same batch
     if state.phase == "checkpoint":
         return Decision("checkpoint", state.checkpoint_reason)
     if state.phase != "idle":
@@ -111,7 +110,7 @@ def decide(state: RunState, cfg: Any, history_events: int | None = None) -> Deci
 
     def eval_batch(final: bool, reason: str) -> Decision:
         d = Decision("rollout", reason, "eval", state.step, 0, list(range(eval_n)), 1, final)
-        state.current_batch = _batch_dict(d)
+        state.current_batch = _planned(d)
         return d
 
     if state.generation_batch == 0:
@@ -164,13 +163,13 @@ def decide(state: RunState, cfg: Any, history_events: int | None = None) -> Deci
     d = Decision("rollout", "generation batch", "train", state.step, state.generation_batch,
                  list(range(state.cursor, state.cursor + bs)), cfg.responses_per_prompt)
     state.cursor += bs
-    state.current_batch = _batch_dict(d)
+    state.current_batch = _planned(d)
     return d
 
 
-def _batch_dict(d: Decision) -> dict[str, Any]:
-    return {"kind": d.kind, "step": d.step, "generation_batch": d.generation_batch, "rows": d.rows,
-            "responses_per_prompt": d.responses_per_prompt, "final": d.final}
+def _planned(d: Decision) -> PlannedBatch:
+    return PlannedBatch(kind=d.kind or "train", step=d.step, generation_batch=d.generation_batch, rows=d.rows,
+                        responses_per_prompt=d.responses_per_prompt, final=d.final)
 
 
 def input_id(kind: str, step: int, generation_batch: int, position: int) -> str:
@@ -178,8 +177,8 @@ def input_id(kind: str, step: int, generation_batch: int, position: int) -> str:
     return f"e{step}p{position}" if kind == "eval" else f"s{step}g{generation_batch}p{position}"
 
 
-def build_items(d: Decision, payloads: Mapping[int, dict[str, Any]] | Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """``(items, prompts)``: one item per rollout (references only), and ``{input_id: payload}``.
+def build_items(d: Decision, payloads: Mapping[int, dict[str, Any]] | Sequence[dict[str, Any]]) -> tuple[list[BatchItem], dict[str, Any]]:
+    """``(items, prompts)``: one `BatchItem` per rollout (references only), and ``{input_id: payload}``.
 
     ``payloads[row]`` is the payload of dataset row ``row`` for every row of ``d.rows``."""
     items, prompts = [], {}
@@ -188,7 +187,7 @@ def build_items(d: Decision, payloads: Mapping[int, dict[str, Any]] | Sequence[d
         iid = input_id(kind, d.step, d.generation_batch, position)
         prompts[iid] = payloads[row]
         for member in range(d.responses_per_prompt):
-            items.append({"i": len(items), "input_id": iid, "row": row, "member": member})
+            items.append(BatchItem(i=len(items), input_id=iid, row=row, member=member))
     return items, prompts
 
 
@@ -262,7 +261,7 @@ def plan(event: RunEvent) -> dict[str, Any]:
     items, prompts = build_items(d, batch_payloads(run.run_id, kind, d.rows, source))
     rs.put_json(prompts_key(run.run_id, d.step, d.generation_batch, kind), prompts, bulk=True)
     key = items_key(run.run_id, d.step, d.generation_batch, kind)
-    rs.put_json(key, items, bulk=True)
+    rs.put_json(key, [item.model_dump() for item in items], bulk=True)
     batch = BatchRef(kind=kind, step=d.step, generation_batch=d.generation_batch,
                      timeout_seconds=max(1, math.ceil(cfg.max_rollout_time)), final=d.final,
                      policy=SamplerPolicy.of(state))

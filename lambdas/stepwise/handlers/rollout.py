@@ -27,9 +27,6 @@ from pydantic import BaseModel, ConfigDict
 
 from stepwise.clients import client_config
 from stepwise.handlers._common import (
-    BatchRef,
-    RunRef,
-    SamplerPolicy,
     bind,
     logger,
     now,
@@ -38,7 +35,7 @@ from stepwise.handlers._common import (
     sfn_client,
     store,
 )
-from stepwise.runstore import (
+from stepwise.layout import (
     parse_result_key,
     prompts_key,
     result_key,
@@ -50,6 +47,7 @@ from stepwise.runstore import (
     tokenizer_prefix,
     turns_prefix,
 )
+from stepwise.records import BatchItem, BatchRef, RolloutRecord, RunRef, SamplerPolicy, SessionRecord
 
 THROTTLING_CODES = frozenset({"ThrottlingException", "ServiceQuotaExceededException", "RetryableConflictException", "TooManyRequestsException"})
 #: The session record's field holding the rollout's Step Functions task token (OnRolloutResult reads it).
@@ -70,26 +68,17 @@ class AgentRuntimeThrottled(RuntimeError):
     """ACR refused the invoke for rate (retried by the state machine with backoff and jitter)."""
 
 
-class RolloutItem(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    i: int
-    input_id: str
-    row: int
-    member: int = 0
-
-
 class StartEvent(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     task_token: str
     run: RunRef
     batch: BatchRef
-    item: RolloutItem
+    item: BatchItem
 
 
-def session_record(cfg: Any, run_id: str, batch: BatchRef, sid: str, input_id: str, index: int) -> dict[str, Any]:
-    """The gateway session record (docs/internals.md), plus ``input_id`` and ``chat_template_kwargs``.
+def session_record(cfg: Any, run_id: str, batch: BatchRef, sid: str, input_id: str, index: int) -> SessionRecord:
+    """The gateway session record (docs/internals.md), plus ``input_id`` and ``started_at``.
 
     The sampler (session name, model package ARN, policy version) is ``batch.policy``, which must
     be set. ``index`` is the rollout's item index in the batch; with the config's ``seed`` and the
@@ -102,29 +91,29 @@ def session_record(cfg: Any, run_id: str, batch: BatchRef, sid: str, input_id: s
     if policy is None:
         raise ValueError("session_record needs batch.policy (StartRollout fills it from state.json)")
     sampling = cfg.eval_sampling_defaults if batch.kind == "eval" else cfg.sampling_defaults
-    return {
-        "sid": sid,
-        "run_id": run_id,
-        "step": batch.step,
-        "generation_batch": batch.generation_batch,
-        "kind": batch.kind,
-        "input_id": input_id,
-        "training_session_name": policy.training_session_name,
-        "sampler_model_package_arn": policy.sampler_model_package_arn,
-        "policy_version": policy.policy_version,
-        "region": cfg.region,
-        "tokenizer_prefix": tokenizer_prefix(run_id),
-        "sampling_defaults": sampling,
-        "chat_template_kwargs": cfg.chat_template_kwargs,
-        "max_context_tokens": cfg.max_context_tokens,
-        "max_turns": cfg.max_turns_per_rollout,
-        "max_total_tokens": cfg.max_tokens_per_rollout,
-        "sampling_seed": rollout_seed(cfg.seed, kind=batch.kind, step=batch.step,
-                                      generation_batch=batch.generation_batch, index=index),
-        "started_at": now(),
-        "deadline": now() + batch.timeout_seconds + SESSION_GRACE_S,
-        "closed": False,
-    }
+    return SessionRecord(
+        sid=sid,
+        run_id=run_id,
+        step=batch.step,
+        generation_batch=batch.generation_batch,
+        kind=batch.kind,
+        input_id=input_id,
+        training_session_name=policy.training_session_name,
+        sampler_model_package_arn=policy.sampler_model_package_arn,
+        policy_version=policy.policy_version,
+        region=cfg.region,
+        tokenizer_prefix=tokenizer_prefix(run_id),
+        sampling_defaults=sampling,
+        chat_template_kwargs=cfg.chat_template_kwargs,
+        max_context_tokens=cfg.max_context_tokens,
+        max_turns=cfg.max_turns_per_rollout,
+        max_total_tokens=cfg.max_tokens_per_rollout,
+        sampling_seed=rollout_seed(cfg.seed, kind=batch.kind, step=batch.step,
+                                   generation_batch=batch.generation_batch, index=index),
+        started_at=now(),
+        deadline=now() + batch.timeout_seconds + SESSION_GRACE_S,
+        closed=False,
+    )
 
 
 def rollout_payload(payload: dict[str, Any], *, run_id: str, input_id: str, bucket: str, sid: str,
@@ -195,11 +184,11 @@ def start(event: StartEvent) -> dict[str, Any]:
     record = session_record(cfg, run.run_id, batch, sid, item.input_id, item.i)
     # The task token rides in the session record (one PUT fewer than an object of its own), written
     # before the invoke, so the fastest result finds it. The gateway never serves the record.
-    rs.put_json(session_key(sid), {**record, TASK_TOKEN_FIELD: event.task_token})
+    rs.put_json(session_key(sid), {**record.model_dump(), TASK_TOKEN_FIELD: event.task_token})
     payload = _prompts(rs.bucket, prompts_key(run.run_id, batch.step, batch.generation_batch, batch.kind))[item.input_id]
     body = rollout_payload(payload, run_id=run.run_id, input_id=item.input_id, bucket=rs.bucket, sid=sid,
                            gateway_url=os.environ.get("STEPWISE_GATEWAY_URL", ""), model_id=cfg.base_model_arn,
-                           sampling=record["sampling_defaults"])
+                           sampling=record.sampling_defaults)
     try:
         resp = _acr_client(cfg.agent_runtime_arn, cfg.region).invoke_agent_runtime(
             agentRuntimeArn=cfg.agent_runtime_arn, runtimeSessionId=sid,
@@ -275,7 +264,7 @@ class FinishEvent(BaseModel):
 
     run: RunRef
     batch: BatchRef
-    item: RolloutItem
+    item: BatchItem
     result: dict[str, Any] | None = None  # SendTaskSuccess output {"sid", "result_key"}
     error: dict[str, Any] | None = None  # Catch output {"Error", "Cause"}
 
@@ -349,25 +338,16 @@ def finish(event: FinishEvent) -> dict[str, Any]:
         cfg = run_config(run.run_id)
         # The reference keeps records with tokens only (rollout.py run_one_rollout).
         records = [r for r in replay_turns(sid, turns, reward, max_context_tokens=cfg.max_context_tokens) if r.token_ids]
-    rollout = {
-        "sid": sid,
-        "i": item.i,
-        "input_id": item.input_id,
-        "row": item.row,
-        "member": item.member,
-        "kind": batch.kind,
-        "step": batch.step,
-        "generation_batch": batch.generation_batch,
-        "reward": reward,
-        "reward_reason": reason,
-        "status": status,
-        "error": error,
+    rollout = RolloutRecord(
+        sid=sid, i=item.i, input_id=item.input_id, row=item.row, member=item.member,
+        kind=batch.kind, step=batch.step, generation_batch=batch.generation_batch,
+        reward=reward, reward_reason=reason, status=status, error=error,
         **behaviour,  # num_turns, sampled_tokens, truncated_turns, ill_formed_turns, tool_calls
-        "duration_s": duration_s,
-        "records": [record_to_json(r) for r in records],
-    }
+        duration_s=duration_s, records=[record_to_json(r) for r in records],
+    )
     key_sid = sid or f"unstarted-{item.i}"
-    rs.put_json(rollout_key(run.run_id, batch.step, batch.generation_batch, key_sid, batch.kind), rollout, bulk=True)
+    rs.put_json(rollout_key(run.run_id, batch.step, batch.generation_batch, key_sid, batch.kind), rollout.model_dump(),
+                bulk=True)
     return {"sid": key_sid, "reward": reward, "status": status, "records": len(records)}
 
 

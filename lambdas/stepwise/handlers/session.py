@@ -24,7 +24,6 @@ from stepwise import tracking, training
 from stepwise.executions import ABNORMAL_END_STATUSES, continuation_name
 from stepwise.handlers._common import (
     RunEvent,
-    RunRef,
     bind,
     inline_wait_seconds,
     logger,
@@ -35,7 +34,9 @@ from stepwise.handlers._common import (
     store,
 )
 from stepwise.handlers.train import drive, plan_resume
-from stepwise.runstore import RunNotFound, RunState, final_weights
+from stepwise.core.phases import final_weights
+from stepwise.records import RunRef, RunState
+from stepwise.runstore import RunNotFound
 
 
 class SessionStartTimeout(TimeoutError):
@@ -132,7 +133,7 @@ def stop_owned_session(execution_arn: str, execution_name: str, execution_input:
 
 def weights_report(state: RunState, region: str) -> dict[str, Any]:
     """What the run leaves behind, for the execution's output: every checkpoint (step, kind, reason,
-    model package ARN), the final weights (`runstore.final_weights`; ``None`` = nothing trained) and
+    model package ARN), the final weights (`stepwise.core.phases.final_weights`; ``None`` = nothing trained) and
     how to sample or deploy them."""
     final = final_weights(state)
     out: dict[str, Any] = {

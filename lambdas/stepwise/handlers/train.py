@@ -34,7 +34,8 @@ from stepwise.handlers._common import (
     store,
     write_summary,
 )
-from stepwise.runstore import Checkpoint, PendingOperation, RunState, datums_key
+from stepwise.layout import datums_key
+from stepwise.records import Checkpoint, PendingOperation, RunState
 
 
 #: Seconds between status reads while a handler polls inline (its budget: STEPWISE_INLINE_WAIT_SECONDS).

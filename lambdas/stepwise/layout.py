@@ -1,0 +1,223 @@
+"""The S3 layout of the run bucket: every key and prefix, built here and nowhere else.
+
+Layout (DESIGN.md section 3, refined in docs/internals.md)::
+
+    runs/{run_id}/config.json                               validated RunConfig, written once by Init
+    runs/{run_id}/state.json                                RunState; every write conditional on the ETag
+    runs/{run_id}/tokenizer/                                tokenizer files cached for the gateway
+    runs/{run_id}/dataset/{kind}/index.json                 DatasetIndex of the run's dataset snapshot (Init)
+    runs/{run_id}/dataset/{kind}/{shard:05d}.jsonl          its payloads, one JSON object per line (~1 MiB each)
+    runs/{run_id}/steps/{step}/gen{g}/items.json            Distributed Map items (references only)
+    runs/{run_id}/steps/{step}/gen{g}/prompts.json          {input_id: payload} for the items
+    runs/{run_id}/steps/{step}/gen{g}/starts/{i}.json       {sid} item i was started with (the timeout path needs it)
+    runs/{run_id}/steps/{step}/gen{g}/rollouts/{sid}.json   rollout record (reward, status, TraceRecords)
+    runs/{run_id}/steps/{step}/datums/{chunk:04d}.json      forward_backward datum chunks
+    runs/{run_id}/steps/{step}/summary.json                 the step's metrics
+    runs/{run_id}/evals/{step}/...                          eval generation batches (same shape as gen{g})
+    runs/{run_id}/sessions/{sid}/task_token.json            task token of a rollout started before it moved into sessions/{sid}.json
+    runs/{run_id}/sessions/{sid}/turns/{key}.json           captured gateway turns
+    sessions/{sid}.json                                     gateway session record (+ the rollout's task token)
+    rollout-results/{run_id}/{input_id}/{sid}.json          written by the agent (toolkit result key)
+    datasets/{run_id}/{file name}                           local dataset files the operator uploaded (CLI, local stack)
+    sagemaker-output/                                       the training sessions' default output path
+
+The key functions accept ``"*"`` for an id, which gives the IAM resource pattern of that key
+(``tokenizer_prefix("*") + "*"`` = ``runs/*/tokenizer/*``): the stack's grants and the code
+name the same layout. `KEY_KINDS` classifies a key by the object it is (the local stack's S3
+request log counts requests by kind).
+"""
+
+from __future__ import annotations
+
+import re
+
+#: Top-level prefixes of the bucket (lifecycle rules, notifications and grants are set per prefix).
+RUNS_PREFIX = "runs/"
+SESSIONS_PREFIX = "sessions/"
+RESULTS_PREFIX = "rollout-results/"
+DATASETS_PREFIX = "datasets/"
+SAGEMAKER_OUTPUT_PREFIX = "sagemaker-output/"
+
+#: The object tag of bulky per-step data under runs/ (Map items, rollout records, datums): the
+#: stack's lifecycle rule expires objects by it (a lifecycle filter matches prefixes and tags only).
+BULK_TAG_KEY, BULK_TAG_VALUE = "stepwise-class", "bulk"
+BULK_TAGGING = f"{BULK_TAG_KEY}={BULK_TAG_VALUE}"
+
+#: The kinds of summary folders under a run: train steps and evals.
+SUMMARY_FOLDERS = ("steps", "evals")
+
+
+def run_prefix(run_id: str) -> str:
+    return f"{RUNS_PREFIX}{run_id}/"
+
+
+def config_key(run_id: str) -> str:
+    return run_prefix(run_id) + "config.json"
+
+
+def state_key(run_id: str) -> str:
+    return run_prefix(run_id) + "state.json"
+
+
+def tokenizer_prefix(run_id: str) -> str:
+    return run_prefix(run_id) + "tokenizer/"
+
+
+def dataset_index_key(run_id: str, kind: str) -> str:
+    """The `stepwise.datasets.DatasetIndex` of the run's ``kind`` ("train" | "eval") dataset snapshot."""
+    return run_prefix(run_id) + f"dataset/{kind}/index.json"
+
+
+def dataset_shard_key(run_id: str, kind: str, shard: int) -> str:
+    """Shard ``shard`` of the run's ``kind`` dataset snapshot (written once by Init, read by PlanStep)."""
+    return run_prefix(run_id) + f"dataset/{kind}/{shard:05d}.jsonl"
+
+
+def summaries_prefix(run_id: str, folder: str) -> str:
+    """``runs/{run_id}/steps/`` (``folder="steps"``) or ``runs/{run_id}/evals/`` (``"evals"``): the
+    numbered step folders whose ``summary.json`` the operator reads."""
+    if folder not in SUMMARY_FOLDERS:
+        raise ValueError(f"summary folder {folder!r}: expected one of {SUMMARY_FOLDERS}")
+    return run_prefix(run_id) + f"{folder}/"
+
+
+def batch_prefix(run_id: str, step: int, generation_batch: int, kind: str = "train") -> str:
+    """Prefix of one generation batch: ``steps/{step}/gen{g}/`` (train) or ``evals/{step}/`` (eval)."""
+    if kind == "eval":
+        return summaries_prefix(run_id, "evals") + f"{step}/"
+    return summaries_prefix(run_id, "steps") + f"{step}/gen{generation_batch}/"
+
+
+def items_key(run_id: str, step: int, generation_batch: int, kind: str = "train") -> str:
+    return batch_prefix(run_id, step, generation_batch, kind) + "items.json"
+
+
+def prompts_key(run_id: str, step: int, generation_batch: int, kind: str = "train") -> str:
+    return batch_prefix(run_id, step, generation_batch, kind) + "prompts.json"
+
+
+def start_marker_key(run_id: str, step: int, generation_batch: int, kind: str, i: int) -> str:
+    """Which sid item ``i`` of a batch was started with (the timeout path needs it)."""
+    return batch_prefix(run_id, step, generation_batch, kind) + f"starts/{i}.json"
+
+
+def rollouts_prefix(run_id: str, step: int, generation_batch: int, kind: str = "train") -> str:
+    return batch_prefix(run_id, step, generation_batch, kind) + "rollouts/"
+
+
+def rollout_key(run_id: str, step: int, generation_batch: int, sid: str, kind: str = "train") -> str:
+    return rollouts_prefix(run_id, step, generation_batch, kind) + f"{sid}.json"
+
+
+def datums_prefix(run_id: str, step: int) -> str:
+    return summaries_prefix(run_id, "steps") + f"{step}/datums/"
+
+
+def datums_key(run_id: str, step: int, chunk: int) -> str:
+    return datums_prefix(run_id, step) + f"{chunk:04d}.json"
+
+
+def step_summary_key(run_id: str, folder: str, step: int) -> str:
+    """``runs/{run_id}/{folder}/{step}/summary.json`` (``folder``: "steps" | "evals")."""
+    return summaries_prefix(run_id, folder) + f"{step}/summary.json"
+
+
+def summary_key(run_id: str, step: int) -> str:
+    return step_summary_key(run_id, "steps", step)
+
+
+def eval_summary_key(run_id: str, step: int) -> str:
+    return step_summary_key(run_id, "evals", step)
+
+
+def session_key(sid: str) -> str:
+    """The gateway session record (flat: the gateway knows only the sid)."""
+    return f"{SESSIONS_PREFIX}{sid}.json"
+
+
+def run_sessions_prefix(run_id: str) -> str:
+    """``runs/{run_id}/sessions/``: what the run's rollouts left per session (turns, old task tokens)."""
+    return run_prefix(run_id) + "sessions/"
+
+
+def task_token_key(run_id: str, sid: str) -> str:
+    """Where StartRollout stored a rollout's task token before the token moved into the session
+    record (OnRolloutResult still reads it for sessions started then)."""
+    return run_sessions_prefix(run_id) + f"{sid}/task_token.json"
+
+
+def turns_prefix(run_id: str, sid: str) -> str:
+    return run_sessions_prefix(run_id) + f"{sid}/turns/"
+
+
+def results_exp_id(run_id: str) -> str:
+    """The toolkit ``exp_id`` of a run: the agent writes ``{exp_id}/{input_id}/{sid}.json``."""
+    return f"{RESULTS_PREFIX}{run_id}"
+
+
+def results_prefix(run_id: str) -> str:
+    """``rollout-results/{run_id}/``: every result object the run's agents wrote."""
+    return results_exp_id(run_id) + "/"
+
+
+def result_key(run_id: str, input_id: str, sid: str) -> str:
+    return f"{results_prefix(run_id)}{input_id}/{sid}.json"
+
+
+def parse_result_key(key: str) -> tuple[str, str, str]:
+    """``rollout-results/{run_id}/{input_id}/{sid}.json`` -> ``(run_id, input_id, sid)``.
+
+    The key must already be URL-decoded. Raises ValueError naming the expected shape.
+    """
+    parts = key.split("/")
+    top = RESULTS_PREFIX.rstrip("/")
+    if len(parts) != 4 or parts[0] != top or not parts[3].endswith(".json") or not all(parts):
+        raise ValueError(f"not a rollout result key: {key!r}; expected {top}/RUN_ID/INPUT_ID/SID.json")
+    return parts[1], parts[2], parts[3][: -len(".json")]
+
+
+def upload_key(run_id: str, name: str) -> str:
+    """``datasets/{run_id}/{name}``: a local file the operator's run reads (a dataset, or a
+    tokenizer file under ``name = "tokenizer/{file}"``), uploaded by the CLI or the local stack."""
+    return f"{DATASETS_PREFIX}{run_id}/{name}"
+
+
+def upload_tokenizer_prefix(run_id: str) -> str:
+    """``datasets/{run_id}/tokenizer/``: a local tokenizer directory, uploaded (see `upload_key`)."""
+    return upload_key(run_id, "tokenizer/")
+
+
+#: Stands for an id in a key whose pattern `KEY_KINDS` needs.
+_ID = "{ID}"
+
+
+def _pattern(key: str) -> str:
+    """``key`` (built with `_ID` for its ids) as a regex matching any ids."""
+    return re.escape(key).replace(re.escape(_ID), "[^/]+")
+
+
+#: ``(regex on the object key, kind)``, first match wins: what object of the layout a key is.
+KEY_KINDS: tuple[tuple[re.Pattern[str], str], ...] = tuple((re.compile(rx), kind) for rx, kind in (
+    (f"^{_pattern(state_key(_ID))}$", "state"),
+    (f"^{_pattern(config_key(_ID))}$", "config"),
+    (f"^{_pattern(task_token_key(_ID, _ID))}$", "task_token"),
+    (f"^{_pattern(turns_prefix(_ID, _ID))}", "turn"),
+    (f"^{_pattern(session_key(_ID))}$", "session"),
+    (r"/starts/[^/]+\.json$", "start_marker"),
+    (r"/rollouts/", "rollout"),
+    (r"/prompts\.json$", "prompts"),
+    (r"/items\.json$", "items"),
+    (r"/datums/", "datums"),
+    (r"/summary\.json$", "summary"),
+    (f"^{_pattern(tokenizer_prefix(_ID))}", "tokenizer"),
+    (f"^{_pattern(run_prefix(_ID))}dataset/", "dataset"),
+    (f"^{_pattern(RESULTS_PREFIX)}", "result"),
+))
+
+
+def key_kind(key: str) -> str:
+    """The kind of object ``key`` is (`KEY_KINDS`: "state", "turn", "rollout", ...), or "other"."""
+    for rx, kind in KEY_KINDS:
+        if rx.search(key):
+            return kind
+    return "other"

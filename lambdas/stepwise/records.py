@@ -1,0 +1,312 @@
+"""The typed records of every seam: what crosses S3 or the state machine between two processes.
+
+One module, so a reader finds each record's fields, defaults and meaning once (STYLE.md "Seams
+are types"). Where each lives in the bucket: `stepwise.layout`.
+
+- `RunState` (``runs/{run_id}/state.json``) and its `Phase`, the write-ahead `PendingOperation`
+  list and the saved `Checkpoint` s; `PlannedBatch`, the generation batch PlanStep planned.
+- `RunRef`, `SamplerPolicy`, `BatchRef`: what the state machine carries between the steps
+  (``$.run``, ``$.plan.batch``), and `BatchItem`, one Distributed Map item (one rollout).
+- `SessionRecord` (``sessions/{sid}.json``): what one rollout's agent may do with the gateway.
+- `CapturedTurn` (``runs/{run_id}/sessions/{sid}/turns/{key}.json``): one answered LLM call.
+- `RolloutRecord` (``.../rollouts/{sid}.json``): a finished rollout's reward, status and TraceRecords.
+
+Records read back from S3 are validated with these models; the pure core (`stepwise.core`)
+still takes plain mappings where it must survive records of any shape (hostile-input tests).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+#: The run's phase: which planned operations (`RunState.pending`) are being driven.
+#: ``idle`` = none; ``train`` [forward_backward/0..n-1, optim_step, save_weights] -> ``rebind``
+#: [load_weights_for_sampling] -> idle; ``resume`` [load_state, save_weights] -> ``resume_rebind``
+#: -> idle; ``checkpoint`` [save_state | save_weights] -> idle (`stepwise.core.phases`).
+Phase = Literal["idle", "train", "rebind", "checkpoint", "resume", "resume_rebind"]
+
+#: What a batch of rollouts is for: a training step or an eval.
+BatchKind = Literal["train", "eval"]
+
+#: Why a checkpoint is saved: ``save_every`` and ``final`` -> save_state; ``weights_at_end`` ->
+#: save_weights; ``sampler`` = the sampler's current weights (`stepwise.core.phases.final_weights`);
+#: "" = no checkpoint pending.
+CheckpointReason = Literal["", "save_every", "final", "weights_at_end", "sampler"]
+
+#: A finished rollout's status: ``ok`` (the agent's result was read), ``error``, ``timeout``.
+RolloutStatus = Literal["ok", "error", "timeout"]
+
+
+# ---------------------------------------------------------------------------- run state
+
+
+class PendingOperation(BaseModel):
+    """A SageMaker operation planned in state.json before it is submitted (write-ahead).
+
+    ``sequence_number`` and ``client_token`` are fixed when planned; a retried submit re-sends the
+    same pair, so the runtime applies it once. ``operation_id`` is filled once the submit returned.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str  # e.g. "forward_backward/0", "optim_step", "save_weights", "load_weights_for_sampling"
+    kind: Literal["training", "sampling"]
+    sequence_number: int | None = None  # training ops only
+    client_token: str | None = None  # training ops only
+    operation_id: str | None = None
+    status: str = "Planned"  # Planned | Submitted | Succeeded
+    submitted_at: float | None = None  # epoch seconds of the first submit
+    argument: str | None = None  # model package ARN of load_state / load_weights_for_sampling
+    description: str = ""  # saved on the model package (save_state / save_weights)
+    result: dict[str, Any] | None = None
+
+
+class Checkpoint(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    step: int
+    kind: Literal["state", "weights"]
+    model_package_arn: str
+    reason: str = ""  # a CheckpointReason
+    # Where the run stood when it was saved (a resume rewinds to it); -1 = not recorded (older state).
+    epoch: int = -1
+    cursor: int = -1
+    policy_version: int = -1
+
+
+class PlannedBatch(BaseModel):
+    """The generation batch PlanStep planned and ComputeAdvantages / RecordEval have not consumed
+    (``RunState.current_batch``): a retried PlanStep re-plans exactly this batch.
+
+    ``rows`` are dataset row indices (eval rows for ``kind="eval"``), one prompt each, every prompt
+    rolled out ``responses_per_prompt`` times; ``final`` marks the run's final eval.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: BatchKind
+    step: int
+    generation_batch: int = 0
+    rows: list[int] = Field(default_factory=list)
+    responses_per_prompt: int = 1
+    final: bool = False
+
+
+class RunState(BaseModel):
+    """``runs/{run_id}/state.json``: everything a fresh Lambda needs to continue the run.
+
+    Counters: ``step`` is the number of completed steps (the reference's ``global_step``);
+    ``epoch`` and ``cursor`` (row index into the epoch's prompt list) locate the next batch;
+    ``generation_batch`` counts DAPO generation batches rolled out for the current step.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    run_id: str
+    owner_execution_arn: str
+    segment: int = 0  # executions of this run so far (continue-as-new)
+    segment_start_step: int = 0
+    # The execution history at the start of the last training step (PlanStep's history budget):
+    # its event id, the step and the segment it was read in (event ids restart with each execution).
+    step_start_event: int = 0
+    step_start_event_step: int = -1
+    step_start_event_segment: int = -1
+    max_step_events: int = 0  # the most history events one step (with its evals and checkpoints) used
+    training_session_name: str
+    session_status: str = "Creating"
+    session_created_at: float = 0.0
+    resume_loaded: bool = False
+    sampler_model_package_arn: str = ""  # "" = base model
+    policy_version: int = 0
+    step: int = 0
+    epoch: int = 0
+    cursor: int = 0
+    dataset_rows: int = 0
+    eval_rows: int = 0
+    generation_batch: int = 0
+    step_cursor_start: int = 0  # cursor at the start of the current step (for DAPO generation batches)
+    kept_groups: int = 0
+    datum_chunks: list[int] = Field(default_factory=list)  # datums per forward_backward chunk of the step
+    empty_steps: int = 0  # consecutive steps skipped for having no datum (max_consecutive_empty_steps fails the run)
+    empty_steps_report: str = ""  # what the last skipped step's rollouts reported (the failure's cause)
+    step_started_at: float | None = None
+    step_metrics: dict[str, Any] = Field(default_factory=dict)  # the training step's metrics until its summary is written
+    last_decision: dict[str, Any] | None = None  # ComputeAdvantages' last {"batch": BatchRef, "result"} (retry idempotence)
+    current_batch: PlannedBatch | None = None  # the planned, not yet consumed generation batch (PlanStep idempotence)
+    last_sequence_number: int = 0
+    phase: Phase = "idle"
+    checkpoint_reason: CheckpointReason = ""  # why the pending checkpoint is saved
+    pending: list[PendingOperation] = Field(default_factory=list)
+    checkpoints: list[Checkpoint] = Field(default_factory=list)
+    last_eval_step: int | None = None
+    eval_steps: list[int] = Field(default_factory=list)  # steps whose eval summary is recorded (a rewind keeps those <= its step)
+    eval_step_pending: int | None = None
+    stop_reason: str | None = None
+    final_eval_done: bool = False
+    final_checkpoint_done: bool = False
+    final_weights_done: bool = False
+    finished: bool = False
+    session_stopped: bool = False
+
+
+# ---------------------------------------------------------------------------- state machine payloads
+
+
+class RunRef(BaseModel):
+    """The reference every step of the state machine carries: ``$.run``."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    run_id: str
+    execution_arn: str
+
+
+class SamplerPolicy(BaseModel):
+    """The policy a generation batch samples from, as ``state.json`` held it when PlanStep planned
+    the batch. Nothing changes it before the batch's rollouts end (training and Rebind run after
+    the Map), so StartRollout takes it from the batch instead of re-reading ``state.json``."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    training_session_name: str
+    sampler_model_package_arn: str = ""
+    policy_version: int = 0
+
+    @classmethod
+    def of(cls, state: RunState) -> "SamplerPolicy":
+        """The policy ``state`` samples from now (its session, sampler model package and version)."""
+        return cls(training_session_name=state.training_session_name,
+                   sampler_model_package_arn=state.sampler_model_package_arn, policy_version=state.policy_version)
+
+
+class BatchRef(BaseModel):
+    """One generation batch: ``$.plan.batch`` (also handed to every rollout child).
+
+    ``policy`` is None in a batch planned before PlanStep carried it (an execution in flight
+    across an upgrade): StartRollout then reads it from ``state.json``.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    kind: str  # "train" | "eval"
+    step: int
+    generation_batch: int = 0
+    timeout_seconds: int = 1800
+    final: bool = False
+    policy: SamplerPolicy | None = None
+
+    def is_planned(self, planned: PlannedBatch | None) -> bool:
+        """True when this is the batch ``planned`` (same kind, step and generation batch)."""
+        return planned is not None and (planned.kind, planned.step, planned.generation_batch) == (
+            self.kind, self.step, self.generation_batch)
+
+
+class BatchItem(BaseModel):
+    """One Distributed Map item (``items.json``): one rollout of prompt ``input_id`` (dataset row
+    ``row``), group member ``member``; ``i`` is its index in the batch."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    i: int
+    input_id: str
+    row: int
+    member: int = 0
+
+
+# ---------------------------------------------------------------------------- gateway
+
+
+class SessionRecord(BaseModel):
+    """``sessions/{sid}.json``: what one rollout's agent may do with the gateway.
+
+    Unknown keys are kept (``extra="allow"``) so StartRollout can add fields without a
+    gateway release. ``deadline`` is epoch seconds; ``0`` disables it. ``max_turns`` and
+    ``max_total_tokens`` of ``0`` disable the turn cap / sampled-token budget.
+    ``chat_template_kwargs`` (optional, an extension of the contract) reaches
+    ``HfTemplateRenderer(chat_template_kwargs=...)`` like the reference config's field.
+    ``sampling_seed`` (optional) seeds every turn's sample (see `stepwise.gateway.session.turn_index`).
+    StartRollout also writes ``input_id``, ``started_at`` and the rollout's ``task_token``
+    (OnRolloutResult reads it; the gateway never serves it).
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    sid: str
+    run_id: str
+    step: int = 0
+    generation_batch: int = 0
+    kind: str = "train"
+    training_session_name: str
+    sampler_model_package_arn: str = ""
+    policy_version: int = 0
+    region: str | None = None
+    tokenizer_prefix: str = ""
+    sampling_defaults: dict[str, Any] = Field(default_factory=dict)
+    max_context_tokens: int = 0
+    max_turns: int = 0
+    max_total_tokens: int = 0
+    deadline: float = 0.0
+    closed: bool = False
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    #: The rollout's seed (`stepwise.core.seeding.rollout_seed`); each turn samples with
+    #: `turn_seed(sampling_seed, turn index)`. None = unseeded samples.
+    sampling_seed: int | None = None
+
+    def resolved_tokenizer_prefix(self) -> str:
+        """The S3 prefix of the run's cached tokenizer (`stepwise.layout.tokenizer_prefix` by default)."""
+        from stepwise.layout import tokenizer_prefix
+
+        prefix = self.tokenizer_prefix or tokenizer_prefix(self.run_id)
+        return prefix if prefix.endswith("/") else prefix + "/"
+
+
+class CapturedTurn(BaseModel):
+    """One captured turn (docs/internals.md, "Captured turn"): exactly what the toolkit adapters
+    hand ``manager.record_turn``, plus provenance. ``turn`` is the toolkit ``TurnRecord``'s fields
+    (``prompt_ids``, ``output_ids``, ``output_log_probs``, ``finish_reason``, ``ill_formed``, ...);
+    ``completed_at`` is epoch seconds. FinishRollout replays these (`stepwise.core.replay`)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    sid: str
+    turn: dict[str, Any]
+    prompt_messages: list[dict[str, Any]]
+    response_message: dict[str, Any] | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    sampler_model_package_arn: str = ""
+    policy_version: int = 0
+    completed_at: float = 0.0
+
+
+# ---------------------------------------------------------------------------- rollouts
+
+
+class RolloutRecord(BaseModel):
+    """``.../rollouts/{sid}.json``, written once by FinishRollout: the rollout's reward (0.0 on any
+    failure, DESIGN.md section 4), why it was zeroed, its status and error, the behaviour counts of
+    its turns (`stepwise.core.behaviour.rollout_behaviour`), its duration in seconds (None when it
+    never started) and its TraceRecords (`stepwise.core.replay.record_to_json`)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    sid: str | None
+    i: int
+    input_id: str
+    row: int
+    member: int = 0
+    kind: str = "train"
+    step: int
+    generation_batch: int = 0
+    reward: float
+    reward_reason: str | None = None
+    status: RolloutStatus
+    error: dict[str, Any] | None = None
+    num_turns: int = 0
+    sampled_tokens: int = 0
+    truncated_turns: int = 0
+    ill_formed_turns: int = 0
+    tool_calls: int = 0
+    duration_s: float | None = None
+    records: list[dict[str, Any]] = Field(default_factory=list)
