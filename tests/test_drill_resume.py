@@ -14,7 +14,7 @@ from stepwise.handlers import advantages, plan, train
 from stepwise.handlers._common import BatchEvent, RunEvent
 from stepwise.handlers.init import InitEvent, initialize, rewind_to_checkpoint
 from stepwise.handlers.rollout import FinishEvent, finish
-from stepwise.handlers._common import BatchRef
+from stepwise.records import BatchRef
 from stepwise.handlers.session import StopEvent, poll_session, stop
 from stepwise.layout import start_marker_key
 from stepwise.records import Checkpoint, RunState

@@ -103,9 +103,10 @@ def test_the_step_summary_carries_behaviour_metrics_of_every_rollout(stack):
     """Turns, tokens, durations and status counts reach the step's metrics (and so its summary and EMF)."""
     from pipeline_fixtures import play_rollout
 
-    from stepwise.handlers._common import BatchRef, run_config
+    from stepwise.handlers._common import run_config
     from stepwise.handlers.rollout import FinishEvent, finish, session_record
     from stepwise.layout import session_key
+    from stepwise.records import BatchRef
 
     run_id = new_run_id("behaviour")
     init_run(stack, run_id, stack.config())
