@@ -1,7 +1,9 @@
 """The per-step cost model of the serverless pipeline: Lambda, Step Functions, S3 requests.
 
 What one training step costs *in this stack* (not the SageMaker training session, the ACR
-agent, or the model's tokens -- those are billed by their own services, see docs/operating.md):
+agent, or the model's tokens -- those are billed by their own services, see docs/operating.md),
+and how many **session-hours** a step keeps the training session, sequential (``max_staleness`` 0)
+and overlapped (1), from the step's rollout, training and rebind times (`session_per_step`):
 
 - **Lambda**: GB-seconds (memory from `stepwise.functions`, durations from `Assumptions`) and
   requests, per rollout (StartRollout, OnRolloutResult, FinishRollout, the gateway once per
@@ -76,6 +78,19 @@ STEP_START = "Plan next action"
 TRAIN_POLL_LOOP = ("Training step done?", "Wait for training step")  # (choice, its waiting branch)
 REBIND_POLL_LOOP = ("Sampler rebound?", "Wait for sampler")
 GENERATION_BATCH_END = "Enough groups to train?"
+#: ``max_staleness`` 1: the path of a step whose batch was rolled out ahead, into the Parallel state,
+#: and each branch's path through it (its poll loops counted like the sequential ones).
+OVERLAPPED_STEP_CHOICES = {
+    "What comes next?": "Train or eval batch?",
+    "Train or eval batch?": "Compute advantages and filter groups",
+    "Enough groups to train?": "Train this step while rolling out the next",
+}
+OVERLAP_PARALLEL = "Train this step while rolling out the next"
+OVERLAP_BRANCH_CHOICES = {
+    "This step's training done?": "Rebind sampler after this step",
+    "Sampler rebound after this step?": "This step trained and rebound",
+    "Next step's rollouts planned?": "Roll out the next step's generation batch",
+}
 
 
 @dataclass(frozen=True)
@@ -89,6 +104,10 @@ class Assumptions:
         train_seconds: wall time of a step's training operations (forward_backward, optim_step,
             save_weights) on the session, seconds; sets how many poll rounds the loop takes.
         rebind_seconds: wall time of load_weights_for_sampling, seconds.
+        rollout_seconds: wall time of one generation batch's rollouts (the Map, slowest rollout
+            included), seconds; with ``train_seconds`` and ``rebind_seconds`` it sets the session-hours.
+        orchestration_seconds: the rest of a step's wall time (PlanStep, ComputeAdvantages, state
+            transitions, Map start), seconds.
         poll_seconds / inline_wait_seconds: ``STEPWISE_POLL_SECONDS`` / ``STEPWISE_INLINE_WAIT_SECONDS``.
         handler_seconds: mean duration per invocation of each handler, seconds.
     """
@@ -98,6 +117,8 @@ class Assumptions:
     gen_batches_per_step: float = 1.0
     train_seconds: float = 60.0
     rebind_seconds: float = 10.0
+    rollout_seconds: float = 60.0
+    orchestration_seconds: float = 5.0
     poll_seconds: float = 10.0
     inline_wait_seconds: float = 5.0
     handler_seconds: dict[str, float] = field(default_factory=lambda: {
@@ -199,8 +220,14 @@ def asl_step_counts(asl: dict[str, Any] | None = None) -> dict[str, int]:
     mapstate = states[train[train.index("Roll out generation batch")]]
     processor = mapstate.get("ItemProcessor") or mapstate.get("Iterator") or {}
     child = _walk(processor["States"], processor["StartAt"], {}, "")
+    overlapped = _walk(states, STEP_START, OVERLAPPED_STEP_CHOICES, STEP_START)
+    if OVERLAP_PARALLEL not in overlapped:
+        raise KeyError(f"the overlapped step's path does not reach {OVERLAP_PARALLEL!r}; update stepwise_cli.cost")
+    for branch in states[OVERLAP_PARALLEL]["Branches"]:
+        overlapped += _walk(branch["States"], branch["StartAt"], OVERLAP_BRANCH_CHOICES, "")
     return {"train_step": len(train), "eval_batch": len(evals), "generation_batch": len(gen),
-            "train_poll": loops["train_poll"], "rebind_poll": loops["rebind_poll"], "rollout_child": len(child)}
+            "train_poll": loops["train_poll"], "rebind_poll": loops["rebind_poll"], "rollout_child": len(child),
+            "overlapped_step": len(overlapped)}
 
 
 # ---------------------------------------------------------------------------- the estimate
@@ -231,11 +258,44 @@ def rollout_usage(turns: float, a: Assumptions, counts: dict[str, int], mem: dic
     return u
 
 
+def overlapped_fraction(cfg: Any) -> float:
+    """The share of steps whose first generation batch rolls out while the previous step trains, at
+    ``max_staleness`` 1 (`stepwise.core.staleness.roll_out_ahead_blocker`): all but the steps after
+    which a ``save_every`` checkpoint or a new execution (``steps_per_execution``) comes first."""
+    blocked = 1.0 / cfg.steps_per_execution + (1.0 / cfg.save_every if cfg.save_every > 0 else 0.0)
+    return max(0.0, 1.0 - blocked)
+
+
+def session_per_step(cfg: Any, a: Assumptions, max_staleness: int, gen_batches: float = 1.0) -> dict[str, float]:
+    """The training session's time per step at ``max_staleness`` (0 or 1), in seconds and session-hours.
+
+    The session is billed for the whole wall time of a step, busy or not. Sequential (0): rollouts
+    of every generation batch, orchestration, then training and rebind, one after the other:
+    ``wall = gen_batches x (rollout + orchestration) + train + rebind``. Overlapped (1): the next
+    step's first generation batch rolls out during training and rebind, so that part costs
+    ``max(rollout, train + rebind)`` instead of their sum (DAPO's further generation batches stay
+    sequential), on the `overlapped_fraction` of steps; the others are sequential.
+
+    Returns ``{"wall_seconds", "busy_seconds", "idle_seconds", "session_hours"}`` per step
+    (busy = training + rebind; idle = wall - busy).
+    """
+    busy = a.train_seconds + a.rebind_seconds
+    per_batch = a.rollout_seconds + a.orchestration_seconds
+    sequential = gen_batches * per_batch + busy
+    wall = sequential
+    if max_staleness >= 1:
+        overlapped = max(a.rollout_seconds, busy) + a.orchestration_seconds + (gen_batches - 1) * per_batch
+        f = overlapped_fraction(cfg)
+        wall = f * overlapped + (1 - f) * sequential
+    return {"wall_seconds": wall, "busy_seconds": busy, "idle_seconds": wall - busy, "session_hours": wall / 3600}
+
+
 def estimate(cfg: Any, a: Assumptions | None = None, *, total_steps: int | None = None,
              asl: dict[str, Any] | None = None) -> dict[str, Any]:
     """The cost of one training step (and of the run when ``total_steps`` is known).
 
     Returns a dict: ``assumptions``, ``rollouts_per_step``, ``usage_per_step`` (`Usage` fields),
+    ``session_per_step`` (`session_per_step` at max_staleness "0" and "1"), ``max_staleness``,
     ``usd_per_step`` (per service and total), ``usd_per_step_upper`` (DAPO at the generation-batch
     cap; equal to the estimate for GRPO), ``total_steps`` and ``usd_per_run`` (when known),
     ``prices_as_of``.
@@ -249,9 +309,12 @@ def estimate(cfg: Any, a: Assumptions | None = None, *, total_steps: int | None 
     def step(gen_batches: float) -> Usage:
         u = Usage()
         u.add(rollout_usage(turns, a, counts, mem), times=rollouts_per_batch * gen_batches)
-        # the step's fixed path, and the extra generation batches' part of it
-        u.state_transitions += counts["train_step"] + counts["generation_batch"] * (gen_batches - 1)
-        u.lambda_call(mem["PlanStep"], a.handler_seconds["PlanStep"], times=gen_batches)
+        # the step's fixed path (overlapped steps take the Parallel's, and one more PlanStep: the
+        # plan ahead), and the extra generation batches' part of it
+        f = overlapped_fraction(cfg) if cfg.max_staleness >= 1 else 0.0
+        u.state_transitions += (f * counts["overlapped_step"] + (1 - f) * counts["train_step"]
+                                + counts["generation_batch"] * (gen_batches - 1))
+        u.lambda_call(mem["PlanStep"], a.handler_seconds["PlanStep"], times=gen_batches + f)
         u.lambda_call(mem["ComputeAdvantages"], a.handler_seconds["ComputeAdvantages"], times=gen_batches)
         u.s3(S3_PER_GENERATION_BATCH, times=gen_batches)
         # training: submit (polls inline), Wait/Poll rounds, rebind (inline, then its own rounds)
@@ -283,6 +346,9 @@ def estimate(cfg: Any, a: Assumptions | None = None, *, total_steps: int | None 
         "usd_per_step": per_step.dollars(),
         "usd_per_step_upper": upper.dollars(),
         "prices_as_of": PRICES_AS_OF,
+        # both modes, whatever the config says: what overlapping would save (or does)
+        "session_per_step": {str(m): session_per_step(cfg, a, m, gen) for m in (0, 1)},
+        "max_staleness": cfg.max_staleness,
     }
     if total_steps is not None:
         out["total_steps"] = total_steps

@@ -95,3 +95,53 @@ def test_cost_command(tmp_path, capsys):
     assert main(["cost", str(cfg), "--steps", "100"]) == 0
     out = capsys.readouterr().out
     assert "run of 100 steps" in out and "not included: the SageMaker training session" in out
+
+
+def test_session_hours_per_step_in_both_modes():
+    """Issue 17: the session is billed for a step's whole wall time; overlapping the next step's
+    rollouts with this step's training and rebind turns their sum into their max on overlapped steps."""
+    a = cost.Assumptions(rollout_seconds=60, train_seconds=50, rebind_seconds=10, orchestration_seconds=5)
+    cfg = load_run_config({**BASE, "steps_per_execution": 1000})
+    seq = cost.session_per_step(cfg, a, 0)
+    assert seq == {"wall_seconds": 125.0, "busy_seconds": 60.0, "idle_seconds": 65.0,
+                   "session_hours": pytest.approx(125 / 3600)}
+    f = cost.overlapped_fraction(cfg)
+    assert f == pytest.approx(1 - 1 / 1000)
+    ovl = cost.session_per_step(cfg, a, 1)
+    assert ovl["wall_seconds"] == pytest.approx(f * 65 + (1 - f) * 125)  # max(60, 50 + 10) + 5
+    # save_every and continue-as-new boundaries run sequentially
+    assert cost.overlapped_fraction(load_run_config({**BASE, "steps_per_execution": 10, "save_every": 10})) == \
+        pytest.approx(0.8)
+    # DAPO's extra generation batches stay sequential in both modes
+    assert cost.session_per_step(cfg, a, 1, gen_batches=3)["wall_seconds"] - ovl["wall_seconds"] == \
+        pytest.approx(2 * 65 * f + (1 - f) * 2 * 65)
+    est = cost.estimate(load_run_config({**BASE, "max_staleness": 1}), a)
+    assert set(est["session_per_step"]) == {"0", "1"} and est["max_staleness"] == 1
+    assert est["session_per_step"]["1"]["session_hours"] < est["session_per_step"]["0"]["session_hours"]
+
+
+def test_overlapped_steps_walk_the_parallel_state():
+    counts = cost.asl_step_counts()
+    states = load_asl()["States"]
+    branches = states[cost.OVERLAP_PARALLEL]["Branches"]
+    # the overlapped path skips the sequential Map and training states, then enters the Parallel and
+    # both of its branches (train + rebind; plan ahead + the next step's Map)
+    assert counts["overlapped_step"] == (
+        len(cost._walk(states, cost.STEP_START, cost.OVERLAPPED_STEP_CHOICES, cost.STEP_START))
+        + sum(len(cost._walk(b["States"], b["StartAt"], cost.OVERLAP_BRANCH_CHOICES, "")) for b in branches))
+    one = cost.estimate(load_run_config({**BASE, "max_staleness": 1}))["usage_per_step"]
+    zero = cost.estimate(load_run_config(BASE))["usage_per_step"]
+    assert one["state_transitions"] > zero["state_transitions"]  # the Parallel and its branch ends
+    assert one["lambda_requests"] > zero["lambda_requests"]  # the plan ahead
+
+
+def test_cost_command_prints_both_modes(tmp_path, capsys):
+    cfg = tmp_path / "run.json"
+    cfg.write_text(json.dumps({**BASE, "max_staleness": 1}))
+    assert main(["cost", str(cfg), "--steps", "10", "--rollout-seconds", "60", "--train-seconds", "50",
+                 "--session-usd-per-hour", "10"]) == 0
+    out = capsys.readouterr().out
+    seq, ovl = [line for line in out.splitlines() if "session-hours" in line]
+    assert seq.lstrip().startswith("sequential (max_staleness 0)") and "this config" not in seq
+    assert ovl.lstrip().startswith("overlapped (max_staleness 1)") and ovl.endswith("<- this config")
+    assert "$" in ovl

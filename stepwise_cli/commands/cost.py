@@ -33,6 +33,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help=f"DAPO generation batches per step on average (default {d.gen_batches_per_step:g})")
     parser.add_argument("--train-seconds", type=float, default=d.train_seconds,
                         help=f"seconds the session takes per training step (default {d.train_seconds:g})")
+    parser.add_argument("--rollout-seconds", type=float, default=d.rollout_seconds,
+                        help=f"wall seconds of one generation batch's rollouts (default {d.rollout_seconds:g})")
+    parser.add_argument("--rebind-seconds", type=float, default=d.rebind_seconds,
+                        help=f"seconds of load_weights_for_sampling per step (default {d.rebind_seconds:g})")
+    parser.add_argument("--session-usd-per-hour", type=float, default=None,
+                        help="the training session's price per hour, to turn session-hours into dollars (no default: "
+                             "it depends on the instance)")
     parser.add_argument("--json", action="store_true", help="print the estimate as JSON")
 
 
@@ -74,6 +81,15 @@ def format_estimate(est: dict[str, Any]) -> str:
         lines.append("run total: pass --steps N (or use a local dataset file) to get it")
     lines.append(f"list prices us-east-1 as of {est['prices_as_of']}; not included: the SageMaker training "
                  "session, the ACR agent runtime, CloudWatch, data transfer")
+    lines.append(f"training session per step ({a['rollout_seconds']:g} s of rollouts, {a['train_seconds']:g} s of "
+                 f"training, {a['rebind_seconds']:g} s of rebind, {a['orchestration_seconds']:g} s of orchestration):")
+    price = est.get("session_usd_per_hour")
+    for mode, sess in est["session_per_step"].items():
+        name = {"0": "sequential (max_staleness 0)", "1": "overlapped (max_staleness 1)"}[mode]
+        mark = "  <- this config" if int(mode) == est["max_staleness"] else ""
+        usd = f"  ${sess['session_hours'] * price:.4f}" if price is not None else ""
+        lines.append(f"  {name:<29} {sess['wall_seconds']:>7.1f} s wall, {sess['idle_seconds']:>6.1f} s idle, "
+                     f"{sess['session_hours']:.4f} session-hours{usd}{mark}")
     return "\n".join(lines)
 
 
@@ -87,7 +103,10 @@ def run(args: argparse.Namespace) -> int:
         print(str(e), file=sys.stderr)
         return EXIT_USAGE
     a = Assumptions(turns_per_rollout=args.turns_per_rollout, seconds_per_turn=args.seconds_per_turn,
-                    gen_batches_per_step=args.gen_batches_per_step, train_seconds=args.train_seconds)
+                    gen_batches_per_step=args.gen_batches_per_step, train_seconds=args.train_seconds,
+                    rollout_seconds=args.rollout_seconds, rebind_seconds=args.rebind_seconds)
     est = estimate(cfg, a, total_steps=total_steps(cfg, args))
+    if args.session_usd_per_hour is not None:
+        est["session_usd_per_hour"] = args.session_usd_per_hour
     print(json.dumps(est, indent=2) if args.json else format_estimate(est))
     return EXIT_OK
