@@ -25,7 +25,7 @@ from aws_cdk import aws_s3 as s3
 from stepwise.layout import DATASETS_PREFIX, RESULTS_PREFIX, RUNS_PREFIX, SESSIONS_PREFIX, run_sessions_prefix, tokenizer_prefix
 
 PUBLIC_HUB = "SageMakerPublicHub"
-#: Init names every training session ``stepwise-{run}-{hash}`` (``stepwise.training.session_name_for``).
+#: Init names every training session ``stepwise-{run}-{hash}`` (``stepwise.core.phases.session_name_for``).
 SESSION_NAME_PATTERN = "stepwise-*"
 #: The SDK's defaults when a run config leaves them blank (``ServiceClient._auto_create_mpg``,
 #: ``ServiceClient._default_s3_output_path`` -> ``Session.default_bucket()``).
@@ -92,7 +92,8 @@ FUNCTION_CAPABILITIES: dict[str, frozenset[Capability]] = {
     # (handlers.session.stop_owned_session) hold TRACKING.
     "ComputeAdvantages": frozenset({C.RUN_STATE, C.TRACKING}),
     "RecordEval": frozenset({C.RUN_STATE, C.TRACKING}),
-    # The operation drivers (handlers/train.py ``drive``) may submit or poll either kind of operation.
+    # The operation driver (``stepwise.training.drive``: SubmitTrain, PollOperation, Rebind, Checkpoint,
+    # PollSession) may submit or poll either kind of operation.
     "SubmitTrain": frozenset({C.RUN_STATE, C.TRAINING_OPS, C.SAMPLING_OPS}),
     "PollOperation": frozenset({C.RUN_STATE, C.TRAINING_OPS, C.SAMPLING_OPS}),
     "Rebind": frozenset({C.RUN_STATE, C.TRAINING_OPS, C.SAMPLING_OPS, C.TRACKING}),

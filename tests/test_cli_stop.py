@@ -32,10 +32,11 @@ def _session(sim, run_id):
     """Create the run's session in the simulator, as Init does; returns (cfg, session name)."""
     from stepwise import training
     from stepwise.config import load_run_config
+    from stepwise.core.phases import session_name_for
 
     cfg = load_run_config({**BASE_CONFIG, "role_arn": sim.role_arn, "model_package_group_arn": sim.model_package_group_arn,
                            "s3_output_path": sim.s3_output_path, "dataset_path": "s3://bkt/x.jsonl"})
-    name = training.session_name_for(run_id)
+    name = session_name_for(run_id)
     training.create_session(cfg, name)
     return cfg, name
 

@@ -100,7 +100,7 @@ def test_the_generation_batch_cycle_of_the_asl_costs_the_counted_history_events(
 
 
 def test_acr_tps_limit_stops_where_the_map_concurrency_cap_binds():
-    from stepwise.handlers.plan import CONCURRENCY_PER_TPS, MAX_MAP_CONCURRENCY
+    from stepwise.service_limits import CONCURRENCY_PER_TPS, MAX_MAP_CONCURRENCY
 
     top = limits.MAX_ACR_TPS_LIMIT
     assert top * CONCURRENCY_PER_TPS <= MAX_MAP_CONCURRENCY < (top + 1) * CONCURRENCY_PER_TPS

@@ -10,14 +10,14 @@ import uuid
 import pytest
 from pipeline_fixtures import BUCKET, Stack, execution_arn, init_run, new_run_id, play_rollout, run_ref, wait_ready
 
+from stepwise.core.phases import rewind_to_checkpoint
 from stepwise.handlers import advantages, plan, train
 from stepwise.handlers._common import BatchEvent, RunEvent
-from stepwise.handlers.init import InitEvent, initialize, rewind_to_checkpoint
+from stepwise.handlers.init import InitEvent, initialize
 from stepwise.handlers.rollout import FinishEvent, finish
-from stepwise.records import BatchRef
 from stepwise.handlers.session import StopEvent, poll_session, stop
 from stepwise.layout import start_marker_key
-from stepwise.records import Checkpoint, RunState
+from stepwise.records import BatchRef, Checkpoint, RunState
 from stepwise.runstore import RunStore
 
 

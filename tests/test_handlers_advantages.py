@@ -226,7 +226,7 @@ def test_eval_rollouts_whose_agent_raised_count_as_failed_and_score_zero(stack):
 
 
 def test_a_run_that_ends_without_one_optimizer_step_after_empty_steps_fails(stack):
-    from stepwise.handlers._common import NoTrainingSignal
+    from stepwise.core.planning import NoTrainingSignal
 
     run_id = new_run_id()
     init_run(stack, run_id, stack.config(max_prompts=2))  # one step, fewer than max_consecutive_empty_steps (3)

@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from stepwise.config import RunConfig
-from stepwise.handlers.plan import build_items, decide
+from stepwise.core.planning import build_items, decide
 from stepwise.records import Checkpoint, RunState
 
 BASE = {
@@ -129,7 +129,7 @@ def test_eval_before_train_without_an_eval_dataset_is_refused():
 
 
 def test_a_resume_that_rewinds_to_step_0_does_not_evaluate_step_0_again():
-    from stepwise.handlers.init import rewind_to_checkpoint
+    from stepwise.core.phases import rewind_to_checkpoint
 
     c = cfg(batch_size=1, eval_every=1, eval_dataset_path="s3://bucket-name/eval.jsonl", eval_max_prompts=2)
     s = state(dataset_rows=3, eval_rows=2)

@@ -7,6 +7,7 @@ import json
 import pytest
 from pipeline_fixtures import BUCKET, Stack, init_run, new_run_id, roll_out_batch, run_ref, wait_ready
 
+from stepwise.core.phases import plan_train_phase
 from stepwise.handlers import advantages, plan, train
 from stepwise.handlers._common import BatchEvent, RunEvent
 from stepwise.runstore import RunStore
@@ -36,7 +37,7 @@ def test_a_retried_submit_train_applies_one_optimizer_step(stack):
     rs = RunStore(BUCKET, stack.s3)
     # Plan the step write-ahead, then keep that state: it is what a Lambda that crashed right
     # after sending its operations (before recording their ids) leaves behind.
-    rs.update_state(run_id, lambda s: train.plan_train_phase(s, len(s.datum_chunks)), execution_arn=ev.run.execution_arn)
+    rs.update_state(run_id, lambda s: plan_train_phase(s, len(s.datum_chunks)), execution_arn=ev.run.execution_arn)
     planned, _ = rs.read_state(run_id)
     seqs = [op.sequence_number for op in planned.pending]
     assert seqs == [1, 2, 3] and len({op.client_token for op in planned.pending}) == 3

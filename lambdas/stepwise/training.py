@@ -8,10 +8,12 @@ garbage-collected (FINDINGS.md). A Lambda can rely on neither, so here:
   (the state machine polls DescribeTrainingSession instead), and a `ServiceClient` is built only
   for create and stop, never handed to a training or sampling client;
 - every training operation gets a sequence number allocated write-ahead in ``state.json`` and a
-  client token derived with uuid5 from (run, session, step, operation, chunk): a retried or
-  redriven submit re-sends the same pair, so the runtime applies it once;
-- datums are built and chunked by the SDK (``_utils.batch_to_datum_list``, ``chunk_datum_list``),
-  optimizer params by ``AdamParams``, and results parsed with the SDK's result types.
+  client token derived with uuid5 from (run, session, step, operation, chunk)
+  (`stepwise.core.phases.plan_training_ops`): a retried or redriven submit re-sends the same pair,
+  so the runtime applies it once;
+- operation configs and results are built and parsed by the SDK's own helpers
+  (`stepwise.core.operations`); this module only sends and reads them, and :func:`drive` runs a
+  phase's operations to completion (`stepwise.core.phases.complete_phase`).
 
 Wire shapes: ``botocore/data/sagemakertrainingsessionruntime`` (ExecuteTrainingOperation,
 GetTrainingOperationResult, ExecuteSamplingOperation, GetSamplingOperationResult) and the
@@ -20,36 +22,28 @@ GetTrainingOperationResult, ExecuteSamplingOperation, GetSamplingOperationResult
 
 from __future__ import annotations
 
-import hashlib
-import re
 import time
-import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import ClientError
 
-from stepwise.records import PendingOperation, RunState
+from stepwise.core.operations import OP_FAILED, OperationFailed, datum_chunk_of, operation_config, record_status
+from stepwise.core.phases import complete_phase
+from stepwise.layout import datums_key
+from stepwise.records import PendingOperation, Phase, RunState
 
-#: Namespace of the deterministic client tokens (uuid5).
-CLIENT_TOKEN_NAMESPACE = uuid.UUID("6f0b6c1e-5d0a-4f4e-9a51-5e8f3b1f2c7d")
+if TYPE_CHECKING:
+    from stepwise.config import RunConfig
+    from stepwise.runstore import RunStore
 
 RUNNING = "Running"
 FAILED_SESSION_STATUSES = frozenset({"Failed", "Stopped", "Stopping", "Blocked", "Deleting", "DeletionFailed"})
-OP_DONE = "Completed"
-OP_FAILED = frozenset({"Failed", "Skipped"})
 
 
 class SessionFailed(RuntimeError):
     """The training session reached a terminal status before (or while) the run used it."""
-
-
-class OperationFailed(RuntimeError):
-    """A training or sampling operation ended Failed/Skipped (message carries errorDetails)."""
-
-
-class OperationTimedOut(TimeoutError):
-    """An operation did not complete within ``train_op_timeout`` seconds of its submit."""
 
 
 # ---------------------------------------------------------------------------- clients
@@ -67,90 +61,6 @@ def runtime(region: str) -> Any:
     from sagemaker.train.training_session._clients import _runtime_client
 
     return _runtime_client(region)
-
-
-# ---------------------------------------------------------------------------- names and tokens
-
-
-def session_name_for(run_id: str) -> str:
-    """Deterministic training-session name of a run (a retried Init never creates a second one).
-
-    Shape: ``stepwise-{sanitized run id, <= 44 chars}-{8 hex of sha256(run id)}``, within the
-    API's ``[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}``.
-    """
-    clean = re.sub(r"[^a-zA-Z0-9]+", "-", run_id).strip("-")[:44].strip("-") or "run"
-    return f"stepwise-{clean}-{hashlib.sha256(run_id.encode()).hexdigest()[:8]}"
-
-
-def client_token(run_id: str, session_name: str, step: int, operation: str) -> str:
-    """uuid5 over ``run/session/step/operation`` (operation includes the chunk, e.g. ``forward_backward/3``)."""
-    return str(uuid.uuid5(CLIENT_TOKEN_NAMESPACE, f"{run_id}/{session_name}/{step}/{operation}"))
-
-
-def plan_training_ops(state: RunState, names: list[str], *, tag: int | str) -> list[PendingOperation]:
-    """Allocate consecutive sequence numbers and deterministic tokens for ``names`` (write-ahead).
-
-    Mutates ``state`` (``last_sequence_number``, ``pending``); the caller persists it before
-    submitting anything. ``tag`` (usually the step) scopes the client tokens.
-    """
-    ops = []
-    for name in names:
-        state.last_sequence_number += 1
-        ops.append(
-            PendingOperation(
-                name=name,
-                kind="training",
-                sequence_number=state.last_sequence_number,
-                client_token=client_token(state.run_id, state.training_session_name, tag, name),
-            )
-        )
-    state.pending = ops
-    return ops
-
-
-# ---------------------------------------------------------------------------- operation configs
-
-
-def datum_chunks(datums: list[dict[str, Any]], loss_fn: str) -> list[list[dict[str, Any]]]:
-    """Validate datums for ``loss_fn`` and chunk them exactly as ``TrainingClient.forward_backward`` does."""
-    from sagemaker.train.training_session._utils import batch_to_datum_list, chunk_datum_list
-    from sagemaker.train.training_session.types import LossFunction
-
-    datum_list = batch_to_datum_list(datums, loss_fn_name=LossFunction(loss_fn).value)
-    return chunk_datum_list(datum_list)
-
-
-def forward_backward_config(
-    chunk: list[dict[str, Any]], loss_fn: str, loss_fn_config: dict[str, float] | None
-) -> dict[str, Any]:
-    """``operationConfig`` of one forward_backward chunk (``TrainingClient._submit_forward_backward``)."""
-    fb: dict[str, Any] = {"lossFnName": loss_fn, "datumList": chunk}
-    if loss_fn_config is not None:
-        fb["lossFnConfig"] = loss_fn_config
-    return {"forwardBackward": fb}
-
-
-def optim_step_config(learning_rate: float) -> dict[str, Any]:
-    """``operationConfig`` of optim_step with the reference's ``AdamParams(learning_rate=...)``."""
-    from sagemaker.train.training_session.types import AdamParams
-
-    return {"optimizerStep": {"adamParamsConfig": AdamParams(learning_rate=learning_rate)._to_api()}}
-
-
-def save_weights_config(description: str = "") -> dict[str, Any]:
-    return {"saveWeights": {"description": description} if description else {}}
-
-
-def save_state_config(description: str = "") -> dict[str, Any]:
-    return {"saveState": {"description": description} if description else {}}
-
-
-def load_state_config(model_package_arn: str, *, with_optimizer: bool) -> dict[str, Any]:
-    return {"loadState": {"modelPackageArn": model_package_arn, "loadOptimizer": with_optimizer}}
-
-
-def load_weights_for_sampling_config(model_package_arn: str) -> dict[str, Any]:
-    return {"loadWeightsForSampling": {"modelPackageArn": model_package_arn}}
 
 
 # ---------------------------------------------------------------------------- submit and poll
@@ -208,44 +118,6 @@ def read_op(rt: Any, session_name: str, op: PendingOperation) -> tuple[str, dict
     return status, resp.get("operationResult") or {}
 
 
-def compact_result(name: str, result: dict[str, Any]) -> dict[str, Any]:
-    """What state.json keeps of an operation result: metrics and ARNs, never per-datum tensors."""
-    out: dict[str, Any] = {}
-    for key, sub in result.items():
-        if isinstance(sub, dict):
-            out[key] = {k: v for k, v in sub.items() if k != "lossFnOutputs"}
-    return out
-
-
-def forward_backward_metrics(results: list[dict[str, Any]], datum_counts: list[int]) -> dict[str, float]:
-    """Whole-batch metrics of chunked forward_backward results, combined as the SDK combines them."""
-    from sagemaker.train.training_session._utils import combine_forward_backward_results
-    from sagemaker.train.training_session.types import ForwardBackwardOutput
-
-    parsed = [ForwardBackwardOutput._from_api(r) for r in results]
-    if len(parsed) == 1:
-        return dict(parsed[0].metrics)
-    return dict(combine_forward_backward_results(parsed, datum_counts=datum_counts).metrics)
-
-
-def saved_weights_arn(result: dict[str, Any]) -> str:
-    from sagemaker.train.training_session.types import SaveWeightsResponse
-
-    arn = SaveWeightsResponse._from_api(result).model_package_arn
-    if not arn:
-        raise OperationFailed("save_weights completed without a model package ARN; nothing to sample from")
-    return arn
-
-
-def saved_state_arn(result: dict[str, Any]) -> str:
-    from sagemaker.train.training_session.types import SaveStateResponse
-
-    arn = SaveStateResponse._from_api(result).model_package_arn
-    if not arn:
-        raise OperationFailed("save_state completed without a model package ARN")
-    return arn
-
-
 def advance_pending(rt: Any, state: RunState, *, timeout_s: float, now: float | None = None) -> bool:
     """Poll every submitted, unfinished op in ``state.pending``; record results. True when all succeeded.
 
@@ -262,17 +134,66 @@ def advance_pending(rt: Any, state: RunState, *, timeout_s: float, now: float | 
             all_done = False
             continue
         status, result = read_op(rt, state.training_session_name, op)
-        if status == OP_DONE:
-            op.status = "Succeeded"
-            op.result = compact_result(op.name, result)
-        else:
+        if not record_status(op, status, result, now=now, timeout_s=timeout_s):
             all_done = False
-            if op.submitted_at and now - op.submitted_at > timeout_s:
-                raise OperationTimedOut(
-                    f"{op.kind} operation {op.name} ({op.operation_id}) still {status} after {timeout_s:g}s "
-                    "(train_op_timeout)"
-                )
     return all_done
+
+
+# ---------------------------------------------------------------------------- the operation driver
+
+#: Seconds between status reads while a handler polls inline (its budget: STEPWISE_INLINE_WAIT_SECONDS).
+POLL_INTERVAL_S = 0.25
+
+
+def drive(rs: RunStore, rt: Any, cfg: RunConfig, run_id: str, execution_arn: str, phases: tuple[Phase, ...], *,
+          budget_s: float, now: Callable[[], float] = time.time,
+          sleep: Callable[[float], None] = time.sleep) -> tuple[RunState, bool, dict[str, Any]]:
+    """Submit planned ops, poll submitted ones, complete finished phases, for up to ``budget_s`` seconds.
+
+    ``rs``: the run store; ``rt``: the session's runtime client (`runtime`); ``cfg``: the run's
+    config. Operation ids are recorded in state.json (conditional writes) before they are polled;
+    a forward_backward chunk is read back from S3, so a retry sends the same bytes. Stops with
+    ``done=True`` when the run leaves ``phases`` (returns to idle). Returns ``(state, done,
+    metrics of completed phases)``.
+    """
+    deadline = time.monotonic() + budget_s
+    reported: dict[str, Any] = {}
+    while True:
+        state = rs.owned_state(run_id, execution_arn)
+        if state.phase not in phases:
+            return state, True, reported
+        submitted: dict[str, tuple[str, float]] = {}
+        for op in sorted(state.pending, key=lambda o: (o.sequence_number or 0)):
+            if op.operation_id is not None:
+                continue
+            chunk = datum_chunk_of(op)
+            datums = rs.get_json(datums_key(run_id, state.step, chunk)) if chunk is not None else None
+            config = operation_config(op, cfg, datums)
+            if op.kind == "training":
+                op_id = submit_training_op(rt, state.training_session_name, op, config)
+            else:
+                op_id = submit_sampling_op(rt, state.training_session_name, config)
+            submitted[op.name] = (op_id, now())
+
+        results: dict[str, Any] = {}
+
+        def change(s: RunState) -> None:
+            results.clear()
+            for op in s.pending:
+                if op.name in submitted and op.operation_id is None:
+                    op.operation_id, op.submitted_at = submitted[op.name]
+                    op.status = "Submitted"
+            if advance_pending(rt, s, timeout_s=cfg.train_op_timeout):
+                results.update(complete_phase(s, now=now))
+                results["_completed"] = True
+
+        state = rs.update_state(run_id, change, execution_arn=execution_arn)
+        if results.pop("_completed", False):
+            reported.update(results)
+            continue
+        if time.monotonic() >= deadline:
+            return state, False, reported
+        sleep(POLL_INTERVAL_S)
 
 
 # ---------------------------------------------------------------------------- session lifecycle
@@ -286,7 +207,7 @@ class CreatedSession:
     model_package_group_arn: str
 
 
-def service_client(cfg: Any) -> Any:
+def service_client(cfg: RunConfig) -> Any:
     """A `ServiceClient` for create/stop only. Never build a Training/SamplingClient from it: the
     clients it builds share a handle whose finalizer stops the session (FINDINGS.md)."""
     from sagemaker.train.training_session import ServiceClient
@@ -312,7 +233,7 @@ def default_output_path(run_id: str) -> str | None:
     return f"{base if base.endswith('/') else base + '/'}{run_id}/"
 
 
-def create_session(cfg: Any, session_name: str, run_id: str = "") -> CreatedSession:
+def create_session(cfg: RunConfig, session_name: str, run_id: str = "") -> CreatedSession:
     """CreateTrainingSession as ``ServiceClient.create_lora_training_client`` builds it, without its wait.
 
     Idempotent: a session of that name that already exists (a retried Init) is adopted.
@@ -355,21 +276,10 @@ def describe_session(cp: Any, session_name: str) -> tuple[str, str]:
     return str(detail.get("TrainingSessionStatus", "")), str(reason)
 
 
-def stop_session(cfg: Any, session_name: str) -> None:
+def stop_session(cfg: RunConfig, session_name: str) -> None:
     """``ServiceClient.stop_session``: idempotent (already stopping/stopped, or never created, is fine)."""
     try:
         service_client(cfg).stop_session(session_name)
     except ClientError as e:
         if e.response.get("Error", {}).get("Code") != "ResourceNotFound":
             raise
-
-
-def weights_usage(model_package_arn: str, region: str) -> str:
-    """How to sample from or deploy a ``save_weights_for_sampler`` model package (one line per way)."""
-    return (
-        f"sample it: ServiceClient(region={region!r}, role_arn=ROLE).create_sampling_client("
-        f"model_package_arn={model_package_arn!r}) (sagemaker.train.training_session; this starts a training "
-        "session: use the client in a `with` block so the session stops)\n"
-        "deploy it: it is a model package version (LoRA weights) in the run's model package group; deploy it "
-        "from the SageMaker Model Registry like any model package version"
-    )

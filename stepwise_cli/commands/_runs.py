@@ -205,8 +205,8 @@ def checkpoint_lines(checkpoints: list[dict[str, Any]], final: dict[str, Any] | 
 
 def weights_lines(state: dict[str, Any] | None, region: str) -> list[str]:
     """The lines a run's report ends with: each checkpoint, then the final weights' model package ARN
-    and how to sample or deploy it (`stepwise.training.weights_usage`)."""
-    from stepwise.training import weights_usage
+    and how to sample or deploy it (`stepwise.core.operations.weights_usage`)."""
+    from stepwise.core.operations import weights_usage
 
     checkpoints, final = run_weights(state)
     lines = checkpoint_lines(checkpoints, final)

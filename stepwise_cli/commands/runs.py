@@ -88,7 +88,7 @@ def region_of(dep: Deployment, run_id: str) -> str:
 def format_weights(rows: list[dict[str, Any]]) -> list[str]:
     """Below the table: each run's checkpoints and final weights, then how to sample or deploy the
     newest run's final weights (the output ends with that model package ARN)."""
-    from stepwise.training import weights_usage
+    from stepwise.core.operations import weights_usage
 
     lines: list[str] = []
     for r in rows:

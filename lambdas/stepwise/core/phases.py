@@ -1,11 +1,261 @@
-"""The run's phases, pure: what state.json's write-ahead operations mean for the run.
+"""The run's phases, pure: write-ahead plans of SageMaker operations and what their completion means.
 
-Pure functions of `stepwise.records.RunState` (no boto3, no environment, no I/O).
+Every phase is a list of operations planned write-ahead in ``state.pending`` (sequence numbers
+and client tokens fixed before anything is sent, :func:`plan_training_ops`). A handler *drives*
+the phase (`stepwise.training.drive`): it (re)submits what is planned, polls what is submitted,
+and, when every operation succeeded, applies the phase's transition (:func:`complete_phase`).
+Re-running a handler with the same input is therefore harmless: a re-sent training operation
+carries the same (sequenceNumber, clientToken) and the runtime applies it once (DESIGN.md section 6).
+
+Phases and transitions (reference `train_grpo.py` step: forward_backward, optim_step, then
+``save_weights_and_get_sampling_client`` = saveWeights + loadWeightsForSampling):
+
+- ``train``  [forward_backward/0..n-1, optim_step, save_weights] -> ``rebind``
+- ``rebind`` [load_weights_for_sampling(saved ARN)] -> commit sampler ARN, policy version, step + 1
+- ``resume`` [load_state(with optimizer), save_weights] -> ``resume_rebind`` -> commit sampler ARN
+- ``checkpoint`` [save_state] or [save_weights] -> record the checkpoint
+
+A resumed run whose session was stopped moves onto a new session at its newest ``save_state``
+checkpoint (:func:`rewind_to_checkpoint`). Pure functions of `stepwise.records.RunState`: no
+boto3, no environment, no I/O.
 """
 
 from __future__ import annotations
 
-from stepwise.records import Checkpoint, RunState
+import hashlib
+import re
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from stepwise.core.operations import forward_backward_metrics, saved_state_arn, saved_weights_arn
+from stepwise.records import Checkpoint, PendingOperation, RunState
+
+#: Namespace of the deterministic client tokens (uuid5).
+CLIENT_TOKEN_NAMESPACE = uuid.UUID("6f0b6c1e-5d0a-4f4e-9a51-5e8f3b1f2c7d")
+
+
+class PhaseMismatch(RuntimeError):
+    """The handler was called while the run is in another phase (names both)."""
+
+
+# ---------------------------------------------------------------------------- names and tokens
+
+
+def session_name_for(run_id: str) -> str:
+    """Deterministic training-session name of a run (a retried Init never creates a second one).
+
+    Shape: ``stepwise-{sanitized run id, <= 44 chars}-{8 hex of sha256(run id)}``, within the
+    API's ``[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}``.
+    """
+    clean = re.sub(r"[^a-zA-Z0-9]+", "-", run_id).strip("-")[:44].strip("-") or "run"
+    return f"stepwise-{clean}-{hashlib.sha256(run_id.encode()).hexdigest()[:8]}"
+
+
+def resume_session_name(run_id: str, segment: int) -> str:
+    """The session of a resumed run: deterministic per (run, segment), so a retried Init adopts it."""
+    return session_name_for(f"{run_id}/resume-{segment}")
+
+
+def client_token(run_id: str, session_name: str, step: int | str, operation: str) -> str:
+    """uuid5 over ``run/session/step/operation`` (operation includes the chunk, e.g. ``forward_backward/3``)."""
+    return str(uuid.uuid5(CLIENT_TOKEN_NAMESPACE, f"{run_id}/{session_name}/{step}/{operation}"))
+
+
+def plan_training_ops(state: RunState, names: list[str], *, tag: int | str) -> list[PendingOperation]:
+    """Allocate consecutive sequence numbers and deterministic tokens for ``names`` (write-ahead).
+
+    Mutates ``state`` (``last_sequence_number``, ``pending``); the caller persists it before
+    submitting anything. ``tag`` (usually the step) scopes the client tokens.
+    """
+    ops = []
+    for name in names:
+        state.last_sequence_number += 1
+        ops.append(
+            PendingOperation(
+                name=name,
+                kind="training",
+                sequence_number=state.last_sequence_number,
+                client_token=client_token(state.run_id, state.training_session_name, tag, name),
+            )
+        )
+    state.pending = ops
+    return ops
+
+
+# ---------------------------------------------------------------------------- plans
+
+
+def plan_train_phase(state: RunState, num_chunks: int) -> None:
+    """Plan a step's training operations (write-ahead). Idempotent once planned."""
+    if state.phase == "train":
+        return
+    if state.phase != "idle":
+        raise PhaseMismatch(f"cannot start training step {state.step}: run is in phase {state.phase!r}")
+    names = [f"forward_backward/{i}" for i in range(num_chunks)] + ["optim_step", "save_weights"]
+    plan_training_ops(state, names, tag=state.step)
+    for op in state.pending:
+        if op.name == "save_weights":
+            op.description = f"stepwise {state.run_id} step {state.step + 1} sampler weights"
+    state.phase = "train"
+
+
+def plan_checkpoint(state: RunState, reason: str) -> None:
+    """Plan a save (``reason``: "save_every" | "final" -> save_state, "weights_at_end" -> save_weights)."""
+    if state.phase == "checkpoint":
+        return
+    if state.phase != "idle":
+        raise PhaseMismatch(f"cannot checkpoint: run is in phase {state.phase!r}")
+    name = "save_weights" if reason == "weights_at_end" else "save_state"
+    plan_training_ops(state, [name], tag=f"{state.step}/{reason}")
+    state.pending[0].description = f"stepwise {state.run_id} step {state.step} ({reason})"
+    state.phase = "checkpoint"
+    state.checkpoint_reason = reason  # type: ignore[assignment]  # a CheckpointReason
+
+
+def plan_resume(state: RunState, model_package_arn: str) -> None:
+    """Plan loading ``model_package_arn`` with its optimizer state, then saving sampler weights."""
+    if state.phase == "resume":
+        return
+    plan_training_ops(state, ["load_state", "save_weights"], tag="resume")
+    state.pending[0].argument = model_package_arn
+    state.pending[1].description = f"stepwise {state.run_id} resumed sampler weights"
+    state.phase = "resume"
+
+
+def _sampling_op(arn: str) -> PendingOperation:
+    return PendingOperation(name="load_weights_for_sampling", kind="sampling", argument=arn)
+
+
+def _saved_weights(state: RunState) -> str:
+    op = next(o for o in state.pending if o.name == "save_weights")
+    return saved_weights_arn(op.result or {})
+
+
+# ---------------------------------------------------------------------------- completion
+
+
+def complete_phase(state: RunState, *, now: Callable[[], float] = time.time) -> dict[str, Any]:
+    """Apply the transition of a phase whose operations all succeeded; returns metrics to report
+    (``train/*``, ``optim/*`` and ``time/train`` seconds since the first submit, by ``now``).
+
+    Raises:
+        PhaseMismatch: the run is idle (no operations to complete).
+        OperationFailed: a save completed without a model package ARN.
+    """
+    out: dict[str, Any] = {}
+    if state.phase == "train":
+        fb = [o for o in state.pending if o.name.startswith("forward_backward/")]
+        out = {
+            f"train/{k}": v
+            for k, v in forward_backward_metrics([o.result or {} for o in fb], state.datum_chunks).items()
+        }
+        optim = next(o for o in state.pending if o.name == "optim_step")
+        out.update({f"optim/{k}": v for k, v in ((optim.result or {}).get("optimizerStep") or {}).get("metrics", {}).items()})
+        started = min((o.submitted_at for o in state.pending if o.submitted_at), default=None)
+        if started:
+            out["time/train"] = now() - started
+        state.step_metrics.update(out)
+        state.pending = [_sampling_op(_saved_weights(state))]
+        state.phase = "rebind"
+    elif state.phase == "resume":
+        state.pending = [_sampling_op(_saved_weights(state))]
+        state.phase = "resume_rebind"
+    elif state.phase in ("rebind", "resume_rebind"):
+        state.sampler_model_package_arn = state.pending[0].argument or ""
+        if state.phase == "rebind":
+            state.policy_version += 1
+            state.step += 1
+            state.generation_batch = 0
+            state.kept_groups = 0
+            state.datum_chunks = []
+        else:
+            state.resume_loaded = True
+        state.pending = []
+        state.phase = "idle"
+        out = {"policy_version": state.policy_version}
+    elif state.phase == "checkpoint":
+        op = state.pending[0]
+        arn = saved_weights_arn(op.result or {}) if op.name == "save_weights" else saved_state_arn(op.result or {})
+        kind = "weights" if op.name == "save_weights" else "state"
+        state.checkpoints.append(Checkpoint(step=state.step, kind=kind, model_package_arn=arn, reason=state.checkpoint_reason,
+                                            epoch=state.epoch, cursor=state.cursor, policy_version=state.policy_version))
+        if state.checkpoint_reason == "final":
+            state.final_checkpoint_done = True
+        elif state.checkpoint_reason == "weights_at_end":
+            state.final_weights_done = True
+        state.pending = []
+        state.phase = "idle"
+        state.checkpoint_reason = ""
+        out = {"model_package_arn": arn}
+    else:
+        raise PhaseMismatch(f"no operations to complete in phase {state.phase!r}")
+    return out
+
+
+# ---------------------------------------------------------------------------- resume
+
+
+def is_failure_stop(reason: str | None) -> bool:
+    """A stop reason a resume clears: the catch-all's ``failed: ...`` or Cleanup's ``execution ...``
+    (ABORTED / TIMED_OUT / FAILED). End-of-data reasons (DAPO cap, dataset exhausted) stay."""
+    return reason is not None and reason.startswith(("failed", "execution "))
+
+
+def rewind_to_checkpoint(state: RunState, *, session_name: str, created_at: float, base_resume_arn: str = "") -> Checkpoint | None:
+    """Move a run whose session was stopped onto a new session at its newest ``save_state`` checkpoint (pure).
+
+    Rewinds step / epoch / cursor / policy version to the checkpoint, drops what was in flight
+    (pending operations, the planned batch, the step's metrics, checkpoints saved after it), resets
+    the sequence numbers (a new session starts at 1) and plans ``load_state`` (with optimizer) +
+    ``save_weights`` write-ahead; PollSession drives them once the session runs. Without any
+    ``save_state`` checkpoint the run restarts from step 0 (from ``resume_from_model_package`` if
+    the config names one). Returns the checkpoint used, or None.
+    """
+    states = [c for c in state.checkpoints if c.kind == "state"]
+    ckpt = max(states, key=lambda c: c.step) if states else None
+    state.training_session_name = session_name
+    state.session_status = "Creating"
+    state.session_created_at = created_at
+    state.session_stopped = False
+    state.last_sequence_number = 0
+    state.pending = []
+    state.phase = "idle"
+    state.checkpoint_reason = ""
+    state.current_batch = None
+    state.last_decision = None
+    state.step_metrics = {}
+    state.datum_chunks = []
+    state.empty_steps, state.empty_steps_report = 0, ""
+    state.generation_batch = 0
+    state.kept_groups = 0
+    state.eval_step_pending = None
+    state.sampler_model_package_arn = ""
+    state.finished = False
+    if ckpt is None:
+        state.step = state.epoch = state.cursor = state.policy_version = 0
+        state.checkpoints = []
+        state.resume_loaded = not base_resume_arn
+    else:
+        state.step = ckpt.step
+        if ckpt.epoch >= 0 and ckpt.cursor >= 0:
+            state.epoch, state.cursor = ckpt.epoch, ckpt.cursor
+        state.policy_version = ckpt.policy_version if ckpt.policy_version >= 0 else ckpt.step
+        state.checkpoints = [c for c in state.checkpoints if c.step <= ckpt.step]
+        state.resume_loaded = False
+        plan_resume(state, ckpt.model_package_arn)
+    state.step_cursor_start = state.cursor
+    # Evals at or before the checkpoint's step evaluated the very weights the run restarts from
+    # (the baseline at step 0 included): they stand and are not run again. Later ones are redone.
+    state.eval_steps = [s for s in state.eval_steps if s <= state.step]
+    if state.last_eval_step is not None and state.last_eval_step > state.step:
+        state.last_eval_step = state.step if state.step in state.eval_steps else None
+    state.final_eval_done = state.final_eval_done and state.last_eval_step == state.step
+    state.final_checkpoint_done = any(c.reason == "final" and c.step == state.step for c in state.checkpoints)
+    state.final_weights_done = any(c.reason == "weights_at_end" and c.step == state.step for c in state.checkpoints)
+    state.segment_start_step = state.step
+    return ckpt
 
 
 def final_weights(state: RunState) -> Checkpoint | None:

@@ -19,21 +19,13 @@ from aws_lambda_powertools.metrics import MetricUnit
 from pydantic import BaseModel, ConfigDict
 
 from stepwise.layout import config_key, eval_summary_key, summary_key
-from stepwise.records import BatchRef, RunRef
+from stepwise.records import BatchRef, Phase, RunRef, RunState
 from stepwise.runstore import RunStore
 
 SERVICE = os.environ.get("POWERTOOLS_SERVICE_NAME", "stepwise")
 logger = Logger(service=SERVICE)
 #: EMF dimensions: ``service`` and ``run_id`` (the dashboard's SEARCH expressions rely on both).
 metrics = Metrics(namespace=os.environ.get("POWERTOOLS_METRICS_NAMESPACE", "Stepwise"), service=SERVICE)
-
-
-class NoTrainingSignal(RuntimeError):
-    """The run cannot train: ``max_consecutive_empty_steps`` steps in a row produced no trainable
-    datum (ComputeAdvantages), or the run reached its end without one optimizer step, its last steps
-    empty (PlanStep). No rollout captured a turn with a loss-mask token: the agent answers without
-    calling its LLM, or never reaches the gateway. Fail the run instead of billing the session for
-    steps that train nothing."""
 
 
 class RunEvent(BaseModel):
@@ -134,6 +126,16 @@ def emit(values: dict[str, float], *, run_id: str, units: dict[str, MetricUnit] 
         unit = units.get(name, default)
         metrics.add_metric(name=name, unit=unit, value=value)
     metrics.flush_metrics()
+
+
+def drive(run_id: str, execution_arn: str, phases: tuple[Phase, ...]) -> tuple[RunState, bool, dict[str, Any]]:
+    """Drive the run's operations in ``phases`` (`stepwise.training.drive`) with this container's
+    store and the run's runtime client, for up to ``STEPWISE_INLINE_WAIT_SECONDS``."""
+    from stepwise import training
+
+    cfg = run_config(run_id)
+    return training.drive(store(), training.runtime(cfg.region), cfg, run_id, execution_arn, phases,
+                          budget_s=inline_wait_seconds())
 
 
 def write_summary(run_id: str, step: int, summary: dict[str, Any], *, kind: str = "train") -> None:

@@ -7,7 +7,7 @@ proposal (shared/seeds/002):
   batches until ``batch_size`` are kept (`stepwise.core.dapo.decide_generation_batch`), with the
   optional overlong shaping added to each reward first;
 - advantages per group (`core.advantages.compute_grpo_advantages`), datums per TraceRecord
-  (`core.datums.group_to_datums`), chunked as the SDK chunks (`training.datum_chunks`) and
+  (`core.datums.group_to_datums`), chunked as the SDK chunks (`stepwise.core.operations.datum_chunks`) and
   written to ``steps/{step}/datums/``; a step with no datums is skipped (reference);
 - the decision: ``train`` | ``need_more`` (another generation batch) | ``cap_reached`` (finish with
   a reason: checkpoint and stop) | ``skip``; metrics go to ``steps/{step}/summary.json`` and EMF:
@@ -24,11 +24,11 @@ import collections
 from dataclasses import dataclass, field
 from typing import Any
 
-from stepwise import training
+from stepwise.core.operations import datum_chunks
+from stepwise.core.planning import NoTrainingSignal
 from stepwise.core.rewards import preview
 from stepwise.handlers._common import (
     BatchEvent,
-    NoTrainingSignal,
     bind,
     emit,
     logger,
@@ -246,7 +246,7 @@ def compute(event: BatchEvent) -> dict[str, Any]:
             decision = "skip"
             logger.warning("no valid datums; skipping the update (reference behaviour)")
         else:
-            for i, chunk in enumerate(training.datum_chunks(datums, cfg.loss)):
+            for i, chunk in enumerate(datum_chunks(datums, cfg.loss)):
                 rs.put_json(datums_key(run.run_id, batch.step, i), chunk, bulk=True)
                 chunk_sizes.append(len(chunk))
     result = {"decision": decision, "step": batch.step, "generation_batch": batch.generation_batch,

@@ -10,7 +10,7 @@ A continuation execution (continue-as-new) takes the run over from its parent: i
 owner only if the parent still is. A continuation with ``"resume": true`` (``stepwise resume``,
 docs/internals.md "Resuming a run") also clears a failure ``stop_reason`` and, when the run's
 session was stopped, rewinds the run to its newest ``save_state`` checkpoint on a new session
-(:func:`rewind_to_checkpoint`); PollSession then loads that checkpoint with its optimizer.
+(`stepwise.core.phases.rewind_to_checkpoint`); PollSession then loads that checkpoint with its optimizer.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from stepwise import training
+from stepwise.core.phases import is_failure_stop, resume_session_name, rewind_to_checkpoint, session_name_for
 from stepwise.handlers._common import bind, logger, now, poll_seconds, resolve_run, run_config, store
-from stepwise.handlers.train import plan_resume
 from stepwise.layout import config_key, dataset_index_key, dataset_shard_key, tokenizer_prefix
 from stepwise.records import Checkpoint, RunState
 from stepwise.runstore import RunNotFound, RunOwnedElsewhere, RunStore
@@ -60,72 +60,6 @@ def take_over(rs: RunStore, run_id: str, execution_arn: str, continuation: dict[
         state.segment_start_step = state.step
 
     return rs.update_state(run_id, change, execution_arn=None)
-
-
-def is_failure_stop(reason: str | None) -> bool:
-    """A stop reason a resume clears: the catch-all's ``failed: ...`` or Cleanup's ``execution ...``
-    (ABORTED / TIMED_OUT / FAILED). End-of-data reasons (DAPO cap, dataset exhausted) stay."""
-    return reason is not None and reason.startswith(("failed", "execution "))
-
-
-def resume_session_name(run_id: str, segment: int) -> str:
-    """The session of a resumed run: deterministic per (run, segment), so a retried Init adopts it."""
-    return training.session_name_for(f"{run_id}/resume-{segment}")
-
-
-def rewind_to_checkpoint(state: RunState, *, session_name: str, created_at: float, base_resume_arn: str = "") -> Checkpoint | None:
-    """Move a run whose session was stopped onto a new session at its newest ``save_state`` checkpoint (pure).
-
-    Rewinds step / epoch / cursor / policy version to the checkpoint, drops what was in flight
-    (pending operations, the planned batch, the step's metrics, checkpoints saved after it), resets
-    the sequence numbers (a new session starts at 1) and plans ``load_state`` (with optimizer) +
-    ``save_weights`` write-ahead; PollSession drives them once the session runs. Without any
-    ``save_state`` checkpoint the run restarts from step 0 (from ``resume_from_model_package`` if
-    the config names one). Returns the checkpoint used, or None.
-    """
-    states = [c for c in state.checkpoints if c.kind == "state"]
-    ckpt = max(states, key=lambda c: c.step) if states else None
-    state.training_session_name = session_name
-    state.session_status = "Creating"
-    state.session_created_at = created_at
-    state.session_stopped = False
-    state.last_sequence_number = 0
-    state.pending = []
-    state.phase = "idle"
-    state.checkpoint_reason = ""
-    state.current_batch = None
-    state.last_decision = None
-    state.step_metrics = {}
-    state.datum_chunks = []
-    state.empty_steps, state.empty_steps_report = 0, ""
-    state.generation_batch = 0
-    state.kept_groups = 0
-    state.eval_step_pending = None
-    state.sampler_model_package_arn = ""
-    state.finished = False
-    if ckpt is None:
-        state.step = state.epoch = state.cursor = state.policy_version = 0
-        state.checkpoints = []
-        state.resume_loaded = not base_resume_arn
-    else:
-        state.step = ckpt.step
-        if ckpt.epoch >= 0 and ckpt.cursor >= 0:
-            state.epoch, state.cursor = ckpt.epoch, ckpt.cursor
-        state.policy_version = ckpt.policy_version if ckpt.policy_version >= 0 else ckpt.step
-        state.checkpoints = [c for c in state.checkpoints if c.step <= ckpt.step]
-        state.resume_loaded = False
-        plan_resume(state, ckpt.model_package_arn)
-    state.step_cursor_start = state.cursor
-    # Evals at or before the checkpoint's step evaluated the very weights the run restarts from
-    # (the baseline at step 0 included): they stand and are not run again. Later ones are redone.
-    state.eval_steps = [s for s in state.eval_steps if s <= state.step]
-    if state.last_eval_step is not None and state.last_eval_step > state.step:
-        state.last_eval_step = state.step if state.step in state.eval_steps else None
-    state.final_eval_done = state.final_eval_done and state.last_eval_step == state.step
-    state.final_checkpoint_done = any(c.reason == "final" and c.step == state.step for c in state.checkpoints)
-    state.final_weights_done = any(c.reason == "weights_at_end" and c.step == state.step for c in state.checkpoints)
-    state.segment_start_step = state.step
-    return ckpt
 
 
 def resume(rs: RunStore, run_id: str, execution_arn: str, state: RunState) -> RunState:
@@ -266,7 +200,7 @@ def initialize(event: InitEvent) -> dict[str, Any]:
         raise RunOwnedElsewhere(f"run {run_id!r} already exists, owned by {existing.owner_execution_arn}")
 
     cfg, rows, eval_rows = validate_inputs(event.input, rs, run_id, event.execution_arn)
-    session_name = training.session_name_for(run_id)
+    session_name = session_name_for(run_id)
     if existing is None:
         rs.put_json(config_key(run_id), cfg.model_dump(mode="json"))
         rs.create_state(

@@ -22,19 +22,9 @@ from pydantic import BaseModel, ConfigDict
 
 from stepwise import tracking, training
 from stepwise.executions import ABNORMAL_END_STATUSES, continuation_name
-from stepwise.handlers._common import (
-    RunEvent,
-    bind,
-    inline_wait_seconds,
-    logger,
-    now,
-    poll_seconds,
-    resolve_run,
-    run_config,
-    store,
-)
-from stepwise.handlers.train import drive, plan_resume
-from stepwise.core.phases import final_weights
+from stepwise.core.operations import weights_usage
+from stepwise.core.phases import final_weights, plan_resume
+from stepwise.handlers._common import RunEvent, bind, drive, logger, now, poll_seconds, resolve_run, run_config, store
 from stepwise.records import RunRef, RunState
 from stepwise.runstore import RunNotFound
 
@@ -75,7 +65,7 @@ def poll_session(event: RunEvent) -> dict[str, Any]:
         if state.phase == "idle":
             arn = cfg.resume_from_model_package
             state = rs.update_state(run.run_id, lambda s: plan_resume(s, arn), execution_arn=run.execution_arn)
-        state, _, _ = drive(run.run_id, run.execution_arn, ("resume", "resume_rebind"), budget_s=inline_wait_seconds())
+        state, _, _ = drive(run.run_id, run.execution_arn, ("resume", "resume_rebind"))
         if not state.resume_loaded:
             return {"ready": False, "status": "LoadingCheckpoint", "wait_seconds": poll_seconds()}
         logger.info("resumed from checkpoint", extra={"sampler_model_package_arn": state.sampler_model_package_arn})
@@ -142,7 +132,7 @@ def weights_report(state: RunState, region: str) -> dict[str, Any]:
         if final else None,
     }
     if final is not None:
-        out["use_final_weights"] = training.weights_usage(final.model_package_arn, region)
+        out["use_final_weights"] = weights_usage(final.model_package_arn, region)
     return out
 
 

@@ -1,0 +1,214 @@
+"""The step planner: the run's next action, pure, from (state.json, config).
+
+PlanStep (`stepwise.handlers.plan`) applies :func:`decide` as one conditional read-modify-write of
+state.json and writes the generation batch's items (:func:`build_items`). Order of checks,
+following the reference loop (`train_grpo.py`) with the DAPO proposal (shared/seeds/002) and
+DESIGN.md section 8:
+
+1. the baseline eval at step 0, before the first optimizer step (``eval_before_train``, on by
+   default when there is an eval dataset), once: a resume that rewinds to step 0 keeps it
+   (``last_eval_step`` stays 0, see `stepwise.core.phases.rewind_to_checkpoint`); then an eval
+   due after a completed step (``eval_every > 0 and step % eval_every == 0``), once per step;
+2. at the start of a step: move to the next epoch when the queue cannot fill a batch (the
+   reference drops a partial last batch); when the run is finishing (epochs done, DAPO cap hit,
+   or data exhausted): fail with ``NoTrainingSignal`` if its last steps were empty and no optimizer
+   step was ever applied; final eval unless one ran at the last step, final ``save_state``,
+   ``save_weights_at_end``, then finish; else ``save_state`` when ``save_every`` is due, else
+   continue as a new execution every ``steps_per_execution`` steps;
+3. roll out the next generation batch of ``batch_size`` prompts x ``responses_per_prompt``.
+
+Before all of these, between steps: continue as a new execution when the execution's history is
+near ``history_event_budget`` (:func:`history_budget_decision`). A Standard execution fails at
+25,000 events, and a step's events are not a constant: every poll of a long training operation or
+checkpoint adds a Wait, a Task and a Choice (~7 events), so a count of steps alone cannot bound it.
+
+Eval generation batches use the first ``eval_max_prompts`` eval rows, one rollout each, at
+``eval_temperature`` (reference ``run_eval``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from stepwise.core.phases import PhaseMismatch, plan_checkpoint
+from stepwise.records import BatchItem, PlannedBatch, RunState
+from stepwise.service_limits import CONCURRENCY_PER_TPS, MAX_MAP_CONCURRENCY
+
+if TYPE_CHECKING:
+    from stepwise.config import RunConfig
+
+
+class NoTrainingSignal(RuntimeError):
+    """The run cannot train: ``max_consecutive_empty_steps`` steps in a row produced no trainable
+    datum (ComputeAdvantages), or the run reached its end without one optimizer step, its last steps
+    empty (PlanStep). No rollout captured a turn with a loss-mask token: the agent answers without
+    calling its LLM, or never reaches the gateway. Fail the run instead of billing the session for
+    steps that train nothing."""
+
+
+@dataclass
+class Decision:
+    action: Literal["rollout", "checkpoint", "continue", "finish"]
+    reason: str
+    kind: Literal["train", "eval"] | None = None
+    step: int = 0
+    generation_batch: int = 0
+    rows: list[int] = field(default_factory=list)
+    responses_per_prompt: int = 1
+    final: bool = False
+
+
+def prompts_used(rows: int, limit: int) -> int:
+    """Rows a run uses: the first ``limit`` (0 = all)."""
+    return min(rows, limit) if limit > 0 else rows
+
+
+def _batch_decision(batch: PlannedBatch) -> Decision:
+    return Decision("rollout", "planned", batch.kind, batch.step, batch.generation_batch, list(batch.rows),
+                    batch.responses_per_prompt, batch.final)
+
+
+#: History events kept free beyond the next step's estimate: the end of the execution (ContinueRun
+#: or the stop path, ~10 events) and this PlanStep's own.
+HISTORY_HEADROOM = 50
+#: The next step is assumed to use up to this many times the most events a step has used so far.
+STEP_EVENTS_FACTOR = 2
+
+
+def history_budget_decision(state: RunState, cfg: RunConfig, history_events: int | None) -> Decision | None:
+    """Continue as a new execution when ``history_events`` leaves no room for one more step (mutates
+    ``state.max_step_events``); None to go on. Called at the start of a step (generation batch 0).
+
+    ``history_events`` is the id of the execution's newest history event (None = unknown: no check).
+    The room a step needs is ``STEP_EVENTS_FACTOR`` x the most events a step used so far (measured
+    from one step start to the next within an execution, evals and checkpoints in between included)
+    plus ``HISTORY_HEADROOM``. Never before this execution completed a step, so a budget smaller than
+    one step cannot continue forever.
+    """
+    if history_events is None:
+        return None
+    if state.step_start_event_segment == state.segment and state.step > state.step_start_event_step >= 0:
+        per_step = (history_events - state.step_start_event) // (state.step - state.step_start_event_step)
+        state.max_step_events = max(state.max_step_events, per_step)
+    if state.step <= state.segment_start_step:
+        return None
+    need = STEP_EVENTS_FACTOR * state.max_step_events + HISTORY_HEADROOM
+    if history_events + need > cfg.history_event_budget:
+        return Decision("continue", f"history at {history_events} events, a step needs up to {need}: "
+                                    f"history_event_budget {cfg.history_event_budget}")
+    return None
+
+
+def decide(state: RunState, cfg: RunConfig, history_events: int | None = None, *,
+           now: Callable[[], float] = time.time) -> Decision:
+    """The next action; mutates ``state`` (cursor, epoch, planned batch, planned checkpoint, history marks).
+
+    ``history_events``: the id of the execution's newest history event (see `history_budget_decision`).
+    ``now``: the clock a step's start is stamped with (``state.step_started_at``, epoch seconds).
+
+    Raises:
+        PhaseMismatch: the run is driving operations (not idle, no checkpoint planned).
+        NoTrainingSignal: the run ends without one optimizer step, its last steps empty.
+    """
+    if state.current_batch is not None:
+        return _batch_decision(state.current_batch)  # a retried PlanStep re-plans the same batch
+    if state.phase == "checkpoint":
+        return Decision("checkpoint", state.checkpoint_reason)
+    if state.phase != "idle":
+        raise PhaseMismatch(f"PlanStep called in phase {state.phase!r}")
+    bs = cfg.batch_size
+    used = prompts_used(state.dataset_rows, cfg.max_prompts)
+    eval_n = prompts_used(state.eval_rows, cfg.eval_max_prompts)
+
+    def eval_batch(final: bool, reason: str) -> Decision:
+        d = Decision("rollout", reason, "eval", state.step, 0, list(range(eval_n)), 1, final)
+        state.current_batch = _planned(d)
+        return d
+
+    if state.generation_batch == 0:
+        if (budget := history_budget_decision(state, cfg, history_events)) is not None:
+            return budget
+        if eval_n and state.step == 0 and cfg.baseline_eval and state.last_eval_step != 0:
+            return eval_batch(False, "eval_before_train")
+        if eval_n and state.step > 0 and cfg.should_eval(state.step) and state.last_eval_step != state.step:
+            return eval_batch(False, f"eval_every {cfg.eval_every}")
+        if state.stop_reason is None and state.epoch < cfg.epochs and state.cursor + bs > used:
+            state.epoch += 1
+            state.cursor = 0
+        if state.stop_reason is not None or state.epoch >= cfg.epochs:
+            if state.empty_steps and state.policy_version == 0:
+                # Shorter than max_consecutive_empty_steps, but the same verdict: it trained nothing.
+                raise NoTrainingSignal(
+                    f"the run ended after {state.step} step(s) without one optimizer step; its last "
+                    f"{state.empty_steps} step(s) produced no trainable datum; {state.empty_steps_report}"
+                )
+            if eval_n and cfg.final_eval_needed(state.step, state.last_eval_step):
+                return eval_batch(True, "final eval")
+            if not state.final_checkpoint_done:
+                plan_checkpoint(state, "final")
+                return Decision("checkpoint", "final save_state")
+            if cfg.save_weights_at_end and not state.final_weights_done:
+                plan_checkpoint(state, "weights_at_end")
+                return Decision("checkpoint", "save_weights_at_end")
+            return Decision("finish", state.stop_reason or f"{cfg.epochs} epoch(s) done")
+        if cfg.should_save(state.step) and not any(
+            c.step == state.step and c.reason == "save_every" for c in state.checkpoints
+        ):
+            plan_checkpoint(state, "save_every")
+            return Decision("checkpoint", f"save_every {cfg.save_every}")
+        if state.step - state.segment_start_step >= cfg.steps_per_execution:
+            return Decision("continue", f"steps_per_execution {cfg.steps_per_execution}")
+        state.step_cursor_start = state.cursor
+        state.step_started_at = now()
+        if history_events is not None:
+            state.step_start_event = history_events
+            state.step_start_event_step = state.step
+            state.step_start_event_segment = state.segment
+    elif state.cursor + bs > used:  # DAPO: the epoch ran dry in the middle of a step
+        if state.epoch + 1 < cfg.epochs:
+            state.epoch += 1
+            state.cursor = 0
+        else:
+            state.stop_reason = "dataset exhausted during dynamic sampling"
+            state.generation_batch = 0
+            return decide(state, cfg, history_events, now=now)
+    d = Decision("rollout", "generation batch", "train", state.step, state.generation_batch,
+                 list(range(state.cursor, state.cursor + bs)), cfg.responses_per_prompt)
+    state.cursor += bs
+    state.current_batch = _planned(d)
+    return d
+
+
+def _planned(d: Decision) -> PlannedBatch:
+    return PlannedBatch(kind=d.kind or "train", step=d.step, generation_batch=d.generation_batch, rows=d.rows,
+                        responses_per_prompt=d.responses_per_prompt, final=d.final)
+
+
+def input_id(kind: str, step: int, generation_batch: int, position: int) -> str:
+    """The toolkit ``input_id`` of a prompt in a batch (one S3 folder per prompt: its group)."""
+    return f"e{step}p{position}" if kind == "eval" else f"s{step}g{generation_batch}p{position}"
+
+
+def build_items(d: Decision, payloads: Mapping[int, dict[str, Any]] | Sequence[dict[str, Any]]
+                ) -> tuple[list[BatchItem], dict[str, Any]]:
+    """``(items, prompts)``: one `BatchItem` per rollout (references only), and ``{input_id: payload}``.
+
+    ``payloads[row]`` is the payload of dataset row ``row`` for every row of ``d.rows``."""
+    items, prompts = [], {}
+    kind = d.kind or "train"
+    for position, row in enumerate(d.rows):
+        iid = input_id(kind, d.step, d.generation_batch, position)
+        prompts[iid] = payloads[row]
+        for member in range(d.responses_per_prompt):
+            items.append(BatchItem(i=len(items), input_id=iid, row=row, member=member))
+    return items, prompts
+
+
+def map_concurrency(num_items: int, acr_tps_limit: int) -> int:
+    """The Distributed Map's ``MaxConcurrency`` for a batch of ``num_items`` rollouts:
+    ``acr_tps_limit * CONCURRENCY_PER_TPS`` rollouts in flight, at most ``MAX_MAP_CONCURRENCY``
+    (`stepwise.service_limits`) and at most the batch, at least 1."""
+    return max(1, min(num_items, acr_tps_limit * CONCURRENCY_PER_TPS, MAX_MAP_CONCURRENCY))
