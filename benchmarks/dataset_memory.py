@@ -122,7 +122,7 @@ def write_run(s3: Any, run_id: str, config: dict[str, Any], rows: int) -> None:
     from stepwise.config import load_run_config
     from stepwise.layout import config_key, state_key
     from stepwise.records import RunState
-    from stepwise.runstore import RunStore
+    from stepwise.aws.runstore import RunStore
 
     rs = RunStore(BUCKET, s3)
     rs.put_json(config_key(run_id), load_run_config(config).model_dump(mode="json"))

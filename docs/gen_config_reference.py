@@ -108,7 +108,7 @@ def render() -> str:
         "a training session exists). Every problem is reported at once; unknown keys are refused (with a suggestion).",
         "Defaults follow the reference loop of `agentcore-rl-toolkit` 0.2.0",
         "(`backends/experimental/sagemaker/config.py`), except `region` ('' = the stack's). Bounds marked as the",
-        "service's are read from botocore's `sagemakertrainingsessionruntime` model (`stepwise.service_limits`).",
+        "service's are read from botocore's `sagemakertrainingsessionruntime` model (`stepwise.core.service_limits`).",
         "YAML files are accepted too (YAML 1.2 floats: `learning_rate: 1e-5` is a number).",
         "",
         f"Required: {', '.join(f'`{n}`' for n, f in RunConfig.model_fields.items() if f.is_required())}.",

@@ -65,7 +65,7 @@ STATE_MACHINE_ACTIONS: dict[Capability, tuple[str, ...]] = {
 #: Task-token responses: the Service Authorization Reference lists no resource type for them
 #: (the token, here from a Distributed Map child execution, is the authorization), so '*'.
 TASK_RESPONSE_ACTIONS = ("states:SendTaskSuccess", "states:SendTaskFailure", "states:SendTaskHeartbeat")
-#: What ``stepwise.tracking`` asks an MLflow tracking server, as ``sagemaker-mlflow`` IAM actions
+#: What ``stepwise.aws.tracking`` asks an MLflow tracking server, as ``sagemaker-mlflow`` IAM actions
 #: (named after MLflow's REST messages): ``get_experiment_by_name``, ``create_experiment``,
 #: ``search_runs``, ``create_run``, ``log_batch`` (params and metrics), ``set_terminated``.
 MLFLOW_ACTIONS = (
@@ -79,7 +79,7 @@ KMS_SESSION_ACTIONS = ("kms:CreateGrant", "kms:DescribeKey", "kms:GenerateDataKe
 #: Function name (``FunctionSpec.name``, or ``Gateway``) -> its capabilities. A function
 #: missing here gets only RUN_STATE, and tests/test_stack_iam.py fails naming it.
 FUNCTION_CAPABILITIES: dict[str, frozenset[Capability]] = {
-    # Init looks the agent runtime up before any session (stepwise.preflight): the runtimes StartRollout may invoke.
+    # Init looks the agent runtime up before any session (stepwise.core.preflight): the runtimes StartRollout may invoke.
     "Init": frozenset({C.RUN_STATE, C.SESSION_LIFECYCLE, C.DATA_READ_WRITE, C.LOOKUP_AGENT}),
     # PollSession also drives the resume phase (load_state, save_weights, load_weights_for_sampling).
     "PollSession": frozenset({C.RUN_STATE, C.SESSION_DESCRIBE, C.TRAINING_OPS, C.SAMPLING_OPS, C.MODEL_PACKAGES_READ}),
@@ -92,7 +92,7 @@ FUNCTION_CAPABILITIES: dict[str, frozenset[Capability]] = {
     # (handlers.session.stop_owned_session) hold TRACKING.
     "ComputeAdvantages": frozenset({C.RUN_STATE, C.TRACKING}),
     "RecordEval": frozenset({C.RUN_STATE, C.TRACKING}),
-    # The operation driver (``stepwise.training.drive``: SubmitTrain, PollOperation, Rebind, Checkpoint,
+    # The operation driver (``stepwise.aws.sagemaker.drive``: SubmitTrain, PollOperation, Rebind, Checkpoint,
     # PollSession) may submit or poll either kind of operation.
     "SubmitTrain": frozenset({C.RUN_STATE, C.TRAINING_OPS, C.SAMPLING_OPS}),
     "PollOperation": frozenset({C.RUN_STATE, C.TRAINING_OPS, C.SAMPLING_OPS}),

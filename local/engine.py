@@ -516,11 +516,11 @@ def without_flask_debug(dispatcher_app: Any) -> None:
 
 
 def with_pool(client: Any) -> Any:
-    """``client`` rebuilt with its own settings but `stepwise.clients.client_config`'s pool: every
+    """``client`` rebuilt with its own settings but `stepwise.aws.clients.client_config`'s pool: every
     task of every running Map shares the one client, so moto's 10 connections overflowed."""
     import boto3
 
-    from stepwise.clients import max_pool_connections
+    from stepwise.aws.clients import max_pool_connections
 
     meta = client.meta
     creds = client._request_signer._credentials  # moto's fixed dummy credentials

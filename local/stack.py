@@ -24,7 +24,7 @@ from local import REPO_ROOT
 from local._proc import restore_env, stop_process
 from local.workers import WorkerPool, workers_from_env
 from stepwise import layout
-from stepwise.clients import ENV_MAX_POOL_CONNECTIONS
+from stepwise.aws.clients import ENV_MAX_POOL_CONNECTIONS
 from stepwise.executions import EXECUTION_STATUS_CHANGE
 
 log = logging.getLogger("stepwise.run_local")
@@ -143,7 +143,7 @@ class LocalStack:
         self.gateway = GatewayProcess(dict(os.environ), log_path=str(log_dir / "gateway.log") if log_dir else None)
         self.set_env({"STEPWISE_GATEWAY_URL": self.gateway.url})
         # ACR scoped as the stack's IAM grant scopes it: the stack's region, or its allow-list.
-        from stepwise.preflight import StackScope
+        from stepwise.core.preflight import StackScope
 
         allowed = StackScope.from_env().agent_runtime_arns  # STEPWISE_AGENT_RUNTIME_ARNS, read as Init reads it
         self.acr = AcrEmulator(tps_limit=tps_limit, faults=Faults(**(acr_faults or {})),
@@ -186,7 +186,7 @@ def local_pool_size(tps_limit: float | None) -> int:
     """Connections per client and host for the local stack: two per rollout the Map may run at
     once (PlanStep's bound: ``acr_tps_limit`` x CONCURRENCY_PER_TPS, at most MAX_MAP_CONCURRENCY;
     StartRollout's or FinishRollout's call plus OnRolloutResult's), plus the parent's tasks."""
-    from stepwise.service_limits import CONCURRENCY_PER_TPS, MAX_MAP_CONCURRENCY
+    from stepwise.core.service_limits import CONCURRENCY_PER_TPS, MAX_MAP_CONCURRENCY
 
     concurrency = MAX_MAP_CONCURRENCY if not tps_limit else min(MAX_MAP_CONCURRENCY,
                                                                   math.ceil(tps_limit * CONCURRENCY_PER_TPS))

@@ -30,14 +30,14 @@ def sim_env(sim, monkeypatch):
 
 def _session(sim, run_id):
     """Create the run's session in the simulator, as Init does; returns (cfg, session name)."""
-    from stepwise import training
+    from stepwise.aws import sagemaker
     from stepwise.config import load_run_config
     from stepwise.core.phases import session_name_for
 
     cfg = load_run_config({**BASE_CONFIG, "role_arn": sim.role_arn, "model_package_group_arn": sim.model_package_group_arn,
                            "s3_output_path": sim.s3_output_path, "dataset_path": "s3://bkt/x.jsonl"})
     name = session_name_for(run_id)
-    training.create_session(cfg, name)
+    sagemaker.create_session(cfg, name)
     return cfg, name
 
 
@@ -67,10 +67,10 @@ def test_stop_stops_execution_and_a_session_cleanup_left_running(moto_dep, sim, 
 
 
 def test_stop_leaves_an_already_stopped_session_alone(moto_dep, sim, capsys):
-    from stepwise import training
+    from stepwise.aws import sagemaker
 
     cfg, name, arn = _running_run(moto_dep, sim, "run-b")
-    training.stop_session(cfg, name)  # what the Cleanup Lambda does
+    sagemaker.stop_session(cfg, name)  # what the Cleanup Lambda does
     assert main(["stop", "run-b", "--wait", "5", *moto_dep.flags]) == 0
     out = capsys.readouterr().out
     assert "stopped it here" not in out and f"training session {name}: Stop" in out

@@ -94,7 +94,7 @@ def test_watch_once_prints_the_current_view(moto_dep, capsys):
 
 
 def test_watch_prints_a_tracking_failure_of_a_step(moto_dep, capsys):
-    from stepwise import tracking
+    from stepwise.aws import tracking
 
     arn = moto_dep.sfn.start_execution(stateMachineArn=moto_dep.state_machine_arn, name="t", input="{}")["executionArn"]
     _seed(moto_dep, "t", arn, step=3)

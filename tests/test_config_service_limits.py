@@ -1,5 +1,5 @@
 """The config's bounds follow the services: read from botocore's models (checked here against botocore
-itself, independently of `stepwise.service_limits`), and property-tested with hypothesis: a value is
+itself, independently of `stepwise.core.service_limits`), and property-tested with hypothesis: a value is
 accepted exactly when the service and one step of the state machine can take it."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import botocore.session
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stepwise import service_limits as limits
+from stepwise.core import service_limits as limits
 from stepwise.config import LOSSES, ConfigError, load_run_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -100,7 +100,7 @@ def test_the_generation_batch_cycle_of_the_asl_costs_the_counted_history_events(
 
 
 def test_acr_tps_limit_stops_where_the_map_concurrency_cap_binds():
-    from stepwise.service_limits import CONCURRENCY_PER_TPS, MAX_MAP_CONCURRENCY
+    from stepwise.core.service_limits import CONCURRENCY_PER_TPS, MAX_MAP_CONCURRENCY
 
     top = limits.MAX_ACR_TPS_LIMIT
     assert top * CONCURRENCY_PER_TPS <= MAX_MAP_CONCURRENCY < (top + 1) * CONCURRENCY_PER_TPS

@@ -15,7 +15,7 @@ from stepwise.datasets import DatasetError
 from stepwise.handlers import advantages, plan, train
 from stepwise.handlers._common import BatchEvent, RunEvent
 from stepwise.layout import result_key
-from stepwise.runstore import RunStore
+from stepwise.aws.runstore import RunStore
 
 
 @pytest.fixture(scope="module")

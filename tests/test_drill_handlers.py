@@ -17,7 +17,7 @@ from stepwise.handlers._common import RunEvent
 from stepwise.handlers.rollout import FinishEvent, finish
 from stepwise.handlers.session import SessionStartTimeout, StopEvent, poll_session, stop
 from stepwise.layout import state_key
-from stepwise.runstore import RunStore
+from stepwise.aws.runstore import RunStore
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ import pytest
 from stepwise.config import load_run_config
 from stepwise.layout import config_key, dataset_index_key, state_key
 from stepwise.records import RunState
-from stepwise.runstore import RunStore
+from stepwise.aws.runstore import RunStore
 
 REPO = Path(__file__).resolve().parents[1]
 BUCKET = "stepwise-limits-drill"

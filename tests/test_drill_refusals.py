@@ -10,9 +10,9 @@ import pytest
 from pipeline_fixtures import AGENT_ARN, BUCKET, REGION, Stack, init_run, new_run_id
 
 from stepwise.config import ConfigError
-from stepwise.preflight import RunRefused
+from stepwise.core.preflight import RunRefused
 from stepwise.layout import config_key, state_key
-from stepwise.runstore import RunStore
+from stepwise.aws.runstore import RunStore
 
 WEST_ARN = "arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/toy_agent-west"
 OTHER_BUCKET = "stepwise-refusal-data"

@@ -18,7 +18,7 @@ from stepwise.handlers.rollout import FinishEvent, finish
 from stepwise.handlers.session import StopEvent, poll_session, stop
 from stepwise.layout import start_marker_key
 from stepwise.records import BatchRef, Checkpoint, RunState
-from stepwise.runstore import RunStore
+from stepwise.aws.runstore import RunStore
 
 
 @pytest.fixture(scope="module")

@@ -79,7 +79,7 @@ def test_toy_run_trains_two_steps_and_stops_the_session(tmp_path, caplog):
     lines = [json.loads(x) for x in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines if x["kind"] == "train"] == [0, 1]
     assert result.timing["per_step"]["rollouts"] > 0
-    # every client's pool is sized to the concurrency it serves (stepwise.clients): none overflowed
+    # every client's pool is sized to the concurrency it serves (stepwise.aws.clients): none overflowed
     gateway_log = (result.run_dir / "logs" / "gateway.log").read_text()
     assert not [r for r in caplog.records if "pool is full" in r.getMessage()] and "pool is full" not in gateway_log
     s3_requests = result.timing["s3_requests"]

@@ -9,7 +9,7 @@ from pipeline_fixtures import BUCKET, Stack, execution_arn, init_run, new_run_id
 
 from stepwise.config import ConfigError
 from stepwise.datasets import DatasetError
-from stepwise.runstore import RunOwnedElsewhere
+from stepwise.aws.runstore import RunOwnedElsewhere
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from state_machine.definition import load_asl
 from stepwise.handlers._common import RunEvent
 from stepwise.handlers.plan import plan
 from stepwise.handlers.rollout import AgentRuntimeThrottled, FinishEvent, StartEvent, finish, on_result, start
-from stepwise.runstore import RunOwnedElsewhere, RunStore
+from stepwise.aws.runstore import RunOwnedElsewhere, RunStore
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ from pipeline_fixtures import BUCKET, Stack, execution_arn, init_run, new_run_id
 from stepwise.handlers._common import RunEvent
 from stepwise.handlers.init import take_over
 from stepwise.handlers.session import cleanup, poll_session, stop, StopEvent
-from stepwise.runstore import RunOwnedElsewhere, RunStore
-from stepwise.training import SessionFailed
+from stepwise.aws.runstore import RunOwnedElsewhere, RunStore
+from stepwise.aws.sagemaker import SessionFailed
 
 
 @pytest.fixture(scope="module")

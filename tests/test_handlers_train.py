@@ -10,7 +10,7 @@ from pipeline_fixtures import BUCKET, Stack, init_run, new_run_id, roll_out_batc
 from stepwise.core.phases import plan_train_phase
 from stepwise.handlers import advantages, plan, train
 from stepwise.handlers._common import BatchEvent, RunEvent
-from stepwise.runstore import RunStore
+from stepwise.aws.runstore import RunStore
 
 
 @pytest.fixture(scope="module")

@@ -258,7 +258,7 @@ def test_iam_matching_of_the_emulator_agrees_with_inits_scope_check():
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from stepwise.preflight import StackScope
+    from stepwise.core.preflight import StackScope
 
     regions = st.sampled_from(["us-east-1", "us-west-2", "eu-west-1"])
     accounts = st.sampled_from(["123456789012", "999999999999"])

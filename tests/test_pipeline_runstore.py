@@ -9,7 +9,7 @@ from moto import mock_aws
 
 from stepwise.layout import parse_result_key, result_key, state_key
 from stepwise.records import RunState
-from stepwise.runstore import RunOwnedElsewhere, RunStore, StateConflict
+from stepwise.aws.runstore import RunOwnedElsewhere, RunStore, StateConflict
 
 OWNER = "arn:aws:states:us-east-1:123456789012:execution:sm:run-1"
 

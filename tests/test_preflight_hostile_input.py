@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stepwise.config import ConfigError, load_run_config, parse_s3_uri
-from stepwise.preflight import Probes, StackScope, refusals, s3_locations
+from stepwise.core.preflight import Probes, StackScope, refusals, s3_locations
 
 BASE = {
     "role_arn": "arn:aws:iam::123456789012:role/R",

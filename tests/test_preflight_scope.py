@@ -1,4 +1,4 @@
-"""The pure half of the refusals before billing (`stepwise.preflight`), property-tested: what is refused
+"""The pure half of the refusals before billing (`stepwise.core.preflight`), property-tested: what is refused
 is exactly what the stack does not grant, each refusal names the field and the value, and the
 lookups run only for what the stack grants (fake probes record the calls; no AWS here)."""
 
@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stepwise.config import load_run_config
-from stepwise.preflight import Probes, StackScope, bucket_scope_errors, refusals, region_errors, s3_locations
+from stepwise.core.preflight import Probes, StackScope, bucket_scope_errors, refusals, region_errors, s3_locations
 
 REGIONS = st.sampled_from(["", "us-east-1", "us-west-2", "eu-west-1"])
 BUCKETS = st.sampled_from(["stack-bucket", "data-a", "data-b", "elsewhere"])

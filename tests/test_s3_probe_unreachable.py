@@ -1,5 +1,5 @@
-"""The S3 lookups of the refusals before billing (`stepwise.s3_probe`) answer a problem in words when
-S3 cannot be asked at all (no endpoint, no credentials), as `stepwise.agentcore_control` does, instead
+"""The S3 lookups of the refusals before billing (`stepwise.aws.s3_probe`) answer a problem in words when
+S3 cannot be asked at all (no endpoint, no credentials), as `stepwise.aws.agentcore` does, instead
 of raising botocore's error out of `stepwise validate --check-aws` or Init. Real botocore clients,
 pointed at a closed local port or given no credentials."""
 
@@ -11,7 +11,7 @@ import boto3
 import pytest
 from botocore.config import Config
 
-from stepwise.s3_probe import bucket_problem, prefix_problem
+from stepwise.aws.s3_probe import bucket_problem, prefix_problem
 
 
 def _closed_port() -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from stepwise import tracking
+from stepwise.aws import tracking
 from stepwise.config import load_run_config
 
 BASE = {

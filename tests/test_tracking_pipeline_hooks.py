@@ -8,7 +8,7 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from stepwise import tracking
+from stepwise.aws import tracking
 from stepwise.config import load_run_config
 from stepwise.handlers import _common, session
 from stepwise.layout import config_key, eval_summary_key, summary_key
@@ -94,7 +94,7 @@ def test_stop_reason_maps_to_the_mlflow_run_status(reason, status):
 
 def test_the_stacks_mlflow_grant_is_what_tracking_asks_of_a_tracking_server(run, monkeypatch):
     """infra.permissions.MLFLOW_ACTIONS are the REST messages MLflow's own RestStore sends for the store
-    calls stepwise.tracking makes (SageMaker managed MLflow authorizes each as sagemaker-mlflow:<message>)."""
+    calls stepwise.aws.tracking makes (SageMaker managed MLflow authorizes each as sagemaker-mlflow:<message>)."""
     import inspect
     import re
 

@@ -36,7 +36,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from stepwise import service_limits as limits
+from stepwise.core import service_limits as limits
 
 __all__ = ["RunConfig", "VpcConfig", "ConfigError", "load_run_config", "read_config_file", "drop_unsupported",
            "DROPPED_FIELDS", "shown"]
@@ -647,7 +647,7 @@ def _format_error(err: dict[str, Any]) -> str:
 
 _RANGE_ERRORS = frozenset({"greater_than", "greater_than_equal", "less_than", "less_than_equal"})
 
-#: Where a field's bounds come from, named in its range errors (see `stepwise.service_limits`).
+#: Where a field's bounds come from, named in its range errors (see `stepwise.core.service_limits`).
 LIMIT_SOURCES: dict[str, str] = {
     "lora_rank": f"the service's range is {limits.LORA_RANK.describe()}",
     "lora_alpha": f"the service's range is {limits.LORA_ALPHA.describe()}, a 32-bit integer",

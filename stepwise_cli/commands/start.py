@@ -133,9 +133,9 @@ def start(args: argparse.Namespace) -> dict[str, Any]:
             f"run {run_id!r} already exists; resume it with `stepwise resume {run_id}` (or start --resume), "
             "or choose another --run-id"
         )
-    from stepwise.preflight import StackScope, region_errors
+    from stepwise.core.preflight import StackScope, region_errors
 
-    # Init would refuse it (stepwise.preflight); say so before uploading anything.
+    # Init would refuse it (stepwise.core.preflight); say so before uploading anything.
     errors = region_errors(cfg, StackScope(region=dep.info.region, bucket=dep.bucket)) if dep.info.region else []
     errors += check_datasets(cfg, s3_client=dep.s3)[1]
     if errors:

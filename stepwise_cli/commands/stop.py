@@ -46,10 +46,10 @@ def session_status(region: str, session_name: str) -> str:
     """DescribeTrainingSession status ('NotFound' when the session does not exist)."""
     from botocore.exceptions import ClientError
 
-    from stepwise import training
+    from stepwise.aws import sagemaker
 
     try:
-        return training.describe_session(training.control_plane(region), session_name)[0]
+        return sagemaker.describe_session(sagemaker.control_plane(region), session_name)[0]
     except ClientError as e:
         if e.response.get("Error", {}).get("Code") in ("ResourceNotFound", "ValidationException"):
             return "NotFound"
@@ -71,7 +71,7 @@ def ensure_session_stopped(dep: Deployment, run_id: str, *, wait: float, poll: f
 
     Returns ``{"session": name or None, "status": last status, "stopped_here": bool}``.
     """
-    from stepwise import training
+    from stepwise.aws import sagemaker
     from stepwise.config import RunConfig
 
     state = run_state(dep, run_id)
@@ -87,7 +87,7 @@ def ensure_session_stopped(dep: Deployment, run_id: str, *, wait: float, poll: f
         status = session_status(cfg.region, name)
     if status in STOPPED_STATUSES or status == "NotFound":
         return {"session": name, "status": status, "stopped_here": False}
-    training.stop_session(cfg, name)
+    sagemaker.stop_session(cfg, name)
     return {"session": name, "status": session_status(cfg.region, name), "stopped_here": True}
 
 

@@ -7,7 +7,7 @@ local or ``s3://`` (default AWS credentials), requires at least ``batch_size`` t
 adds the row counts to the summary — the same check Init runs before creating a session.
 
 ``--check-aws`` (implies ``--check-datasets``) runs every refusal Init makes before billing
-(`stepwise.preflight`) against the deployed stack (``--stack`` / ``--bucket`` /
+(`stepwise.core.preflight`) against the deployed stack (``--stack`` / ``--bucket`` /
 ``--state-machine-arn`` / ``--region``, as the other commands find it): the run's region is the
 stack's, the agent runtime exists (GetAgentRuntime), is READY and is one the stack may invoke, and
 every S3 location is in a bucket the stack grants and reachable. The stack's grants
@@ -28,7 +28,7 @@ from stepwise.datasets import DatasetError, check_dataset
 
 if TYPE_CHECKING:
     from stepwise_cli.commands._runs import Deployment
-    from stepwise.preflight import StackScope
+    from stepwise.core.preflight import StackScope
 
 EXIT_INVALID = 2
 
@@ -80,7 +80,7 @@ def init_function_environment(dep: "Deployment") -> dict[str, str]:
 
 def deployed_scope(dep: "Deployment") -> "StackScope":
     """What the deployed stack grants its functions (see the module doc)."""
-    from stepwise.preflight import (ENV_AGENT_RUNTIME_ARNS, ENV_BUCKET, ENV_DATA_BUCKETS, ENV_REGION, StackScope,
+    from stepwise.core.preflight import (ENV_AGENT_RUNTIME_ARNS, ENV_BUCKET, ENV_DATA_BUCKETS, ENV_REGION, StackScope,
                                     arn_account)
 
     env = init_function_environment(dep)
@@ -92,7 +92,7 @@ def deployed_scope(dep: "Deployment") -> "StackScope":
 def check_aws(cfg: RunConfig, args: argparse.Namespace) -> tuple["StackScope", list[str]]:
     """Init's refusals against the deployed stack: ``(scope, problems)``; CommandError if no stack is found."""
     from stepwise_cli.commands._runs import deployment
-    from stepwise.preflight import Probes, refusals
+    from stepwise.core.preflight import Probes, refusals
 
     dep = deployment(args)
     scope = deployed_scope(dep)
@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     scope = None
     if args.check_aws:
         from stepwise_cli.commands._runs import CommandError, fail
-        from stepwise.preflight import RunRefused, resolve_region
+        from stepwise.core.preflight import RunRefused, resolve_region
 
         try:
             scope, refused = check_aws(cfg, args)

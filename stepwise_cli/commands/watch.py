@@ -38,7 +38,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from stepwise import layout, tracking
+from stepwise import layout
+from stepwise.aws import tracking
 from stepwise.executions import ABNORMAL_END_STATUSES
 from stepwise_cli.commands._runs import (
     BEHAVIOUR_METRICS,

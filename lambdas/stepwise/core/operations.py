@@ -1,7 +1,7 @@
 """SageMaker training-session operations, pure: their configs, their results, their bookkeeping.
 
 What a Lambda sends and reads back, without sending or reading anything (the calls are in
-`stepwise.training`). Built with the SDK's own helpers (``sagemaker.train.training_session``):
+`stepwise.aws.sagemaker`). Built with the SDK's own helpers (``sagemaker.train.training_session``):
 datums are validated and chunked by ``_utils.batch_to_datum_list`` / ``chunk_datum_list`` exactly
 as ``TrainingClient.forward_backward`` does, optimizer params by ``AdamParams``, results parsed
 with the SDK's result types.

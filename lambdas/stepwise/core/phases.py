@@ -2,7 +2,7 @@
 
 Every phase is a list of operations planned write-ahead in ``state.pending`` (sequence numbers
 and client tokens fixed before anything is sent, :func:`plan_training_ops`). A handler *drives*
-the phase (`stepwise.training.drive`): it (re)submits what is planned, polls what is submitted,
+the phase (`stepwise.aws.sagemaker.drive`): it (re)submits what is planned, polls what is submitted,
 and, when every operation succeeded, applies the phase's transition (:func:`complete_phase`).
 Re-running a handler with the same input is therefore harmless: a re-sent training operation
 carries the same (sequenceNumber, clientToken) and the runtime applies it once (DESIGN.md section 6).

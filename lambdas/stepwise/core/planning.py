@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from stepwise.core.phases import PhaseMismatch, plan_checkpoint
 from stepwise.records import BatchItem, PlannedBatch, RunState
-from stepwise.service_limits import CONCURRENCY_PER_TPS, MAX_MAP_CONCURRENCY
+from stepwise.core.service_limits import CONCURRENCY_PER_TPS, MAX_MAP_CONCURRENCY
 
 if TYPE_CHECKING:
     from stepwise.config import RunConfig
@@ -210,5 +210,5 @@ def build_items(d: Decision, payloads: Mapping[int, dict[str, Any]] | Sequence[d
 def map_concurrency(num_items: int, acr_tps_limit: int) -> int:
     """The Distributed Map's ``MaxConcurrency`` for a batch of ``num_items`` rollouts:
     ``acr_tps_limit * CONCURRENCY_PER_TPS`` rollouts in flight, at most ``MAX_MAP_CONCURRENCY``
-    (`stepwise.service_limits`) and at most the batch, at least 1."""
+    (`stepwise.core.service_limits`) and at most the batch, at least 1."""
     return max(1, min(num_items, acr_tps_limit * CONCURRENCY_PER_TPS, MAX_MAP_CONCURRENCY))

@@ -295,7 +295,7 @@ def build_app(
     if s3 is None:
         import boto3
 
-        from stepwise.clients import client_config
+        from stepwise.aws.clients import client_config
 
         # aiohttp serves many turns at once; each S3 call runs on a worker thread
         s3 = boto3.client("s3", config=client_config())

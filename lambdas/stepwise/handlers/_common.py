@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict
 
 from stepwise.layout import config_key, eval_summary_key, summary_key
 from stepwise.records import BatchRef, Phase, RunRef, RunState
-from stepwise.runstore import RunStore
+from stepwise.aws.runstore import RunStore
 
 SERVICE = os.environ.get("POWERTOOLS_SERVICE_NAME", "stepwise")
 logger = Logger(service=SERVICE)
@@ -72,7 +72,7 @@ def sfn_client() -> Any:
 def _sfn_client(_endpoint: str) -> Any:
     import boto3
 
-    from stepwise.clients import client_config
+    from stepwise.aws.clients import client_config
 
     return boto3.client("stepfunctions", config=client_config())
 
@@ -129,25 +129,25 @@ def emit(values: dict[str, float], *, run_id: str, units: dict[str, MetricUnit] 
 
 
 def drive(run_id: str, execution_arn: str, phases: tuple[Phase, ...]) -> tuple[RunState, bool, dict[str, Any]]:
-    """Drive the run's operations in ``phases`` (`stepwise.training.drive`) with this container's
+    """Drive the run's operations in ``phases`` (`stepwise.aws.sagemaker.drive`) with this container's
     store and the run's runtime client, for up to ``STEPWISE_INLINE_WAIT_SECONDS``."""
-    from stepwise import training
+    from stepwise.aws import sagemaker
 
     cfg = run_config(run_id)
-    return training.drive(store(), training.runtime(cfg.region), cfg, run_id, execution_arn, phases,
+    return sagemaker.drive(store(), sagemaker.runtime(cfg.region), cfg, run_id, execution_arn, phases,
                           budget_s=inline_wait_seconds())
 
 
 def write_summary(run_id: str, step: int, summary: dict[str, Any], *, kind: str = "train") -> None:
     """Publish a step (``kind="train"``) or eval (``kind="eval"``) summary to MLflow, then to S3.
 
-    The one place summaries are published: `stepwise.tracking.summary_warning` (nothing unless
+    The one place summaries are published: `stepwise.aws.tracking.summary_warning` (nothing unless
     the config names an MLflow tracking server; never raises), then
     ``runs/{run_id}/steps/{step}/summary.json`` or ``runs/{run_id}/evals/{step}/summary.json``,
     which carries a tracking failure's text under ``tracking.WARNING_KEY`` (``stepwise watch``
     prints it), so metrics that never reached MLflow are not a silent gap.
     """
-    from stepwise import tracking
+    from stepwise.aws import tracking
 
     warning = tracking.summary_warning(run_config(run_id), run_id, step, summary, kind=kind)
     if warning:

@@ -21,12 +21,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from stepwise import training
+from stepwise.aws import sagemaker
 from stepwise.core.phases import is_failure_stop, resume_session_name, rewind_to_checkpoint, session_name_for
 from stepwise.handlers._common import bind, logger, now, poll_seconds, resolve_run, run_config, store
 from stepwise.layout import config_key, dataset_index_key, dataset_shard_key, tokenizer_prefix
 from stepwise.records import Checkpoint, RunState
-from stepwise.runstore import RunNotFound, RunOwnedElsewhere, RunStore
+from stepwise.aws.runstore import RunNotFound, RunOwnedElsewhere, RunStore
 
 
 class InitEvent(BaseModel):
@@ -83,18 +83,18 @@ def resume(rs: RunStore, run_id: str, execution_arn: str, state: RunState) -> Ru
             "training_session_name": session_name, "step": state.step, "epoch": state.epoch, "cursor": state.cursor,
             "checkpoint": ckpt.model_package_arn if ckpt else None})
     if state.session_status == "Creating":  # also a retried Init: CreateTrainingSession adopts by name
-        training.create_session(cfg, state.training_session_name, run_id)
+        sagemaker.create_session(cfg, state.training_session_name, run_id)
     return state
 
 
 def refuse_on_this_stack(cfg: Any, rs: RunStore, execution_arn: str = "") -> Any:
-    """`stepwise.preflight.refuse_before_billing` against this function's stack (its environment,
+    """`stepwise.core.preflight.refuse_before_billing` against this function's stack (its environment,
     and the account of the execution ARN); returns the config with its region resolved.
 
     Raises:
         RunRefused: every problem at once (region, runtime, S3 locations).
     """
-    from stepwise.preflight import Probes, StackScope, arn_account, refuse_before_billing
+    from stepwise.core.preflight import Probes, StackScope, arn_account, refuse_before_billing
 
     scope = StackScope.from_env(account=arn_account(execution_arn))
     return refuse_before_billing(cfg, scope, Probes(s3=rs.s3))
@@ -140,7 +140,7 @@ def snapshot_dataset(rs: RunStore, run_id: str, kind: str, path: str, min_rows: 
     return index
 
 
-def cache_tokenizer(cfg: Any, created: training.CreatedSession, rs: RunStore, run_id: str) -> int:
+def cache_tokenizer(cfg: Any, created: sagemaker.CreatedSession, rs: RunStore, run_id: str) -> int:
     """Copy the tokenizer files to ``runs/{run_id}/tokenizer/`` for the gateway; returns files written.
 
     Source: ``cfg.tokenizer_path`` (an ``s3://`` prefix of tokenizer files, or a model id / local
@@ -150,7 +150,7 @@ def cache_tokenizer(cfg: Any, created: training.CreatedSession, rs: RunStore, ru
     prefix = tokenizer_prefix(run_id)
     if cfg.tokenizer_path.startswith("s3://"):
         from stepwise.config import parse_s3_uri
-        from stepwise.s3_probe import as_prefix
+        from stepwise.aws.s3_probe import as_prefix
 
         bucket, key = parse_s3_uri(cfg.tokenizer_path)
         key = as_prefix(key)
@@ -171,7 +171,7 @@ def cache_tokenizer(cfg: Any, created: training.CreatedSession, rs: RunStore, ru
 
         tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer_path)
     else:
-        svc = training.service_client(cfg)
+        svc = sagemaker.service_client(cfg)
         tokenizer = load_tokenizer(created.base_model_arn, svc._get_hub_client(), created.hf_model_id)
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer.save_pretrained(tmp)
@@ -190,7 +190,7 @@ def initialize(event: InitEvent) -> dict[str, Any]:
         if continuation.get("resume"):
             state = resume(rs, run_id, event.execution_arn, state)
         logger.info("continuing run", extra={"segment": state.segment, "step": state.step})
-        return _output(run_id, event.execution_arn, ready=state.session_status == training.RUNNING)
+        return _output(run_id, event.execution_arn, ready=state.session_status == sagemaker.RUNNING)
 
     try:
         existing, _ = rs.read_state(run_id)
@@ -215,14 +215,14 @@ def initialize(event: InitEvent) -> dict[str, Any]:
                 resume_loaded=not cfg.resume_from_model_package,
             )
         )
-    created = training.create_session(cfg, session_name, run_id)
+    created = sagemaker.create_session(cfg, session_name, run_id)
     logger.info("training session created", extra={"training_session_name": session_name})
     n = cache_tokenizer(cfg, created, rs, run_id)
     logger.info("tokenizer cached", extra={"files": n, "prefix": tokenizer_prefix(run_id)})
     # A session that is already Running (warm capacity, the local simulator) needs no Wait state;
     # a resumed one still goes through PollSession, which loads the checkpoint.
-    status, _ = training.describe_session(training.control_plane(cfg.region), session_name)
-    if status == training.RUNNING and not cfg.resume_from_model_package:
+    status, _ = sagemaker.describe_session(sagemaker.control_plane(cfg.region), session_name)
+    if status == sagemaker.RUNNING and not cfg.resume_from_model_package:
         rs.update_state(run_id, lambda s: setattr(s, "session_status", status), execution_arn=event.execution_arn)
         return _output(run_id, event.execution_arn, ready=True)
     return _output(run_id, event.execution_arn, ready=False)

@@ -25,7 +25,7 @@ import boto3
 from botocore.exceptions import ClientError
 from pydantic import BaseModel, ConfigDict
 
-from stepwise.clients import client_config
+from stepwise.aws.clients import client_config
 from stepwise.handlers._common import (
     bind,
     logger,

@@ -20,13 +20,13 @@ from typing import Any
 import boto3
 from pydantic import BaseModel, ConfigDict
 
-from stepwise import tracking, training
+from stepwise.aws import sagemaker, tracking
 from stepwise.executions import ABNORMAL_END_STATUSES, continuation_name
 from stepwise.core.operations import weights_usage
 from stepwise.core.phases import final_weights, plan_resume
 from stepwise.handlers._common import RunEvent, bind, drive, logger, now, poll_seconds, resolve_run, run_config, store
 from stepwise.records import RunRef, RunState
-from stepwise.runstore import RunNotFound
+from stepwise.aws.runstore import RunNotFound
 
 
 class SessionStartTimeout(TimeoutError):
@@ -43,13 +43,13 @@ def poll_session(event: RunEvent) -> dict[str, Any]:
     bind(run_id=run.run_id)
     state = rs.owned_state(run.run_id, run.execution_arn)
     cfg = run_config(run.run_id)
-    if state.session_status != training.RUNNING:
-        status, reason = training.describe_session(training.control_plane(cfg.region), state.training_session_name)
-        if status in training.FAILED_SESSION_STATUSES:
-            raise training.SessionFailed(
+    if state.session_status != sagemaker.RUNNING:
+        status, reason = sagemaker.describe_session(sagemaker.control_plane(cfg.region), state.training_session_name)
+        if status in sagemaker.FAILED_SESSION_STATUSES:
+            raise sagemaker.SessionFailed(
                 f"training session {state.training_session_name} is {status}{f': {reason}' if reason else ''}"
             )
-        if status != training.RUNNING:
+        if status != sagemaker.RUNNING:
             waited = now() - state.session_created_at
             if waited > session_start_timeout():
                 raise SessionStartTimeout(
@@ -69,7 +69,7 @@ def poll_session(event: RunEvent) -> dict[str, Any]:
         if not state.resume_loaded:
             return {"ready": False, "status": "LoadingCheckpoint", "wait_seconds": poll_seconds()}
         logger.info("resumed from checkpoint", extra={"sampler_model_package_arn": state.sampler_model_package_arn})
-    return {"ready": True, "status": training.RUNNING, "wait_seconds": poll_seconds()}
+    return {"ready": True, "status": sagemaker.RUNNING, "wait_seconds": poll_seconds()}
 
 
 class StopEvent(BaseModel):
@@ -105,7 +105,7 @@ def stop_owned_session(execution_arn: str, execution_name: str, execution_input:
         logger.warning("not the run's owner: leaving its session alone", extra={"owner": state.owner_execution_arn})
         return {"stopped": False, "why": "not the owner"}
     cfg = run_config(run_id)
-    training.stop_session(cfg, state.training_session_name)
+    sagemaker.stop_session(cfg, state.training_session_name)
 
     def mark(s: RunState) -> None:
         s.session_stopped = True

@@ -1,6 +1,6 @@
 """SubmitTrain, PollOperation, Rebind and Checkpoint: the session's operations, driven from state.json.
 
-Each handler checks the run's phase and drives it (`stepwise.training.drive`); the phases, their
+Each handler checks the run's phase and drives it (`stepwise.aws.sagemaker.drive`); the phases, their
 write-ahead plans and transitions are `stepwise.core.phases` (reference `train_grpo.py` step:
 forward_backward, optim_step, then ``save_weights_and_get_sampling_client`` = saveWeights +
 loadWeightsForSampling). Re-running a handler with the same input is harmless: a re-sent training

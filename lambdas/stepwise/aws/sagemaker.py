@@ -36,7 +36,7 @@ from stepwise.records import PendingOperation, Phase, RunState
 
 if TYPE_CHECKING:
     from stepwise.config import RunConfig
-    from stepwise.runstore import RunStore
+    from stepwise.aws.runstore import RunStore
 
 RUNNING = "Running"
 FAILED_SESSION_STATUSES = frozenset({"Failed", "Stopped", "Stopping", "Blocked", "Deleting", "DeletionFailed"})

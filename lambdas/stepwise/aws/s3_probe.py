@@ -1,4 +1,4 @@
-"""S3 lookups for the refusals before billing (`stepwise.preflight`): read-only, one call each.
+"""S3 lookups for the refusals before billing (`stepwise.core.preflight`): read-only, one call each.
 
 Each function answers '' when the location is usable, else the problem in words (the caller adds
 the field and the value). An answer of AccessDenied means the caller's credentials (Init's role,

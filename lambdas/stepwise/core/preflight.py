@@ -11,8 +11,8 @@ config's style), in two passes:
    reads or writes (datasets, ``tokenizer_path``, ``s3_output_path``) is in the stack's bucket or
    one of ``STEPWISE_DATA_BUCKETS`` (CDK context ``dataBuckets``);
 2. lookups through the boundary modules, only for what passed 1: the runtime exists and is READY
-   (`stepwise.agentcore_control`), the buckets are reachable and the tokenizer prefix holds files
-   (`stepwise.s3_probe`). Whether a dataset exists and parses is `stepwise.datasets.check_dataset`'s
+   (`stepwise.aws.agentcore`), the buckets are reachable and the tokenizer prefix holds files
+   (`stepwise.aws.s3_probe`). Whether a dataset exists and parses is `stepwise.datasets.check_dataset`'s
    (Init runs it right after).
 
 Nothing here creates, writes or bills anything.
@@ -176,7 +176,7 @@ def bucket_scope_errors(locations: list[S3Location], scope: StackScope) -> list[
 class Probes:
     """The lookups `refusals` makes; each returns '' when fine, else the problem (no field, no value).
 
-    Defaults are the real boundaries (`stepwise.s3_probe`, `stepwise.agentcore_control`).
+    Defaults are the real boundaries (`stepwise.aws.s3_probe`, `stepwise.aws.agentcore`).
     """
 
     s3: Any = None
@@ -186,11 +186,11 @@ class Probes:
     calls: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        from stepwise import agentcore_control, s3_probe
+        from stepwise.aws import agentcore, s3_probe
 
         self.bucket = self.bucket or s3_probe.bucket_problem
         self.prefix = self.prefix or s3_probe.prefix_problem
-        self.runtime = self.runtime or agentcore_control.runtime_problem
+        self.runtime = self.runtime or agentcore.runtime_problem
 
 
 def refusals(cfg: RunConfig, scope: StackScope, probes: Probes) -> list[str]:

@@ -41,7 +41,7 @@ class RunStore:
 
     Args:
         bucket: the run bucket (``STEPWISE_BUCKET``).
-        s3: a boto3 S3 client; default ``boto3.client("s3")`` with `stepwise.clients.client_config`.
+        s3: a boto3 S3 client; default ``boto3.client("s3")`` with `stepwise.aws.clients.client_config`.
     """
 
     def __init__(self, bucket: str, s3: Any = None) -> None:
@@ -49,7 +49,7 @@ class RunStore:
             raise ValueError("RunStore needs a bucket name (STEPWISE_BUCKET is empty)")
         self.bucket = bucket
         if s3 is None:
-            from stepwise.clients import client_config
+            from stepwise.aws.clients import client_config
 
             s3 = boto3.client("s3", config=client_config())
         self.s3 = s3
