@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import DEFAULT_OUT, REPO_ROOT, load_average, summary, write_result
+from benchmarks._common import DEFAULT_OUT, REPO_ROOT, CpuMonitor, load_average, summary, write_result
 
 REF_AGENT_ARN = "arn:aws:bedrock-agentcore:us-east-1:123456789012:runtime/ref_agent-bench"
 #: RunConfig fields that the reference ``Config`` shares under the same name.
@@ -95,11 +95,20 @@ def reference_config(cfg: dict[str, Any], *, steps: int, evals: bool) -> Any:
                   s3_output_path="s3://stepwise-simulator/output", agent_runtime_arn=REF_AGENT_ARN, **kw)
 
 
+def cpu_per_step(cpu: CpuMonitor | None, marks: list[float]) -> dict[str, float]:
+    """CPU seconds per step by process role between the first and the last of ``marks`` (step
+    boundaries, ``time.time()``), divided by the steps between them; ``{}`` without a monitor."""
+    if cpu is None or len(marks) < 2:
+        return {}
+    return {k: round(v / (len(marks) - 1), 2) for k, v in cpu.window(marks[0], marks[-1]).items()}
+
+
 def run_reference(cfg: dict[str, Any], *, steps: int, out: Path, evals: bool = False,
-                  latency: dict[str, float] | None = None) -> dict[str, Any]:
+                  latency: dict[str, float] | None = None, cpu: CpuMonitor | None = None) -> dict[str, Any]:
     """Run ``train_grpo.train`` (unmodified) against the simulator + ACR emulator; per-step figures.
 
-    ``latency``: simulator latency per operation kind or API, seconds (``{"optim_step": 2.0}``)."""
+    ``latency``: simulator latency per operation kind or API, seconds (``{"optim_step": 2.0}``).
+    ``cpu``: a `CpuMonitor` of this process; the result's ``cpu_per_step`` is CPU seconds per step by process."""
     from agentcore_rl_toolkit.backends.experimental.sagemaker import train_grpo
     from local.acr import AcrEmulator
     from local.stack import SimulatorProcess
@@ -135,8 +144,9 @@ def run_reference(cfg: dict[str, Any], *, steps: int, out: Path, evals: bool = F
         os.environ.clear()
         os.environ.update(saved)
     secs = clock.step_seconds()
+    marks = clock.starts + ([clock.end] if clock.end is not None else [])
     return {"steps": len(secs), "step_seconds": secs, "rollout_seconds": clock.rollout_s, "rewards": clock.rewards,
-            "wall_seconds": wall,
+            "wall_seconds": wall, "cpu_per_step": cpu_per_step(cpu, marks),
             "optim_steps": counters.get("optim_step"), "acr": acr_counters, "load_average": load_average()}
 
 
@@ -162,10 +172,10 @@ def parse_latency(specs: list[str]) -> dict[str, float]:
 
 
 def run_pipeline(config_path: Path, *, steps: int, out: Path, evals: bool = False, max_staleness: int = 0,
-                 latency: dict[str, float] | None = None) -> dict[str, Any]:
+                 latency: dict[str, float] | None = None, cpu: CpuMonitor | None = None) -> dict[str, Any]:
     """Run ``stepwise run-local`` for ``steps`` steps at ``max_staleness``; per-step figures from its run folder.
 
-    ``latency``: as `run_reference`'s, given to the run's simulator."""
+    ``latency``: as `run_reference`'s, given to the run's simulator; ``cpu`` as `run_reference`'s."""
     from local.run import run_local
 
     cfg = json.loads(config_path.read_text())
@@ -193,6 +203,7 @@ def run_pipeline(config_path: Path, *, steps: int, out: Path, evals: bool = Fals
     secs = [b - a for a, b in zip(stamps, stamps[1:])]
     return {"status": res.status, "steps": res.steps, "step_seconds": secs, "rewards": res.rewards,
             "max_staleness": max_staleness, "wall_seconds": res.wall_seconds, "timing": res.timing,
+            "cpu_per_step": cpu_per_step(cpu, stamps),
             "session_busy_seconds": session["time/session_busy"], "session_idle_seconds": session["time/session_idle"],
             "optim_steps": res.simulator_counters.get("optim_step"), "run_dir": str(res.run_dir),
             "s3_requests": res.timing.get("s3_requests"), "load_average": load_average()}
@@ -249,16 +260,21 @@ def main(argv: list[str] | None = None) -> int:
     cfg = json.loads(args.config.read_text())
     result: dict[str, Any] = {"config": str(args.config), "steps_requested": args.steps, "latency": latency,
                               "load_average_start": load_average()}
-    if args.which in ("ref", "both"):
-        result["reference"] = run_reference(cfg, steps=args.steps, out=args.out, evals=args.evals, latency=latency)
-    if args.which in ("pipeline", "both"):
-        # one after the other (never at once): the machine is shared and the figures are wall times
-        result["pipelines"] = [run_pipeline(args.config, steps=args.steps, out=args.out, evals=args.evals,
-                                            max_staleness=m, latency=latency) for m in stalenesses]
+    with CpuMonitor() as cpu:
+        if args.which in ("ref", "both"):
+            result["reference"] = run_reference(cfg, steps=args.steps, out=args.out, evals=args.evals,
+                                                latency=latency, cpu=cpu)
+        if args.which in ("pipeline", "both"):
+            # one after the other (never at once): the machine is shared and the figures are wall times
+            result["pipelines"] = [run_pipeline(args.config, steps=args.steps, out=args.out, evals=args.evals,
+                                                max_staleness=m, latency=latency, cpu=cpu) for m in stalenesses]
     if latency:
         print("simulator latency: " + ", ".join(f"{k}={v:g}s" for k, v in latency.items()))
     for line in table(result):
         print(line)
+    for label, r in loop_rows(result):
+        if r.get("cpu_per_step"):
+            print(f"{label} CPU s/step: " + " ".join(f"{k} {v:.2f}" for k, v in r["cpu_per_step"].items()))
     for r in result.get("pipelines", []):
         s3 = r.get("s3_requests") or {}
         if s3.get("per_rollout"):
