@@ -274,6 +274,11 @@ def check_seam() -> None:
     if "boto_client_for(" not in inspect.getsource(lambda_eval_utils._invoke_lambda_function):
         raise SeamBroken("moto's lambda:invoke integration no longer calls boto_client_for; "
                          "port local/engine.py's cached_lambda_clients")
+    from moto.awslambda.models import LambdaBackend
+
+    if tuple(inspect.signature(LambdaBackend.get_function).parameters)[:3] != ("self", "function_name_or_arn", "qualifier"):
+        raise SeamBroken("moto's LambdaBackend.get_function(function_name_or_arn, qualifier) changed; "
+                         "port local/engine.py's DirectLambdaClient")
     from moto.stepfunctions.parser import models as sfn_models
     from moto.stepfunctions.parser.asl.eval.callback import callback
 
@@ -379,14 +384,71 @@ def paged_execution_history() -> Iterator[None]:
         yield
 
 
+#: Lambda's limit on a synchronous invocation's response payload (moto's LambdaResponse checks the same).
+_MAX_SYNC_PAYLOAD = 6_000_000
+
+
+class DirectLambdaClient:
+    """The Lambda client moto's ASL interpreter gets: ``invoke`` calls the function's (patched)
+    ``LambdaFunction.invoke`` in this process instead of a signed HTTP request to this same server.
+
+    Over HTTP each ``lambda:invoke`` task cost botocore's serialization and SigV4 signing, a werkzeug
+    request thread, Flask routing and moto's response parsing, all in the run-local process, twice
+    per rollout (StartRollout, FinishRollout). The answer is the one boto3 would parse from moto's
+    response: ``StatusCode`` 200, ``Payload`` (a stream of the handler's bytes), ``FunctionError``
+    when the handler failed, a payload over 6 MB replaced by moto's ``Function.ResponseSizeTooLarge``
+    error. A function moto does not know, a qualifier, or any other call goes to ``client`` (a real
+    boto3 Lambda client), so its errors are moto's own.
+    """
+
+    def __init__(self, client: Any, region: str) -> None:
+        self.client = client
+        self.region = region
+        self.meta = client.meta
+
+    def invoke(self, **params: Any) -> dict[str, Any]:
+        import io
+
+        from moto.awslambda.models import lambda_backends
+
+        name = str(params.get("FunctionName", ""))
+        if set(params) - {"FunctionName", "Payload", "InvocationType"} or \
+                params.get("InvocationType", "RequestResponse") != "RequestResponse":
+            return self.client.invoke(**params)
+        parts = name.split(":")
+        account = parts[4] if name.startswith("arn:") and len(parts) > 4 else ACCOUNT_ID
+        region = parts[3] if name.startswith("arn:") and len(parts) > 3 else self.region
+        try:
+            function = lambda_backends[account][region].get_function(name, None)
+        except Exception:  # unknown function or bad name: moto's own answer, over HTTP
+            return self.client.invoke(**params)
+        body = params.get("Payload") or b""
+        headers: dict[str, str] = {}
+        payload = function.invoke(body.decode() if isinstance(body, bytes) else body,
+                                  {"x-amz-invocation-type": "RequestResponse"}, headers)
+        payload = payload if isinstance(payload, bytes) else str(payload).encode()
+        response: dict[str, Any] = {"StatusCode": 200}
+        if len(payload) > _MAX_SYNC_PAYLOAD:
+            headers["x-amz-function-error"] = "Unhandled"
+            payload = json.dumps({"errorMessage": "Response payload size exceeded maximum allowed payload size "
+                                  "(6291556 bytes).", "errorType": "Function.ResponseSizeTooLarge"}).encode()
+        if headers.get("x-amz-function-error"):
+            response["FunctionError"] = headers["x-amz-function-error"]
+        response["Payload"] = io.BytesIO(payload)
+        return response
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
+
+
 @contextlib.contextmanager
 def cached_lambda_clients() -> Iterator[None]:
-    """One boto3 Lambda client per region for moto's ASL interpreter.
+    """One Lambda client per region for moto's ASL interpreter, invoking in-process (`DirectLambdaClient`).
 
     moto's ``lambda:invoke`` task integration builds a new boto3 client for every task
     (``boto_client_for``; it ignores the state's credentials and uses fixed dummy ones), which
     cost ~6% of this process's GIL time at 64 rollouts per step. boto3 clients are thread-safe,
-    so the interpreter's task threads share one per region.
+    so the interpreter's task threads share one per region; its ``invoke`` skips the HTTP round trip.
     """
     from moto.stepfunctions.parser.asl.component.state.exec.state_task import lambda_eval_utils
 
@@ -398,7 +460,8 @@ def cached_lambda_clients() -> Iterator[None]:
         with lock:
             key = (region, service)
             if key not in clients:
-                clients[key] = with_pool(original(region=region, service=service, state_credentials=state_credentials))
+                client = with_pool(original(region=region, service=service, state_credentials=state_credentials))
+                clients[key] = DirectLambdaClient(client, region) if service == "lambda" else client
             return clients[key]
 
     lambda_eval_utils.boto_client_for = boto_client_for

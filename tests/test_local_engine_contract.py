@@ -372,3 +372,65 @@ def test_json_paths_are_parsed_once_while_the_server_runs():
         assert json_path.parse("$.batch.timeout_seconds") is json_path.parse("$.batch.timeout_seconds")
         assert json_path.extract_json("$.a[1]", {"a": [1, 2]}) == 2  # moto's own evaluation, unchanged
     assert json_path.parse is original
+
+
+def _big(event, ctx):
+    return {"x": "a" * 6_100_000}
+
+
+def _answer(resp):
+    """What moto's interpreter reads of an Invoke answer (lambda_eval_utils): all but the metadata."""
+    out = {k: v for k, v in resp.items() if k != "ResponseMetadata"}
+    out["Payload"] = out["Payload"].read()
+    return out
+
+
+def test_the_interpreter_s_lambda_client_answers_as_moto_does_over_http_without_a_request():
+    with engine.MotoServer() as moto:
+        lam, iam = moto.client("lambda"), moto.client("iam")
+        role = engine._ensure_role(iam, "direct-test", "lambda.amazonaws.com")
+        arns = {}
+        for name, fn in [("echo", _echo), ("boom", _boom), ("big", _big)]:
+            arns[name] = lam.create_function(
+                FunctionName=f"direct-{name}", Role=role, PackageType="Image",
+                Code={"ImageUri": "123456789012.dkr.ecr.us-east-1.amazonaws.com/x:1"}, Timeout=30,
+            )["FunctionArn"]
+            moto.dispatcher.register(f"direct-{name}", handler_path="", memory_mb=128, timeout_s=30, arn=arns[name],
+                                     handler=fn)
+        from moto.stepfunctions.parser.asl.component.state.exec.state_task import lambda_eval_utils
+
+        direct = lambda_eval_utils.boto_client_for(region=engine.REGION, service="lambda", state_credentials=None)
+        assert isinstance(direct, engine.DirectLambdaClient)
+        for name in ("echo", "boom", "big"):
+            for function in (arns[name], f"direct-{name}"):
+                payload = json.dumps({"a": 1}).encode()
+                over_http = _answer(direct.client.invoke(FunctionName=function, Payload=payload))
+                before = len(moto.dispatcher.invocations)
+                got = _answer(direct.invoke(FunctionName=function, Payload=payload))
+                assert len(moto.dispatcher.invocations) == before + 1  # it ran the handler, once
+                if name == "echo":  # remaining_ms differs from call to call
+                    assert json.loads(got["Payload"])["echo"] == json.loads(over_http["Payload"])["echo"] == {"a": 1}
+                    got["Payload"] = over_http["Payload"] = b""
+                if name == "boom":  # the stack trace's line numbers are the same, its ids too: compare the fields
+                    g, h = json.loads(got.pop("Payload")), json.loads(over_http.pop("Payload"))
+                    assert (g["errorType"], g["errorMessage"]) == (h["errorType"], h["errorMessage"]) == \
+                        ("ValueError", "bad thing in handler")
+                assert got == over_http, name
+        assert got == {"StatusCode": 200, "FunctionError": "Unhandled",
+                       "Payload": over_http["Payload"]} and b"Function.ResponseSizeTooLarge" in got["Payload"]
+        # an unknown function: moto's own error, as over HTTP
+        with pytest.raises(lam.exceptions.ResourceNotFoundException):
+            direct.invoke(FunctionName="nope", Payload=b"{}")
+        # a state machine task takes the direct path: the HTTP client is not asked
+        def no_http(**params):
+            raise AssertionError(f"Invoke over HTTP: {params}")
+
+        direct.client.invoke = no_http
+        definition = {"StartAt": "Echo", "States": {"Echo": {
+            "Type": "Task", "Resource": "arn:aws:states:::lambda:invoke", "End": True,
+            "Parameters": {"FunctionName": arns["echo"], "Payload.$": "$"}, "OutputPath": "$.Payload"}}}
+        sm = engine.create_state_machine(moto, "direct-test", json.dumps(definition))
+        sfn = moto.client("stepfunctions")
+        desc = _wait(sfn, sfn.start_execution(stateMachineArn=sm, input=json.dumps({"b": 2}))["executionArn"])
+        assert desc["status"] == "SUCCEEDED", desc
+        assert json.loads(desc["output"])["echo"] == {"b": 2}
