@@ -91,7 +91,9 @@ def test_start_rollout_opens_the_session_and_stores_the_token_before_invoking(en
     assert on_result(_s3_event(key)) == {"resumed": 1, "ignored": 0}
     done = _wait_for(lambda: (d := sfn.describe_execution(executionArn=arn))["status"] != "RUNNING" and d)
     assert done["status"] == "SUCCEEDED"
-    assert json.loads(done["output"])["result"] == {"sid": sid, "result_key": key}
+    # the session record as StartRollout wrote it rides along (FinishRollout closes the session with it)
+    assert json.loads(done["output"])["result"] == {"sid": sid, "result_key": key,
+                                                   "session": record}
 
     # Duplicate and late notifications are harmless; unknown sessions are ignored.
     assert on_result(_s3_event(key)) == {"resumed": 0, "ignored": 1}
@@ -183,3 +185,30 @@ def test_a_session_started_before_the_token_moved_still_resumes_and_another_run_
     assert on_result(_s3_event(key)) == {"resumed": 1, "ignored": 0}
     done = _wait_for(lambda: (d := sfn.describe_execution(executionArn=arn))["status"] != "RUNNING" and d)
     assert done["status"] == "SUCCEEDED"
+
+
+def test_finish_rollout_closes_the_session_with_the_record_on_result_passed_without_reading_it(env):
+    stack, agent, sm, run_id, p, items = env
+    item = items[3]
+    sid = start(StartEvent.model_validate({"task_token": "t-close", "run": run_ref(run_id), "batch": p["batch"],
+                                           "item": item}))["sid"]
+    key = f"rollout-results/{run_id}/{item['input_id']}/{sid}.json"
+    stack.s3.put_object(Bucket=BUCKET, Key=key, Body=json.dumps({"rewards": 1.0}).encode())
+    record = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=f"sessions/{sid}.json")["Body"].read())
+    before = stack.moto.s3_requests.snapshot()
+    out = finish(FinishEvent.model_validate({"run": run_ref(run_id), "batch": p["batch"], "item": item, "error": None,
+                                             "result": {"sid": sid, "result_key": key, "session": record}}))
+    assert out["status"] == "ok" and out["reward"] == 1.0
+    delta = {k: n - before.get(k, 0) for k, n in stack.moto.s3_requests.snapshot().items() if n != before.get(k, 0)}
+    assert "GET session" not in delta and delta["PUT session"] == 1
+    closed = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=f"sessions/{sid}.json")["Body"].read())
+    assert closed == {**record, "closed": True}  # the token and every field kept: a late result is still recognised
+    # a record of another session (or none) is not trusted: the record is read, as before
+    sid2 = start(StartEvent.model_validate({"task_token": "t-close2", "run": run_ref(run_id), "batch": p["batch"],
+                                            "item": item}))["sid"]
+    before = stack.moto.s3_requests.snapshot()
+    finish(FinishEvent.model_validate({"run": run_ref(run_id), "batch": p["batch"], "item": item, "error": None,
+                                       "result": {"sid": sid2, "result_key": key.replace(sid, sid2), "session": record}}))
+    after = stack.moto.s3_requests.snapshot()
+    assert after["GET session"] - before.get("GET session", 0) == 1
+    assert json.loads(stack.s3.get_object(Bucket=BUCKET, Key=f"sessions/{sid2}.json")["Body"].read())["closed"] is True

@@ -222,11 +222,18 @@ def task_token(rs: Any, run_id: str, sid: str) -> str | None:
     """The task token of session ``sid`` of run ``run_id``: the session record's ``task_token``;
     for a session started before the token moved there, ``task_token_key``'s object. None when the
     session is unknown or belongs to another run."""
+    return session_and_token(rs, run_id, sid)[1]
+
+
+def session_and_token(rs: Any, run_id: str, sid: str) -> tuple[dict[str, Any] | None, str | None]:
+    """``(session record of run_id, task token)`` as `task_token` finds them (record None when it is
+    not this run's session)."""
     record = rs.get_json_or(session_key(sid))
     if isinstance(record, dict) and record.get("run_id") == run_id and record.get(TASK_TOKEN_FIELD):
-        return str(record[TASK_TOKEN_FIELD])
+        return record, str(record[TASK_TOKEN_FIELD])
     legacy = rs.get_json_or(task_token_key(run_id, sid)) if record is None or TASK_TOKEN_FIELD not in record else None
-    return str(legacy["task_token"]) if isinstance(legacy, dict) and legacy.get("task_token") else None
+    owned = record if isinstance(record, dict) and record.get("run_id") == run_id else None
+    return owned, str(legacy["task_token"]) if isinstance(legacy, dict) and legacy.get("task_token") else None
 
 
 def on_result(event: dict[str, Any]) -> dict[str, Any]:
@@ -242,13 +249,20 @@ def on_result(event: dict[str, Any]) -> dict[str, Any]:
             ignored += 1
             continue
         bind(run_id=run_id, sid=sid)
-        token = task_token(rs, run_id, sid)
+        record, token = session_and_token(rs, run_id, sid)
         if token is None:
             logger.warning("no task token for this result (unknown session)", extra={"key": redact(key, sid)})
             ignored += 1
             continue
         try:
-            sfn.send_task_success(taskToken=token, output=json.dumps({"sid": sid, "result_key": key}))
+            # The session record rides to FinishRollout, which closes the session with it: one GET of
+            # the record per rollout fewer. Nothing changes the record meanwhile (StartRollout wrote it
+            # before the invoke; the gateway only reads it). Its token is already in the history (the
+            # Start rollout task's parameters), so the output reveals nothing new.
+            output: dict[str, Any] = {"sid": sid, "result_key": key}
+            if record is not None:
+                output["session"] = record
+            sfn.send_task_success(taskToken=token, output=json.dumps(output))
             resumed += 1
         except (sfn.exceptions.TaskTimedOut, sfn.exceptions.InvalidToken, sfn.exceptions.TaskDoesNotExist) as e:
             logger.info("result arrived after its task ended (duplicate or late)", extra={"key": redact(key, sid), "why": type(e).__name__})
@@ -274,8 +288,15 @@ def _load_turns(rs: Any, run_id: str, sid: str) -> list[dict[str, Any]]:
     return [rs.get_json(k) for k in rs.list_keys(turns_prefix(run_id, sid)) if k.endswith(".json")]
 
 
-def _close_session(rs: Any, sid: str) -> dict[str, Any] | None:
-    """Close the gateway session; returns its record (None when there is none)."""
+def _close_session(rs: Any, sid: str, known: Any = None) -> dict[str, Any] | None:
+    """Close the gateway session; returns its record (None when there is none).
+
+    ``known``: the record OnRolloutResult read (the result's ``session``); when it is session
+    ``sid``'s, it is closed without reading the record again."""
+    if isinstance(known, dict) and known.get("sid") == sid and not known.get("closed"):
+        record: dict[str, Any] | None = {**known, "closed": True}
+        rs.put_json(session_key(sid), record)
+        return record
     record = rs.get_json_or(session_key(sid))
     if record is not None and not record.get("closed"):
         record["closed"] = True
@@ -329,7 +350,7 @@ def finish(event: FinishEvent) -> dict[str, Any]:
     behaviour = rollout_behaviour([])
     duration_s = None
     if sid is not None:
-        session = _close_session(rs, sid) or {}
+        session = _close_session(rs, sid, (event.result or {}).get("session")) or {}
         if isinstance(session.get("started_at"), (int, float)):
             duration_s = max(0.0, now() - float(session["started_at"]))  # before the grace wait below
         time.sleep(turn_grace_seconds())
