@@ -99,6 +99,27 @@ def test_a_batch_whose_every_rollout_failed_fails_the_run_instead_of_training(st
         advantages.compute(BatchEvent.model_validate({"run": run_ref(run_id), "batch": p["batch"]}))
 
 
+def test_a_batch_with_a_lost_rollout_record_fails_naming_the_item_instead_of_training_on_the_rest(stack):
+    """The Map completed but one item has no record (a child that never ran): its group would silently
+    shrink, so ComputeAdvantages refuses the step; with every record present it trains."""
+    from stepwise.layout import rollouts_prefix
+
+    run_id = new_run_id("lost")
+    init_run(stack, run_id, stack.config())
+    assert wait_ready(run_id)["ready"]
+    p = plan.plan(RunEvent.model_validate({"run": run_ref(run_id)}))
+    roll_out_batch(stack, run_id, p, [1.0, 0.0, 1.0, 0.0])
+    batch = BatchEvent.model_validate({"run": run_ref(run_id), "batch": p["batch"]})
+    records = sorted(o["Key"] for o in stack.s3.list_objects_v2(
+        Bucket=BUCKET, Prefix=rollouts_prefix(run_id, 0, 0, "train"))["Contents"])
+    lost = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=records[0])["Body"].read())
+    stack.s3.delete_object(Bucket=BUCKET, Key=records[0])
+    with pytest.raises(advantages.RolloutsMissing, match=rf"1 of 4 rollouts .* step 0 .* items \[{lost['i']}\]"):
+        advantages.compute(batch)
+    stack.s3.put_object(Bucket=BUCKET, Key=records[0], Body=json.dumps(lost).encode())
+    assert advantages.compute(batch)["decision"] == "train"
+
+
 def test_the_step_summary_carries_behaviour_metrics_of_every_rollout(stack):
     """Turns, tokens, durations and status counts reach the step's metrics (and so its summary and EMF)."""
     from pipeline_fixtures import play_rollout

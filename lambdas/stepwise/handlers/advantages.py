@@ -38,7 +38,7 @@ from stepwise.handlers._common import (
     write_summary,
 )
 from stepwise.layout import datums_key, eval_summary_key, rollouts_prefix, start_marker_key
-from stepwise.records import BatchRef, RolloutRecord, RunState
+from stepwise.records import BatchRef, PlannedBatch, RolloutRecord, RunState
 
 
 class BatchMismatch(RuntimeError):
@@ -87,6 +87,27 @@ def check_not_all_failed(rollouts: list[RolloutRecord], batch: BatchRef) -> None
             f"all {len(rollouts)} rollouts of the {batch.kind} batch of step {batch.step} (generation batch "
             f"{batch.generation_batch}) failed: {rollout_report(rollouts)}"
         )
+
+
+class RolloutsMissing(RuntimeError):
+    """The Map completed but rollout records of planned items are absent (a child that never ran or
+    a record that was never written): training on the rest would silently shrink their groups."""
+
+
+def check_complete(rollouts: list[RolloutRecord], batch: BatchRef, planned: PlannedBatch | None) -> None:
+    """Raise RolloutsMissing when ``rollouts`` (one per item, `current_rollouts`) do not cover the
+    ``len(rows) x responses_per_prompt`` items of ``planned``, naming the missing item indices.
+    A failed or timed-out rollout has a record (FinishRollout writes one on every path), so only a
+    lost one is missing. No check without ``planned`` (a batch planned before this check)."""
+    if planned is None or not batch.is_planned(planned):
+        return
+    expected = len(planned.rows) * planned.responses_per_prompt
+    missing = sorted(set(range(expected)) - {r.i for r in rollouts})
+    if missing:
+        raise RolloutsMissing(
+            f"{len(missing)} of {expected} rollouts of the {batch.kind} batch of step {batch.step} (generation batch "
+            f"{batch.generation_batch}) have no record although the Map completed: items {missing[:20]}"
+            f"{' ...' if len(missing) > 20 else ''}")
 
 
 @dataclass
@@ -170,17 +191,20 @@ def datums_for(groups: list[Group]) -> tuple[list[dict[str, Any]], list[list[flo
     return datums, advantages_P
 
 
-def select_groups(run_id: str, batch: BatchRef, cfg: Any) -> tuple[str, list[Group], list[Group], dict[str, float]]:
+def select_groups(run_id: str, batch: BatchRef, cfg: Any,
+                  planned: PlannedBatch | None = None) -> tuple[str, list[Group], list[Group], dict[str, float]]:
     """``(status, groups to train on, every group rolled out this step, sampling metrics)``. GRPO reports the same ``sampling/`` metrics as DAPO (one
     generation batch, every group kept, so its empty rollouts are counted the same way).
 
     Raises:
         RolloutsFailed: every rollout of the batch just rolled out failed (`check_not_all_failed`).
+        RolloutsMissing: the batch just rolled out lacks records of ``planned``'s items (`check_complete`).
     """
     from stepwise.core.dapo import decide_generation_batch, sampling_metrics
 
     if cfg.algorithm != "dapo":
         rollouts = load_rollouts(run_id, batch)
+        check_complete(rollouts, batch, planned)
         check_not_all_failed(rollouts, batch)
         groups = group_rollouts(rollouts, cfg)
         metrics_ = sampling_metrics(gen_batches=1, groups_rolled_out=len(groups), groups_kept=len(groups),
@@ -192,6 +216,7 @@ def select_groups(run_id: str, batch: BatchRef, cfg: Any) -> tuple[str, list[Gro
     for g in range(batch.generation_batch + 1):
         rollouts = load_rollouts(run_id, batch, g)
         if g == batch.generation_batch:
+            check_complete(rollouts, batch, planned)
             check_not_all_failed(rollouts, batch)
         new = group_rollouts(rollouts, cfg)
         everything.extend(new)
@@ -226,7 +251,7 @@ def compute(event: BatchEvent) -> dict[str, Any]:
         return dict(state.last_decision["result"])  # a retry after the state was already written
     _check_batch(state, batch)
     cfg = run_config(run.run_id)
-    status, train_groups, all_groups, sampling = select_groups(run.run_id, batch, cfg)
+    status, train_groups, all_groups, sampling = select_groups(run.run_id, batch, cfg, state.current_batch)
     rollouts = [r for g in all_groups for r in g.rollouts_G]  # every rollout of the step
     all_rewards = [r for g in all_groups for r in g.rewards_G]
     metrics_: dict[str, Any] = {"step": batch.step, "epoch": state.epoch}
