@@ -137,9 +137,10 @@ def test_zero_weights_give_zero_loss_and_gradient_and_weight_decay_is_decoupled(
     before = session.weights()
     session.step(learningRate=0.01, weightDecay=1.0)
     after = session.weights()
-    name = "blocks.0.qkv.weight"
+    name = "blocks.0.qkv.parametrizations.weight.0.A"  # a trained LoRA matrix
     assert torch.allclose(after[name], before[name] * (1 - 0.01 * 1.0), atol=1e-7)
-    assert torch.equal(after["embed.weight"], before["embed.weight"])  # frozen, like LoRA leaves it
+    for frozen in ("embed.weight", "blocks.0.qkv.parametrizations.weight.original"):  # as LoRA leaves them
+        assert torch.equal(after[frozen], before[frozen])
 
 
 def test_gradients_accumulate_across_forward_backward_calls_until_the_step(sim, request):

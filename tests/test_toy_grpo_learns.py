@@ -34,7 +34,7 @@ def grpo_curve(svc, steps: int, *, prompts_per_step: int = 8, group_size: int = 
     """Run ``steps`` GRPO steps; returns the mean reward of each step's rollouts. If ``greedy``
     is a list, the greedy eval reward before and after training is appended to it."""
     rng = random.Random(seed)
-    tc = svc.create_lora_training_client(base_model="stepwise-tiny")
+    tc = svc.create_lora_training_client(base_model="stepwise-tiny", rank=TOY_RECIPE["lora_rank"], alpha=TOY_RECIPE["lora_alpha"])
     try:
         tok = tc.get_tokenizer()
         sc = tc.create_sampling_client()

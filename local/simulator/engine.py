@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from local.simulator import losses
-from local.simulator.model import TinyLM, estimated_flops, load_base_model
+from local.simulator.model import TinyLM, attach_lora, estimated_flops, is_lora_weights, load_base_model, lora_rank, merged_weights
 
 
 class OperationFailed(Exception):
@@ -96,8 +96,10 @@ class TrainerState:
     pending_tokens: int = 0  # tokens accumulated since the last optimizer step
 
     @classmethod
-    def from_base(cls, base: TinyLM) -> "TrainerState":
-        model = copy.deepcopy(base)
+    def from_base(cls, base: TinyLM, lora_rank: int = 8, lora_alpha: float = 16) -> "TrainerState":
+        """A trainer on a copy of ``base`` with LoRA adapters of the session's ``LoraConfig``
+        (``Rank``, ``Alpha``) on every projection (``model.attach_lora``)."""
+        model = attach_lora(copy.deepcopy(base), lora_rank, lora_alpha)
         model.train()
         for name, param in model.named_parameters():
             param.requires_grad_(is_trainable(name))
@@ -105,16 +107,30 @@ class TrainerState:
 
 
 def is_trainable(param_name: str) -> bool:
-    """Whether the service trains this parameter: the attention and MLP matrices, the layers
-    LoRA adapts; embeddings, unembedding and norms stay frozen (as LoRA leaves them, and as
-    Tinker's ``train_unembed=False``). Training them too lets Adam's per-parameter step
-    scaling rewrite the logits of tokens the batch never saw, which breaks the answer format."""
-    return param_name.startswith("blocks.") and param_name.endswith(".weight") and ".ln" not in param_name
+    """Whether the service trains this parameter: the LoRA ``A`` and ``B`` of every adapted
+    projection, the unembedding included (so the model can sharpen its output distribution
+    over any token, which it could not with a frozen unembedding behind a LayerNorm); the
+    adapted weights themselves, the embedding and the norms stay frozen, as a LoRA service
+    leaves them. (Training the norms and biases too was measured: no faster on the
+    cross-entropy probe, issue 20.)"""
+    return param_name.endswith((".0.A", ".0.B"))
+
+
+def _is_lora_b(param_name: str) -> bool:
+    return param_name.endswith(".0.B")
 
 
 def _new_optimizer(model: TinyLM) -> torch.optim.AdamW:
-    # Parameters for lr/betas/eps/weight decay are set per step from AdamParamsConfig.
-    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+    # Two groups so that loraPlusLrRatio can scale the B matrices' learning rate (LoRA+,
+    # Hayou et al. 2024); lr/betas/eps/weight decay are set per step from AdamParamsConfig.
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    return torch.optim.AdamW(
+        [
+            {"params": [p for n, p in named if not _is_lora_b(n)], "name": "A"},
+            {"params": [p for n, p in named if _is_lora_b(n)], "name": "B"},
+        ],
+        lr=1e-4,
+    )
 
 
 def _datum_losses(
@@ -241,18 +257,20 @@ def optimizer_step(state: TrainerState, config: dict[str, Any]) -> dict[str, Any
 
     ``AdamParamsConfig``: learningRate, beta1, beta2, eps, weightDecay (decoupled, AdamW as
     Loshchilov & Hutter 2019), gradClipNorm (global L2 norm clip before the step; 0 or absent
-    = no clipping), loraPlusLrRatio (accepted; the tiny model is trained without LoRA, so
-    there are no B matrices to apply it to). Gradients are zeroed after the step.
+    = no clipping), loraPlusLrRatio (LoRA+: the B matrices step with ``learningRate *
+    loraPlusLrRatio``, the A matrices with ``learningRate``; absent = 1). Gradients are zeroed
+    after the step.
     """
     p = config["adamParamsConfig"]
     lr = float(p["learningRate"])
+    b_ratio = float(p.get("loraPlusLrRatio") or 1.0)
     with state.lock:
         grad_norm = _grad_norm(state.model)
         clip = p.get("gradClipNorm")
         if clip:
             torch.nn.utils.clip_grad_norm_(state.model.parameters(), float(clip))
         for group in state.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * b_ratio if group.get("name") == "B" else lr
             group["betas"] = (float(p.get("beta1", 0.9)), float(p.get("beta2", 0.999)))
             group["eps"] = float(p.get("eps", 1e-8))
             group["weight_decay"] = float(p.get("weightDecay", 0.0))
@@ -279,6 +297,11 @@ def load_state(state: TrainerState, package: ModelPackage, load_optimizer: bool)
         raise OperationFailed(
             f"model package {package.arn} is a {package.kind} package with no optimizer state; "
             "load it with loadOptimizer=false, or load a saveState checkpoint"
+        )
+    rank, wanted = lora_rank(package.weights), lora_rank(dict(state.model.state_dict()))
+    if not is_lora_weights(package.weights) or rank != wanted:
+        raise OperationFailed(
+            f"model package {package.arn} holds LoRA weights of rank {rank}; this session's LoraConfig.Rank is {wanted}"
         )
     with state.lock:
         state.model.load_state_dict(package.weights)
@@ -309,7 +332,8 @@ class Sampler:
     def from_weights(cls, base: TinyLM, weights: dict[str, torch.Tensor] | None, eos_ids: list[int], decode) -> "Sampler":
         model = copy.deepcopy(base)
         if weights is not None:
-            model.load_state_dict(weights)
+            # Sampling runs the plain model on merged weights: the adapters cost it nothing.
+            model.load_state_dict(merged_weights(weights))
         return cls(model, eos_ids, decode)
 
     @torch.no_grad()

@@ -6,8 +6,10 @@
   so ``AutoTokenizer.from_pretrained(<dir>)`` loads it and the toolkit's
   ``HfTemplateRenderer`` recognises the template by its hash (FINDINGS.md).
 * Model: ``TinyLM``, a pre-norm decoder-only transformer with rotary position embeddings
-  (Su et al. 2021, "RoFormer") and a KV cache for sampling. Full-weight training (no LoRA):
-  the simulator accepts the session's ``LoraConfig`` and ignores it.
+  (Su et al. 2021, "RoFormer") and a KV cache for sampling.
+* Training: ``attach_lora`` adds LoRA adapters (Hu et al. 2021, "LoRA", arXiv:2106.09685) of the
+  session's ``LoraConfig`` rank and alpha to every projection, the unembedding included;
+  ``merged_weights`` folds them back into plain ``TinyLM`` weights for sampling.
 
 Shapes: ``B`` batch, ``T`` tokens, ``V`` vocabulary, ``D`` model width.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -182,6 +185,76 @@ class TinyLM(nn.Module):
         return self.head(self.ln_f(x)), present
 
 
+#: State-dict key infix of a parametrized (LoRA-adapted) weight.
+_PARAMETRIZED = ".parametrizations.weight."
+
+
+class LoRA(nn.Module):
+    """Parametrization ``W -> W + (alpha / rank) * B @ A`` of one [out, in] weight (Hu et al. 2021).
+
+    ``A`` [rank, in] starts as ``nn.Linear``'s own default (Kaiming-uniform, bound 1/sqrt(in))
+    drawn from ``generator``; ``B`` [out, rank] starts at zero, so the adapted model computes
+    exactly (bit for bit) the base model's outputs until the first optimizer step.
+    """
+
+    def __init__(self, out_features: int, in_features: int, rank: int, alpha: float, generator: torch.Generator) -> None:
+        super().__init__()
+        bound = 1.0 / math.sqrt(in_features)
+        self.A = nn.Parameter(torch.empty(rank, in_features).uniform_(-bound, bound, generator=generator))
+        self.B = nn.Parameter(torch.zeros(out_features, rank))
+        self.register_buffer("scale", torch.tensor(alpha / rank))
+
+    def forward(self, weight: torch.Tensor) -> torch.Tensor:
+        return weight + self.scale * (self.B @ self.A)
+
+
+def attach_lora(model: TinyLM, rank: int, alpha: float, seed: int = 0) -> TinyLM:
+    """Adapt every ``nn.Linear`` of ``model`` in place (attention qkv and output, both MLP
+    matrices, the unembedding ``head``) with a ``LoRA`` of ``rank`` and ``alpha``; returns it.
+
+    ``seed`` fixes every ``A`` (so two sessions with the same ``LoraConfig`` start identical,
+    which seeded runs rely on). The adapted weights' originals keep ``requires_grad``; the
+    trainer decides what trains.
+    """
+    from torch.nn.utils import parametrize
+
+    generator = torch.Generator().manual_seed(seed)
+    for _, module in sorted(model.named_modules()):
+        if isinstance(module, nn.Linear):
+            lora = LoRA(module.out_features, module.in_features, rank, alpha, generator)
+            parametrize.register_parametrization(module, "weight", lora)
+    return model
+
+
+def is_lora_weights(weights: dict[str, torch.Tensor]) -> bool:
+    """Whether a state dict comes from an ``attach_lora`` model."""
+    return any(_PARAMETRIZED in k for k in weights)
+
+
+def lora_rank(weights: dict[str, torch.Tensor]) -> int | None:
+    """The LoRA rank of an adapted state dict (None for plain weights)."""
+    for k, v in weights.items():
+        if k.endswith(_PARAMETRIZED + "0.A"):
+            return int(v.shape[0])
+    return None
+
+
+def merged_weights(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Plain ``TinyLM`` weights of an adapted state dict: ``W + scale * B @ A`` per adapted
+    weight (the very expression ``LoRA.forward`` computes, so the same floats); plain weights
+    are returned as they are."""
+    out: dict[str, torch.Tensor] = {}
+    for key, value in weights.items():
+        if _PARAMETRIZED not in key:
+            out[key] = value
+            continue
+        prefix, member = key.split(_PARAMETRIZED)
+        if member == "original":
+            lora = {m: weights[f"{prefix}{_PARAMETRIZED}0.{m}"] for m in ("A", "B", "scale")}
+            out[f"{prefix}.weight"] = value + lora["scale"] * (lora["B"] @ lora["A"])
+    return out
+
+
 def load_base_model(assets_dir: Path = ASSETS_DIR) -> TinyLM:
     """Load the shipped base weights (``model.safetensors`` + ``tiny_lm.json``)."""
     from safetensors.torch import load_file
@@ -219,6 +292,9 @@ __all__ = [
     "EOS_TOKEN",
     "TinyConfig",
     "TinyLM",
+    "LoRA",
+    "attach_lora",
+    "merged_weights",
     "build_tokenizer",
     "load_base_model",
     "save_model",

@@ -261,7 +261,8 @@ class Simulator:
             raise error(CONTROL, "not_found", f"Base model {base_arn!r} is not served here; the simulator serves {self._hub_arn()}")
         group_arn = p.get("ModelPackageGroupArn") or self._ensure_group("sagemaker-default")
         group_name = group_arn.rsplit("/", 1)[-1]
-        trainer = engine.TrainerState.from_base(self._base)
+        lora = p["LoraConfig"]
+        trainer = engine.TrainerState.from_base(self._base, int(lora["Rank"]), float(lora["Alpha"]))
         now = time.time()
         with self._lock:
             if name in self._sessions:
