@@ -135,6 +135,13 @@ class RunState(BaseModel):
     step_metrics: dict[str, Any] = Field(default_factory=dict)  # the training step's metrics until its summary is written
     last_decision: dict[str, Any] | None = None  # ComputeAdvantages' last {"batch": BatchRef, "result"} (retry idempotence)
     current_batch: PlannedBatch | None = None  # the planned, not yet consumed generation batch (PlanStep idempotence)
+    # max_staleness 1: the next step's first generation batch, planned (and rolled out) while the
+    # previous step trained; PlanStep hands it to ComputeAdvantages at that step's start.
+    ahead_batch: PlannedBatch | None = None
+    ahead_started_at: float | None = None  # when its rollouts started (the step's time/rollout counts from it)
+    ahead_cursor_start: int = 0  # the cursor before it (the step's step_cursor_start)
+    train_started_at: float | None = None  # the step's first training operation submitted (epoch s; session busy)
+    last_rebound_at: float | None = None  # the last step's sampler rebound (epoch s; the next step's session idle)
     last_sequence_number: int = 0
     phase: Phase = "idle"
     checkpoint_reason: CheckpointReason = ""  # why the pending checkpoint is saved
@@ -165,8 +172,9 @@ class RunRef(BaseModel):
 
 class SamplerPolicy(BaseModel):
     """The policy a generation batch samples from, as ``state.json`` held it when PlanStep planned
-    the batch. Nothing changes it before the batch's rollouts end (training and Rebind run after
-    the Map), so StartRollout takes it from the batch instead of re-reading ``state.json``."""
+    the batch. StartRollout takes it from the batch instead of re-reading ``state.json``: with
+    ``max_staleness`` 1 the previous step's Rebind moves ``state.json`` to the next policy while
+    this batch's rollouts still run, and every rollout of a batch must sample one policy."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -309,4 +317,5 @@ class RolloutRecord(BaseModel):
     ill_formed_turns: int = 0
     tool_calls: int = 0
     duration_s: float | None = None
+    policy_version: int | None = None  # the policy the rollout sampled with (None: written before it was recorded)
     records: list[dict[str, Any]] = Field(default_factory=list)

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from stepwise.core.operations import forward_backward_metrics, saved_state_arn, saved_weights_arn
+from stepwise.core.staleness import session_time_metrics
 from stepwise.records import Checkpoint, PendingOperation, RunState
 
 #: Namespace of the deterministic client tokens (uuid5).
@@ -107,6 +108,11 @@ def plan_checkpoint(state: RunState, reason: str) -> None:
         return
     if state.phase != "idle":
         raise PhaseMismatch(f"cannot checkpoint: run is in phase {state.phase!r}")
+    if state.ahead_batch is not None:
+        # The checkpoint records the cursor a resume rewinds to; it must not include a batch rolled
+        # out ahead (`stepwise.core.staleness.roll_out_ahead_blocker` keeps the two apart).
+        raise PhaseMismatch(f"cannot checkpoint at step {state.step}: step {state.ahead_batch.step}'s first batch "
+                            "is rolled out ahead")
     name = "save_weights" if reason == "weights_at_end" else "save_state"
     plan_training_ops(state, [name], tag=f"{state.step}/{reason}")
     state.pending[0].description = f"stepwise {state.run_id} step {state.step} ({reason})"
@@ -156,6 +162,7 @@ def complete_phase(state: RunState, *, now: Callable[[], float] = time.time) -> 
         started = min((o.submitted_at for o in state.pending if o.submitted_at), default=None)
         if started:
             out["time/train"] = now() - started
+        state.train_started_at = started
         state.step_metrics.update(out)
         state.pending = [_sampling_op(_saved_weights(state))]
         state.phase = "rebind"
@@ -165,6 +172,16 @@ def complete_phase(state: RunState, *, now: Callable[[], float] = time.time) -> 
     elif state.phase in ("rebind", "resume_rebind"):
         state.sampler_model_package_arn = state.pending[0].argument or ""
         if state.phase == "rebind":
+            rebound = now()
+            if state.train_started_at is not None:
+                # The previous step's rebind, or this step's start when later (an eval, a checkpoint
+                # or a resume in between); with a batch rolled out ahead the start is the earlier.
+                marks = [t for t in (state.last_rebound_at, state.step_started_at) if t is not None]
+                state.step_metrics.update(session_time_metrics(
+                    train_started_at=state.train_started_at, rebound_at=rebound,
+                    previous_end=max(marks) if marks else None))
+            state.last_rebound_at = rebound
+            state.train_started_at = None
             state.policy_version += 1
             state.step += 1
             state.generation_batch = 0
@@ -224,6 +241,9 @@ def rewind_to_checkpoint(state: RunState, *, session_name: str, created_at: floa
     state.phase = "idle"
     state.checkpoint_reason = ""
     state.current_batch = None
+    # a batch rolled out ahead belongs to a step after the checkpoint: redone from its cursor
+    state.ahead_batch, state.ahead_started_at, state.ahead_cursor_start = None, None, 0
+    state.train_started_at = state.last_rebound_at = None
     state.last_decision = None
     state.step_metrics = {}
     state.datum_chunks = []

@@ -17,6 +17,14 @@ DESIGN.md section 8:
    continue as a new execution every ``steps_per_execution`` steps;
 3. roll out the next generation batch of ``batch_size`` prompts x ``responses_per_prompt``.
 
+With ``max_staleness`` 1, the step's first generation batch may already be rolled out: planned by
+:func:`plan_ahead` while the previous step trained (the state machine's Parallel state), held in
+``state.ahead_batch``. At the step's start, after the evals due (which run on the new policy), the
+planner hands it on (``action="rolled_out"``) instead of checking epochs or planning a batch:
+:func:`plan_ahead` planned it only when no checkpoint, new execution or end of run comes first
+(`stepwise.core.staleness.roll_out_ahead_blocker`), from the cursor and epoch this step would have
+used.
+
 Before all of these, between steps: continue as a new execution when the execution's history is
 near ``history_event_budget`` (:func:`history_budget_decision`). A Standard execution fails at
 25,000 events, and a step's events are not a constant: every poll of a long training operation or
@@ -34,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from stepwise.core.phases import PhaseMismatch, plan_checkpoint
+from stepwise.core.staleness import roll_out_ahead_blocker
 from stepwise.records import BatchItem, PlannedBatch, RunState
 from stepwise.core.service_limits import CONCURRENCY_PER_TPS, MAX_MAP_CONCURRENCY
 
@@ -51,7 +60,7 @@ class NoTrainingSignal(RuntimeError):
 
 @dataclass
 class Decision:
-    action: Literal["rollout", "checkpoint", "continue", "finish"]
+    action: Literal["rollout", "rolled_out", "checkpoint", "continue", "finish"]
     reason: str
     kind: Literal["train", "eval"] | None = None
     step: int = 0
@@ -135,6 +144,8 @@ def decide(state: RunState, cfg: RunConfig, history_events: int | None = None, *
             return eval_batch(False, "eval_before_train")
         if eval_n and state.step > 0 and cfg.should_eval(state.step) and state.last_eval_step != state.step:
             return eval_batch(False, f"eval_every {cfg.eval_every}")
+        if state.ahead_batch is not None:
+            return _take_ahead(state, history_events)
         if state.stop_reason is None and state.epoch < cfg.epochs and state.cursor + bs > used:
             state.epoch += 1
             state.cursor = 0
@@ -180,6 +191,64 @@ def decide(state: RunState, cfg: RunConfig, history_events: int | None = None, *
     state.cursor += bs
     state.current_batch = _planned(d)
     return d
+
+
+def _take_ahead(state: RunState, history_events: int | None) -> Decision:
+    """Start the step with the batch `plan_ahead` rolled out during the previous step's training."""
+    ahead = state.ahead_batch
+    assert ahead is not None
+    if ahead.step != state.step or ahead.kind != "train" or ahead.generation_batch != 0:
+        raise PhaseMismatch(f"the batch rolled out ahead is for step {ahead.step} (gen {ahead.generation_batch}), "
+                            f"but the run is at step {state.step}")
+    state.current_batch, state.ahead_batch = ahead, None
+    state.step_cursor_start = state.ahead_cursor_start
+    state.step_started_at = state.ahead_started_at
+    if history_events is not None:
+        state.step_start_event = history_events
+        state.step_start_event_step = state.step
+        state.step_start_event_segment = state.segment
+    d = _batch_decision(ahead)
+    d.action, d.reason = "rolled_out", "rolled out during the previous step's training"
+    return d
+
+
+def plan_ahead(state: RunState, cfg: RunConfig, trained_step: int, *,
+               now: Callable[[], float] = time.time) -> tuple[Decision | None, str]:
+    """Plan the first generation batch of step ``trained_step + 1`` while step ``trained_step`` trains
+    (``max_staleness`` >= 1); mutates ``state`` (cursor, epoch, ``ahead_batch``). Returns
+    ``(decision or None, reason)``: None when the next step must not start early (its reason, from
+    `stepwise.core.staleness.roll_out_ahead_blocker`). A retried call returns the batch already planned.
+
+    The batch is the one `decide` would plan at the next step's start (same epoch rollover, same
+    rows), so overlapping changes when rollouts happen, never which prompts a step trains on.
+    ``state`` may be at ``trained_step`` (training or rebinding) or already at the next step (rebound).
+    """
+    if state.ahead_batch is not None:
+        return _batch_decision(state.ahead_batch), "planned"
+    next_step = trained_step + 1
+    if state.step not in (trained_step, next_step) or state.current_batch is not None or state.generation_batch:
+        return None, f"the run is at step {state.step} (gen {state.generation_batch}), not training step {trained_step}"
+    bs = cfg.batch_size
+    used = prompts_used(state.dataset_rows, cfg.max_prompts)
+    epoch, cursor = state.epoch, state.cursor
+    if state.stop_reason is None and epoch < cfg.epochs and cursor + bs > used:
+        epoch, cursor = epoch + 1, 0
+    blocker = roll_out_ahead_blocker(
+        max_staleness=cfg.max_staleness,
+        finishing=state.stop_reason is not None or epoch >= cfg.epochs,
+        save_due=cfg.should_save(next_step) and not any(
+            c.step == next_step and c.reason == "save_every" for c in state.checkpoints),
+        segment_ends=next_step - state.segment_start_step >= cfg.steps_per_execution,
+    )
+    if blocker is not None:
+        return None, blocker
+    state.epoch, state.ahead_cursor_start = epoch, cursor
+    d = Decision("rollout", "rolled out ahead", "train", next_step, 0, list(range(cursor, cursor + bs)),
+                 cfg.responses_per_prompt)
+    state.cursor = cursor + bs
+    state.ahead_batch = _planned(d)
+    state.ahead_started_at = now()
+    return d, "planned"
 
 
 def _planned(d: Decision) -> PlannedBatch:

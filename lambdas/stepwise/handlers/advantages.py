@@ -13,7 +13,13 @@ proposal (shared/seeds/002):
   a reason: checkpoint and stop) | ``skip``; metrics go to ``steps/{step}/summary.json`` and EMF:
   rewards, advantages, DAPO sampling and the behaviour metrics of every rollout of the step
   (`stepwise.core.behaviour.behaviour_metrics`: turns, tokens, truncated and ill-formed turns,
-  tool calls, rollout duration p50/p95, status counts).
+  tool calls, rollout duration p50/p95, status counts);
+- ``max_staleness`` (issue 17): before any datum is written, every trained rollout must have sampled
+  on a policy at most ``max_staleness`` versions older than the one the update applies to
+  (`stepwise.core.staleness.check_staleness`, else ``StalenessExceeded`` fails the run); the summary
+  reports ``staleness/*``, and with ``max_staleness`` 1 a ``train`` result carries
+  ``roll_out_next``, which sends the state machine into its Parallel state (train this step, roll
+  out the next).
 
 RecordEval: mean reward of an eval batch -> ``eval/accuracy`` (reference ``run_eval``).
 """
@@ -27,6 +33,7 @@ from typing import Any
 from stepwise.core.operations import datum_chunks
 from stepwise.core.planning import NoTrainingSignal
 from stepwise.core.rewards import preview
+from stepwise.core.staleness import check_staleness, staleness_metrics
 from stepwise.handlers._common import (
     BatchEvent,
     bind,
@@ -264,6 +271,10 @@ def compute(event: BatchEvent) -> dict[str, Any]:
     chunk_sizes: list[int] = []
     decision = {"ready": "train", "need_more": "need_more", "cap_reached": "cap_reached"}[status]
     if decision == "train":
+        # No batch is trained on rollouts more than max_staleness policy versions old (issue 17).
+        sampled_versions = [r.policy_version for g in train_groups for r in g.rollouts_G]
+        check_staleness(sampled_versions, state.policy_version, cfg.max_staleness, where=f"step {batch.step}")
+        metrics_.update(staleness_metrics(sampled_versions, state.policy_version))
         datums, advantages_P = datums_for(train_groups)
         metrics_["sampler/num_datums"] = len(datums)
         metrics_.update(advantage_metrics(advantages_P, [g.rewards_G for g in train_groups]))
@@ -277,6 +288,8 @@ def compute(event: BatchEvent) -> dict[str, Any]:
     result = {"decision": decision, "step": batch.step, "generation_batch": batch.generation_batch,
               "num_datums": int(metrics_.get("sampler/num_datums", 0)),
               "mean_reward": metrics_["sampler/mean_reward"]}
+    if decision == "train" and cfg.max_staleness >= 1:
+        result["roll_out_next"] = True  # the state machine trains this step while the next one rolls out
 
     cap_reason = (f"max_num_gen_batches ({cfg.max_num_gen_batches}) reached at step {batch.step} "
                   f"with {len(train_groups)}/{cfg.batch_size} informative groups")

@@ -4,6 +4,9 @@ The decision is `stepwise.core.planning.decide`, a pure function of (state, conf
 handler applies as one conditional read-modify-write of state.json; then it writes the batch's
 ``prompts.json`` and Map ``items.json`` and hands the state machine a `stepwise.records.BatchRef`.
 The execution's history length (one GetExecutionHistory call) feeds the planner's history budget.
+Inside the overlapped step's Parallel state (``max_staleness`` 1) the event names ``ahead_of_step``
+and the handler plans the next step's first generation batch instead
+(`stepwise.core.planning.plan_ahead`), on the sampler of the moment, or answers ``action: "none"``.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from stepwise.core.planning import Decision, build_items, decide, map_concurrency
+from stepwise.core.planning import Decision, build_items, decide, map_concurrency, plan_ahead
 from stepwise.handlers._common import RunEvent, bind, logger, run_config, sfn_client, store
 from stepwise.layout import dataset_index_key, dataset_shard_key, items_key, prompts_key
 from stepwise.records import BatchRef, RunState, SamplerPolicy
@@ -63,22 +66,47 @@ def history_length(execution_arn: str) -> int | None:
     return max((int(e["id"]) for e in events), default=0)
 
 
+class PlanEvent(RunEvent):
+    """PlanStep's input: ``$.run``, and in the overlapped step's Parallel state ``ahead_of_step``, the
+    step being trained, whose successor's first generation batch is to be planned (`plan_ahead`)."""
+
+    ahead_of_step: int | None = None
+
+
 def plan(event: RunEvent) -> dict[str, Any]:
     rs = store()
     run = event.run
     cfg = run_config(run.run_id)
-    decision: list[Decision] = []
-    history_events = history_length(run.execution_arn)
+    decision: list[Decision | None] = []
+    reason: list[str] = []
+    ahead = event.ahead_of_step if isinstance(event, PlanEvent) else None
+    history_events = None if ahead is not None else history_length(run.execution_arn)
 
     def change(state: RunState) -> None:
         decision.clear()
-        decision.append(decide(state, cfg, history_events))
+        reason.clear()
+        if ahead is None:
+            decision.append(decide(state, cfg, history_events))
+        else:
+            d, why = plan_ahead(state, cfg, ahead)
+            decision.append(d)
+            reason.append(why)
 
+    # one conditional write; retried on a conflict with the training branch's writes (pure change)
     state = rs.update_state(run.run_id, change, execution_arn=run.execution_arn)
     d = decision[0]
     bind(run_id=run.run_id, step=state.step)
+    if d is None:
+        out = {"action": "none", "reason": reason[0], "step": state.step, "ahead_of_step": ahead}
+        logger.info("nothing to roll out ahead", extra=out)
+        return out
     out: dict[str, Any] = {"action": d.action, "reason": d.reason, "step": state.step, "epoch": state.epoch,
                            "history_events": history_events}
+    if d.action == "rolled_out":  # rolled out during the previous step's training: straight to its advantages
+        out["batch"] = BatchRef(kind="train", step=d.step, generation_batch=d.generation_batch,
+                                timeout_seconds=max(1, math.ceil(cfg.max_rollout_time))).model_dump()
+        logger.info("batch rolled out ahead", extra={k: v for k, v in out.items() if k != "batch"})
+        return out
     if d.action != "rollout":
         logger.info("planned", extra=out)
         return out
@@ -103,4 +131,4 @@ def plan(event: RunEvent) -> dict[str, Any]:
 
 @logger.inject_lambda_context(clear_state=True)
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    return plan(RunEvent.model_validate(event))
+    return plan(PlanEvent.model_validate(event))

@@ -349,8 +349,12 @@ def finish(event: FinishEvent) -> dict[str, Any]:
     records: list[Any] = []
     behaviour = rollout_behaviour([])
     duration_s = None
+    # The policy it sampled with: the gateway session's (what every turn used), else the batch's.
+    policy_version = batch.policy.policy_version if batch.policy is not None else None
     if sid is not None:
         session = _close_session(rs, sid, (event.result or {}).get("session")) or {}
+        if isinstance(session.get("policy_version"), int):
+            policy_version = session["policy_version"]
         if isinstance(session.get("started_at"), (int, float)):
             duration_s = max(0.0, now() - float(session["started_at"]))  # before the grace wait below
         time.sleep(turn_grace_seconds())
@@ -364,7 +368,7 @@ def finish(event: FinishEvent) -> dict[str, Any]:
         kind=batch.kind, step=batch.step, generation_batch=batch.generation_batch,
         reward=reward, reward_reason=reason, status=status, error=error,
         **behaviour,  # num_turns, sampled_tokens, truncated_turns, ill_formed_turns, tool_calls
-        duration_s=duration_s, records=[record_to_json(r) for r in records],
+        duration_s=duration_s, policy_version=policy_version, records=[record_to_json(r) for r in records],
     )
     key_sid = sid or f"unstarted-{item.i}"
     rs.put_json(rollout_key(run.run_id, batch.step, batch.generation_batch, key_sid, batch.kind), rollout.model_dump(),
