@@ -260,3 +260,45 @@ def test_a_run_that_ends_without_one_optimizer_step_after_empty_steps_fails(stac
                             "trainable datum; step 0's 4 rollouts: 0 error, 0 timeout, 4 ok; 4 without a captured turn")
     state = RunStore(BUCKET).read_state(run_id)[0]
     assert not state.checkpoints and state.phase == "idle"
+
+
+def _stale_batch(stack: Stack, max_staleness: int, versions_later: int) -> tuple[str, dict, BatchEvent]:
+    """A GRPO batch rolled out on policy version 0, then the run's policy moved ``versions_later`` on."""
+    run_id = new_run_id("stale")
+    init_run(stack, run_id, stack.config(max_staleness=max_staleness))
+    assert wait_ready(run_id)["ready"]
+    p = plan.plan(RunEvent.model_validate({"run": run_ref(run_id)}))
+    roll_out_batch(stack, run_id, p, [1.0, 0.0, 0.0, 1.0])
+    rs = RunStore(BUCKET, stack.s3)
+
+    def later(s):
+        s.policy_version += versions_later
+
+    rs.update_state(run_id, later, execution_arn=None)
+    return run_id, p, BatchEvent.model_validate({"run": run_ref(run_id), "batch": p["batch"]})
+
+
+def test_compute_advantages_refuses_rollouts_older_than_max_staleness(stack):
+    from stepwise.core.staleness import StalenessExceeded
+
+    rs = RunStore(BUCKET, stack.s3)
+    for max_staleness, later in ((0, 1), (1, 2)):
+        run_id, _, batch = _stale_batch(stack, max_staleness, later)
+        with pytest.raises(StalenessExceeded, match=rf"step 0 would update policy version {later} with 4 rollout"):
+            advantages.compute(batch)
+        assert rs.list_keys(f"runs/{run_id}/steps/0/datums/") == []  # refused before any datum is written
+        assert rs.read_state(run_id)[0].current_batch is not None  # the state did not move on
+
+
+def test_one_version_old_rollouts_train_at_max_staleness_1_and_the_staleness_is_reported(stack):
+    run_id, _, batch = _stale_batch(stack, 1, 1)
+    result = advantages.compute(batch)
+    assert result["decision"] == "train" and result["roll_out_next"] is True  # into the Parallel state
+    rs = RunStore(BUCKET, stack.s3)
+    records = [rs.get_json(k) for k in rs.list_keys(f"runs/{run_id}/steps/0/gen0/rollouts/")]
+    assert {r["policy_version"] for r in records} == {0}  # what each rollout sampled with
+    metrics_ = rs.read_state(run_id)[0].step_metrics
+    assert (metrics_["staleness/max"], metrics_["staleness/mean"], metrics_["staleness/stale_fraction"]) == (1.0, 1.0, 1.0)
+    datums = [d for k in rs.list_keys(f"runs/{run_id}/steps/0/datums/") for d in rs.get_json(k)]
+    # the sampling logprobs ride in every datum: the losses weight each token by exp(logp - logq)
+    assert datums and all(-0.5 in d["lossFnInputs"]["logprobs"]["data"] for d in datums)
