@@ -1,7 +1,7 @@
 """Gateway overhead per turn: our gateway (S3-backed, as in the Lambda) vs the toolkit's in-process gateway.
 
 Both gateways serve on a loopback thread in this process and sample from the same zero-latency
-``ScriptedSampler`` (``tests/gateway_fixtures.py``: the reply is scripted text, tokenized, no
+``ScriptedSampler`` (``tests/support/gateway.py``: the reply is scripted text, tokenized, no
 model), so a turn's client-side latency is the gateway's own cost plus the HTTP round trip.
 Ours reads its session record from moto S3 (loopback) and writes the captured turn to S3 before
 answering; the toolkit's keeps both in memory. Each turn is one OpenAI ``chat.completions.create``
@@ -19,13 +19,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from typing import Any
 
 from benchmarks._common import DEFAULT_OUT, REPO_ROOT, load_average, percentile, write_result
-
-sys.path.insert(0, str(REPO_ROOT / "tests"))
 
 PCTS = (50, 95, 99)
 
@@ -57,8 +54,8 @@ def _time_turns(base_url: str, open_session: Any, messages: list[dict[str, str]]
 
 def measure(turns: int, kinds: tuple[str, ...] = ("short", "8k")) -> dict[str, Any]:
     """Run ``turns`` timed turns (after 10 warm-up turns) per gateway and prompt kind."""
-    from gateway_fixtures import (BUCKET, MotoS3, ReferenceGateway, ScriptedSampler, cache_tokenizer,
-                                  load_tokenizer, open_session)
+    from tests.support.gateway import (BUCKET, MotoS3, ReferenceGateway, ScriptedSampler, cache_tokenizer,
+                                        load_tokenizer, open_session)
     from stepwise.gateway import start_gateway
     from stepwise.gateway.app import GATEWAY, GatewaySettings, build_app
 

@@ -6,7 +6,7 @@
 Everything comes from the model: field order, types, defaults, bounds (``ge``/``gt``/``le``/
 length), descriptions, the section a field sits in (the ``# --- Section ---`` comments of
 ``config.py``), the nested `VpcConfig`, and the reference fields refused serverless
-(``DROPPED_FIELDS``). ``tests/test_docs_config_reference.py`` fails when the page drifts.
+(``DROPPED_FIELDS``). ``tests/docs/test_config_reference.py`` fails when the page drifts.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The Lambda images' Python platform, in one place: ``scripts/lock_image.py`` and
 ``scripts/image_rehearsal.py`` both resolve for it, and the Dockerfiles' base image names it
-(tests/test_infra_requirements.py checks they agree). Needs no CDK.
+(tests/infra/test_requirements.py checks they agree). Needs no CDK.
 
 The images start ``FROM amazon/aws-lambda-python:3.13`` (Amazon Linux 2023, glibc 2.34, x86_64).
 """

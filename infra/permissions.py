@@ -77,7 +77,7 @@ MLFLOW_ACTIONS = (
 #: allowed only on requests SageMaker makes for the caller (``kms:ViaService``).
 KMS_SESSION_ACTIONS = ("kms:CreateGrant", "kms:DescribeKey", "kms:GenerateDataKey", "kms:Decrypt")
 #: Function name (``FunctionSpec.name``, or ``Gateway``) -> its capabilities. A function
-#: missing here gets only RUN_STATE, and tests/test_stack_iam.py fails naming it.
+#: missing here gets only RUN_STATE, and tests/infra/test_stack_iam_coverage.py fails naming it.
 FUNCTION_CAPABILITIES: dict[str, frozenset[Capability]] = {
     # Init looks the agent runtime up before any session (stepwise.core.preflight): the runtimes StartRollout may invoke.
     "Init": frozenset({C.RUN_STATE, C.SESSION_LIFECYCLE, C.DATA_READ_WRITE, C.LOOKUP_AGENT}),

@@ -8,7 +8,7 @@ machine ``lambda:invoke`` task and an S3 ``ObjectCreated`` notification alike --
 through moto's ``LambdaFunction.invoke(body, request_headers, response_headers)`` (see
 ``/work/shared/FINDINGS.md``); we replace that one method with an in-process call of the
 real handler from ``stepwise.functions``. This module is the only place that knows moto's
-internals; ``tests/test_local_engine_contract.py`` fails loudly when a moto upgrade moves them.
+internals; ``tests/local/test_engine_contract.py`` fails loudly when a moto upgrade moves them.
 
 Lambda's limits are enforced per invocation (``local/limits.py``, in `run_handler`, in this
 process and in the worker processes alike): a handler that runs past its ``FunctionSpec.timeout_s``

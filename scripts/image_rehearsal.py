@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "lambdas"), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT), str(ROOT / "lambdas")]
 
 from infra.image_platform import (  # noqa: E402
     LOCK, PYTHON_VERSION, normalize, read_lock, supported_tags, target_args, target_python)
@@ -64,13 +64,13 @@ ISOLATED = ("-I", "-S", "-B")
 #: tests that need only moto's S3 and the agents' real OpenAI/Anthropic clients: they must pass
 #: on the image's Python too.
 FAST_TESTS = (
-    "tests/test_core_advantages.py", "tests/test_core_dapo.py", "tests/test_core_datums.py",
-    "tests/test_core_replay.py", "tests/test_core_rewards.py", "tests/test_config_validation.py",
-    "tests/test_gateway_session_records.py", "tests/test_handlers_plan.py", "tests/test_handlers_metrics.py",
-    "tests/test_tracking_mlflow.py", "tests/test_docs_config_reference.py",
-    "tests/test_gateway_transformers_parsing.py", "tests/test_gateway_refusals.py",
-    "tests/test_gateway_wire_protocols.py", "tests/test_gateway_replay_parity.py",
-    "tests/test_gateway_toolkit_seams.py",
+    "tests/core/test_advantages.py", "tests/core/test_dapo.py", "tests/core/test_datums.py",
+    "tests/core/test_replay.py", "tests/core/test_rewards.py", "tests/config/test_validation.py",
+    "tests/gateway/test_session_records.py", "tests/handlers/test_plan.py", "tests/handlers/test_metrics.py",
+    "tests/aws/test_tracking_mlflow.py", "tests/docs/test_config_reference.py",
+    "tests/gateway/test_transformers_parsing.py", "tests/gateway/test_refusals.py",
+    "tests/gateway/test_wire_protocols.py", "tests/gateway/test_replay_parity.py",
+    "tests/gateway/test_toolkit_seams.py",
 )
 #: Test tools for FAST_TESTS under 3.13, at the dev venv's own versions (pyproject's dev and
 #: local extras), in their own folder after the image's on sys.path.
@@ -219,7 +219,7 @@ def import_every_handler(runner: Runner) -> None:
 
 def invoke_representative_handlers(runner: Runner) -> None:
     """The state machine's first step, each task a fresh process (see the module docstring)."""
-    from pipeline_fixtures import FakeAgent, Stack, execution_arn, run_ref
+    from tests.support.pipeline import FakeAgent, Stack, execution_arn, run_ref
 
     from stepwise.functions import by_name
     from stepwise.layout import result_key
@@ -321,7 +321,7 @@ def _wait_for_objects(s3: Any, bucket: str, keys: list[str], timeout: float = 60
 
 def serve_gateway(python313: str, site: Path, runner: Runner) -> None:
     """``python -m stepwise.gateway --port 0`` under 3.13 (moto's S3 as its bucket): readiness answers."""
-    from gateway_fixtures import BUCKET, REGION, MotoS3
+    from tests.support.gateway import BUCKET, REGION, MotoS3
 
     from stepwise.functions import GATEWAY_FUNCTION as spec
 
@@ -377,11 +377,19 @@ def run_unit_tests(python313: str, site: Path) -> None:
         (tools / ".complete").touch()
     ini = CACHE / "pytest-3.13.ini"  # not pyproject's: its pythonpath would put the repo root on sys.path
     ini.write_text("[pytest]\ntimeout = 300\naddopts = -ra -p no:cacheprovider\n")
+    # The tests import their helpers as ``tests.support.*`` and pytest imports them as ``tests.<folder>.*``
+    # from the folder above ``tests/``: a folder holding only a link to tests/ is that import root, so the
+    # repository's other packages (local, infra, ...) stay off sys.path as in the image.
+    test_root = CACHE / "test-root"
+    test_root.mkdir(parents=True, exist_ok=True)
+    if not (test_root / "tests").is_symlink():
+        (test_root / "tests").symlink_to(ROOT / "tests", target_is_directory=True)
     boot = ("import sys; sys.path[:0] = sys.argv[1:4]; import pytest; "
             "sys.exit(pytest.main(['-q', '-c', sys.argv[4], '--rootdir', sys.argv[5], *sys.argv[6:]]))")
     t0 = time.perf_counter()
-    run = subprocess.run([python313, *ISOLATED, "-c", boot, str(site), str(LAMBDAS), str(tools), str(ini), str(ROOT),
-                          *FAST_TESTS], cwd=ROOT, capture_output=True, text=True, env=child_env())
+    run = subprocess.run([python313, *ISOLATED, "-c", boot, str(site), str(LAMBDAS), str(tools), str(ini), str(test_root),
+                          *(str(test_root / test) for test in FAST_TESTS)], cwd=ROOT, capture_output=True, text=True,
+                         env=child_env())
     summary = (run.stdout.strip().splitlines() or ["(no output)"])[-1]
     if run.returncode != 0:
         raise RehearsalFailed(f"the handler package's unit tests fail under python{PYTHON_VERSION}:\n{_tail(run.stdout, 60)}")

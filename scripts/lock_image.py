@@ -7,7 +7,7 @@ pip is the resolver: ``pip install --dry-run --report`` under pyenv's CPython 3.
 environment markers are evaluated for the image's Python), for the image's platform
 (``infra/image_platform.py``: manylinux up to glibc 2.34, x86_64, wheels only). Every package
 of the resolution is pinned with the sha256 of the one wheel pip chose; the header records
-the digest of the dependency list it was made from (tests/test_infra_requirements.py fails when
+the digest of the dependency list it was made from (tests/infra/test_requirements.py fails when
 pyproject.toml and the lock drift). The Dockerfiles install exactly this file with
 ``--require-hashes --no-deps --only-binary=:all:``.
 """

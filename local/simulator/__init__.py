@@ -181,7 +181,7 @@ def start_simulator(
     return SimulatorHandle(simulator, server, thread)
 
 #: The configuration that learns the toy task in ~15-25 GRPO steps of 8 prompts x 8
-#: responses (tests/test_toy_grpo_learns.py pins it; examples/toy.json uses the same LoRA and
+#: responses (tests/simulator/test_toy_grpo_learns.py pins it; examples/toy.json uses the same LoRA and
 #: learning rate).
 TOY_RECIPE: dict[str, Any] = {
     "lora_rank": 8,

@@ -1,6 +1,6 @@
 """Every use of non-public third-party API by the gateway, in one place.
 
-``tests/test_gateway_toolkit_seams.py`` pins each of these; if agentcore-rl-toolkit (0.2.x),
+``tests/gateway/test_toolkit_seams.py`` pins each of these; if agentcore-rl-toolkit (0.2.x),
 transformers or the SageMaker SDK change under us, that test fails first.
 
 1. ``BaseAdapter.store`` / ``inflight``: the adapters keep per-sid ``Session`` state
@@ -11,7 +11,7 @@ transformers or the SageMaker SDK change under us, that test fails first.
 2. toolkit 0.2.0 x transformers: ``HfTemplateRenderer`` parses model output with
    ``tokenizer.parse_response(text, schema=<legacy response_schema>)``, a format transformers
    5.13 replaced. ``pyproject.toml`` pins ``transformers<5.13`` (the toolkit's own line), and
-   ``tests/test_gateway_transformers_parsing.py`` fails if an upgrade slips past the pin.
+   ``tests/gateway/test_transformers_parsing.py`` fails if an upgrade slips past the pin.
 3. SageMaker SDK ``SamplingClient._retire``: a directly constructed client owns a
    background submitter thread; retiring it when it leaves our cache stops the thread.
 4. ``BaseAdapter._session_id`` (a documented wire hook): ``app.py``'s adapter subclasses

@@ -1,0 +1,142 @@
+"""The benchmark scripts in trivially small modes, so they cannot rot (benchmarks/README.md has the figures).
+
+Full runs of ``reference_vs_pipeline`` and ``scaling`` start the whole local stack and take minutes;
+here their pure parts run on real inputs (the toolkit's Config, a real-shaped history) and the two
+fast scripts run end to end.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from benchmarks import cost_model, dapo_vs_grpo, dataset_memory, gateway_overhead, reference_vs_pipeline, scaling
+from benchmarks._common import percentile
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_cost_model_prints_rows_that_grow_with_the_step(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert cost_model.main(["--sizes", "8x4,32x4", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "cost_model.json").read_text())["rows"]
+    assert [r["size"] for r in rows] == ["8x4", "32x4"]
+    assert rows[1]["lambda_gb_seconds"] > rows[0]["lambda_gb_seconds"] > 0
+    assert rows[1]["usd_pipeline"] > rows[0]["usd_pipeline"] > 0
+    assert "8x4" in capsys.readouterr().out
+
+
+def test_gateway_overhead_measures_both_gateways(tmp_path: Path) -> None:
+    assert gateway_overhead.main(["--turns", "3", "--kinds", "short", "--out", str(tmp_path)]) == 0
+    row = json.loads((tmp_path / "gateway_overhead.json").read_text())["short"]
+    assert row["ours_ms"]["50"] > 0 and row["toolkit_ms"]["50"] > 0
+    assert row["s3_bytes_per_turn"] > 100  # the captured turn object
+
+
+def test_reference_config_maps_the_toy_config_onto_the_toolkit_config() -> None:
+    cfg = json.loads((REPO / "examples" / "toy.json").read_text())
+    config = reference_vs_pipeline.reference_config(cfg, steps=3, evals=False)
+    assert config.max_prompts == 3 * cfg["batch_size"]
+    assert (config.batch_size, config.responses_per_prompt, config.loss) == (
+        cfg["batch_size"], cfg["responses_per_prompt"], cfg["loss"])
+    assert config.agent_runtime_arn == reference_vs_pipeline.REF_AGENT_ARN and config.eval_every == 0
+    assert Path(config.dataset_path).is_file()
+
+
+def test_step_clock_reads_the_reference_loop_log_lines() -> None:
+    clock = reference_vs_pipeline._StepClock()
+    for t, msg in [(0.0, "=== Epoch 0 | Step 0 [x] ==="), (2.0, "  Training on 64 datums…"),
+                   (3.0, "  step=0  reward=0.2500"), (3.0, "=== Epoch 0 | Step 1 [x] ==="),
+                   (7.5, "  step=1  reward=0.5000"), (8.0, "Epoch 0 complete (2 steps)")]:
+        rec = logging.LogRecord("x", logging.INFO, __file__, 0, msg, None, None)
+        rec.created = t
+        clock.emit(rec)
+    assert clock.step_seconds() == [3.0, 5.0]
+    assert clock.rewards == [0.25, 0.5] and clock.rollout_s == [2.0]
+
+
+def test_events_per_step_counts_between_plans_and_sizes_parse() -> None:
+    def entered(name: str) -> dict:
+        return {"type": "TaskStateEntered", "stateEnteredEventDetails": {"name": name}}
+
+    history = [entered("Initialize run")] + [entered("Plan next action"), {"type": "X"}, {"type": "Y"}] * 3
+    got = scaling.events_per_step([history], steps=2)
+    assert got["per_step"] == 3 and got["steps_before_limit"] == scaling.HISTORY_LIMIT // 3
+    assert scaling.parse_size("128x4") == (128, 4)
+    with pytest.raises(ValueError, match="BATCHxRESPONSES"):
+        scaling.parse_size("128")
+    assert percentile([1, 2, 3, 4], 50) == 2.5
+
+
+def test_dapo_vs_grpo_arms_are_valid_configs_with_the_same_rollout_budget() -> None:
+    from stepwise.config import load_run_config
+
+    budgets = set()
+    for arm, (config, sets) in dapo_vs_grpo.ARMS.items():
+        raw = json.loads((REPO / config).read_text())
+        raw.update({k: json.loads(v) for k, v in (s.split("=", 1) for s in sets)})
+        cfg = load_run_config(raw)
+        assert cfg.algorithm == ("dapo" if arm.startswith("dapo") else "grpo"), arm
+        budgets.add(cfg.max_prompts * cfg.epochs * cfg.responses_per_prompt)
+    assert budgets == {1280}  # every arm gets the same rollout budget
+
+
+def test_dapo_vs_grpo_reads_curves_by_rollouts_consumed(tmp_path: Path) -> None:
+    rows = [{"kind": "train", "step": 0, "sampler/num_rollouts": 128, "sampler/mean_reward": 0.25,
+             "sampling/generation_batches": 2, "sampling/filtered_fraction": 0.1},
+            {"kind": "train", "step": 1, "sampler/num_rollouts": 64, "sampler/mean_reward": 0.5,
+             "sampling/generation_batches": 1, "sampling/filtered_fraction": 0.0},
+            {"kind": "eval", "step": 2, "eval/accuracy": 1.0},
+            {"kind": "train", "step": 2, "sampler/num_rollouts": 64, "sampler/mean_reward": 1.0}]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    curve = dapo_vs_grpo.read_curve(tmp_path)
+    assert [s["cum_rollouts"] for s in curve["steps"]] == [128, 192, 256]
+    assert curve["evals"] == [{"step": 2, "cum_rollouts": 192, "accuracy": 1.0}]
+    # window (0, 256]: 128 rollouts at 0.25, 64 at 0.5, 64 at 1.0
+    assert dapo_vs_grpo.reward_at(curve["steps"], 256) == pytest.approx((128 * 0.25 + 64 * 0.5 + 64 * 1.0) / 256)
+    assert dapo_vs_grpo.reward_at(curve["steps"], 512) is None
+    assert dapo_vs_grpo.rollouts_to(curve["steps"], 0.5) == 256  # the window (0, 256] averages 0.5
+    assert dapo_vs_grpo.rollouts_to(curve["steps"], 0.3, window=128) == 192  # (64, 192]: 0.375; (0, 128]: 0.25
+    assert dapo_vs_grpo.rollouts_to(curve["steps"], 0.9) is None
+
+
+def test_dataset_memory_measures_init_and_plan_step_in_child_processes(tmp_path: Path) -> None:
+    assert dataset_memory.main(["--sizes", "1", "--formats", "jsonl,parquet", "--data", str(tmp_path / "data"),
+                                "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "dataset_memory.json").read_text())["rows"]
+    assert [(r["size_mb"], r["format"]) for r in rows] == [(1, "jsonl"), (1, "parquet")]
+    for r in rows:
+        assert r["init"]["rows"] == r["rows"] > 1000 and r["plan"]["num_items"] == 32 * 4
+        assert r["init"]["peak_mb"] >= r["init"]["baseline_mb"] > 10
+
+
+def test_latency_flags_parse_and_reach_the_simulator_process() -> None:
+    """``--latency KIND=SECONDS`` (issue 17): parsed once, given to the simulator as its own flags."""
+    from local.stack import SimulatorProcess
+
+    latency = reference_vs_pipeline.parse_latency(["forward_backward=3", "optim_step=0.5"])
+    assert latency == {"forward_backward": 3.0, "optim_step": 0.5}
+    for bad in (["optim_step"], ["optim_step=-1"], ["=2"], ["optim_step=x"], ["optim_step=1", "optim_step=2"]):
+        with pytest.raises(ValueError, match="--latency"):
+            reference_vs_pipeline.parse_latency(bad)
+    sim = SimulatorProcess(region="us-east-1", options={"latency": latency})
+    try:
+        assert sim.state()["latency"] == latency
+    finally:
+        sim.stop()
+
+
+def test_table_puts_the_pipeline_at_each_staleness_beside_the_reference() -> None:
+    run = {"steps": 3, "rewards": [0.1, 0.2], "load_average": "1.0/1.0/1.0"}
+    result = {"reference": {**run, "step_seconds": [4.0, 4.0, 5.0]},
+              "pipelines": [{**run, "max_staleness": 0, "step_seconds": [6.0, 6.0], "session_idle_seconds": [3.0]},
+                            {**run, "max_staleness": 1, "step_seconds": [3.0, 3.0], "session_idle_seconds": []},
+                            {"steps": 0, "max_staleness": 1, "status": "FAILED", "step_seconds": []}]}
+    lines = reference_vs_pipeline.table(result)
+    assert lines[1].split()[:6] == ["reference", "3", "4.00", "4.80", "1.00", "-"]
+    assert lines[2].split()[:7] == ["pipeline", "s=0", "3", "6.00", "6.00", "1.50", "3.00"]
+    assert lines[3].split()[:6] == ["pipeline", "s=1", "3", "3.00", "3.00", "0.75"]
+    assert "FAILED" in lines[4]
+    assert result["pipelines"][1]["ratio_to_reference"] == 0.75

@@ -1,0 +1,81 @@
+"""`stepwise runs`: one row per run (continuations folded in) with status, steps and last metrics."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.support.cli import run_state, wait_status
+
+from stepwise_cli.main import main
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_runs_lists_runs_with_last_metrics(moto_dep, capsys):
+    sfn, sm = moto_dep.sfn, moto_dep.state_machine_arn
+    a = sfn.start_execution(stateMachineArn=sm, name="alpha", input=json.dumps({"fail": True}))["executionArn"]
+    wait_status(sfn, a, ("FAILED",))
+    a2 = sfn.start_execution(stateMachineArn=sm, name="alpha--1", input="{}")["executionArn"]
+    b = sfn.start_execution(stateMachineArn=sm, name="beta", input="{}")["executionArn"]
+    moto_dep.put_json("runs/alpha/state.json", run_state("alpha", a2, step=12, epoch=1))
+    for step, reward in ((10, 0.25), (11, 0.5)):
+        moto_dep.put_json(f"runs/alpha/steps/{step}/summary.json", {"sampler/mean_reward": reward})
+        moto_dep.put_json(f"runs/alpha/steps/{step}/gen0/items.json", [])  # rollout objects are not read
+    moto_dep.put_json("runs/alpha/steps/12/gen0/items.json", [])  # step 12 in progress: no summary yet
+    moto_dep.put_json("runs/alpha/evals/10/summary.json", {"eval/accuracy": 0.75})
+    weights = "arn:aws:sagemaker:us-east-1:123456789012:model-package/g/7"
+    moto_dep.put_json("runs/beta/state.json", run_state(
+        "beta", b, stop_reason="dataset exhausted", step=4, checkpoints=[
+            {"step": 2, "kind": "state", "reason": "save_every", "model_package_arn": "arn:aws:sagemaker:us-east-1:1:model-package/g/3"},
+            {"step": 4, "kind": "weights", "reason": "weights_at_end", "model_package_arn": weights}]))
+
+    assert main(["runs", "--json", *moto_dep.flags]) == 0
+    rows = {r["run_id"]: r for r in json.loads(capsys.readouterr().out)}
+    assert set(rows) == {"alpha", "beta"}
+    alpha = rows["alpha"]
+    assert alpha["executions"] == 2 and alpha["status"] == "RUNNING" and alpha["execution"] == "alpha--1"
+    assert (alpha["steps_done"], alpha["last_step"], alpha["last_reward"]) == (12, 11, 0.5)
+    assert (alpha["last_eval_step"], alpha["last_eval_accuracy"]) == (10, 0.75)
+    assert rows["beta"]["last_reward"] is None and rows["beta"]["stop_reason"] == "dataset exhausted"
+    assert rows["beta"]["final_weights"] == {"step": 4, "kind": "weights", "reason": "weights_at_end",
+                                             "model_package_arn": weights}
+    assert [c["step"] for c in rows["beta"]["checkpoints"]] == [2, 4] and alpha["final_weights"] is None
+
+    assert main(["runs", *moto_dep.flags]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split()[:3] == ["run", "status", "started"]
+    line = next(x for x in table if x.startswith("alpha"))
+    assert "0.500" in line and "0.750" in line and "2 executions" in line
+    # below the table: each run's checkpoints, ending with the final weights' ARN and how to use them
+    assert "  checkpoint: step 2 state (save_every): arn:aws:sagemaker:us-east-1:1:model-package/g/3" in table
+    assert f"  final weights: step 4 weights (weights_at_end): {weights}" in table
+    assert f"final weights of beta: {weights}" in table
+    assert table[-2].startswith("  sample it: ") and weights in table[-2] and table[-1].startswith("  deploy it: ")
+
+
+def test_runs_limit_and_empty(moto_dep, capsys):
+    assert main(["runs", *moto_dep.flags]) == 0
+    assert "no runs yet" in capsys.readouterr().out
+    for name in ("r1", "r2", "r3"):
+        moto_dep.sfn.start_execution(stateMachineArn=moto_dep.state_machine_arn, name=name, input="{}")
+    assert main(["runs", "--limit", "2", "--json", *moto_dep.flags]) == 0
+    assert len(json.loads(capsys.readouterr().out)) == 2
+
+
+def test_cli_help_and_runs_do_not_import_torch():
+    code = (
+        "import sys\nfrom stepwise_cli import main as cli\n"
+        "for argv in (['--help'], ['runs', '--help'], ['watch', '--help'], ['start', '--help']):\n"
+        "    try:\n"
+        "        cli.main(argv)\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "from stepwise_cli.commands import runs, watch, stop, resume, start\n"
+        "heavy = [m for m in ('torch', 'mlflow', 'transformers', 'sagemaker.train') if m in sys.modules]\n"
+        "print('HEAVY', heavy)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert "HEAVY []" in out.stdout, out.stdout + out.stderr

@@ -1,0 +1,78 @@
+"""`stepwise validate --check-aws`: Init's refusals, run from the operator's machine against the deployed
+stack (here: the stack's functions and state machine deployed on moto, the ACR emulator's control
+plane, the simulator) — every problem at once, exit 2, nothing started."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from tests.support.pipeline import BUCKET, REGION, FakeAgent, Stack
+
+from stepwise_cli.main import main
+
+OTHER_BUCKET = "stepwise-validate-elsewhere"
+
+
+@pytest.fixture(scope="module")
+def deployed():
+    stack = Stack()
+    agent = FakeAgent()
+    arns, sm_arn = stack.deploy(agent, "validate-aws")
+    stack.mp.setenv("STEPWISE_STATE_MACHINE_ARN", sm_arn)  # how `stepwise` finds the deployment
+    stack.init_arn = arns["Init"]
+    stack.s3.create_bucket(Bucket=OTHER_BUCKET)
+    yield stack
+    agent.stop()
+    stack.stop()
+
+
+def write(tmp_path, cfg) -> str:
+    p = tmp_path / "run.json"
+    p.write_text(json.dumps(cfg))
+    return str(p)
+
+
+def test_a_config_the_stack_can_run_passes_and_names_the_stack_region(deployed, tmp_path, capsys):
+    cfg = deployed.config()
+    del cfg["region"]  # '' = the stack's
+    sessions = deployed.sim.counters.get("CreateTrainingSession", 0)
+    assert main(["validate", write(tmp_path, cfg), "--check-aws", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)["summary"]
+    assert summary["stack_region"] == REGION and summary["granted_buckets"] == BUCKET
+    assert summary["dataset_rows"] > 0  # --check-aws reads the datasets as Init does
+    assert deployed.sim.counters.get("CreateTrainingSession", 0) == sessions
+
+
+def test_every_refusal_at_once_exit_2(deployed, tmp_path, capsys):
+    cfg = deployed.config(region="eu-west-1",
+                          agent_runtime_arn=f"arn:aws:bedrock-agentcore:{REGION}:123456789012:runtime/no_such_agent-x",
+                          s3_output_path=f"s3://{OTHER_BUCKET}/out/", tokenizer_path=f"s3://{BUCKET}/nothing/",
+                          eval_dataset_path=f"s3://{BUCKET}/data/no-such-eval.jsonl")
+    assert main(["validate", write(tmp_path, cfg), "--check-aws"]) == 2
+    err = capsys.readouterr().err
+    assert "run refused before any training session" in err and "(5 problem(s))" in err
+    for fragment in ("eval_dataset_path: ",  # the datasets' own problems come in the same list
+                     f"region: the run's region 'eu-west-1' is not the stack's region '{REGION}'",
+                     "agent_runtime_arn: no agent runtime 'no_such_agent-x'",
+                     f"s3_output_path: bucket '{OTHER_BUCKET}' is outside the stack's grants",
+                     "'dataBuckets'",
+                     f"tokenizer_path: no files directly under s3://{BUCKET}/nothing/"):
+        assert fragment in err
+
+
+def test_the_grants_come_from_the_deployed_init_functions_environment(deployed, tmp_path, capsys):
+    import boto3
+
+    cfg = write(tmp_path, deployed.config(s3_output_path=f"s3://{OTHER_BUCKET}/out/"))
+    assert main(["validate", cfg, "--check-aws"]) == 2
+    assert f"s3_output_path: bucket '{OTHER_BUCKET}' is outside the stack's grants" in capsys.readouterr().err
+    lam = boto3.client("lambda", region_name=REGION)
+    env = lam.get_function_configuration(FunctionName=deployed.init_arn)["Environment"]["Variables"]
+    lam.update_function_configuration(FunctionName=deployed.init_arn,
+                                      Environment={"Variables": {**env, "STEPWISE_DATA_BUCKETS": OTHER_BUCKET}})
+    try:
+        assert main(["validate", cfg, "--check-aws", "--json"]) == 0
+        assert OTHER_BUCKET in json.loads(capsys.readouterr().out)["summary"]["granted_buckets"]
+    finally:
+        lam.update_function_configuration(FunctionName=deployed.init_arn, Environment={"Variables": env})

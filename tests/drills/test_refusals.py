@@ -1,0 +1,160 @@
+"""Refuse before billing: Init against moto S3, the SageMaker simulator and the ACR emulator's control
+plane refuses every input it can know is doomed, naming field, value and limit, before any
+CreateTrainingSession reaches the simulator and before the run id is claimed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from tests.support.pipeline import AGENT_ARN, BUCKET, REGION, Stack, init_run, new_run_id
+
+from stepwise.config import ConfigError
+from stepwise.core.preflight import RunRefused
+from stepwise.layout import config_key, state_key
+from stepwise.aws.runstore import RunStore
+
+WEST_ARN = "arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/toy_agent-west"
+OTHER_BUCKET = "stepwise-refusal-data"
+
+
+@pytest.fixture(scope="module")
+def stack():
+    from local.agents import toy_task
+
+    s = Stack()
+    s.s3.create_bucket(Bucket=OTHER_BUCKET)  # exists, readable here, but not granted to the stack
+    body = "".join(json.dumps({"payload": p}) + "\n" for p in toy_task.all_payloads())
+    s.s3.put_object(Bucket=OTHER_BUCKET, Key="toy.jsonl", Body=body.encode())
+    yield s
+    s.stop()
+
+
+def _creates(stack: Stack) -> int:
+    return stack.sim.counters.get("CreateTrainingSession", 0)
+
+
+def refused(stack: Stack, exc: type[Exception] = RunRefused, **overrides) -> Exception:
+    """Init with ``overrides``: the exception it raises; asserts no session and no claimed run."""
+    run_id = new_run_id("refuse")
+    before = _creates(stack)
+    with pytest.raises(exc) as e:
+        init_run(stack, run_id, stack.config(**overrides))
+    assert _creates(stack) == before, "a training session was created"
+    assert not RunStore(BUCKET, stack.s3).exists(state_key(run_id))  # nothing claimed
+    return e.value
+
+
+def accepted(stack: Stack, **overrides) -> dict:
+    run_id = new_run_id("accept")
+    before = _creates(stack)
+    init_run(stack, run_id, stack.config(**overrides))
+    assert _creates(stack) == before + 1
+    return json.loads(stack.s3.get_object(Bucket=BUCKET, Key=config_key(run_id))["Body"].read())
+
+
+# ------------------------------------------------------------------------------ region
+
+
+def test_region_defaults_to_the_stacks_and_another_region_is_refused_naming_both(stack):
+    cfg = accepted(stack, region="")
+    assert cfg["region"] == REGION  # config.json holds the resolved region every handler uses
+    e = refused(stack, region="eu-west-1")
+    assert e.errors == [e.errors[0]] and e.errors[0].startswith("region:")
+    assert "'eu-west-1'" in e.errors[0] and f"'{REGION}'" in e.errors[0]
+
+
+# ------------------------------------------------------------------------------ agent runtime
+
+
+def test_a_runtime_in_another_region_is_refused_unless_the_stack_allows_it(stack):
+    stack.acr.host(WEST_ARN)  # it exists, in us-west-2
+    e = refused(stack, agent_runtime_arn=WEST_ARN)
+    assert len(e.errors) == 1 and e.errors[0].startswith("agent_runtime_arn:")
+    assert "us-west-2" in e.errors[0] and REGION in e.errors[0] and "agentRuntimeArns" in e.errors[0]
+    assert WEST_ARN in e.errors[0]
+    stack.mp.setenv("STEPWISE_AGENT_RUNTIME_ARNS", WEST_ARN)
+    try:
+        accepted(stack, agent_runtime_arn=WEST_ARN)  # allowed and found by GetAgentRuntime in us-west-2
+        e = refused(stack)  # the allow-list is the whole grant: the stack-region runtime is outside it
+        assert "not in the stack's allow-list" in e.errors[0] and AGENT_ARN in e.errors[0]
+    finally:
+        stack.mp.delenv("STEPWISE_AGENT_RUNTIME_ARNS")
+
+
+def test_a_runtime_that_does_not_exist_is_refused(stack):
+    arn = f"arn:aws:bedrock-agentcore:{REGION}:123456789012:runtime/no_such_agent-x"
+    calls = stack.acr.counters.get_runtime_calls
+    e = refused(stack, agent_runtime_arn=arn)
+    assert stack.acr.counters.get_runtime_calls == calls + 1
+    assert len(e.errors) == 1 and "agent_runtime_arn: no agent runtime 'no_such_agent-x'" in e.errors[0]
+    assert "ResourceNotFoundException" in e.errors[0] and arn in e.errors[0]
+
+
+def test_a_runtime_that_is_not_ready_is_refused(stack):
+    arn = f"arn:aws:bedrock-agentcore:{REGION}:123456789012:runtime/toy_agent-creating"
+    stack.acr.host(arn, status="CREATING")
+    e = refused(stack, agent_runtime_arn=arn)
+    assert len(e.errors) == 1 and "status is CREATING, not READY" in e.errors[0]
+
+
+def test_a_runtime_of_another_account_is_refused(stack):
+    arn = f"arn:aws:bedrock-agentcore:{REGION}:999999999999:runtime/toy_agent-abc"
+    e = refused(stack, agent_runtime_arn=arn)
+    assert "account 999999999999" in e.errors[0] and "123456789012" in e.errors[0]
+
+
+# ------------------------------------------------------------------------------ S3 locations
+
+
+def test_a_bucket_outside_the_stacks_grants_is_refused_naming_dataBuckets(stack):
+    uri = f"s3://{OTHER_BUCKET}/toy.jsonl"
+    e = refused(stack, dataset_path=uri)
+    assert len(e.errors) == 1 and e.errors[0].startswith("dataset_path:")
+    assert f"'{OTHER_BUCKET}'" in e.errors[0] and "'dataBuckets'" in e.errors[0] and uri in e.errors[0]
+    stack.mp.setenv("STEPWISE_DATA_BUCKETS", f"some-other-bucket, {OTHER_BUCKET}")
+    try:
+        accepted(stack, dataset_path=uri)
+    finally:
+        stack.mp.delenv("STEPWISE_DATA_BUCKETS")
+
+
+def test_a_granted_bucket_that_does_not_exist_and_an_empty_tokenizer_prefix_are_refused(stack):
+    stack.mp.setenv("STEPWISE_DATA_BUCKETS", "stepwise-never-created")
+    try:
+        e = refused(stack, s3_output_path="s3://stepwise-never-created/out/",
+                    tokenizer_path=f"s3://{BUCKET}/no-tokenizer-here/")
+    finally:
+        stack.mp.delenv("STEPWISE_DATA_BUCKETS")
+    by_field = {err.split(":", 1)[0]: err for err in e.errors}
+    assert set(by_field) == {"s3_output_path", "tokenizer_path"}
+    assert "bucket 'stepwise-never-created' does not exist" in by_field["s3_output_path"]
+    assert f"no files directly under s3://{BUCKET}/no-tokenizer-here/" in by_field["tokenizer_path"]
+
+
+def test_every_refusal_is_reported_at_once(stack):
+    e = refused(stack, region="eu-west-1", agent_runtime_arn=WEST_ARN,
+                eval_dataset_path=f"s3://{OTHER_BUCKET}/toy.jsonl", s3_output_path=f"s3://{OTHER_BUCKET}/out/")
+    assert [err.split(":", 1)[0] for err in e.errors] == [
+        "region", "agent_runtime_arn", "eval_dataset_path", "s3_output_path"]
+    assert "run refused before any training session (4 problem(s))" in str(e)
+
+
+# ------------------------------------------------------------------------------ service limits
+
+
+@pytest.mark.parametrize("overrides, field, limit", [
+    ({"max_new_tokens": 8}, "max_new_tokens", "512"),
+    ({"max_new_tokens": 200_000, "max_context_tokens": 300_000}, "max_new_tokens", "131072"),
+    ({"temperature": 2.5}, "temperature", "2"),
+    ({"eval_temperature": 3.0}, "eval_temperature", "2"),
+    ({"responses_per_prompt": 1001}, "responses_per_prompt", "1000"),
+    ({"learning_rate": 0.05}, "learning_rate", "0.01"),
+    ({"batch_size": 2000, "responses_per_prompt": 8}, "responses_per_prompt", "10000"),
+    ({"acr_tps_limit": 200}, "acr_tps_limit", "125"),
+    ({"max_num_gen_batches": 2000, "algorithm": "dapo"}, "max_num_gen_batches", "1045"),
+])
+def test_values_the_services_or_one_step_cannot_hold_are_refused(stack, overrides, field, limit):
+    e = refused(stack, ConfigError, **overrides)
+    [err] = [x for x in e.errors if x.startswith(f"{field}:")]
+    assert limit in err and repr(overrides[field]) in err

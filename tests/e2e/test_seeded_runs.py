@@ -1,0 +1,56 @@
+"""Reproducible runs: two short runs through the local stack (state machine on moto, handlers,
+gateway process, ACR emulator with the toy agent, SageMaker simulator) with the same ``seed`` and
+different run ids give identical per-step rewards and sample identical tokens; another seed does not.
+
+The rollouts of a step run concurrently (Distributed Map on 32 workers, the gateway's event loop,
+the simulator's threads), so this also pins that scheduling never decides which sample a rollout gets.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from local.run import run_local
+
+ROOT = Path(__file__).resolve().parents[2]
+TOY = ROOT / "examples" / "toy.json"
+
+pytestmark = pytest.mark.e2e
+
+SHORT = {
+    "batch_size": 4,
+    "responses_per_prompt": 4,
+    "max_prompts": 8,  # 2 steps of 16 rollouts at temperature 1; the second samples from trained weights
+    "eval_dataset_path": "",
+    "eval_every": 0,
+    "save_every": -1,
+    "acr_tps_limit": 32,
+}
+
+
+def _run(tmp_path: Path, run_id: str, seed: int) -> tuple[list[float], dict[tuple[int, int], tuple]]:
+    result = run_local(TOY, run_id=run_id, out_root=tmp_path, progress=False, overrides={**SHORT, "seed": seed},
+                       mirror_s3=True, timeout=240, quiet=True)
+    assert result.status == "SUCCEEDED", result.failure
+    assert result.steps == 2
+    samples = {}
+    for path in (result.run_dir / "s3" / "runs" / run_id / "steps").glob("*/gen*/rollouts/*.json"):
+        r = json.loads(path.read_text())
+        samples[(r["step"], r["i"])] = (r["reward"], [rec["token_ids"] for rec in r["records"]])
+    assert len(samples) == 2 * 16
+    return result.rewards, samples
+
+
+def test_the_same_seed_gives_the_same_run_and_another_seed_does_not(tmp_path):
+    rewards_a, samples_a = _run(tmp_path, "seeded-a", seed=7)
+    rewards_b, samples_b = _run(tmp_path, "seeded-b", seed=7)  # another run id: the seed alone fixes the run
+    assert rewards_a == rewards_b and len(rewards_a) == 2
+    assert samples_a == samples_b  # every rollout sampled the same tokens and got the same reward
+    rewards_c, samples_c = _run(tmp_path, "seeded-c", seed=8)
+    tokens = lambda samples: [samples[k][1] for k in sorted(samples)]  # noqa: E731
+    assert tokens(samples_c) != tokens(samples_a)
+    # 32 rewards of a ~20% base rate: the chance two seeds agree on every one is below 1e-4
+    assert [samples_c[k][0] for k in sorted(samples_c)] != [samples_a[k][0] for k in sorted(samples_a)]

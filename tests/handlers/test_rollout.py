@@ -1,0 +1,214 @@
+"""StartRollout / OnRolloutResult / FinishRollout against moto's Step Functions engine and S3.
+
+StartRollout runs as the callback task of a real (moto) execution; the agent side of
+InvokeAgentRuntime is the loopback `FakeAgent`. OnRolloutResult gets the S3 event as S3 sends
+it: object keys URL-encoded.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.parse
+
+import pytest
+from tests.support.pipeline import BUCKET, FakeAgent, Stack, init_run, run_ref, wait_ready
+
+from state_machine.definition import load_asl
+from stepwise.handlers._common import RunEvent
+from stepwise.handlers.plan import plan
+from stepwise.handlers.rollout import AgentRuntimeThrottled, FinishEvent, StartEvent, finish, on_result, start
+from stepwise.aws.runstore import RunOwnedElsewhere, RunStore
+
+
+@pytest.fixture(scope="module")
+def env():
+    from local import engine
+
+    stack = Stack()
+    agent = FakeAgent()
+    agent.write_results = False  # the tests deliver results themselves
+    stack.mp.setenv("AWS_ENDPOINT_URL_BEDROCK_AGENTCORE", agent.url)
+    arns = engine.create_functions(stack.moto, prefix="rollout-test")
+    # The rollout child's callback task, exactly as the ASL has it, as a one-state machine.
+    task = dict(load_asl()["States"]["Roll out generation batch"]["ItemProcessor"]["States"]["Start rollout"])
+    task.pop("Catch")
+    task.pop("Next")
+    task["End"] = True
+    text = json.dumps({"StartAt": "Start rollout", "States": {"Start rollout": task}})
+    from infra.definition import substitutions
+    from state_machine.definition import PLACEHOLDER_RE
+
+    values = substitutions(function_arns=arns, bucket_name=BUCKET)  # the rendered ASL's values
+    text = PLACEHOLDER_RE.sub(lambda m: values[m.group(1)], text)
+    sm = engine.create_state_machine(stack.moto, "rollout-test", text)
+    # A run id with characters S3 URL-encodes in event keys ('=', '+', '@' are legal in execution names).
+    run_id = f"exp=1+a@b-{int(time.time())}"
+    init_run(stack, run_id, stack.config())
+    assert wait_ready(run_id)["ready"]
+    p = plan(RunEvent.model_validate({"run": run_ref(run_id)}))
+    items = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=p["items_key"])["Body"].read())
+    yield stack, agent, sm, run_id, p, items
+    agent.stop()
+    stack.stop()
+
+
+def _s3_event(key: str) -> dict:
+    return {"Records": [{"eventSource": "aws:s3", "eventName": "ObjectCreated:Put",
+                         "s3": {"bucket": {"name": BUCKET}, "object": {"key": urllib.parse.quote_plus(key, safe="/")}}}]}
+
+
+def _wait_for(pred, timeout: float = 20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError("timed out")
+
+
+def test_start_rollout_opens_the_session_and_stores_the_token_before_invoking(env):
+    stack, agent, sm, run_id, p, items = env
+    sfn = stack.moto.client("stepfunctions")
+    item = items[1]
+    arn = sfn.start_execution(stateMachineArn=sm, input=json.dumps({"run": run_ref(run_id), "batch": p["batch"], "item": item}))["executionArn"]
+    body = _wait_for(lambda: next((b for b in agent.invocations if b["_rollout"]["input_id"] == item["input_id"]), None))
+    ro = body["_rollout"]
+    sid = ro["api_key"]
+    assert agent.visible_at_invoke[sid] == {"session": True, "task_token": True}
+    assert ro["exp_id"] == f"rollout-results/{run_id}" and ro["s3_bucket"] == BUCKET and ro["model_id"] == "stepwise-tiny"
+    assert ro["sampling_params"] == {"temperature": 1.0, "max_tokens": 512}
+    assert body["prompt"] == "What digit comes after 0?"  # the dataset row's payload, by reference from S3
+    record = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=f"sessions/{sid}.json")["Body"].read())
+    assert record["run_id"] == run_id and record["closed"] is False and record["sampler_model_package_arn"] == ""
+    assert record["max_turns"] == 64 and record["deadline"] > time.time()
+
+    # The agent's result arrives; S3 sends its key URL-encoded.
+    key = f"rollout-results/{run_id}/{item['input_id']}/{sid}.json"
+    stack.s3.put_object(Bucket=BUCKET, Key=key, Body=json.dumps({"rewards": 1.0}).encode())
+    assert "%" in _s3_event(key)["Records"][0]["s3"]["object"]["key"]
+    assert on_result(_s3_event(key)) == {"resumed": 1, "ignored": 0}
+    done = _wait_for(lambda: (d := sfn.describe_execution(executionArn=arn))["status"] != "RUNNING" and d)
+    assert done["status"] == "SUCCEEDED"
+    # the session record as StartRollout wrote it rides along (FinishRollout closes the session with it)
+    assert json.loads(done["output"])["result"] == {"sid": sid, "result_key": key,
+                                                   "session": record}
+
+    # Duplicate and late notifications are harmless; unknown sessions are ignored.
+    assert on_result(_s3_event(key)) == {"resumed": 0, "ignored": 1}
+    assert on_result(_s3_event(f"rollout-results/{run_id}/{item['input_id']}/no-such-sid.json")) == {"resumed": 0, "ignored": 1}
+    assert on_result(_s3_event("rollout-results/not-a-result-key")) == {"resumed": 0, "ignored": 1}
+
+
+def test_throttled_invokes_raise_the_error_the_state_machine_retries(env):
+    stack, agent, sm, run_id, p, items = env
+    agent.throttle = 10  # ACR keeps refusing: after botocore's few retries, the state machine's Retry takes over
+    event = StartEvent.model_validate({"task_token": "t", "run": run_ref(run_id), "batch": p["batch"], "item": items[0]})
+    with pytest.raises(AgentRuntimeThrottled):
+        start(event)
+    retry = load_asl()["States"]["Roll out generation batch"]["ItemProcessor"]["States"]["Start rollout"]["Retry"][0]
+    assert AgentRuntimeThrottled.__name__ in retry["ErrorEquals"]
+    assert 10 - agent.throttle <= 3  # no long in-Lambda retry loop: pacing belongs to the state machine
+    agent.throttle = 0
+
+
+def test_malformed_and_failed_agent_results_score_zero_without_failing_the_rollout(env):
+    stack, agent, sm, run_id, p, items = env
+    item = items[2]
+    outcomes = []
+    for body in (b"{not json", b"[1, 2]", json.dumps({"status_code": 500, "rewards": 1.0}).encode()):
+        sid = f"sid-{len(outcomes)}"
+        key = f"rollout-results/{run_id}/{item['input_id']}/{sid}.json"
+        stack.s3.put_object(Bucket=BUCKET, Key=key, Body=body)
+        out = finish(FinishEvent.model_validate({"run": run_ref(run_id), "batch": p["batch"], "item": item,
+                                                 "result": {"sid": sid, "result_key": key}, "error": None}))
+        outcomes.append((out["status"], out["reward"]))
+    # a non-200 result is the toolkit's record of an agent that raised: a failed rollout, not a 0.0 reward
+    assert outcomes == [("error", 0.0), ("error", 0.0), ("error", 0.0)]
+    record = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=f"runs/{run_id}/steps/0/gen0/rollouts/sid-0.json")["Body"].read())
+    assert record["error"]["error"] == "MalformedResult" and record["reward_reason"].startswith("error")
+
+
+def _s3_delta(stack, before: dict) -> dict:
+    after = stack.moto.s3_requests.snapshot()
+    # one GET session is the fake agent's own probe of what exists at invoke time, not StartRollout's
+    delta = {k: n - before.get(k, 0) for k, n in after.items() if n != before.get(k, 0)}
+    delta["GET session"] = delta.get("GET session", 0) - 1
+    return {k: n for k, n in delta.items() if n}
+
+
+def test_start_rollout_takes_the_policy_from_the_batch_and_reads_no_state(env):
+    stack, agent, sm, run_id, p, items = env
+    state = RunStore(BUCKET, stack.s3).read_state(run_id)[0]
+    assert p["batch"]["policy"] == {"training_session_name": state.training_session_name,
+                                    "sampler_model_package_arn": state.sampler_model_package_arn,
+                                    "policy_version": state.policy_version}
+    start(StartEvent.model_validate({"task_token": "warm", "run": run_ref(run_id), "batch": p["batch"], "item": items[0]}))
+    before = stack.moto.s3_requests.snapshot()  # config.json and prompts.json are now cached
+    sid = start(StartEvent.model_validate({"task_token": "t4", "run": run_ref(run_id), "batch": p["batch"],
+                                           "item": items[1]}))["sid"]
+    assert _s3_delta(stack, before) == {"PUT start_marker": 1, "PUT session": 1}  # the token rides in the session
+    record = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=f"sessions/{sid}.json")["Body"].read())
+    assert record["training_session_name"] == state.training_session_name and record["policy_version"] == state.policy_version
+
+
+def test_a_batch_without_a_policy_reads_state_and_refuses_a_non_owner(env):
+    stack, agent, sm, run_id, p, items = env
+    old = {k: v for k, v in p["batch"].items() if k != "policy"}  # planned before batches carried it
+    before = stack.moto.s3_requests.snapshot()
+    start(StartEvent.model_validate({"task_token": "t5", "run": run_ref(run_id), "batch": old, "item": items[0]}))
+    assert _s3_delta(stack, before).get("GET state") == 1
+    stranger = {"run_id": run_id, "execution_arn": run_ref(run_id)["execution_arn"] + "-other"}
+    with pytest.raises(RunOwnedElsewhere):
+        start(StartEvent.model_validate({"task_token": "t6", "run": stranger, "batch": old, "item": items[0]}))
+
+
+def test_a_session_started_before_the_token_moved_still_resumes_and_another_run_s_sid_is_ignored(env):
+    stack, agent, sm, run_id, p, items = env
+    sfn = stack.moto.client("stepfunctions")
+    item = items[1]
+    seen = {b["_rollout"]["api_key"] for b in agent.invocations}
+    arn = sfn.start_execution(stateMachineArn=sm, name="legacy-token", input=json.dumps({"run": run_ref(run_id), "batch": p["batch"], "item": item}))["executionArn"]
+    sid = _wait_for(lambda: next((b["_rollout"]["api_key"] for b in agent.invocations[::-1]
+                                  if b["_rollout"]["input_id"] == item["input_id"] and b["_rollout"]["api_key"] not in seen), None))
+    key = f"rollout-results/{run_id}/{item['input_id']}/{sid}.json"
+    other_run = f"rollout-results/other-run/{item['input_id']}/{sid}.json"
+    assert on_result(_s3_event(other_run)) == {"resumed": 0, "ignored": 1}  # the record names another run
+    # as an older StartRollout left it: the token in runs/{run_id}/sessions/{sid}/task_token.json only
+    record = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=f"sessions/{sid}.json")["Body"].read())
+    token = record.pop("task_token")
+    stack.s3.put_object(Bucket=BUCKET, Key=f"sessions/{sid}.json", Body=json.dumps(record).encode())
+    stack.s3.put_object(Bucket=BUCKET, Key=f"runs/{run_id}/sessions/{sid}/task_token.json",
+                        Body=json.dumps({"task_token": token}).encode())
+    stack.s3.put_object(Bucket=BUCKET, Key=key, Body=json.dumps({"rewards": 1.0}).encode())
+    assert on_result(_s3_event(key)) == {"resumed": 1, "ignored": 0}
+    done = _wait_for(lambda: (d := sfn.describe_execution(executionArn=arn))["status"] != "RUNNING" and d)
+    assert done["status"] == "SUCCEEDED"
+
+
+def test_finish_rollout_closes_the_session_with_the_record_on_result_passed_without_reading_it(env):
+    stack, agent, sm, run_id, p, items = env
+    item = items[3]
+    sid = start(StartEvent.model_validate({"task_token": "t-close", "run": run_ref(run_id), "batch": p["batch"],
+                                           "item": item}))["sid"]
+    key = f"rollout-results/{run_id}/{item['input_id']}/{sid}.json"
+    stack.s3.put_object(Bucket=BUCKET, Key=key, Body=json.dumps({"rewards": 1.0}).encode())
+    record = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=f"sessions/{sid}.json")["Body"].read())
+    before = stack.moto.s3_requests.snapshot()
+    out = finish(FinishEvent.model_validate({"run": run_ref(run_id), "batch": p["batch"], "item": item, "error": None,
+                                             "result": {"sid": sid, "result_key": key, "session": record}}))
+    assert out["status"] == "ok" and out["reward"] == 1.0
+    delta = {k: n - before.get(k, 0) for k, n in stack.moto.s3_requests.snapshot().items() if n != before.get(k, 0)}
+    assert "GET session" not in delta and delta["PUT session"] == 1
+    closed = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=f"sessions/{sid}.json")["Body"].read())
+    assert closed == {**record, "closed": True}  # the token and every field kept: a late result is still recognised
+    # a record of another session (or none) is not trusted: the record is read, as before
+    sid2 = start(StartEvent.model_validate({"task_token": "t-close2", "run": run_ref(run_id), "batch": p["batch"],
+                                            "item": item}))["sid"]
+    before = stack.moto.s3_requests.snapshot()
+    finish(FinishEvent.model_validate({"run": run_ref(run_id), "batch": p["batch"], "item": item, "error": None,
+                                       "result": {"sid": sid2, "result_key": key.replace(sid, sid2), "session": record}}))
+    after = stack.moto.s3_requests.snapshot()
+    assert after["GET session"] - before.get("GET session", 0) == 1
+    assert json.loads(stack.s3.get_object(Bucket=BUCKET, Key=f"sessions/{sid2}.json")["Body"].read())["closed"] is True

@@ -1,0 +1,56 @@
+"""The image rehearsal's own checks (scripts/image_rehearsal.py): a downloaded file counts only as
+the lock's wheel for the image platform. The rehearsal itself runs in CI (`make image-rehearsal`)."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "image_rehearsal.py"
+
+
+@pytest.fixture(scope="module")
+def rehearsal():
+    spec = importlib.util.spec_from_file_location("image_rehearsal", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _wheels(tmp_path: Path, files: dict[str, bytes]) -> Path:
+    for name, body in files.items():
+        (tmp_path / name).write_bytes(body)
+    return tmp_path
+
+
+def _pins(**bodies: bytes) -> dict[str, tuple[str, list[str]]]:
+    return {name: ("1.0", [hashlib.sha256(body).hexdigest()]) for name, body in bodies.items()}
+
+
+def test_the_pinned_wheel_for_the_image_platform_passes(rehearsal, tmp_path):
+    wheels = _wheels(tmp_path, {"foo-1.0-cp313-cp313-manylinux_2_28_x86_64.whl": b"foo",
+                                "bar-1.0-py3-none-any.whl": b"bar",
+                                "foo-0.9-cp313-cp313-manylinux_2_28_x86_64.whl": b"old lock"})
+    found = rehearsal.check_wheels(_pins(foo=b"foo", bar=b"bar"), wheels)
+    assert sorted(p.name for p in found) == ["bar-1.0-py3-none-any.whl", "foo-1.0-cp313-cp313-manylinux_2_28_x86_64.whl"]
+
+
+@pytest.mark.parametrize("name, why", [
+    ("foo-1.0-cp313-cp313-manylinux_2_35_x86_64.whl", "no tag"),  # needs a newer glibc than AL2023's
+    ("foo-1.0-cp312-cp312-manylinux_2_28_x86_64.whl", "no tag"),  # another CPython
+    ("foo-1.0-cp313-cp313-manylinux_2_28_aarch64.whl", "no tag"),  # another architecture
+    ("foo-1.0.tar.gz", "not a wheel"),
+])
+def test_a_file_the_image_cannot_install_fails(rehearsal, tmp_path, name, why):
+    wheels = _wheels(tmp_path, {name: b"foo"})
+    with pytest.raises(rehearsal.RehearsalFailed, match=why):
+        rehearsal.check_wheels(_pins(foo=b"foo"), wheels)
+
+
+def test_a_wheel_with_another_hash_is_not_the_locked_one(rehearsal, tmp_path):
+    wheels = _wheels(tmp_path, {"foo-1.0-cp313-cp313-manylinux_2_28_x86_64.whl": b"tampered"})
+    with pytest.raises(rehearsal.RehearsalFailed, match=r"sha256 for \['foo==1.0'\]"):
+        rehearsal.check_wheels(_pins(foo=b"foo"), wheels)

@@ -1,0 +1,493 @@
+"""The synthesized CDK stack: the resources the pipeline needs, wired as DESIGN.md section 2 says.
+
+One synthesis per test session (``tests/support/stack.py``): the default app (with cdk-nag) and one with
+every context value set, to check the scoped IAM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION", "1")
+
+from aws_cdk import assertions  # noqa: E402
+
+from infra.definition import synthesized_definition, synthesized_substitutions  # noqa: E402
+from infra.permissions import FUNCTION_CAPABILITIES  # noqa: E402
+from tests.support.stack import (  # noqa: E402
+    AGENT_ROLE, DATA_BUCKETS, GATEWAY_CONCURRENCY, KMS_KEY, MLFLOW_SERVER, REGION, RUNTIME, SCOPED_CONTEXT, SM_ROLE,
+    TOPIC, synthesized,
+)
+from state_machine.definition import load_definition, placeholders, render_definition  # noqa: E402
+from stepwise.functions import FUNCTIONS, GATEWAY_FUNCTION  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def default_app():
+    return synthesized()
+
+
+@pytest.fixture(scope="module")
+def scoped_app():
+    return synthesized(SCOPED_CONTEXT)
+
+
+def resources(template: dict, type_: str) -> dict[str, dict]:
+    return {lid: r for lid, r in template["Resources"].items() if r["Type"] == type_}
+
+
+def the_state_machine(template: dict) -> dict:
+    (machine,) = resources(template, "AWS::StepFunctions::StateMachine").values()
+    return machine["Properties"]
+
+
+def functions_by_command(template: dict) -> dict[str, tuple[str, dict]]:
+    """Handler (image cmd) -> (logical id, properties) of every image function."""
+    out = {}
+    for lid, r in resources(template, "AWS::Lambda::Function").items():
+        cmd = r["Properties"].get("ImageConfig", {}).get("Command")
+        if cmd:
+            out[cmd[0]] = (lid, r["Properties"])
+    return out
+
+
+def gateway_function(template: dict) -> tuple[str, dict]:
+    (url,) = resources(template, "AWS::Lambda::Url").values()
+    lid = url["Properties"]["TargetFunctionArn"]["Fn::GetAtt"][0]
+    return lid, template["Resources"][lid]["Properties"]
+
+
+def statements_of_role(template: dict, role_lid: str) -> list[dict]:
+    out = []
+    for r in resources(template, "AWS::IAM::Policy").values():
+        if {"Ref": role_lid} in r["Properties"].get("Roles", []):
+            out.extend(r["Properties"]["PolicyDocument"]["Statement"])
+    return out
+
+
+def actions_of(statements: list[dict]) -> set[str]:
+    acts = set()
+    for s in statements:
+        a = s["Action"]
+        acts.update([a] if isinstance(a, str) else a)
+    return acts
+
+
+def role_of(props: dict) -> str:
+    return props["Role"]["Fn::GetAtt"][0]
+
+
+# --- the state machine ----------------------------------------------------------------
+
+
+def test_deployed_definition_is_the_asl_file_verbatim(default_app):
+    _, template = default_app
+    machine = the_state_machine(template)
+    assert machine["DefinitionString"] == load_definition()
+    assert machine["StateMachineType"] == "STANDARD"
+    assert set(machine["DefinitionSubstitutions"]) == placeholders()
+
+
+def test_local_rendering_equals_the_synthesized_definition(default_app):
+    """What the local stack does (render_definition with the same keys) gives the deployed text."""
+    _, template = default_app
+    subs = synthesized_substitutions(template)
+    assert render_definition(subs) == synthesized_definition(template)
+    assert "${" not in synthesized_definition(template)
+
+
+def test_distributed_map_runs_standard_child_executions(default_app):
+    _, template = default_app
+    asl = json.loads(the_state_machine(template)["DefinitionString"])
+    maps = [s for s in asl["States"].values() if s["Type"] == "Map"]
+    assert any(m["ItemProcessor"]["ProcessorConfig"] == {"Mode": "DISTRIBUTED", "ExecutionType": "STANDARD"} for m in maps)
+
+
+def test_state_machine_logs_everything_and_traces(default_app):
+    _, template = default_app
+    machine = the_state_machine(template)
+    assert machine["LoggingConfiguration"]["Level"] == "ALL"
+    assert machine["TracingConfiguration"] == {"Enabled": True}
+
+
+def test_each_placeholder_names_the_function_with_that_handler(default_app):
+    _, template = default_app
+    by_cmd = functions_by_command(template)
+    subs = the_state_machine(template)["DefinitionSubstitutions"]
+    for spec in FUNCTIONS:
+        key = f"{spec.name}FunctionArn"
+        if key in subs:
+            assert subs[key] == {"Fn::GetAtt": [by_cmd[spec.handler][0], "Arn"]}, spec.name
+    assert subs["BucketName"] == {"Ref": _bucket_lid(template)}
+
+
+def test_state_machine_may_start_and_stop_its_own_children_and_read_items(default_app):
+    _, template = default_app
+    role_lid = the_state_machine(template)["RoleArn"]["Fn::GetAtt"][0]
+    stmts = statements_of_role(template, role_lid)
+    acts = actions_of(stmts)
+    assert {"states:StartExecution", "states:DescribeExecution", "states:StopExecution", "states:RedriveExecution",
+            "s3:GetObject", "lambda:InvokeFunction"} <= acts
+    start = [s for s in stmts if "states:StartExecution" in actions_of([s])]
+    assert all(s["Resource"] == {"Ref": "TrainingLoopStateMachine3DB5DC99"} or "TrainingLoopStateMachine" in json.dumps(s["Resource"])
+               for s in start)
+    invoked = {json.dumps(r) for s in stmts if "lambda:InvokeFunction" in actions_of([s]) for r in _as_list(s["Resource"])}
+    by_cmd = functions_by_command(template)
+    for spec in FUNCTIONS:
+        if f"{spec.name}FunctionArn" in placeholders():
+            assert json.dumps({"Fn::GetAtt": [by_cmd[spec.handler][0], "Arn"]}) in invoked, spec.name
+
+
+# --- functions ------------------------------------------------------------------------
+
+
+def test_every_registered_function_exists_with_its_handler_memory_and_timeout(default_app):
+    _, template = default_app
+    by_cmd = functions_by_command(template)
+    for spec in FUNCTIONS:
+        assert spec.handler in by_cmd, f"no image function runs {spec.handler}"
+        _, props = by_cmd[spec.handler]
+        assert props["PackageType"] == "Image"
+        assert props["MemorySize"] == spec.memory_mb and props["Timeout"] == spec.timeout_s, spec.name
+        env = props["Environment"]["Variables"]
+        assert env["STEPWISE_BUCKET"] == {"Ref": _bucket_lid(template)}
+        assert env["POWERTOOLS_METRICS_NAMESPACE"] == "Stepwise"
+        assert "FunctionUrl" in json.dumps(env["STEPWISE_GATEWAY_URL"])
+        assert props["TracingConfig"] == {"Mode": "Active"}
+
+
+def test_every_function_has_an_explicit_capability_list():
+    names = [s.name for s in FUNCTIONS] + [GATEWAY_FUNCTION.name]
+    missing = [n for n in names if n not in FUNCTION_CAPABILITIES]
+    assert not missing, f"add {missing} to infra.permissions.FUNCTION_CAPABILITIES (they get only RUN_STATE now)"
+
+
+def test_gateway_has_a_public_streaming_function_url(default_app):
+    _, template = default_app
+    (url,) = resources(template, "AWS::Lambda::Url").values()
+    assert url["Properties"]["AuthType"] == "NONE"
+    assert url["Properties"]["InvokeMode"] == "RESPONSE_STREAM"
+    _, props = gateway_function(template)
+    env = props["Environment"]["Variables"]
+    assert env["AWS_LWA_INVOKE_MODE"] == "response_stream"
+    assert props["MemorySize"] == GATEWAY_FUNCTION.memory_mb
+    assert template["Outputs"]["GatewayUrl"]["Value"]["Fn::GetAtt"][1] == "FunctionUrl"
+
+
+def test_agent_results_notify_on_rollout_result_by_prefix(default_app):
+    _, template = default_app
+    (notif,) = resources(template, "Custom::S3BucketNotifications").values()
+    (cfg,) = notif["Properties"]["NotificationConfiguration"]["LambdaFunctionConfigurations"]
+    assert cfg["Events"] == ["s3:ObjectCreated:*"]
+    assert cfg["Filter"]["Key"]["FilterRules"] == [{"Name": "prefix", "Value": "rollout-results/"}]
+    by_cmd = functions_by_command(template)
+    on_result = by_cmd[_spec("OnRolloutResult").handler][0]
+    assert cfg["LambdaFunctionArn"] == {"Fn::GetAtt": [on_result, "Arn"]}
+
+
+def test_abnormal_execution_ends_run_cleanup(default_app):
+    _, template = default_app
+    rules = [r["Properties"] for r in resources(template, "AWS::Events::Rule").values()]
+    (rule,) = [r for r in rules if set(r["EventPattern"]["detail"]["status"]) == {"ABORTED", "TIMED_OUT", "FAILED"}]
+    assert rule["EventPattern"]["source"] == ["aws.states"]
+    assert rule["EventPattern"]["detail-type"] == ["Step Functions Execution Status Change"]
+    assert rule["EventPattern"]["detail"]["stateMachineArn"] == [{"Ref": _sm_lid(template)}]
+    cleanup = functions_by_command(template)[_spec("Cleanup").handler][0]
+    assert [t["Arn"] for t in rule["Targets"]] == [{"Fn::GetAtt": [cleanup, "Arn"]}]
+
+
+# --- storage --------------------------------------------------------------------------
+
+
+def test_bucket_is_encrypted_private_tls_only_and_expires_bulky_data(default_app):
+    _, template = default_app
+    props = template["Resources"][_bucket_lid(template)]["Properties"]
+    assert props["BucketEncryption"]["ServerSideEncryptionConfiguration"][0]["ServerSideEncryptionByDefault"]["SSEAlgorithm"] == "AES256"
+    assert all(props["PublicAccessBlockConfiguration"][k] for k in
+               ("BlockPublicAcls", "BlockPublicPolicy", "IgnorePublicAcls", "RestrictPublicBuckets"))
+    assert "LoggingConfiguration" in props
+    rules = {r["Id"]: r for r in props["LifecycleConfiguration"]["Rules"]}
+    assert rules["expire-bulky-step-data"]["TagFilters"] == [{"Key": "stepwise-class", "Value": "bulk"}]
+    assert rules["expire-bulky-step-data"]["ExpirationInDays"] == 30
+    assert rules["expire-agent-results"]["Prefix"] == "rollout-results/"
+    assert rules["expire-map-results"]["Prefix"] == "map-results/"
+    policies = [r["Properties"] for r in resources(template, "AWS::S3::BucketPolicy").values()
+                if r["Properties"]["Bucket"] == {"Ref": _bucket_lid(template)}]
+    denies = [s for p in policies for s in p["PolicyDocument"]["Statement"] if s["Effect"] == "Deny"]
+    assert any(s["Condition"] == {"Bool": {"aws:SecureTransport": "false"}} for s in denies)
+
+
+# --- IAM ------------------------------------------------------------------------------
+
+#: Actions that support no resource-level permissions, so '*' is the narrowest resource.
+NO_RESOURCE_LEVEL = {
+    "xray:PutTraceSegments", "xray:PutTelemetryRecords", "xray:GetSamplingRules", "xray:GetSamplingTargets",
+    "logs:CreateLogDelivery", "logs:GetLogDelivery", "logs:UpdateLogDelivery", "logs:DeleteLogDelivery",
+    "logs:ListLogDeliveries", "logs:PutResourcePolicy", "logs:DescribeResourcePolicies", "logs:DescribeLogGroups",
+    "s3:PutBucketNotification",  # CDK's notification custom resource (its bucket is only known at run time)
+    "s3:ListAllMyBuckets",  # Init: the SageMaker SDK's default-bucket lookup
+    # OnRolloutResult: the task token is the authorization (tests/infra/test_stack_validators.py checks all of
+    # these against the Service Authorization Reference's data)
+    "states:SendTaskSuccess", "states:SendTaskFailure", "states:SendTaskHeartbeat",
+}
+
+
+def test_no_wildcard_resource_where_a_narrower_one_exists(default_app):
+    _, template = default_app
+    offenders = []
+    for lid, r in resources(template, "AWS::IAM::Policy").items():
+        for s in r["Properties"]["PolicyDocument"]["Statement"]:
+            if s["Effect"] == "Allow" and "*" in _as_list(s["Resource"]):
+                extra = actions_of([s]) - NO_RESOURCE_LEVEL
+                if extra:
+                    offenders.append((lid, sorted(extra)))
+            for a in actions_of([s]):
+                if a.endswith(":*") or a == "*":
+                    offenders.append((lid, a))
+    assert not offenders
+
+
+def test_only_start_rollout_invokes_agents_and_only_init_passes_roles(default_app):
+    _, template = default_app
+    holders: dict[str, set[str]] = {}
+    for handler, (lid, props) in functions_by_command(template).items():
+        holders[handler] = actions_of(statements_of_role(template, role_of(props)))
+    invokers = {h for h, a in holders.items() if "bedrock-agentcore:InvokeAgentRuntime" in a}
+    passers = {h for h, a in holders.items() if "iam:PassRole" in a}
+    creators = {h for h, a in holders.items() if "sagemaker:CreateTrainingSession" in a}
+    responders = {h for h, a in holders.items() if "states:SendTaskSuccess" in a}
+    assert invokers == {_spec("StartRollout").handler}
+    assert passers == creators == {_spec("Init").handler}
+    assert responders == {_spec("OnRolloutResult").handler}
+    _, gw = gateway_function(template)
+    gw_actions = actions_of(statements_of_role(template, role_of(gw)))
+    assert {"sagemaker:ExecuteSamplingOperation", "sagemaker:GetSamplingOperationResult"} <= gw_actions
+    assert not {a for a in gw_actions if a.startswith("sagemaker:") and "Sampling" not in a}
+
+
+def test_pass_role_only_to_sagemaker(default_app):
+    _, template = default_app
+    stmts = [s for r in resources(template, "AWS::IAM::Policy").values() for s in r["Properties"]["PolicyDocument"]["Statement"]
+             if "iam:PassRole" in actions_of([s])]
+    assert stmts and all(s["Condition"] == {"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}} for s in stmts)
+
+
+def test_context_values_scope_agent_invoke_and_pass_role(scoped_app):
+    _, template = scoped_app
+    stmts = [s for r in resources(template, "AWS::IAM::Policy").values() for s in r["Properties"]["PolicyDocument"]["Statement"]]
+    invoke = [s for s in stmts if "bedrock-agentcore:InvokeAgentRuntime" in actions_of([s])]
+    assert [sorted(_as_list(s["Resource"])) for s in invoke] == [sorted([RUNTIME, f"{RUNTIME}/runtime-endpoint/*"])]
+    pass_role = [s for s in stmts if "iam:PassRole" in actions_of([s])]
+    assert [s["Resource"] for s in pass_role] == [SM_ROLE]
+    bucket_stmts = [s for r in resources(template, "AWS::S3::BucketPolicy").values()
+                    for s in r["Properties"]["PolicyDocument"]["Statement"]]
+    agent_put = [s for s in bucket_stmts if s.get("Principal") == {"AWS": AGENT_ROLE}]
+    assert agent_put and agent_put[0]["Action"] == "s3:PutObject"
+    assert "rollout-results/*" in json.dumps(agent_put[0]["Resource"])
+
+
+def test_topic_hears_run_ends_and_alarms(scoped_app):
+    _, template = scoped_app
+    rules = [r["Properties"] for r in resources(template, "AWS::Events::Rule").values()]
+    notify = [r for r in rules if "SUCCEEDED" in r["EventPattern"]["detail"]["status"]]
+    assert len(notify) == 1 and notify[0]["Targets"][0]["Arn"] == TOPIC
+    assert set(notify[0]["EventPattern"]["detail"]["status"]) == {"SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED"}
+    alarms = resources(template, "AWS::CloudWatch::Alarm").values()
+    assert alarms and all(a["Properties"]["AlarmActions"] == [TOPIC] for a in alarms)
+
+
+def _role_statements_by_function(template: dict) -> dict[str, list[dict]]:
+    by_cmd = functions_by_command(template)
+    out = {spec.name: statements_of_role(template, role_of(by_cmd[spec.handler][1])) for spec in FUNCTIONS}
+    out[GATEWAY_FUNCTION.name] = statements_of_role(template, role_of(gateway_function(template)[1]))
+    return out
+
+
+def test_task_token_responses_are_granted_on_star_as_documented(default_app):
+    """SendTask* take no resource-level permission (Service Authorization Reference): a grant naming the
+    state machine would deny the tokens of Distributed Map child executions."""
+    _, template = default_app
+    holders = {}
+    for name, stmts in _role_statements_by_function(template).items():
+        for st in stmts:
+            if {"states:SendTaskSuccess", "states:SendTaskFailure", "states:SendTaskHeartbeat"} & actions_of([st]):
+                holders.setdefault(name, []).append(st)
+    assert set(holders) == {"OnRolloutResult"}
+    (st,) = holders["OnRolloutResult"]  # minimizePolicies merges it with X-Ray's '*' statement
+    assert {"states:SendTaskSuccess", "states:SendTaskFailure", "states:SendTaskHeartbeat"} <= actions_of([st])
+    assert st["Resource"] == "*" and st["Effect"] == "Allow"
+
+
+def test_a_kms_key_grants_init_what_create_training_session_needs_only_via_sagemaker(default_app, scoped_app):
+    from infra.permissions import KMS_SESSION_ACTIONS
+
+    kms = {n: [s for s in stmts if any(a.startswith("kms:") for a in actions_of([s]))]
+           for n, stmts in _role_statements_by_function(scoped_app[1]).items()}
+    assert {n for n, v in kms.items() if v} == {"Init"}
+    (st,) = kms["Init"]
+    assert actions_of([st]) == set(KMS_SESSION_ACTIONS) >= {"kms:CreateGrant", "kms:GenerateDataKey", "kms:Decrypt"}
+    assert st["Resource"] == KMS_KEY
+    via = st["Condition"]["StringEquals"]["kms:ViaService"]
+    assert json.dumps(via).count("AWS::Region") == 1 and "AWS::URLSuffix" in json.dumps(via)
+    assert not [s for stmts in _role_statements_by_function(default_app[1]).values() for s in stmts
+                if any(a.startswith("kms:") for a in actions_of([s]))]
+
+
+def test_a_tracking_server_is_granted_to_every_function_that_logs(default_app, scoped_app):
+    from infra.permissions import MLFLOW_ACTIONS
+
+    granted = {n: [s for s in stmts if any(a.startswith("sagemaker-mlflow:") for a in actions_of([s]))]
+               for n, stmts in _role_statements_by_function(scoped_app[1]).items()}
+    # write_summary (ComputeAdvantages, RecordEval, Rebind) and finish_run (StopSession, Cleanup)
+    assert {n for n, v in granted.items() if v} == {"ComputeAdvantages", "RecordEval", "Rebind", "StopSession", "Cleanup"}
+    for name, stmts in granted.items():
+        for st in stmts:
+            assert actions_of([st]) == set(MLFLOW_ACTIONS) and st["Resource"] == MLFLOW_SERVER, name
+    assert "sagemaker-mlflow" not in json.dumps(default_app[1])
+
+
+def test_data_buckets_are_granted_and_named_in_the_environment(default_app, scoped_app):
+    from stepwise.functions import ENV_AGENT_RUNTIME_ARNS, ENV_DATA_BUCKETS
+
+    stmts = _role_statements_by_function(scoped_app[1])
+    objects = {json.dumps(r) for st in stmts["Init"] if {"s3:GetObject", "s3:PutObject"} <= actions_of([st])
+               for r in _as_list(st["Resource"])}
+    for b in DATA_BUCKETS:
+        assert json.dumps({"Fn::Join": ["", ["arn:", {"Ref": "AWS::Partition"}, f":s3:::{b}/*"]]}) in objects
+    plan = {json.dumps(r) for st in stmts["PlanStep"] if "s3:GetObject" in actions_of([st]) for r in _as_list(st["Resource"])}
+    assert all(any(f":s3:::{b}/*" in r for r in plan) for b in DATA_BUCKETS)
+    assert not [st for st in stmts["PlanStep"] if "s3:PutObject" in actions_of([st])
+                and any(b in json.dumps(st["Resource"]) for b in DATA_BUCKETS)]
+    for template, buckets, runtimes in ((scoped_app[1], ",".join(DATA_BUCKETS), RUNTIME), (default_app[1], "", "")):
+        for _, props in functions_by_command(template).values():
+            env = props["Environment"]["Variables"]
+            assert (env[ENV_DATA_BUCKETS], env[ENV_AGENT_RUNTIME_ARNS]) == (buckets, runtimes)
+
+
+def test_no_arn_has_a_literal_partition(default_app, scoped_app):
+    """cdk.json targets aws and aws-cn: every ARN the stack builds uses AWS::Partition."""
+    for _, template in (default_app, scoped_app):
+        text = json.dumps({k: v for k, v in template.items()})
+        literal = set(re.findall(r'"arn:aws[a-z\-]*:[^"]*"', text))
+        # the only literal ARNs are the context values this test gave (the user's own resources)
+        assert literal <= {json.dumps(a) for a in (RUNTIME, f"{RUNTIME}/runtime-endpoint/*", SM_ROLE, AGENT_ROLE, TOPIC,
+                                                    KMS_KEY, MLFLOW_SERVER)}, literal
+    assert "arn:aws" not in json.dumps(default_app[1])
+
+
+def test_gateway_reserved_concurrency_is_a_stack_option(default_app, scoped_app):
+    assert "ReservedConcurrentExecutions" not in gateway_function(default_app[1])[1]
+    assert gateway_function(scoped_app[1])[1]["ReservedConcurrentExecutions"] == GATEWAY_CONCURRENCY
+
+
+def test_context_arns_pin_the_deploy_region(scoped_app, monkeypatch):
+    from app import build_app
+    from infra.settings import SettingsError
+
+    rule = scoped_app[1]["Rules"]["DeployRegionMatchesContextArns"]
+    (assertion,) = rule["Assertions"]
+    assert assertion["Assert"] == {"Fn::Equals": [{"Ref": "AWS::Region"}, REGION]}
+    assert REGION in assertion["AssertDescription"]
+    monkeypatch.setenv("CDK_DEFAULT_ACCOUNT", "111122223333")
+    monkeypatch.setenv("CDK_DEFAULT_REGION", "eu-west-1")
+    with pytest.raises(SettingsError, match="name region us-west-2 but the stack deploys to eu-west-1"):
+        build_app({"agentRuntimeArns": RUNTIME})
+    with pytest.raises(SettingsError, match="several regions"):
+        build_app({"agentRuntimeArns": RUNTIME, "kmsKeyArn": KMS_KEY.replace(REGION, "eu-west-1")})
+
+
+# --- nag, monitoring, outputs ---------------------------------------------------------
+
+
+def test_cdk_nag_reports_no_unsuppressed_error_and_every_suppression_has_a_reason(default_app):
+    stack, template = default_app
+    errors = assertions.Annotations.from_stack(stack).find_error("*", assertions.Match.string_like_regexp("AwsSolutions-.*"))
+    assert [(e.id, str(e.entry.data)[:200]) for e in errors] == []
+    reasons = [s["reason"] for r in template["Resources"].values()
+               for s in r.get("Metadata", {}).get("cdk_nag", {}).get("rules_to_suppress", [])]
+    assert reasons and all(len(reason) >= 30 for reason in reasons)
+
+
+def test_dashboard_shows_training_gateway_and_sagemaker_metrics(default_app):
+    _, template = default_app
+    (dash,) = resources(template, "AWS::CloudWatch::Dashboard").values()
+    body = json.dumps(dash["Properties"]["DashboardBody"])
+    for needle in ("sampler/mean_reward", "eval/accuracy", "sampler/num_datums", "time/rollout", "time/train",
+                   "sampler/zeroed_rollouts", "rollouts/failed", "UrlRequestLatency", "Url4xxCount", "Url5xxCount"):
+        assert needle in body, needle
+
+
+def test_dashboard_graphs_every_behaviour_metric_the_handlers_emit(default_app):
+    from stepwise.core.behaviour import behaviour_metrics
+    from stepwise.core.rewards import reward_metrics
+
+    _, template = default_app
+    (dash,) = resources(template, "AWS::CloudWatch::Dashboard").values()
+    body = json.dumps(dash["Properties"]["DashboardBody"])
+    emitted = set(behaviour_metrics([{"status": "ok", "num_turns": 1, "duration_s": 1.0}]))
+    emitted |= {k for k in reward_metrics([1.0]) if k.endswith(("_min", "_max"))}
+    emitted.add("advantages/zero_groups_fraction")  # core.advantages.advantage_metrics
+    assert len(emitted) == 13 and [name for name in sorted(emitted) if name not in body] == []
+
+
+def test_alarms_for_stalled_runs_and_rollout_failures(default_app):
+    _, template = default_app
+    alarms = [a["Properties"] for a in resources(template, "AWS::CloudWatch::Alarm").values()]
+    assert len(alarms) == 2
+    by_expr = {m["Expression"]: a for a in alarms for m in a["Metrics"] if m.get("ReturnData", True) and "Expression" in m}
+    stalled = next(a for e, a in by_expr.items() if e.startswith("IF(") and "steps" in e)
+    submit = functions_by_command(template)[_spec("SubmitTrain").handler][0]
+    assert submit in json.dumps(stalled["Metrics"]) and stalled["Threshold"] == 1
+    failing = next(a for e, a in by_expr.items() if "failed" in e and "finished" in e)
+    assert failing["Threshold"] == 0.5
+    assert "rollouts/failed" in json.dumps(failing["Metrics"])
+    (flt,) = resources(template, "AWS::Logs::MetricFilter").values()
+    finish_logs = functions_by_command(template)[_spec("FinishRollout").handler][1]["LoggingConfig"]["LogGroup"]
+    assert flt["Properties"]["LogGroupName"] == finish_logs
+    assert flt["Properties"]["MetricTransformations"][0]["MetricName"] == "rollouts/failed"
+
+
+def test_failed_rollout_filter_matches_what_finish_rollout_logs():
+    """The metric filter counts FinishRollout's warnings; pin them to the handler's source."""
+    from pathlib import Path
+
+    from infra.monitoring import FAILED_ROLLOUT_MESSAGES
+
+    source = (Path(__file__).resolve().parents[2] / "lambdas/stepwise/handlers/rollout.py").read_text()
+    for pattern in FAILED_ROLLOUT_MESSAGES:
+        assert f'logger.warning("{pattern.rstrip("*")}' in source, pattern
+
+
+def test_outputs_are_the_ones_the_cli_looks_up(default_app):
+    from stepwise import stackinfo
+
+    stack, template = default_app
+    assert set(template["Outputs"]) >= {stackinfo.OUTPUT_BUCKET, stackinfo.OUTPUT_STATE_MACHINE,
+                                        stackinfo.OUTPUT_GATEWAY_URL, stackinfo.OUTPUT_DASHBOARD}
+    assert stack.stack_name == stackinfo.DEFAULT_STACK_NAME
+    assert template["Outputs"]["StateMachineArn"]["Value"] == {"Ref": _sm_lid(template)}
+
+
+# --- helpers --------------------------------------------------------------------------
+
+
+def _as_list(x: Any) -> list:
+    return x if isinstance(x, list) else [x]
+
+
+def _spec(name: str):
+    return next(s for s in FUNCTIONS if s.name == name)
+
+
+def _bucket_lid(template: dict) -> str:
+    return next(lid for lid in resources(template, "AWS::S3::Bucket") if re.match(r"StorageBucket[0-9A-F]{8}$", lid))
+
+
+def _sm_lid(template: dict) -> str:
+    (lid,) = resources(template, "AWS::StepFunctions::StateMachine")
+    return lid

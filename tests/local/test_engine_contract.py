@@ -1,0 +1,436 @@
+"""The moto seam: Step Functions tasks and S3 notifications reach real handlers in-process.
+
+If a moto upgrade moves ``LambdaFunction.invoke`` or stops routing S3 notifications
+through it, these tests fail loudly (instead of moto silently echoing payloads).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from urllib.parse import unquote_plus
+
+import boto3
+import pytest
+
+from local import engine
+
+BUCKET = "stepwise-engine-test"
+
+
+def _echo(event, ctx):
+    return {"echo": event, "function": ctx.function_name, "remaining_ms": ctx.get_remaining_time_in_millis()}
+
+
+def _start(event, ctx):
+    s3 = boto3.client("s3")
+    s3.put_object(Bucket=BUCKET, Key="tokens/t.json", Body=event["token"].encode())
+    # a key with characters S3 URL-encodes in the notification event
+    s3.put_object(Bucket=BUCKET, Key="rollout-results/run 1/0/sid=1.json", Body=b"{}")
+    return {"started": True}
+
+
+def _on_result(event, ctx):
+    key = event["Records"][0]["s3"]["object"]["key"]
+    token = boto3.client("s3").get_object(Bucket=BUCKET, Key="tokens/t.json")["Body"].read().decode()
+    boto3.client("stepfunctions").send_task_success(taskToken=token, output=json.dumps({"key": key}))
+
+
+def _boom(event, ctx):
+    raise ValueError("bad thing in handler")
+
+
+def test_seam_matches_installed_moto():
+    engine.check_seam()  # raises SeamBroken on a moto whose internals moved
+
+
+def test_seam_check_fails_loudly_on_signature_drift(monkeypatch):
+    cls = engine.moto_invoke_target()
+    monkeypatch.setattr(cls, "invoke", lambda self, body, headers: b"")
+    with pytest.raises(engine.SeamBroken, match="signature changed"):
+        engine.check_seam()
+
+
+def test_patch_is_removed_on_exit():
+    cls = engine.moto_invoke_target()
+    original = cls.invoke
+    with engine.patched_lambda_invoke(engine.LambdaDispatcher()):
+        assert cls.invoke is not original
+    assert cls.invoke is original
+
+
+def _wait(sfn, arn, timeout=30):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        desc = sfn.describe_execution(executionArn=arn)
+        if desc["status"] != "RUNNING":
+            return desc
+        time.sleep(0.1)
+    raise AssertionError("execution still running")
+
+
+def test_tasks_and_s3_notifications_dispatch_to_handlers():
+    with engine.MotoServer() as moto:
+        lam, iam = moto.client("lambda"), moto.client("iam")
+        role = iam.create_role(RoleName="r", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
+        arns = {}
+        for name, fn in [("echo", _echo), ("start", _start), ("on-result", _on_result), ("boom", _boom)]:
+            arns[name] = lam.create_function(
+                FunctionName=name, Role=role, PackageType="Image",
+                Code={"ImageUri": "123456789012.dkr.ecr.us-east-1.amazonaws.com/x:1"}, Timeout=30,
+            )["FunctionArn"]
+            moto.dispatcher.register(name, handler_path="", memory_mb=128, timeout_s=30, arn=arns[name], handler=fn)
+        engine.create_bucket(moto, BUCKET, result_function_arn=arns["on-result"])
+        definition = {
+            "StartAt": "Echo",
+            "States": {
+                "Echo": {"Type": "Task", "Resource": "arn:aws:states:::lambda:invoke",
+                         "Parameters": {"FunctionName": arns["echo"], "Payload.$": "$"},
+                         "ResultSelector": {"p.$": "$.Payload"}, "ResultPath": "$.echo", "Next": "Wait"},
+                "Wait": {"Type": "Task", "Resource": "arn:aws:states:::lambda:invoke.waitForTaskToken",
+                         "TimeoutSeconds": 20, "Parameters": {"FunctionName": arns["start"],
+                                                              "Payload": {"token.$": "$$.Task.Token"}},
+                         "ResultPath": "$.result", "Next": "Boom"},
+                "Boom": {"Type": "Task", "Resource": "arn:aws:states:::lambda:invoke",
+                         "Parameters": {"FunctionName": arns["boom"]}, "ResultPath": None,
+                         "Catch": [{"ErrorEquals": ["ValueError"], "ResultPath": "$.error", "Next": "Done"}],
+                         "Next": "Done"},
+                "Done": {"Type": "Pass", "End": True},
+            },
+        }
+        sm = engine.create_state_machine(moto, "engine-test", json.dumps(definition))
+        sfn = moto.client("stepfunctions")
+        arn = sfn.start_execution(stateMachineArn=sm, name="run-1", input=json.dumps({"a": 1}))["executionArn"]
+        desc = _wait(sfn, arn)
+        assert desc["status"] == "SUCCEEDED", desc
+        out = json.loads(desc["output"])
+        assert out["echo"]["p"]["echo"] == {"a": 1}
+        assert out["echo"]["p"]["function"] == "echo"
+        assert out["echo"]["p"]["remaining_ms"] > 0
+        # S3 delivers the key URL-encoded (moto also encodes "/"; AWS does not): unquote_plus fits both
+        assert out["result"]["key"] != "rollout-results/run 1/0/sid=1.json"
+        assert unquote_plus(out["result"]["key"]) == "rollout-results/run 1/0/sid=1.json"
+        assert out["error"]["Error"] == "ValueError"
+        assert "bad thing in handler" in out["error"]["Cause"]
+        calls = [(r.function_name, r.invocation_type, r.error) for r in moto.dispatcher.invocations]
+        assert ("on-result", "Event", None) in calls
+        assert ("boom", "RequestResponse", "ValueError") in calls
+
+
+def test_functions_are_created_with_the_stack_environment(monkeypatch):
+    from stepwise import functions
+
+    monkeypatch.setenv("STEPWISE_BUCKET", "stepwise-env-test")
+    monkeypatch.setenv("STEPWISE_GATEWAY_URL", "http://127.0.0.1:1")
+    monkeypatch.setenv(functions.ENV_DATA_BUCKETS, "my-datasets,my-outputs")
+    monkeypatch.delenv(functions.ENV_AGENT_RUNTIME_ARNS, raising=False)
+    monkeypatch.delenv("POWERTOOLS_SERVICE_NAME", raising=False)
+    expected = functions.environment(bucket="stepwise-env-test", gateway_url="http://127.0.0.1:1",
+                                     data_buckets="my-datasets,my-outputs")
+    assert expected[functions.ENV_DATA_BUCKETS] == "my-datasets,my-outputs" and expected[functions.ENV_AGENT_RUNTIME_ARNS] == ""
+    with engine.MotoServer() as moto:
+        arns = engine.create_functions(moto)
+        assert set(arns) == {spec.name for spec in functions.FUNCTIONS}
+        lam = moto.client("lambda")
+        for spec in functions.FUNCTIONS:
+            conf = lam.get_function_configuration(FunctionName=arns[spec.name])
+            assert conf["Environment"]["Variables"] == expected
+            assert conf["MemorySize"] == spec.memory_mb and conf["Timeout"] == spec.timeout_s
+        # the in-process handlers see the same environment
+        assert {k: os.environ.get(k) for k in expected} == expected
+    assert "POWERTOOLS_SERVICE_NAME" not in os.environ
+
+
+def test_s3_request_log_counts_every_process_s_requests_by_operation_and_key_kind():
+    with engine.MotoServer() as moto:
+        s3 = moto.client("s3")
+        s3.create_bucket(Bucket=BUCKET)
+        s3.put_object(Bucket=BUCKET, Key="runs/r1/state.json", Body=b"{}")
+        s3.put_object(Bucket=BUCKET, Key="runs/r1/sessions/s1/turns/0001.json", Body=b"{}")
+        s3.get_object(Bucket=BUCKET, Key="runs/r1/state.json")
+        s3.head_object(Bucket=BUCKET, Key="runs/r1/state.json")
+        s3.list_objects_v2(Bucket=BUCKET, Prefix="runs/r1/sessions/s1/turns/")
+        s3.put_object(Bucket=BUCKET, Key="rollout-results/r1/0/s1.json", Body=b"{}")
+        moto.client("stepfunctions").list_state_machines()  # not S3: not counted
+        counts = moto.s3_requests.snapshot()
+        apps = moto.s3_requests.app.app_instances  # moto's Flask app per service, built on first use
+        assert apps and not any(app.debug for app in apps.values())  # engine.without_flask_debug
+    assert counts == {"GET state": 1, "HEAD state": 1, "LIST turn": 1, "PUT bucket": 1, "PUT result": 1,
+                      "PUT state": 1, "PUT turn": 1}
+
+
+def test_send_task_success_answers_as_moto_does_for_live_unknown_and_ended_tasks():
+    """SendTaskSuccess goes through the token index (engine.indexed_task_tokens): a live token
+    resumes its task, an unknown one is InvalidToken, a second success for an ended task is refused."""
+    wait = {"StartAt": "W", "States": {"W": {"Type": "Task", "Resource": "arn:aws:states:::lambda:invoke.waitForTaskToken",
+                                             "Parameters": {"FunctionName": "start-tok", "Payload": {"token.$": "$$.Task.Token"}},
+                                             "End": True}}}
+    with engine.MotoServer() as moto:
+        lam, iam, sfn = moto.client("lambda"), moto.client("iam"), moto.client("stepfunctions")
+        role = iam.create_role(RoleName="r-tok", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
+        tokens: list[str] = []
+        moto.dispatcher.register("start-tok", handler_path="", memory_mb=128, timeout_s=30, arn="",
+                                 handler=lambda event, ctx: tokens.append(event["token"]))
+        wait["States"]["W"]["Parameters"]["FunctionName"] = lam.create_function(
+            FunctionName="start-tok", Role=role, PackageType="Image", Timeout=30,
+            Code={"ImageUri": "123456789012.dkr.ecr.us-east-1.amazonaws.com/x:1"})["FunctionArn"]
+        sm = engine.create_state_machine(moto, "tok", json.dumps(wait))
+        arns = [sfn.start_execution(stateMachineArn=sm, name=f"tok-{i}", input="{}")["executionArn"] for i in range(3)]
+        deadline = time.monotonic() + 30
+        while len(tokens) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(tokens) == 3
+        for i, token in enumerate(tokens):
+            sfn.send_task_success(taskToken=token, output=json.dumps({"n": i}))
+        outputs = sorted(json.loads(_wait(sfn, arn)["output"])["n"] for arn in arns)
+        assert outputs == [0, 1, 2]
+        with pytest.raises(sfn.exceptions.InvalidToken):
+            sfn.send_task_success(taskToken="no-such-token", output="{}")
+        with pytest.raises(sfn.exceptions.InvalidToken):  # its execution ended: moto's own answer
+            sfn.send_task_success(taskToken=tokens[0], output="{}")
+
+
+def _where(event, ctx):
+    if event.get("boom"):
+        raise ValueError("bad thing in a worker")
+    return {"pid": os.getpid(), "function": ctx.function_name, "bucket": os.environ.get("STEPWISE_BUCKET")}
+
+
+def test_handlers_registered_by_path_run_in_worker_processes_with_the_parent_s_environment(monkeypatch):
+    from local.workers import WorkerPool
+
+    monkeypatch.setenv("PYTHONPATH", os.path.dirname(__file__) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    with engine.MotoServer() as moto:
+        moto.dispatcher.workers = pool = WorkerPool(1)
+        try:
+            lam, iam = moto.client("lambda"), moto.client("iam")
+            role = iam.create_role(RoleName="r-workers", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
+            arn = lam.create_function(FunctionName="where", Role=role, PackageType="Image", Timeout=30,
+                                      Code={"ImageUri": "123456789012.dkr.ecr.us-east-1.amazonaws.com/x:1"})["FunctionArn"]
+            moto.dispatcher.register("where", handler_path="test_engine_contract._where", memory_mb=128,
+                                     timeout_s=30, arn=arn)
+            monkeypatch.setenv("STEPWISE_BUCKET", "set-after-the-worker-started")
+            definition = {"StartAt": "Where", "States": {
+                "Where": {"Type": "Task", "Resource": "arn:aws:states:::lambda:invoke",
+                          "Parameters": {"FunctionName": arn, "Payload.$": "$"}, "ResultSelector": {"p.$": "$.Payload"},
+                          "Catch": [{"ErrorEquals": ["ValueError"], "ResultPath": "$.error", "Next": "Done"}],
+                          "Next": "Done"},
+                "Done": {"Type": "Pass", "End": True}}}
+            sm = engine.create_state_machine(moto, "workers-test", json.dumps(definition))
+            sfn = moto.client("stepfunctions")
+            ok = _wait(sfn, sfn.start_execution(stateMachineArn=sm, name="w-ok", input="{}")["executionArn"])
+            out = json.loads(ok["output"])["p"]
+            assert out["pid"] != os.getpid() and out["function"] == "where"
+            assert out["bucket"] == "set-after-the-worker-started"
+            failed = _wait(sfn, sfn.start_execution(stateMachineArn=sm, name="w-boom", input='{"boom": true}')["executionArn"])
+            err = json.loads(failed["output"])["error"]
+            assert err["Error"] == "ValueError" and "bad thing in a worker" in err["Cause"]
+            assert [(r.function_name, r.error) for r in moto.dispatcher.invocations] == [("where", None), ("where", "ValueError")]
+        finally:
+            pool.stop()
+
+
+# ---------------------------------------------------------------------------------------------
+# Lambda's limits: memory_mb and timeout_s per invocation (local/limits.py)
+
+_hogs: list[bytes] = []
+_ticks: list[float] = []
+
+
+def _hog(event, ctx):
+    block = b"x" * (event["mb"] << 20)  # written, so resident too (rss) and traced (tracemalloc)
+    _hogs.append(block)
+    time.sleep(0.1)  # held for a few ticks: rss samples every tick (tracemalloc keeps the peak anyway)
+    _hogs.clear()
+    return {"allocated_mb": event["mb"]}
+
+
+def _slow(event, ctx):
+    try:
+        while True:  # a polling loop that never ends: Lambda stops it at timeout_s
+            _ticks.append(time.monotonic())
+            time.sleep(0.02)
+    finally:
+        _ticks.append(-1.0)  # finally blocks run, as the runtime unwinds
+
+
+@pytest.mark.parametrize("measure", ["tracemalloc", "rss"])
+def test_an_invocation_over_its_memory_fails_naming_the_function_and_the_figure(measure):
+    d = engine.LambdaDispatcher(measure=measure)
+    d.register("hog", handler_path="", memory_mb=160, timeout_s=30, arn="arn:hog", handler=_hog)
+    try:
+        payload, error = d.call("hog", {"mb": 8}, "RequestResponse")  # 100 MB runtime + 8 < 160
+        assert error is None and json.loads(payload) == {"allocated_mb": 8}
+        payload, error = d.call("hog", {"mb": 200}, "RequestResponse")
+    finally:
+        d.stop_limits()
+    body = json.loads(payload)
+    assert error == "Unhandled" and body["errorType"] == "Lambda.Unknown"
+    assert "Runtime.OutOfMemory: function hog used" in body["errorMessage"]
+    assert "of its memory_mb 160" in body["errorMessage"] and measure in body["errorMessage"]
+    used = int(body["errorMessage"].split(" used ")[1].split(" MB")[0].replace(",", ""))
+    assert 160 < used
+    records = [(r.function_name, r.error) for r in d.invocations]
+    assert records == [("hog", None), ("hog", "Lambda.Unknown")]
+    assert d.invocations[0].peak_mb < 60 and d.invocations[1].peak_mb >= 60
+
+
+def test_an_invocation_past_its_timeout_is_stopped_and_fails_naming_the_function_and_the_figure():
+    d = engine.LambdaDispatcher(measure="off")
+    d.register("slow", handler_path="", memory_mb=128, timeout_s=1, arn="arn:slow", handler=_slow)
+    _ticks.clear()
+    t0 = time.monotonic()
+    try:
+        payload, error = d.call("slow", {}, "RequestResponse")
+    finally:
+        d.stop_limits()
+    took = time.monotonic() - t0
+    body = json.loads(payload)
+    assert error == "Unhandled" and body["errorType"] == "Lambda.Unknown"
+    assert "Task timed out after 1.0" in body["errorMessage"] and "function slow has timeout_s 1" in body["errorMessage"]
+    assert 1.0 <= took < 1.5
+    time.sleep(0.2)
+    assert _ticks[-1] == -1.0  # the handler was stopped (its finally ran), not left running
+    assert d.invocations[-1].error == "Lambda.Unknown"
+
+
+def test_step_functions_sees_a_broken_limit_as_lambda_unknown_naming_the_function():
+    with engine.MotoServer() as moto:
+        lam, iam = moto.client("lambda"), moto.client("iam")
+        role = engine._ensure_role(iam, "limits-test", "lambda.amazonaws.com")
+        arns = {}
+        for name, fn, memory_mb, timeout_s in [("hog", _hog, 160, 30), ("slow", _slow, 128, 1)]:
+            arns[name] = lam.create_function(
+                FunctionName=name, Role=role, PackageType="Image",
+                Code={"ImageUri": "123456789012.dkr.ecr.us-east-1.amazonaws.com/x:1"}, Timeout=timeout_s,
+            )["FunctionArn"]
+            moto.dispatcher.register(name, handler_path="", memory_mb=memory_mb, timeout_s=timeout_s,
+                                     arn=arns[name], handler=fn)
+        states = {}
+        for name, nxt, payload in [("hog", "slow", {"mb": 200}), ("slow", "Done", {})]:
+            states[name] = {"Type": "Task", "Resource": "arn:aws:states:::lambda:invoke",
+                            "Parameters": {"FunctionName": arns[name], "Payload": payload}, "ResultPath": None,
+                            "Catch": [{"ErrorEquals": ["Lambda.Unknown"], "ResultPath": f"$.{name}", "Next": nxt}],
+                            "Next": nxt}
+        states["Done"] = {"Type": "Pass", "End": True}
+        sm = engine.create_state_machine(moto, "limits-test", json.dumps({"StartAt": "hog", "States": states}))
+        sfn = moto.client("stepfunctions")
+        arn = sfn.start_execution(stateMachineArn=sm, name="limits-1", input="{}")["executionArn"]
+        desc = _wait(sfn, arn)
+    assert desc["status"] == "SUCCEEDED", desc
+    out = json.loads(desc["output"])
+    assert out["hog"]["Error"] == out["slow"]["Error"] == "Lambda.Unknown"
+    assert "function hog used" in out["hog"]["Cause"] and "memory_mb 160" in out["hog"]["Cause"]
+    assert "function slow has timeout_s 1" in out["slow"]["Cause"]
+
+
+def test_execution_history_newest_first_one_event_is_the_history_length():
+    """PlanStep's history-budget read: GetExecutionHistory(reverseOrder=True, maxResults=1) answers the
+    newest event, whose id is the history's length (moto ignores both parameters; the seam adds them)."""
+    with engine.MotoServer() as moto:
+        definition = {"StartAt": "A", "States": {"A": {"Type": "Pass", "Next": "B"}, "B": {"Type": "Pass", "End": True}}}
+        sm = engine.create_state_machine(moto, "history-test", json.dumps(definition))
+        sfn = moto.client("stepfunctions")
+        arn = sfn.start_execution(stateMachineArn=sm, name="h-1", input="{}")["executionArn"]
+        _wait(sfn, arn)
+        every = sfn.get_execution_history(executionArn=arn)["events"]
+        newest = sfn.get_execution_history(executionArn=arn, reverseOrder=True, maxResults=1)["events"]
+    assert [e["id"] for e in every] == list(range(1, len(every) + 1)) and len(every) >= 5
+    assert len(newest) == 1 and newest[0]["id"] == len(every) and newest[0]["type"] == "ExecutionSucceeded"
+
+
+def test_a_worker_process_enforces_the_limits_of_the_handlers_it_runs(monkeypatch):
+    """run-local's handlers run in worker processes: the same limits hold there (each worker measures
+    its own RSS, which holds only its handlers, not moto or the simulator)."""
+    from local.workers import WorkerPool
+
+    monkeypatch.setenv("PYTHONPATH", os.path.dirname(__file__) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    d = engine.LambdaDispatcher(workers=WorkerPool(1))
+    try:
+        d.register("hog", handler_path="test_engine_contract._hog", memory_mb=160, timeout_s=30, arn="arn:hog")
+        d.register("slow", handler_path="test_engine_contract._slow", memory_mb=256, timeout_s=1, arn="arn:slow")
+        ok, error = d.call("hog", {"mb": 8}, "RequestResponse")
+        assert error is None and json.loads(ok) == {"allocated_mb": 8}
+        hog, hog_error = d.call("hog", {"mb": 200}, "RequestResponse")
+        slow, slow_error = d.call("slow", {}, "RequestResponse")
+    finally:
+        d.workers.stop()
+        d.stop_limits()
+    assert hog_error == slow_error == "Unhandled"
+    assert "function hog used" in json.loads(hog)["errorMessage"] and "memory_mb 160" in json.loads(hog)["errorMessage"]
+    assert "function slow has timeout_s 1" in json.loads(slow)["errorMessage"]
+    assert [r.error for r in d.invocations] == [None, "Lambda.Unknown", "Lambda.Unknown"]
+    assert d.invocations[1].peak_mb >= 60  # the worker's figure, sent back with the payload
+
+
+def test_json_paths_are_parsed_once_while_the_server_runs():
+    from moto.stepfunctions.parser.asl.utils import json_path
+
+    original = json_path.parse
+    with engine.MotoServer():
+        assert json_path.parse("$.batch.timeout_seconds") is json_path.parse("$.batch.timeout_seconds")
+        assert json_path.extract_json("$.a[1]", {"a": [1, 2]}) == 2  # moto's own evaluation, unchanged
+    assert json_path.parse is original
+
+
+def _big(event, ctx):
+    return {"x": "a" * 6_100_000}
+
+
+def _answer(resp):
+    """What moto's interpreter reads of an Invoke answer (lambda_eval_utils): all but the metadata."""
+    out = {k: v for k, v in resp.items() if k != "ResponseMetadata"}
+    out["Payload"] = out["Payload"].read()
+    return out
+
+
+def test_the_interpreter_s_lambda_client_answers_as_moto_does_over_http_without_a_request():
+    with engine.MotoServer() as moto:
+        lam, iam = moto.client("lambda"), moto.client("iam")
+        role = engine._ensure_role(iam, "direct-test", "lambda.amazonaws.com")
+        arns = {}
+        for name, fn in [("echo", _echo), ("boom", _boom), ("big", _big)]:
+            arns[name] = lam.create_function(
+                FunctionName=f"direct-{name}", Role=role, PackageType="Image",
+                Code={"ImageUri": "123456789012.dkr.ecr.us-east-1.amazonaws.com/x:1"}, Timeout=30,
+            )["FunctionArn"]
+            moto.dispatcher.register(f"direct-{name}", handler_path="", memory_mb=128, timeout_s=30, arn=arns[name],
+                                     handler=fn)
+        from moto.stepfunctions.parser.asl.component.state.exec.state_task import lambda_eval_utils
+
+        direct = lambda_eval_utils.boto_client_for(region=engine.REGION, service="lambda", state_credentials=None)
+        assert isinstance(direct, engine.DirectLambdaClient)
+        for name in ("echo", "boom", "big"):
+            for function in (arns[name], f"direct-{name}"):
+                payload = json.dumps({"a": 1}).encode()
+                over_http = _answer(direct.client.invoke(FunctionName=function, Payload=payload))
+                before = len(moto.dispatcher.invocations)
+                got = _answer(direct.invoke(FunctionName=function, Payload=payload))
+                assert len(moto.dispatcher.invocations) == before + 1  # it ran the handler, once
+                if name == "echo":  # remaining_ms differs from call to call
+                    assert json.loads(got["Payload"])["echo"] == json.loads(over_http["Payload"])["echo"] == {"a": 1}
+                    got["Payload"] = over_http["Payload"] = b""
+                if name == "boom":  # the stack trace's line numbers are the same, its ids too: compare the fields
+                    g, h = json.loads(got.pop("Payload")), json.loads(over_http.pop("Payload"))
+                    assert (g["errorType"], g["errorMessage"]) == (h["errorType"], h["errorMessage"]) == \
+                        ("ValueError", "bad thing in handler")
+                assert got == over_http, name
+        assert got == {"StatusCode": 200, "FunctionError": "Unhandled",
+                       "Payload": over_http["Payload"]} and b"Function.ResponseSizeTooLarge" in got["Payload"]
+        # an unknown function: moto's own error, as over HTTP
+        with pytest.raises(lam.exceptions.ResourceNotFoundException):
+            direct.invoke(FunctionName="nope", Payload=b"{}")
+        # a state machine task takes the direct path: the HTTP client is not asked
+        def no_http(**params):
+            raise AssertionError(f"Invoke over HTTP: {params}")
+
+        direct.client.invoke = no_http
+        definition = {"StartAt": "Echo", "States": {"Echo": {
+            "Type": "Task", "Resource": "arn:aws:states:::lambda:invoke", "End": True,
+            "Parameters": {"FunctionName": arns["echo"], "Payload.$": "$"}, "OutputPath": "$.Payload"}}}
+        sm = engine.create_state_machine(moto, "direct-test", json.dumps(definition))
+        sfn = moto.client("stepfunctions")
+        desc = _wait(sfn, sfn.start_execution(stateMachineArn=sm, input=json.dumps({"b": 2}))["executionArn"])
+        assert desc["status"] == "SUCCEEDED", desc
+        assert json.loads(desc["output"])["echo"] == {"b": 2}

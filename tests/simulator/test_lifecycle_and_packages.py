@@ -1,0 +1,168 @@
+"""Session lifecycle and model packages, through the SDK and raw boto3."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from botocore.exceptions import ClientError
+
+from local.simulator import start_simulator
+from sagemaker.train.training_session import AdamParams, ModelPackageKind, SamplingParams, ServiceClient
+
+from tests.support.simulator import control_client, session_request
+
+
+def _status(sm, name):
+    return sm.describe_training_session(TrainingSessionName=name)["TrainingSessionDetail"]["TrainingSessionStatus"]
+
+
+@pytest.fixture()
+def slow_transitions(sim):
+    sim.set_session_start("ok", seconds=1.5)
+    sim.simulator.session_stop_seconds = 1.0
+    yield
+    sim.set_session_start("ok", seconds=0.0)
+    sim.simulator.session_stop_seconds = 0.0
+
+
+def _wait_status(sm, name, status, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while _status(sm, name) != status:
+        assert time.monotonic() < deadline, f"{name} never reached {status}"
+        time.sleep(0.05)
+
+
+def test_session_goes_created_running_stopping_stopped_then_deletes(sim, slow_transitions):
+    sm = control_client(sim)
+    name = "lifecycle"
+    sm.create_training_session(**session_request(sim, name))
+    assert _status(sm, name) == "Created"
+    with pytest.raises(ClientError) as exc:
+        sm.create_training_session(
+            TrainingSessionName=name, LoraConfig={"Rank": 8, "Alpha": 16}, RoleArn=sim.role_arn,
+            ModelConfig={"BaseModelArn": f"arn:aws:sagemaker:{sim.region}:aws:hub-content/SageMakerPublicHub/Model/stepwise-tiny/1.0.0"},
+            OutputConfig={"S3Location": {"Path": sim.s3_output_path}},
+        )
+    assert exc.value.response["Error"]["Code"] == "ResourceInUse"
+    with pytest.raises(ClientError) as exc:
+        sm.delete_training_session(TrainingSessionName=name)
+    assert exc.value.response["Error"]["Code"] == "ValidationException"
+    _wait_status(sm, name, "Running")
+    assert name in sim.running_sessions()
+    summaries = sm.list_training_sessions(StatusEquals="Running")["TrainingSessionSummaries"]
+    assert any(s["TrainingSessionArn"].endswith(f"/{name}") for s in summaries)
+    sm.stop_training_session(TrainingSessionName=name)
+    assert _status(sm, name) == "Stopping"
+    with pytest.raises(ClientError) as exc:
+        sm.stop_training_session(TrainingSessionName=name)
+    assert "invalid session state transition from Stopping to Stopping" in exc.value.response["Error"]["Message"]
+    _wait_status(sm, name, "Stopped")
+    detail = sm.describe_training_session(TrainingSessionName=name)["TrainingSessionDetail"]
+    assert detail["TrainingSessionStatus"] == "Stopped" and "EndTime" in detail
+    assert name not in sim.running_sessions()
+    sm.delete_training_session(TrainingSessionName=name)
+    with pytest.raises(ClientError) as exc:
+        _status(sm, name)
+    assert exc.value.response["Error"]["Code"] == "ResourceNotFound"
+
+
+def test_base_model_is_listed_and_unknown_base_models_are_refused(sim):
+    svc = ServiceClient(role_arn=sim.role_arn, model_package_group_arn=sim.model_package_group_arn, s3_output_path=sim.s3_output_path)
+    listed = svc.list_base_models()
+    assert len(listed) == 1 and listed[0].endswith("tiny-model")
+    with pytest.raises(ValueError, match="Could not resolve base model"):
+        svc.create_lora_training_client(base_model="no-such-model")
+    assert sim.running_sessions() == []
+
+
+def test_model_packages_restore_exactly_what_was_saved(sim):
+    svc = ServiceClient(role_arn=sim.role_arn, model_package_group_arn=sim.model_package_group_arn, s3_output_path=sim.s3_output_path)
+    tc = svc.create_lora_training_client(base_model="stepwise-tiny")
+    try:
+        ids = list(range(40, 80))
+        batch = [{"modelInput": {"chunks": [{"tokens": ids[:-1], "type": "encoded_text"}]},
+                  "lossFnInputs": {"target_tokens": {"data": ids[1:], "dtype": "int64"},
+                                   "weights": {"data": [1.0] * (len(ids) - 1), "dtype": "float32"}}}]
+        tc.forward_backward(batch, loss_fn="cross_entropy")
+        tc.optim_step(AdamParams(learning_rate=5e-3))
+        weights_arn = tc.save_weights_for_sampler(description="after one step").result().model_package_arn
+        state_arn = tc.save_state().result().model_package_arn
+        saved = sim.simulator.session_weights(tc.training_session_name)
+
+        assert svc.get_latest_model_package(ModelPackageKind.CHECKPOINT).model_package_arn == state_arn
+        assert svc.get_latest_model_package(ModelPackageKind.MODEL).model_package_arn == weights_arn
+        listed = [p.model_package_arn for p in svc.list_model_packages()]
+        assert listed.index(state_arn) < listed.index(weights_arn)  # newest first
+        kinds = {p.model_package_arn: p.kind for p in tc.list_model_packages(kind=ModelPackageKind.MODEL)}
+        assert kinds.get(weights_arn) == ModelPackageKind.MODEL and state_arn not in kinds
+
+        # Weights only: same weights, optimizer reset (its next step differs from a resumed optimizer's).
+        tc_plain = svc.create_training_client_from_state(state_arn)
+        tc_full = svc.create_training_client_from_state_with_optimizer(state_arn)
+        try:
+            for client in (tc_plain, tc_full):
+                w = sim.simulator.session_weights(client.training_session_name)
+                assert all(torch.equal(w[k], saved[k]) for k in saved)
+                client.forward_backward(batch, loss_fn="cross_entropy")
+                client.optim_step(AdamParams(learning_rate=5e-3)).result()
+            a = sim.simulator.session_weights(tc_plain.training_session_name)
+            b = sim.simulator.session_weights(tc_full.training_session_name)
+            assert not all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+            # A weights-only package cannot restore an optimizer.
+            from sagemaker.train.training_session import OperationError
+
+            with pytest.raises(OperationError, match="no optimizer state"):
+                tc_plain.load_state_with_optimizer(weights_arn).result()
+        finally:
+            tc_plain.stop()
+            tc_full.stop()
+
+        # A sampling client on a saved package samples those weights, the base model others.
+        prompt = list(range(60, 75))
+        params = SamplingParams(max_tokens=512, temperature=0.0)
+        with svc.create_sampling_client(model_package_arn=weights_arn) as sc:
+            trained = sc.compute_logprobs(prompt).result()
+        base = tc.create_sampling_client().compute_logprobs(prompt).result()
+        assert trained != base
+        assert tc.create_sampling_client(weights_arn).compute_logprobs(prompt).result() == pytest.approx(trained, abs=1e-6)
+        greedy = tc.create_sampling_client(weights_arn).sample(prompt, num_samples=2, sampling_params=params).result()
+        assert greedy.sequences[0].tokens == greedy.sequences[1].tokens
+    finally:
+        tc.stop()
+    deadline = time.monotonic() + 2
+    while sim.running_sessions() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sim.running_sessions() == []
+
+
+def test_model_packages_survive_a_restart_with_a_state_dir(tmp_path):
+    from tests.support.simulator import create_session, runtime_client, wait_op
+
+    first = start_simulator(state_dir=str(tmp_path))
+    try:
+        name = create_session(first, "persist")
+        rt = runtime_client(first)
+        op = rt.execute_training_operation(trainingSessionName=name, sequenceNumber=1, clientToken="s", operationConfig={"saveState": {}})
+        arn = wait_op(rt, name, op["operationId"])["operationResult"]["saveState"]["modelPackageArn"]
+        saved = first.simulator.session_weights(name)
+    finally:
+        first.stop()
+    second = start_simulator(state_dir=str(tmp_path))
+    try:
+        name = create_session(second, "resumed")
+        rt = runtime_client(second)
+        op = rt.execute_training_operation(
+            trainingSessionName=name, sequenceNumber=1, clientToken="l",
+            operationConfig={"loadState": {"modelPackageArn": arn, "loadOptimizer": True}},
+        )
+        assert wait_op(rt, name, op["operationId"])["status"] == "Completed"
+        restored = second.simulator.session_weights(name)
+        assert all(torch.equal(restored[k], saved[k]) for k in saved)
+        # New saves continue the group's version numbers instead of overwriting.
+        op = rt.execute_training_operation(trainingSessionName=name, sequenceNumber=2, clientToken="s2", operationConfig={"saveWeights": {}})
+        new_arn = wait_op(rt, name, op["operationId"])["operationResult"]["saveWeights"]["modelPackageArn"]
+        assert new_arn != arn and int(new_arn.rsplit("/", 1)[-1]) == int(arn.rsplit("/", 1)[-1]) + 1
+    finally:
+        second.stop()
