@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from cli_fixtures import moto_dep, moto_env, run_state, wait_status  # noqa: F401 (fixtures)
+from tests.support.cli import run_state, wait_status
 
 from stepwise import layout
 from stepwise.executions import continuation_name

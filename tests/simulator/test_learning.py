@@ -12,7 +12,6 @@ import torch
 from local.simulator import TOY_RECIPE
 from sagemaker.train.training_session import AdamParams, Datum, ModelInput, TensorData
 
-from simulator_fixtures import sim, svc  # noqa: F401  (fixtures)
 
 #: One fixed 131-byte sentence; the datum is it three times over (403 target tokens), as in issue 20.
 SENTENCE = (
