@@ -16,7 +16,8 @@ import time
 import uuid
 
 import pytest
-from pipeline_fixtures import FakeAgent, Stack, wait_execution as _wait
+
+from tests.support.pipeline import FakeAgent, Stack, wait_execution as _wait
 
 BUCKET = "stepwise-overlap-drill"
 TRAIN_LATENCY_S = 2.0
