@@ -90,7 +90,8 @@ def generate(data_dir: Path, size_mb: int, fmt: str) -> tuple[Path, int]:
 def child(kind: str, config: dict[str, Any], run_id: str) -> dict[str, Any]:
     """In the child process: import the handler, run its dataset work, report RSS (MB)."""
     from stepwise.handlers import init, plan
-    from stepwise.handlers._common import RunEvent, store
+    from stepwise.events import RunEvent
+    from stepwise.handlers._common import store
 
     baseline = peak_rss_mb()
     t0 = time.monotonic()

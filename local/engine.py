@@ -780,14 +780,14 @@ def create_functions(moto: MotoServer, *, prefix: str = "stepwise-local") -> dic
     (``functions.environment``), set on the moto function and in this process's environment
     (restored by ``MotoServer.stop``).
     """
-    from stepwise import functions
+    from stepwise import functions, settings
 
     lam = moto.client("lambda")
     role = _ensure_role(moto.client("iam"), LAMBDA_ROLE_NAME, "lambda.amazonaws.com")
     env = functions.environment(bucket=os.environ.get("STEPWISE_BUCKET", ""),
                                 gateway_url=os.environ.get("STEPWISE_GATEWAY_URL", ""),
-                                data_buckets=os.environ.get(functions.ENV_DATA_BUCKETS, ""),
-                                agent_runtime_arns=os.environ.get(functions.ENV_AGENT_RUNTIME_ARNS, ""))
+                                data_buckets=os.environ.get(settings.ENV_DATA_BUCKETS, ""),
+                                agent_runtime_arns=os.environ.get(settings.ENV_AGENT_RUNTIME_ARNS, ""))
     # Handlers run in this process: they see the stack's environment (plus the local endpoints
     # already set here). Every function gets the same one, so the process env can carry it.
     moto.set_env(env)

@@ -143,9 +143,9 @@ class LocalStack:
         self.gateway = GatewayProcess(dict(os.environ), log_path=str(log_dir / "gateway.log") if log_dir else None)
         self.set_env({"STEPWISE_GATEWAY_URL": self.gateway.url})
         # ACR scoped as the stack's IAM grant scopes it: the stack's region, or its allow-list.
-        from stepwise.core.preflight import StackScope
+        from stepwise import settings
 
-        allowed = StackScope.from_env().agent_runtime_arns  # STEPWISE_AGENT_RUNTIME_ARNS, read as Init reads it
+        allowed = settings.current().agent_runtime_arns  # STEPWISE_AGENT_RUNTIME_ARNS, read as Init reads it
         self.acr = AcrEmulator(tps_limit=tps_limit, faults=Faults(**(acr_faults or {})),
                                agent_env=engine.endpoint_env(self.moto.endpoint),
                                log_dir=str(log_dir) if log_dir else None, region=engine.REGION,

@@ -8,6 +8,7 @@ JSONL with a ``payload`` field on every line. The file is chosen by its suffix (
 Unlike the reference, every malformed input raises a `DatasetError` that names the file and the
 row or line, so bad data is caught by Init / `stepwise validate` before a billed session starts.
 
+S3 objects are read by `stepwise.aws.datasets`; everything else here is parsing and validation.
 Memory does not grow with the file: `iter_payloads` streams it (JSONL line by line from a chunked
 read; Parquet batch by batch from ranged reads of only the ``payload`` column), so Init can validate a
 dataset of any size within its Lambda's memory. `shard_dataset` also writes the payloads once as
@@ -57,86 +58,12 @@ def _is_parquet(path: str) -> bool:
     return path.lower().endswith(PARQUET_SUFFIXES)
 
 
-def _s3_location(path: str) -> tuple[str, str]:
-    bucket, _, key = path[len("s3://"):].partition("/")
-    if not bucket or not key:
-        raise DatasetError(f"{path}: expected s3://bucket/key")
-    return bucket, key
-
-
-def _s3_error(path: str, e: Exception) -> DatasetError:
-    code = getattr(e, "response", {}).get("Error", {}).get("Code", type(e).__name__)
-    return DatasetError(f"{path}: cannot read from S3 ({code}): {e}")
-
-
-class S3ObjectFile(io.RawIOBase):
-    """A seekable, read-only file over one S3 object: each ``readinto`` is one ranged GetObject.
-
-    For Parquet, whose reader reads the footer at the end and then the column chunks it needs. The
-    first GET asks for the object's last ``tail_bytes`` (a suffix range, which also gives the size)
-    and keeps them, so opening a file costs one request. Errors are `DatasetError` naming ``path``.
-    """
-
-    def __init__(self, s3_client: Any, bucket: str, key: str, path: str, *, tail_bytes: int = READ_CHUNK) -> None:
-        self._s3, self._bucket, self._key, self._path = s3_client, bucket, key, path
-        self._pos = 0
-        try:
-            resp = s3_client.get_object(Bucket=bucket, Key=key, Range=f"bytes=-{tail_bytes}")
-        except Exception as e:  # NoSuchKey / NoSuchBucket / AccessDenied / endpoint errors
-            if getattr(e, "response", {}).get("Error", {}).get("Code") == "InvalidRange":  # an empty object
-                self.size, self._tail = 0, b""
-                return
-            raise _s3_error(path, e) from e
-        self._tail = resp["Body"].read()
-        content_range = resp.get("ContentRange") or ""
-        self.size = int(content_range.rpartition("/")[2]) if "/" in content_range else len(self._tail)
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
-
-    def readinto(self, buffer: Any) -> int:
-        n = min(len(buffer), self.size - self._pos)
-        if n <= 0:
-            return 0
-        tail_start = self.size - len(self._tail)
-        if self._pos >= tail_start:
-            body = self._tail[self._pos - tail_start: self._pos - tail_start + n]
-        else:
-            try:
-                body = self._s3.get_object(Bucket=self._bucket, Key=self._key,
-                                           Range=f"bytes={self._pos}-{self._pos + n - 1}")["Body"].read()
-            except Exception as e:
-                raise _s3_error(self._path, e) from e
-        buffer[: len(body)] = body
-        self._pos += len(body)
-        return len(body)
-
-
 def _open(path: str, s3_client: Any | None, *, seekable: bool) -> BinaryIO:
-    """A binary stream of ``path``: a local file, an S3 GetObject body, or (``seekable``) ranged GETs."""
+    """A binary stream of ``path``: a local file, or an S3 object (`stepwise.aws.datasets.open_object`)."""
     if path.startswith("s3://"):
-        bucket, key = _s3_location(path)
-        if s3_client is None:
-            import boto3
+        from stepwise.aws.datasets import open_object
 
-            s3_client = boto3.client("s3")
-        if seekable:
-            return io.BufferedReader(S3ObjectFile(s3_client, bucket, key, path), buffer_size=READ_CHUNK)  # type: ignore[return-value]
-        try:
-            return s3_client.get_object(Bucket=bucket, Key=key)["Body"]
-        except Exception as e:  # botocore ClientError / NoSuchKey / NoSuchBucket / endpoint errors
-            raise _s3_error(path, e) from e
+        return open_object(path, s3_client, seekable=seekable, chunk=READ_CHUNK)
     try:
         return open(path, "rb")
     except OSError as e:

@@ -16,7 +16,9 @@ Pure and stdlib-only (not in `stepwise.core`, whose package imports numpy): `ste
 
 from __future__ import annotations
 
+import json
 import re
+from typing import Any
 
 __all__ = [
     "ABNORMAL_END_STATUSES",
@@ -57,3 +59,26 @@ def belongs_to(name: str, run_id: str) -> bool:
         return True
     m = CONTINUATION_RE.match(name)
     return bool(m) and m.group("prefix") == run_id[:70]
+
+
+#: The execution input key of a continuation (continue-as-new, `stepwise resume`).
+CONTINUATION_KEY = "continuation"
+
+
+def resolve_run(execution_name: str, execution_input: Any) -> tuple[str, dict[str, Any] | None]:
+    """``(run_id, continuation or None)`` of an execution.
+
+    The first execution of a run is started with the RunConfig JSON and its name is the run id.
+    A continuation (continue-as-new) is started with ``{"continuation": {"run_id": ...,
+    "parent_execution_arn": ..., "segment": n}}``. ``execution_input`` may be the JSON text
+    (EventBridge ``detail.input``) or the parsed object.
+    """
+    if isinstance(execution_input, str):
+        try:
+            execution_input = json.loads(execution_input)
+        except ValueError:
+            execution_input = None
+    if isinstance(execution_input, dict) and isinstance(execution_input.get(CONTINUATION_KEY), dict):
+        cont = execution_input[CONTINUATION_KEY]
+        return str(cont["run_id"]), cont
+    return execution_name, None

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from stepwise.settings import (ENV_AGENT_RUNTIME_ARNS, ENV_BUCKET, ENV_DATA_BUCKETS, ENV_GATEWAY_URL,
+                               ENV_METRICS_NAMESPACE, ENV_SERVICE)
+
 
 @dataclass(frozen=True)
 class FunctionSpec:
@@ -63,9 +66,6 @@ def by_name(name: str) -> FunctionSpec:
     raise KeyError(f"no Lambda function {name!r}; known: {', '.join(s.name for s in FUNCTIONS)}")
 
 
-#: Environment names the stack sets for the handlers (CONTRACTS: Init's refusals read them).
-ENV_DATA_BUCKETS = "STEPWISE_DATA_BUCKETS"
-ENV_AGENT_RUNTIME_ARNS = "STEPWISE_AGENT_RUNTIME_ARNS"
 
 
 def environment(*, bucket: str, gateway_url: str, extra: dict[str, str] | None = None,
@@ -84,12 +84,12 @@ def environment(*, bucket: str, gateway_url: str, extra: dict[str, str] | None =
             runtime of the stack's region (``AWS_REGION``).
     """
     env = {
-        "STEPWISE_BUCKET": bucket,
-        "STEPWISE_GATEWAY_URL": gateway_url,
+        ENV_BUCKET: bucket,
+        ENV_GATEWAY_URL: gateway_url,
         ENV_DATA_BUCKETS: data_buckets,
         ENV_AGENT_RUNTIME_ARNS: agent_runtime_arns,
-        "POWERTOOLS_SERVICE_NAME": "stepwise",
-        "POWERTOOLS_METRICS_NAMESPACE": "Stepwise",
+        ENV_SERVICE: "stepwise",
+        ENV_METRICS_NAMESPACE: "Stepwise",
     }
     env.update(extra or {})
     return env

@@ -19,6 +19,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from stepwise.settings import ENV_BUCKET, ENV_GATEWAY_URL
+
 DEFAULT_STACK_NAME = "Stepwise"
 
 #: CloudFormation output keys of the stack (mirror ``infra.stack.OUTPUT_*``; kept here so the
@@ -29,9 +31,7 @@ OUTPUT_GATEWAY_URL = "GatewayUrl"
 OUTPUT_DASHBOARD = "DashboardName"
 
 ENV_STACK = "STEPWISE_STACK"
-ENV_BUCKET = "STEPWISE_BUCKET"
 ENV_STATE_MACHINE = "STEPWISE_STATE_MACHINE_ARN"
-ENV_GATEWAY_URL = "STEPWISE_GATEWAY_URL"
 
 
 class StackNotFound(LookupError):

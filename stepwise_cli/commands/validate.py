@@ -80,8 +80,8 @@ def init_function_environment(dep: "Deployment") -> dict[str, str]:
 
 def deployed_scope(dep: "Deployment") -> "StackScope":
     """What the deployed stack grants its functions (see the module doc)."""
-    from stepwise.core.preflight import (ENV_AGENT_RUNTIME_ARNS, ENV_BUCKET, ENV_DATA_BUCKETS, ENV_REGION, StackScope,
-                                    arn_account)
+    from stepwise.core.preflight import StackScope, arn_account
+    from stepwise.settings import ENV_AGENT_RUNTIME_ARNS, ENV_BUCKET, ENV_DATA_BUCKETS, ENV_REGION
 
     env = init_function_environment(dep)
     grants = {k: env.get(k, os.environ.get(k, "")) for k in (ENV_DATA_BUCKETS, ENV_AGENT_RUNTIME_ARNS)}
@@ -92,11 +92,12 @@ def deployed_scope(dep: "Deployment") -> "StackScope":
 def check_aws(cfg: RunConfig, args: argparse.Namespace) -> tuple["StackScope", list[str]]:
     """Init's refusals against the deployed stack: ``(scope, problems)``; CommandError if no stack is found."""
     from stepwise_cli.commands._runs import deployment
-    from stepwise.core.preflight import Probes, refusals
+    from stepwise.aws.s3_probe import probes
+    from stepwise.core.preflight import refusals
 
     dep = deployment(args)
     scope = deployed_scope(dep)
-    return scope, refusals(cfg, scope, Probes(s3=dep.s3))
+    return scope, refusals(cfg, scope, probes(dep.s3))
 
 
 def _format_summary(summary: dict[str, Any]) -> str:

@@ -10,8 +10,8 @@ from tests.support.cli import run_state, wait_status
 from stepwise_cli.main import main
 from stepwise_cli.commands._runs import CommandError
 from stepwise_cli.commands.resume import continuation_input, next_segment_name, plan_resume
-from stepwise.handlers._common import resolve_run
-from stepwise.handlers.session import continuation_name
+from stepwise.executions import resolve_run
+from stepwise.executions import continuation_name
 
 ARN = "arn:aws:states:us-east-1:123456789012:execution:loop:r"
 

@@ -27,7 +27,8 @@ from hypothesis import strategies as st
 from tests.support.pipeline import Stack, init_run, new_run_id, run_ref
 
 from stepwise.core.rewards import agent_failure, extract_reward
-from stepwise.handlers.rollout import FinishEvent, finish
+from stepwise.events import FinishEvent
+from stepwise.handlers.rollout import finish
 
 NUMBERS = st.one_of(
     st.integers(min_value=-(10**400), max_value=10**400),  # beyond float's range: float() overflows

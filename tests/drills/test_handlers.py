@@ -13,9 +13,9 @@ from tests.support.pipeline import BUCKET, Stack, execution_arn, init_run, new_r
 
 from stepwise.datasets import DatasetError
 from stepwise.handlers import plan
-from stepwise.handlers._common import RunEvent
-from stepwise.handlers.rollout import FinishEvent, finish
-from stepwise.handlers.session import SessionStartTimeout, StopEvent, poll_session, stop
+from stepwise.events import FinishEvent, RunEvent, StopEvent
+from stepwise.handlers.rollout import finish
+from stepwise.handlers.session import SessionStartTimeout, poll_session, stop
 from stepwise.layout import state_key
 from stepwise.aws.runstore import RunStore
 

@@ -51,13 +51,12 @@ def moto():
 
 @pytest.fixture()
 def handler_env(moto, monkeypatch):
-    from stepwise.handlers import _common, plan
+    from stepwise import settings
+    from stepwise.handlers._common import Dependencies, use_dependencies
 
     monkeypatch.setenv("STEPWISE_BUCKET", BUCKET)
-    _common._store.cache_clear()
-    plan._INDEXES.clear()
-    yield
-    _common._store.cache_clear()
+    with use_dependencies(Dependencies.of(settings.current())):  # fresh store and caches per test
+        yield
 
 
 def put_jsonl(s3, key: str, rows: int) -> str:
@@ -89,7 +88,8 @@ def count_reads(s3) -> dict[str, int]:
 
 def test_plan_step_reads_only_the_batch_rows_of_a_large_dataset(moto, handler_env):
     from stepwise.handlers import init, plan
-    from stepwise.handlers._common import RunEvent, store
+    from stepwise.events import RunEvent
+    from stepwise.handlers._common import store
 
     rs = store()
     rows = 30_000  # ~20 MB of JSONL

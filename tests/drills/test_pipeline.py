@@ -144,7 +144,7 @@ def test_no_sid_or_task_token_is_logged_in_clear(local, faulty_run):
 
 @pytest.mark.e2e  # ~50 s: a stopped run, then a whole resumed run
 def test_stop_execution_mid_step_stops_the_session_and_a_resumed_run_finishes(local):
-    from stepwise.handlers.session import continuation_name
+    from stepwise.executions import continuation_name
 
     moto, sim, agent, sm_arn, s3, base, arns = local
     sfn = moto.client("stepfunctions")

@@ -12,10 +12,10 @@ from tests.support.pipeline import BUCKET, Stack, execution_arn, init_run, new_r
 
 from stepwise.core.phases import rewind_to_checkpoint
 from stepwise.handlers import advantages, plan, train
-from stepwise.handlers._common import BatchEvent, RunEvent
-from stepwise.handlers.init import InitEvent, initialize
-from stepwise.handlers.rollout import FinishEvent, finish
-from stepwise.handlers.session import StopEvent, poll_session, stop
+from stepwise.events import BatchEvent, FinishEvent, InitEvent, RunEvent, StopEvent
+from stepwise.handlers.init import initialize
+from stepwise.handlers.rollout import finish
+from stepwise.handlers.session import poll_session, stop
 from stepwise.layout import start_marker_key
 from stepwise.records import BatchRef, Checkpoint, RunState
 from stepwise.aws.runstore import RunStore

@@ -8,7 +8,7 @@ import pytest
 from tests.support.pipeline import BUCKET, Stack, init_run, new_run_id, roll_out_batch, run_ref, wait_ready
 
 from stepwise.handlers import advantages, plan, train
-from stepwise.handlers._common import BatchEvent, RunEvent
+from stepwise.events import BatchEvent, RunEvent
 from stepwise.aws.runstore import RunStore
 
 
@@ -84,7 +84,8 @@ def test_a_batch_that_is_not_the_planned_one_is_refused(stack):
 
 
 def test_a_batch_whose_every_rollout_failed_fails_the_run_instead_of_training(stack):
-    from stepwise.handlers.rollout import FinishEvent, finish
+    from stepwise.events import FinishEvent
+    from stepwise.handlers.rollout import finish
 
     run_id = new_run_id()
     init_run(stack, run_id, stack.config())
@@ -125,7 +126,8 @@ def test_the_step_summary_carries_behaviour_metrics_of_every_rollout(stack):
     from tests.support.pipeline import play_rollout
 
     from stepwise.handlers._common import run_config
-    from stepwise.handlers.rollout import FinishEvent, finish, session_record
+    from stepwise.events import FinishEvent
+    from stepwise.handlers.rollout import finish, session_record
     from stepwise.layout import session_key
     from stepwise.records import BatchRef
 
@@ -198,7 +200,8 @@ def test_consecutive_steps_without_a_datum_fail_the_run_naming_what_the_rollouts
 def test_a_batch_of_agent_errors_and_timeouts_fails_the_run_with_the_causes_counted(stack):
     import uuid
 
-    from stepwise.handlers.rollout import FinishEvent, finish
+    from stepwise.events import FinishEvent
+    from stepwise.handlers.rollout import finish
     from stepwise.layout import result_key
 
     run_id = new_run_id()
@@ -225,7 +228,8 @@ def test_a_batch_of_agent_errors_and_timeouts_fails_the_run_with_the_causes_coun
 def test_eval_rollouts_whose_agent_raised_count_as_failed_and_score_zero(stack):
     import uuid
 
-    from stepwise.handlers.rollout import FinishEvent, finish
+    from stepwise.events import FinishEvent
+    from stepwise.handlers.rollout import finish
     from stepwise.layout import result_key
 
     run_id = new_run_id("eval")

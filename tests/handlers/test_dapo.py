@@ -13,7 +13,7 @@ from tests.support.pipeline import BUCKET, Stack, init_run, new_run_id, roll_out
 from stepwise.config import ConfigError, load_run_config
 from stepwise.datasets import DatasetError
 from stepwise.handlers import advantages, plan, train
-from stepwise.handlers._common import BatchEvent, RunEvent
+from stepwise.events import BatchEvent, RunEvent
 from stepwise.layout import result_key
 from stepwise.aws.runstore import RunStore
 
@@ -149,7 +149,8 @@ def test_generation_batches_walk_the_data_across_epochs_without_repeats_or_gaps(
 
 def _roll_out_without_turns(stack: Stack, run_id: str, p: dict, rewards: list[float]) -> None:
     """Rollouts whose agent never called its LLM: a result, no captured turn, so no datum."""
-    from stepwise.handlers.rollout import FinishEvent, finish
+    from stepwise.events import FinishEvent
+    from stepwise.handlers.rollout import finish
 
     items = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=p["items_key"])["Body"].read())
     for item in items:

@@ -67,7 +67,8 @@ def test_a_second_execution_of_an_existing_run_is_refused_without_a_session(stac
     run_id = new_run_id()
     init_run(stack, run_id, stack.config())
     before = _creates(stack)
-    from stepwise.handlers.init import InitEvent, initialize
+    from stepwise.events import InitEvent
+    from stepwise.handlers.init import initialize
 
     with pytest.raises(RunOwnedElsewhere, match="already exists"):
         initialize(InitEvent(input=stack.config(), execution_arn=execution_arn(run_id) + "-other", execution_name=run_id))

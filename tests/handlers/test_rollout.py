@@ -15,10 +15,11 @@ import pytest
 from tests.support.pipeline import BUCKET, FakeAgent, Stack, init_run, run_ref, wait_ready
 
 from state_machine.definition import load_asl
-from stepwise.handlers._common import RunEvent
-from stepwise.handlers.plan import plan
-from stepwise.handlers.rollout import AgentRuntimeThrottled, FinishEvent, StartEvent, finish, on_result, start
+from stepwise.aws.agentcore import AgentRuntimeThrottled
 from stepwise.aws.runstore import RunOwnedElsewhere, RunStore
+from stepwise.events import FinishEvent, RunEvent, S3Notification, StartEvent
+from stepwise.handlers.plan import plan
+from stepwise.handlers.rollout import finish, on_result, start
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +59,11 @@ def _s3_event(key: str) -> dict:
                          "s3": {"bucket": {"name": BUCKET}, "object": {"key": urllib.parse.quote_plus(key, safe="/")}}}]}
 
 
+def _notification(key: str) -> S3Notification:
+    """The S3 event as OnRolloutResult's entrypoint parses it."""
+    return S3Notification.model_validate(_s3_event(key))
+
+
 def _wait_for(pred, timeout: float = 20.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -88,7 +94,7 @@ def test_start_rollout_opens_the_session_and_stores_the_token_before_invoking(en
     key = f"rollout-results/{run_id}/{item['input_id']}/{sid}.json"
     stack.s3.put_object(Bucket=BUCKET, Key=key, Body=json.dumps({"rewards": 1.0}).encode())
     assert "%" in _s3_event(key)["Records"][0]["s3"]["object"]["key"]
-    assert on_result(_s3_event(key)) == {"resumed": 1, "ignored": 0}
+    assert on_result(_notification(key)) == {"resumed": 1, "ignored": 0}
     done = _wait_for(lambda: (d := sfn.describe_execution(executionArn=arn))["status"] != "RUNNING" and d)
     assert done["status"] == "SUCCEEDED"
     # the session record as StartRollout wrote it rides along (FinishRollout closes the session with it)
@@ -96,9 +102,9 @@ def test_start_rollout_opens_the_session_and_stores_the_token_before_invoking(en
                                                    "session": record}
 
     # Duplicate and late notifications are harmless; unknown sessions are ignored.
-    assert on_result(_s3_event(key)) == {"resumed": 0, "ignored": 1}
-    assert on_result(_s3_event(f"rollout-results/{run_id}/{item['input_id']}/no-such-sid.json")) == {"resumed": 0, "ignored": 1}
-    assert on_result(_s3_event("rollout-results/not-a-result-key")) == {"resumed": 0, "ignored": 1}
+    assert on_result(_notification(key)) == {"resumed": 0, "ignored": 1}
+    assert on_result(_notification(f"rollout-results/{run_id}/{item['input_id']}/no-such-sid.json")) == {"resumed": 0, "ignored": 1}
+    assert on_result(_notification("rollout-results/not-a-result-key")) == {"resumed": 0, "ignored": 1}
 
 
 def test_throttled_invokes_raise_the_error_the_state_machine_retries(env):
@@ -174,7 +180,7 @@ def test_a_session_started_before_the_token_moved_still_resumes_and_another_run_
                                   if b["_rollout"]["input_id"] == item["input_id"] and b["_rollout"]["api_key"] not in seen), None))
     key = f"rollout-results/{run_id}/{item['input_id']}/{sid}.json"
     other_run = f"rollout-results/other-run/{item['input_id']}/{sid}.json"
-    assert on_result(_s3_event(other_run)) == {"resumed": 0, "ignored": 1}  # the record names another run
+    assert on_result(_notification(other_run)) == {"resumed": 0, "ignored": 1}  # the record names another run
     # as an older StartRollout left it: the token in runs/{run_id}/sessions/{sid}/task_token.json only
     record = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=f"sessions/{sid}.json")["Body"].read())
     token = record.pop("task_token")
@@ -182,7 +188,7 @@ def test_a_session_started_before_the_token_moved_still_resumes_and_another_run_
     stack.s3.put_object(Bucket=BUCKET, Key=f"runs/{run_id}/sessions/{sid}/task_token.json",
                         Body=json.dumps({"task_token": token}).encode())
     stack.s3.put_object(Bucket=BUCKET, Key=key, Body=json.dumps({"rewards": 1.0}).encode())
-    assert on_result(_s3_event(key)) == {"resumed": 1, "ignored": 0}
+    assert on_result(_notification(key)) == {"resumed": 1, "ignored": 0}
     done = _wait_for(lambda: (d := sfn.describe_execution(executionArn=arn))["status"] != "RUNNING" and d)
     assert done["status"] == "SUCCEEDED"
 

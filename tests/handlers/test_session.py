@@ -8,11 +8,11 @@ import json
 import pytest
 from tests.support.pipeline import BUCKET, Stack, execution_arn, init_run, new_run_id, run_ref, wait_ready
 
-from stepwise.handlers._common import RunEvent
-from stepwise.handlers.init import take_over
-from stepwise.handlers.session import cleanup, poll_session, stop, StopEvent
 from stepwise.aws.runstore import RunOwnedElsewhere, RunStore
 from stepwise.aws.sagemaker import SessionFailed
+from stepwise.events import ExecutionStatusChange, RunEvent, StopEvent
+from stepwise.handlers.init import take_over
+from stepwise.handlers.session import cleanup, poll_session, stop
 
 
 @pytest.fixture(scope="module")
@@ -22,9 +22,10 @@ def stack():
     s.stop()
 
 
-def _event(status: str, arn: str, name: str, input_: dict | None = None) -> dict:
-    return {"source": "aws.states", "detail-type": "Step Functions Execution Status Change",
-            "detail": {"status": status, "executionArn": arn, "name": name, "input": json.dumps(input_ or {})}}
+def _event(status: str, arn: str, name: str, input_: dict | None = None) -> ExecutionStatusChange:
+    return ExecutionStatusChange.model_validate(
+        {"source": "aws.states", "detail-type": "Step Functions Execution Status Change",
+         "detail": {"status": status, "executionArn": arn, "name": name, "input": json.dumps(input_ or {})}})
 
 
 def _stops(stack: Stack) -> int:

@@ -8,6 +8,7 @@ import boto3
 import pytest
 from moto import mock_aws
 
+from stepwise import settings
 from stepwise.aws import tracking
 from stepwise.config import load_run_config
 from stepwise.handlers import _common, session
@@ -21,7 +22,6 @@ def run(tmp_path, monkeypatch):
     monkeypatch.setenv("STEPWISE_BUCKET", BUCKET)
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     tracking._RUNS.clear()
-    _common._CONFIGS.clear()
     cfg = load_run_config({
         "role_arn": "arn:aws:iam::123456789012:role/StepwiseSageMaker",
         "base_model_arn": "stepwise-tiny",
@@ -34,9 +34,9 @@ def run(tmp_path, monkeypatch):
         s3 = boto3.client("s3", region_name="us-east-1")
         s3.create_bucket(Bucket=BUCKET)
         s3.put_object(Bucket=BUCKET, Key=config_key("run-7"), Body=cfg.model_dump_json())
-        yield cfg, s3
+        with _common.use_dependencies(_common.Dependencies.of(settings.current(), s3=s3)):
+            yield cfg, s3
     tracking._RUNS.clear()
-    _common._CONFIGS.clear()
 
 
 def test_write_summary_lands_in_s3_and_mlflow(run):

@@ -9,7 +9,7 @@ from tests.support.pipeline import BUCKET, Stack, init_run, new_run_id, roll_out
 
 from stepwise.core.phases import plan_train_phase
 from stepwise.handlers import advantages, plan, train
-from stepwise.handlers._common import BatchEvent, RunEvent
+from stepwise.events import BatchEvent, RunEvent
 from stepwise.aws.runstore import RunStore
 
 

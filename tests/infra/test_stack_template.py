@@ -352,7 +352,7 @@ def test_a_tracking_server_is_granted_to_every_function_that_logs(default_app, s
 
 
 def test_data_buckets_are_granted_and_named_in_the_environment(default_app, scoped_app):
-    from stepwise.functions import ENV_AGENT_RUNTIME_ARNS, ENV_DATA_BUCKETS
+    from stepwise.settings import ENV_AGENT_RUNTIME_ARNS, ENV_DATA_BUCKETS
 
     stmts = _role_statements_by_function(scoped_app[1])
     objects = {json.dumps(r) for st in stmts["Init"] if {"s3:GetObject", "s3:PutObject"} <= actions_of([st])

@@ -119,16 +119,16 @@ def test_tasks_and_s3_notifications_dispatch_to_handlers():
 
 
 def test_functions_are_created_with_the_stack_environment(monkeypatch):
-    from stepwise import functions
+    from stepwise import functions, settings
 
     monkeypatch.setenv("STEPWISE_BUCKET", "stepwise-env-test")
     monkeypatch.setenv("STEPWISE_GATEWAY_URL", "http://127.0.0.1:1")
-    monkeypatch.setenv(functions.ENV_DATA_BUCKETS, "my-datasets,my-outputs")
-    monkeypatch.delenv(functions.ENV_AGENT_RUNTIME_ARNS, raising=False)
+    monkeypatch.setenv(settings.ENV_DATA_BUCKETS, "my-datasets,my-outputs")
+    monkeypatch.delenv(settings.ENV_AGENT_RUNTIME_ARNS, raising=False)
     monkeypatch.delenv("POWERTOOLS_SERVICE_NAME", raising=False)
     expected = functions.environment(bucket="stepwise-env-test", gateway_url="http://127.0.0.1:1",
                                      data_buckets="my-datasets,my-outputs")
-    assert expected[functions.ENV_DATA_BUCKETS] == "my-datasets,my-outputs" and expected[functions.ENV_AGENT_RUNTIME_ARNS] == ""
+    assert expected[settings.ENV_DATA_BUCKETS] == "my-datasets,my-outputs" and expected[settings.ENV_AGENT_RUNTIME_ARNS] == ""
     with engine.MotoServer() as moto:
         arns = engine.create_functions(moto)
         assert set(arns) == {spec.name for spec in functions.FUNCTIONS}

@@ -60,9 +60,7 @@ class Stack:
             self.s3.create_bucket(Bucket=bucket)
         except self.s3.exceptions.BucketAlreadyOwnedByYou:
             pass
-        from stepwise.handlers import _common
-
-        _common._store.cache_clear()
+        # The handlers' dependencies follow the environment just set (a new moto endpoint: new clients).
 
     def deploy(self, agent: FakeAgent, prefix: str, name: str | None = None) -> tuple[dict[str, str], str]:
         """Deploy as `stepwise run-local` does: the stack's functions (local names from ``prefix``),
@@ -130,13 +128,14 @@ def run_ref(run_id: str) -> dict[str, str]:
 
 
 def init_run(stack: Stack, run_id: str, config: dict[str, Any]) -> dict[str, Any]:
-    from stepwise.handlers.init import InitEvent, initialize
+    from stepwise.events import InitEvent
+    from stepwise.handlers.init import initialize
 
     return initialize(InitEvent(input=config, execution_arn=execution_arn(run_id), execution_name=run_id))
 
 
 def wait_ready(run_id: str, timeout: float = 30.0) -> dict[str, Any]:
-    from stepwise.handlers._common import RunEvent
+    from stepwise.events import RunEvent
     from stepwise.handlers.session import poll_session
 
     deadline = time.monotonic() + timeout
@@ -182,7 +181,8 @@ def roll_out_batch(stack: Stack, run_id: str, plan: dict[str, Any], rewards: lis
                    output_ids: list[list[int]] | None = None, with_turns: list[bool] | None = None) -> list[dict[str, Any]]:
     """Run FinishRollout for every item of a planned batch, as if each agent finished with ``rewards[i]``
     (item ``i`` without a captured turn when ``with_turns[i]`` is false)."""
-    from stepwise.handlers.rollout import FinishEvent, finish
+    from stepwise.events import FinishEvent
+    from stepwise.handlers.rollout import finish
 
     items = json.loads(stack.s3.get_object(Bucket=stack.bucket, Key=plan["items_key"])["Body"].read())
     outs = []

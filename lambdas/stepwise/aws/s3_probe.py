@@ -51,3 +51,12 @@ def prefix_problem(s3: Any, bucket: str, key: str) -> str:
     except BotoCoreError as e:
         return f"prefix s3://{bucket}/{prefix} cannot be listed (ListObjectsV2: {e})"
     return f"no files directly under s3://{bucket}/{prefix}"
+
+
+def probes(s3: Any) -> Any:
+    """The real lookups of the refusals before billing (`stepwise.core.preflight.Probes`): these S3
+    checks with client ``s3``, and the runtime's `stepwise.aws.agentcore.runtime_problem`."""
+    from stepwise.aws.agentcore import runtime_problem
+    from stepwise.core.preflight import Probes
+
+    return Probes(bucket=bucket_problem, prefix=prefix_problem, runtime=runtime_problem, s3=s3)

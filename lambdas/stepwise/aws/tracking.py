@@ -32,7 +32,10 @@ import os
 import re
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from stepwise.config import RunConfig
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +51,7 @@ _KEY_BAD_CHARS = re.compile(r"[^A-Za-z0-9_\-. /:]")
 _RUNS: dict[tuple[str, str, str], str] = {}  # (tracking uri, experiment, run id) -> MLflow run id
 
 
-def enabled(cfg: Any) -> bool:
+def enabled(cfg: RunConfig) -> bool:
     """Whether the run config asks for MLflow tracking."""
     return bool(getattr(cfg, "mlflow_tracking_uri", ""))
 
@@ -68,7 +71,7 @@ def numeric_metrics(summary: Mapping[str, Any], *, exclude: tuple[str, ...] = ("
     return out
 
 
-def flat_params(cfg: Any) -> dict[str, str]:
+def flat_params(cfg: RunConfig) -> dict[str, str]:
     """The run config as MLflow params: ``{field: str(value)}`` (nested fields dotted, long values cut)."""
     raw = cfg.model_dump(mode="json") if hasattr(cfg, "model_dump") else dict(cfg)
     out: dict[str, str] = {}
@@ -107,7 +110,7 @@ def _experiment_id(client: Any, name: str) -> str:
         return exp.experiment_id
 
 
-def mlflow_run_id(cfg: Any, run_id: str, *, client: Any = None) -> str:
+def mlflow_run_id(cfg: RunConfig, run_id: str, *, client: Any = None) -> str:
     """The MLflow run of a Stepwise run: found by tag, else created with the config as params."""
     from mlflow.entities import Param
 
@@ -128,7 +131,7 @@ def mlflow_run_id(cfg: Any, run_id: str, *, client: Any = None) -> str:
     return _RUNS[key]
 
 
-def log_step_metrics(cfg: Any, run_id: str, step: int, summary: Mapping[str, Any], *, kind: str = "train",
+def log_step_metrics(cfg: RunConfig, run_id: str, step: int, summary: Mapping[str, Any], *, kind: str = "train",
                      strict: bool = False) -> str | None:
     """Log a step (``kind="train"``) or eval (``kind="eval"``) summary's numbers at ``step``.
 
@@ -159,7 +162,7 @@ def log_step_metrics(cfg: Any, run_id: str, step: int, summary: Mapping[str, Any
         return None
 
 
-def summary_warning(cfg: Any, run_id: str, step: int, summary: Mapping[str, Any], *, kind: str = "train") -> str | None:
+def summary_warning(cfg: RunConfig, run_id: str, step: int, summary: Mapping[str, Any], *, kind: str = "train") -> str | None:
     """Log a summary like `log_step_metrics`; a failure comes back as one line of text, else None.
 
     The text names the tracking URI and the error (``MLflow tracking to URI failed at train step 3:
@@ -174,7 +177,7 @@ def summary_warning(cfg: Any, run_id: str, step: int, summary: Mapping[str, Any]
         return text[:1000]
 
 
-def finish_run(cfg: Any, run_id: str, status: str = "FINISHED", *, strict: bool = False) -> str | None:
+def finish_run(cfg: RunConfig, run_id: str, status: str = "FINISHED", *, strict: bool = False) -> str | None:
     """Mark the MLflow run ended: ``status`` is FINISHED (succeeded), FAILED or KILLED (stopped)."""
     if not enabled(cfg):
         return None

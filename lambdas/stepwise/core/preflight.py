@@ -20,17 +20,14 @@ Nothing here creates, writes or bills anything.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from stepwise.config import ConfigError, RunConfig, parse_s3_uri
-from stepwise.functions import ENV_AGENT_RUNTIME_ARNS, ENV_DATA_BUCKETS
-from stepwise.stackinfo import ENV_BUCKET
+from stepwise.settings import ENV_AGENT_RUNTIME_ARNS, ENV_BUCKET, ENV_DATA_BUCKETS, ENV_REGION
 from stepwise.stackinfo import region_of_arn as arn_region
 
-ENV_REGION = "AWS_REGION"
 CONTEXT_DATA_BUCKETS = "dataBuckets"
 CONTEXT_AGENT_RUNTIME_ARNS = "agentRuntimeArns"
 
@@ -68,9 +65,8 @@ class StackScope:
     account: str = ""
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, *, account: str = "") -> "StackScope":
-        """The scope from a function's environment (default ``os.environ``)."""
-        env = os.environ if env is None else env
+    def from_env(cls, env: Mapping[str, str], *, account: str = "") -> "StackScope":
+        """The scope a function's environment ``env`` names (`stepwise.settings` names the variables)."""
         return cls(region=env.get(ENV_REGION, "") or env.get("AWS_DEFAULT_REGION", ""), bucket=env.get(ENV_BUCKET, ""),
                    data_buckets=_split(env.get(ENV_DATA_BUCKETS, "")),
                    agent_runtime_arns=_split(env.get(ENV_AGENT_RUNTIME_ARNS, "")), account=account)
@@ -176,21 +172,14 @@ def bucket_scope_errors(locations: list[S3Location], scope: StackScope) -> list[
 class Probes:
     """The lookups `refusals` makes; each returns '' when fine, else the problem (no field, no value).
 
-    Defaults are the real boundaries (`stepwise.aws.s3_probe`, `stepwise.aws.agentcore`).
+    The real ones are `stepwise.aws.s3_probe.probes` (S3 and the AgentCore control plane).
     """
 
+    bucket: Callable[[Any, str], str]
+    prefix: Callable[[Any, str, str], str]
+    runtime: Callable[[str], str]
     s3: Any = None
-    bucket: Callable[[Any, str], str] | None = None
-    prefix: Callable[[Any, str, str], str] | None = None
-    runtime: Callable[[str], str] | None = None
     calls: list[str] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        from stepwise.aws import agentcore, s3_probe
-
-        self.bucket = self.bucket or s3_probe.bucket_problem
-        self.prefix = self.prefix or s3_probe.prefix_problem
-        self.runtime = self.runtime or agentcore.runtime_problem
 
 
 def refusals(cfg: RunConfig, scope: StackScope, probes: Probes) -> list[str]:
@@ -224,13 +213,13 @@ def resolve_region(cfg: RunConfig, scope: StackScope) -> RunConfig:
     return cfg.model_copy(update={"region": scope.region})
 
 
-def refuse_before_billing(cfg: RunConfig, scope: StackScope, probes: Probes | None = None) -> RunConfig:
+def refuse_before_billing(cfg: RunConfig, scope: StackScope, probes: Probes) -> RunConfig:
     """`refusals`, raised as one `RunRefused`; returns ``cfg`` with its region resolved.
 
     Raises:
         RunRefused: listing every problem found.
     """
-    errors = refusals(cfg, scope, probes or Probes())
+    errors = refusals(cfg, scope, probes)
     if errors:
         raise RunRefused(errors)
     return resolve_region(cfg, scope)

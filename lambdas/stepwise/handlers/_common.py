@@ -1,93 +1,174 @@
-"""What every handler shares: event models, the run store, the run's config, logging and metrics.
+"""What every handler shares: its dependencies, the run's config, logging, metrics and the entrypoint factory.
 
-Environment (besides ``STEPWISE_BUCKET`` / ``STEPWISE_GATEWAY_URL``, docs/internals.md):
-``STEPWISE_POLL_SECONDS`` (Wait-state seconds between polls, integer >= 1, default 10) and
-``STEPWISE_INLINE_WAIT_SECONDS`` (how long a submit/poll handler may poll before handing the
-wait to the state machine, default 5; fast operations then need no Wait state at all).
+Dependencies (`Dependencies`: the run store, the Step Functions client, the per-container caches)
+are built once per distinct environment (`stepwise.settings.current`), so a handler run after
+another under a new environment (the local engine, the tests: one moto server after another in
+one process) never reuses the old ones; tests that want their own swap them in with
+`use_dependencies`. Every Lambda's entrypoint is one line: ``handler = entrypoint(EventModel, fn)``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-import json
 import os
+import threading
 import time
-from typing import Any
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.metrics import MetricUnit
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 
-from stepwise.layout import config_key, eval_summary_key, summary_key
-from stepwise.records import BatchRef, Phase, RunRef, RunState
+from stepwise import settings as settings_
 from stepwise.aws.runstore import RunStore
+from stepwise.layout import config_key, eval_summary_key, summary_key
+from stepwise.records import Phase, RunState
+from stepwise.settings import Settings
 
-SERVICE = os.environ.get("POWERTOOLS_SERVICE_NAME", "stepwise")
+if TYPE_CHECKING:
+    from stepwise.config import RunConfig
+
+SERVICE = os.environ.get(settings_.ENV_SERVICE, "stepwise")
 logger = Logger(service=SERVICE)
 #: EMF dimensions: ``service`` and ``run_id`` (the dashboard's SEARCH expressions rely on both).
-metrics = Metrics(namespace=os.environ.get("POWERTOOLS_METRICS_NAMESPACE", "Stepwise"), service=SERVICE)
+metrics = Metrics(namespace=os.environ.get(settings_.ENV_METRICS_NAMESPACE, "Stepwise"), service=SERVICE)
 
 
-class RunEvent(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    run: RunRef
+# ---------------------------------------------------------------------------- dependencies
 
 
-class BatchEvent(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+@dataclass
+class Dependencies:
+    """What a handler talks to and what it caches, for one environment.
 
-    run: RunRef
-    batch: BatchRef
+    Attributes:
+        settings: the environment (`stepwise.settings.Settings`).
+        store: the run store of ``settings.bucket``.
+        sfn: the Step Functions client (made on first use).
+        configs: run id -> its validated `RunConfig` (``config.json`` is written once by Init).
+        cache: per-container memo of objects that never change once written (a batch's
+            ``prompts.json``, a dataset snapshot's index), keyed by the caller.
+    """
+
+    settings: Settings
+    store: RunStore
+    sfn_client: Any = None
+    configs: dict[str, RunConfig] = field(default_factory=dict)
+    cache: dict[Any, Any] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @classmethod
+    def of(cls, settings: Settings, *, s3: Any = None, sfn: Any = None) -> "Dependencies":
+        """Fresh dependencies of ``settings`` (clients made with `stepwise.aws.clients.client_config`
+        unless given)."""
+        return cls(settings=settings, store=RunStore(settings.require_bucket(), s3), sfn_client=sfn)
+
+    @property
+    def sfn(self) -> Any:
+        if self.sfn_client is None:
+            import boto3
+
+            from stepwise.aws.clients import client_config
+
+            self.sfn_client = boto3.client("stepfunctions", config=client_config())
+        return self.sfn_client
+
+    def memo(self, key: Any, make: Callable[[], Any]) -> Any:
+        """``cache[key]``, made once by ``make()`` (under a lock: rollouts starting together in one
+        process read a batch's prompts once, not once each)."""
+        with self.lock:
+            if key not in self.cache:
+                self.cache[key] = make()
+            return self.cache[key]
 
 
-def poll_seconds() -> int:
-    return max(1, int(os.environ.get("STEPWISE_POLL_SECONDS", "10")))
+_OVERRIDE: list[Dependencies] = []
 
 
-def inline_wait_seconds() -> float:
-    return max(0.0, float(os.environ.get("STEPWISE_INLINE_WAIT_SECONDS", "5")))
+@functools.lru_cache(maxsize=8)
+def _dependencies_of(settings: Settings) -> Dependencies:
+    return Dependencies.of(settings)
 
 
-@functools.lru_cache(maxsize=1)
-def _store(bucket: str) -> RunStore:
-    return RunStore(bucket)
+def dependencies() -> Dependencies:
+    """The dependencies of this invocation: those `use_dependencies` swapped in, else the ones of
+    the current environment (made once per distinct environment). Raises KeyError when
+    ``STEPWISE_BUCKET`` is unset."""
+    if _OVERRIDE:
+        return _OVERRIDE[-1]
+    return _dependencies_of(settings_.current())
+
+
+@contextlib.contextmanager
+def use_dependencies(deps: Dependencies) -> Iterator[Dependencies]:
+    """Run the handlers with ``deps`` inside the block (tests: a moto client, a fresh cache)."""
+    _OVERRIDE.append(deps)
+    try:
+        yield deps
+    finally:
+        _OVERRIDE.remove(deps)
 
 
 def store() -> RunStore:
-    """The run store of ``STEPWISE_BUCKET`` (one client per container)."""
-    try:
-        return _store(os.environ["STEPWISE_BUCKET"])
-    except KeyError:
-        raise KeyError("STEPWISE_BUCKET is not set: the Lambda environment must name the run bucket") from None
+    """The run store of ``STEPWISE_BUCKET`` (one client per container and environment)."""
+    return dependencies().store
 
 
 def sfn_client() -> Any:
-    """The Step Functions client of this container (one per endpoint: the local stack's tests start
-    one moto server after another in a process)."""
-    return _sfn_client(os.environ.get("AWS_ENDPOINT_URL_SFN", ""))
+    """The Step Functions client of this container (one per environment: the local stack's tests
+    start one moto server after another in a process)."""
+    return dependencies().sfn
 
 
-@functools.lru_cache(maxsize=4)
-def _sfn_client(_endpoint: str) -> Any:
-    import boto3
-
-    from stepwise.aws.clients import client_config
-
-    return boto3.client("stepfunctions", config=client_config())
+def settings() -> Settings:
+    return dependencies().settings if _OVERRIDE else settings_.current()
 
 
-_CONFIGS: dict[tuple[str, str], Any] = {}
+def poll_seconds() -> int:
+    return settings().poll_seconds
 
 
-def run_config(run_id: str) -> Any:
+def inline_wait_seconds() -> float:
+    return settings().inline_wait_seconds
+
+
+def run_config(run_id: str) -> RunConfig:
     """The run's validated `RunConfig` from ``runs/{run_id}/config.json`` (cached per container)."""
     from stepwise.config import RunConfig
 
-    key = (store().bucket, run_id)
-    if key not in _CONFIGS:
-        _CONFIGS[key] = RunConfig.model_validate(store().get_json(config_key(run_id)))
-    return _CONFIGS[key]
+    deps = dependencies()
+    if run_id not in deps.configs:
+        deps.configs[run_id] = RunConfig.model_validate(deps.store.get_json(config_key(run_id)))
+    return deps.configs[run_id]
+
+
+def now() -> float:
+    return time.time()
+
+
+# ---------------------------------------------------------------------------- entrypoints
+
+E = TypeVar("E", bound=BaseModel)
+
+
+def entrypoint(model: type[E], fn: Callable[[E], dict[str, Any]]) -> Callable[[dict[str, Any], Any], dict[str, Any]]:
+    """The Lambda handler of ``fn``: the event parsed into ``model`` (pydantic; a malformed event
+    raises ValidationError naming the fields), the Powertools logger's Lambda context injected
+    (``clear_state``: correlation keys never leak into the next invocation), ``fn``'s dict returned."""
+
+    @logger.inject_lambda_context(clear_state=True)
+    def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+        return fn(model.model_validate(event))
+
+    handler.__name__ = handler.__qualname__ = f"{fn.__name__}_handler"
+    handler.__doc__ = fn.__doc__
+    return handler
+
+
+# ---------------------------------------------------------------------------- logging and metrics
 
 
 def redact(text: str, sid: str | None) -> str:
@@ -135,7 +216,7 @@ def drive(run_id: str, execution_arn: str, phases: tuple[Phase, ...]) -> tuple[R
 
     cfg = run_config(run_id)
     return sagemaker.drive(store(), sagemaker.runtime(cfg.region), cfg, run_id, execution_arn, phases,
-                          budget_s=inline_wait_seconds())
+                           budget_s=inline_wait_seconds(), now=now)
 
 
 def write_summary(run_id: str, step: int, summary: dict[str, Any], *, kind: str = "train") -> None:
@@ -154,29 +235,3 @@ def write_summary(run_id: str, step: int, summary: dict[str, Any], *, kind: str 
         summary = {**summary, tracking.WARNING_KEY: warning}
     key = summary_key(run_id, step) if kind == "train" else eval_summary_key(run_id, step)
     store().put_json(key, summary)
-
-
-def now() -> float:
-    return time.time()
-
-
-CONTINUATION_KEY = "continuation"
-
-
-def resolve_run(execution_name: str, execution_input: Any) -> tuple[str, dict[str, Any] | None]:
-    """``(run_id, continuation or None)`` of an execution.
-
-    The first execution of a run is started with the RunConfig JSON and its name is the run id.
-    A continuation (continue-as-new) is started with ``{"continuation": {"run_id": ...,
-    "parent_execution_arn": ..., "segment": n}}``. ``execution_input`` may be the JSON text
-    (EventBridge ``detail.input``) or the parsed object.
-    """
-    if isinstance(execution_input, str):
-        try:
-            execution_input = json.loads(execution_input)
-        except ValueError:
-            execution_input = None
-    if isinstance(execution_input, dict) and isinstance(execution_input.get(CONTINUATION_KEY), dict):
-        cont = execution_input[CONTINUATION_KEY]
-        return str(cont["run_id"]), cont
-    return execution_name, None

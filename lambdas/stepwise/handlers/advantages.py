@@ -28,24 +28,19 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stepwise.core.operations import datum_chunks
 from stepwise.core.planning import NoTrainingSignal
 from stepwise.core.rewards import preview
 from stepwise.core.staleness import check_staleness, staleness_metrics
-from stepwise.handlers._common import (
-    BatchEvent,
-    bind,
-    emit,
-    logger,
-    now,
-    run_config,
-    store,
-    write_summary,
-)
+from stepwise.events import BatchEvent
+from stepwise.handlers._common import bind, emit, entrypoint, logger, now, run_config, store, write_summary
 from stepwise.layout import datums_key, eval_summary_key, rollouts_prefix, start_marker_key
 from stepwise.records import BatchRef, PlannedBatch, RolloutRecord, RunState
+
+if TYPE_CHECKING:
+    from stepwise.config import RunConfig
 
 
 class BatchMismatch(RuntimeError):
@@ -155,7 +150,7 @@ def current_rollouts(rs: Any, run_id: str, batch: BatchRef, generation_batch: in
     return out
 
 
-def shaped_reward(rollout: RolloutRecord, cfg: Any) -> float:
+def shaped_reward(rollout: RolloutRecord, cfg: RunConfig) -> float:
     """The reward, plus DAPO's overlong penalty when ``algorithm == "dapo"`` and a buffer is set."""
     reward = float(rollout.reward)
     if cfg.algorithm == "dapo" and cfg.overlong_buffer_len > 0:
@@ -166,7 +161,7 @@ def shaped_reward(rollout: RolloutRecord, cfg: Any) -> float:
     return reward
 
 
-def group_rollouts(rollouts: list[RolloutRecord], cfg: Any) -> list[Group]:
+def group_rollouts(rollouts: list[RolloutRecord], cfg: RunConfig) -> list[Group]:
     """Rollouts -> groups in prompt order, members in member order."""
     from stepwise.core.datums import trace_record_to_datum
     from stepwise.core.replay import record_from_json
@@ -198,7 +193,7 @@ def datums_for(groups: list[Group]) -> tuple[list[dict[str, Any]], list[list[flo
     return datums, advantages_P
 
 
-def select_groups(run_id: str, batch: BatchRef, cfg: Any,
+def select_groups(run_id: str, batch: BatchRef, cfg: RunConfig,
                   planned: PlannedBatch | None = None) -> tuple[str, list[Group], list[Group], dict[str, float]]:
     """``(status, groups to train on, every group rolled out this step, sampling metrics)``. GRPO reports the same ``sampling/`` metrics as DAPO (one
     generation batch, every group kept, so its empty rollouts are counted the same way).
@@ -369,11 +364,5 @@ def record_eval(event: BatchEvent) -> dict[str, Any]:
     return summary
 
 
-@logger.inject_lambda_context(clear_state=True)
-def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    return compute(BatchEvent.model_validate(event))
-
-
-@logger.inject_lambda_context(clear_state=True)
-def eval_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    return record_eval(BatchEvent.model_validate(event))
+handler = entrypoint(BatchEvent, compute)
+eval_handler = entrypoint(BatchEvent, record_eval)

@@ -17,24 +17,19 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Any
-
-from pydantic import BaseModel, ConfigDict
+from typing import TYPE_CHECKING, Any
 
 from stepwise.aws import sagemaker
+from stepwise.aws.runstore import RunNotFound, RunOwnedElsewhere, RunStore
 from stepwise.core.phases import is_failure_stop, resume_session_name, rewind_to_checkpoint, session_name_for
-from stepwise.handlers._common import bind, logger, now, poll_seconds, resolve_run, run_config, store
+from stepwise.events import InitEvent
+from stepwise.executions import resolve_run
+from stepwise.handlers._common import bind, entrypoint, logger, now, poll_seconds, run_config, settings, store
 from stepwise.layout import config_key, dataset_index_key, dataset_shard_key, tokenizer_prefix
 from stepwise.records import Checkpoint, RunState
-from stepwise.aws.runstore import RunNotFound, RunOwnedElsewhere, RunStore
 
-
-class InitEvent(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    input: Any
-    execution_arn: str
-    execution_name: str
+if TYPE_CHECKING:
+    from stepwise.config import RunConfig
 
 
 def _output(run_id: str, execution_arn: str, *, ready: bool) -> dict[str, Any]:
@@ -87,21 +82,24 @@ def resume(rs: RunStore, run_id: str, execution_arn: str, state: RunState) -> Ru
     return state
 
 
-def refuse_on_this_stack(cfg: Any, rs: RunStore, execution_arn: str = "") -> Any:
+def refuse_on_this_stack(cfg: RunConfig, rs: RunStore, execution_arn: str = "") -> RunConfig:
     """`stepwise.core.preflight.refuse_before_billing` against this function's stack (its environment,
     and the account of the execution ARN); returns the config with its region resolved.
 
     Raises:
         RunRefused: every problem at once (region, runtime, S3 locations).
     """
-    from stepwise.core.preflight import Probes, StackScope, arn_account, refuse_before_billing
+    from stepwise.aws.s3_probe import probes
+    from stepwise.core.preflight import StackScope, arn_account, refuse_before_billing
 
-    scope = StackScope.from_env(account=arn_account(execution_arn))
-    return refuse_before_billing(cfg, scope, Probes(s3=rs.s3))
+    s = settings()
+    scope = StackScope(region=s.region, bucket=s.bucket, data_buckets=s.data_buckets,
+                       agent_runtime_arns=s.agent_runtime_arns, account=arn_account(execution_arn))
+    return refuse_before_billing(cfg, scope, probes(rs.s3))
 
 
 def validate_inputs(raw_config: Any, rs: RunStore, run_id: str | None = None,
-                    execution_arn: str = "") -> tuple[Any, int, int]:
+                    execution_arn: str = "") -> tuple[RunConfig, int, int]:
     """``(RunConfig, dataset rows, eval rows)``; raises ConfigError / RunRefused / DatasetError / ClientError first.
 
     The datasets are streamed, so memory does not grow with their size. With ``run_id``, each is also
@@ -140,7 +138,7 @@ def snapshot_dataset(rs: RunStore, run_id: str, kind: str, path: str, min_rows: 
     return index
 
 
-def cache_tokenizer(cfg: Any, created: sagemaker.CreatedSession, rs: RunStore, run_id: str) -> int:
+def cache_tokenizer(cfg: RunConfig, created: sagemaker.CreatedSession, rs: RunStore, run_id: str) -> int:
     """Copy the tokenizer files to ``runs/{run_id}/tokenizer/`` for the gateway; returns files written.
 
     Source: ``cfg.tokenizer_path`` (an ``s3://`` prefix of tokenizer files, or a model id / local
@@ -228,8 +226,4 @@ def initialize(event: InitEvent) -> dict[str, Any]:
     return _output(run_id, event.execution_arn, ready=False)
 
 
-@logger.inject_lambda_context(clear_state=True)
-def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    return initialize(InitEvent.model_validate(event))
-
-
+handler = entrypoint(InitEvent, initialize)

@@ -14,13 +14,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from stepwise.aws import task_tokens
 from stepwise.core.planning import Decision, build_items, decide, map_concurrency, plan_ahead
-from stepwise.handlers._common import RunEvent, bind, logger, run_config, sfn_client, store
-from stepwise.layout import dataset_index_key, dataset_shard_key, items_key, prompts_key
+from stepwise.events import PlanEvent, RunEvent
+from stepwise.handlers._common import bind, dependencies, entrypoint, logger, run_config, sfn_client, store
+from stepwise.layout import dataset_index_key, items_key, prompts_key
 from stepwise.records import BatchRef, RunState, SamplerPolicy
-
-
-_INDEXES: dict[tuple[str, str, str], Any] = {}
 
 
 def batch_payloads(run_id: str, kind: str, rows: list[int], source: str) -> dict[int, dict[str, Any]]:
@@ -30,13 +29,15 @@ def batch_payloads(run_id: str, kind: str, rows: list[int], source: str) -> dict
     ``rows``, so memory and bytes read do not grow with the dataset. A run whose Init predates the
     snapshots has no index: its ``source`` is streamed up to the last row needed instead.
     """
+    from stepwise.aws.datasets import shard_reader
     from stepwise.datasets import DatasetIndex, iter_payloads, read_rows
 
-    rs = store()
-    key = (rs.bucket, run_id, kind)
-    if key not in _INDEXES:
+    deps = dependencies()
+    rs = deps.store
+    key = ("dataset_index", run_id, kind)
+    if key not in deps.cache:
         try:
-            _INDEXES[key] = DatasetIndex.model_validate(rs.get_json(dataset_index_key(run_id, kind)))
+            deps.cache[key] = DatasetIndex.model_validate(rs.get_json(dataset_index_key(run_id, kind)))
         except KeyError:
             logger.warning("no dataset snapshot (run started before snapshots): streaming the source",
                            extra={"kind": kind, "source": source})
@@ -48,32 +49,21 @@ def batch_payloads(run_id: str, kind: str, rows: list[int], source: str) -> dict
                 if i >= last:
                     break
             return out
-    return read_rows(rows, _INDEXES[key], lambda shard: rs.s3.get_object(
-        Bucket=rs.bucket, Key=dataset_shard_key(run_id, kind, shard))["Body"].read())
+    return read_rows(rows, deps.cache[key], shard_reader(rs.s3, rs.bucket, run_id, kind))
 
 
 def history_length(execution_arn: str) -> int | None:
-    """The id of the execution's newest history event: its history's length, in one small call
-    (GetExecutionHistory, newest first, one event). None when Step Functions does not know the
-    execution (a handler invoked outside one, as in handler tests); other errors raise."""
-    sfn = sfn_client()
-    try:
-        events = sfn.get_execution_history(executionArn=execution_arn, reverseOrder=True, maxResults=1)["events"]
-    except (sfn.exceptions.ExecutionDoesNotExist, sfn.exceptions.InvalidArn):
+    """`stepwise.aws.task_tokens.history_length` of this execution (None, logged, when Step
+    Functions does not know it: a handler invoked outside one, as in handler tests)."""
+    events = task_tokens.history_length(sfn_client(), execution_arn)
+    if events is None:
         logger.warning("execution unknown to Step Functions: no history budget check",
                        extra={"execution_arn": execution_arn})
-        return None
-    return max((int(e["id"]) for e in events), default=0)
-
-
-class PlanEvent(RunEvent):
-    """PlanStep's input: ``$.run``, and in the overlapped step's Parallel state ``ahead_of_step``, the
-    step being trained, whose successor's first generation batch is to be planned (`plan_ahead`)."""
-
-    ahead_of_step: int | None = None
+    return events
 
 
 def plan(event: RunEvent) -> dict[str, Any]:
+    """Plan the run's next action (a `PlanEvent` with ``ahead_of_step``: the next step's first batch)."""
     rs = store()
     run = event.run
     cfg = run_config(run.run_id)
@@ -129,6 +119,4 @@ def plan(event: RunEvent) -> dict[str, Any]:
     return out
 
 
-@logger.inject_lambda_context(clear_state=True)
-def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    return plan(PlanEvent.model_validate(event))
+handler = entrypoint(PlanEvent, plan)

@@ -12,26 +12,22 @@ closes the session, replays the captured turns into `TraceRecord`s and writes th
 
 from __future__ import annotations
 
-import functools
 import json
-import os
-import threading
 import time
-import urllib.parse
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import boto3
-from botocore.exceptions import ClientError
-from pydantic import BaseModel, ConfigDict
-
-from stepwise.aws.clients import client_config
+from stepwise.aws import agentcore, task_tokens
+from stepwise.events import FinishEvent, S3Notification, StartEvent
 from stepwise.handlers._common import (
     bind,
+    dependencies,
+    entrypoint,
     logger,
     now,
     redact,
     run_config,
+    settings,
     sfn_client,
     store,
 )
@@ -47,9 +43,11 @@ from stepwise.layout import (
     tokenizer_prefix,
     turns_prefix,
 )
-from stepwise.records import BatchItem, BatchRef, RolloutRecord, RunRef, SamplerPolicy, SessionRecord
+from stepwise.records import BatchRef, RolloutRecord, SamplerPolicy, SessionRecord
 
-THROTTLING_CODES = frozenset({"ThrottlingException", "ServiceQuotaExceededException", "RetryableConflictException", "TooManyRequestsException"})
+if TYPE_CHECKING:
+    from stepwise.config import RunConfig
+
 #: The session record's field holding the rollout's Step Functions task token (OnRolloutResult reads it).
 TASK_TOKEN_FIELD = "task_token"
 #: Seconds the gateway session outlives the task timeout (the agent's last call may be in flight).
@@ -59,25 +57,10 @@ SESSION_GRACE_S = 60
 def turn_grace_seconds() -> float:
     """Wait between closing a session and listing its turns (docs/internals.md: a turn object can
     land a few ms after a streaming client saw the reply end). ``STEPWISE_TURN_GRACE_SECONDS``, default 1."""
-    import os
-
-    return max(0.0, float(os.environ.get("STEPWISE_TURN_GRACE_SECONDS", "1")))
+    return settings().turn_grace_seconds
 
 
-class AgentRuntimeThrottled(RuntimeError):
-    """ACR refused the invoke for rate (retried by the state machine with backoff and jitter)."""
-
-
-class StartEvent(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    task_token: str
-    run: RunRef
-    batch: BatchRef
-    item: BatchItem
-
-
-def session_record(cfg: Any, run_id: str, batch: BatchRef, sid: str, input_id: str, index: int) -> SessionRecord:
+def session_record(cfg: RunConfig, run_id: str, batch: BatchRef, sid: str, input_id: str, index: int) -> SessionRecord:
     """The gateway session record (docs/internals.md), plus ``input_id`` and ``started_at``.
 
     The sampler (session name, model package ARN, policy version) is ``batch.policy``, which must
@@ -133,35 +116,12 @@ def rollout_payload(payload: dict[str, Any], *, run_id: str, input_id: str, buck
     }
 
 
-def _acr_client(agent_runtime_arn: str, default_region: str) -> Any:
-    """A ``bedrock-agentcore`` client in the runtime's own region (read from its ARN), one per
-    region and container (creating a boto3 client costs ~10-50 ms of CPU)."""
-    parts = agent_runtime_arn.split(":")
-    region = parts[3] if len(parts) > 3 and parts[3] else default_region
-    return _acr_client_for(region, os.environ.get("AWS_ENDPOINT_URL_BEDROCK_AGENTCORE", ""))
-
-
-@functools.lru_cache(maxsize=8)
-def _acr_client_for(region: str, _endpoint: str) -> Any:
-    # Few in-client retries: the state machine's Retry (backoff + full jitter) paces throttled starts.
-    return boto3.client("bedrock-agentcore", region_name=region,
-                        config=client_config(retries={"mode": "standard", "max_attempts": 2}))
-
-
-_PROMPTS_LOCK = threading.Lock()
-
-
-def _prompts(bucket: str, key: str) -> dict[str, Any]:
+def _prompts(key: str) -> dict[str, Any]:
     """A generation batch's ``prompts.json`` (written once by PlanStep, never changed): read once
-    per container instead of once per rollout. Locked, so that rollouts starting together in one
-    process (the local stack) read it once, not once each."""
-    with _PROMPTS_LOCK:
-        return _read_prompts(bucket, key)
-
-
-@functools.lru_cache(maxsize=16)
-def _read_prompts(bucket: str, key: str) -> dict[str, Any]:
-    return store().get_json(key)
+    per container instead of once per rollout (`Dependencies.memo`: rollouts starting together in
+    one process, the local stack, read it once, not once each)."""
+    deps = dependencies()
+    return deps.memo(("prompts", key), lambda: deps.store.get_json(key))
 
 
 def start(event: StartEvent) -> dict[str, Any]:
@@ -185,37 +145,16 @@ def start(event: StartEvent) -> dict[str, Any]:
     # The task token rides in the session record (one PUT fewer than an object of its own), written
     # before the invoke, so the fastest result finds it. The gateway never serves the record.
     rs.put_json(session_key(sid), {**record.model_dump(), TASK_TOKEN_FIELD: event.task_token})
-    payload = _prompts(rs.bucket, prompts_key(run.run_id, batch.step, batch.generation_batch, batch.kind))[item.input_id]
+    payload = _prompts(prompts_key(run.run_id, batch.step, batch.generation_batch, batch.kind))[item.input_id]
     body = rollout_payload(payload, run_id=run.run_id, input_id=item.input_id, bucket=rs.bucket, sid=sid,
-                           gateway_url=os.environ.get("STEPWISE_GATEWAY_URL", ""), model_id=cfg.base_model_arn,
+                           gateway_url=settings().gateway_url, model_id=cfg.base_model_arn,
                            sampling=record.sampling_defaults)
-    try:
-        resp = _acr_client(cfg.agent_runtime_arn, cfg.region).invoke_agent_runtime(
-            agentRuntimeArn=cfg.agent_runtime_arn, runtimeSessionId=sid,
-            payload=json.dumps(body).encode(), contentType="application/json", accept="application/json",
-        )
-    except ClientError as e:
-        code = e.response.get("Error", {}).get("Code", "")
-        if code in THROTTLING_CODES:
-            raise AgentRuntimeThrottled(f"InvokeAgentRuntime throttled ({code}) for sid {sid}") from e
-        raise
-    stream = resp.get("response")
-    if stream is not None and hasattr(stream, "close"):
-        stream.close()
-    logger.info("rollout started", extra={"input_id": item.input_id, "status_code": resp.get("statusCode")})
+    status_code = agentcore.invoke(cfg.agent_runtime_arn, cfg.region, session_id=sid, payload=json.dumps(body).encode())
+    logger.info("rollout started", extra={"input_id": item.input_id, "status_code": status_code})
     return {"sid": sid}
 
 
 # ---------------------------------------------------------------------------- result notification
-
-
-def _s3_keys(event: dict[str, Any]) -> list[tuple[str, str]]:
-    """``(bucket, URL-decoded key)`` of every S3 record (S3 event keys arrive URL-encoded, '+' = space)."""
-    out = []
-    for rec in event.get("Records", []):
-        s3 = rec.get("s3", {})
-        out.append((s3.get("bucket", {}).get("name", ""), urllib.parse.unquote_plus(s3.get("object", {}).get("key", ""))))
-    return out
 
 
 def task_token(rs: Any, run_id: str, sid: str) -> str | None:
@@ -236,12 +175,12 @@ def session_and_token(rs: Any, run_id: str, sid: str) -> tuple[dict[str, Any] | 
     return owned, str(legacy["task_token"]) if isinstance(legacy, dict) and legacy.get("task_token") else None
 
 
-def on_result(event: dict[str, Any]) -> dict[str, Any]:
+def on_result(event: S3Notification) -> dict[str, Any]:
     """SendTaskSuccess for each result object. Unknown, duplicate and late results are logged and ignored."""
     rs = store()
     sfn = sfn_client()  # the client OnRolloutResult resumes tasks with (one per container)
     resumed, ignored = 0, 0
-    for _bucket, key in _s3_keys(event):
+    for _bucket, key in event.objects():
         try:
             run_id, input_id, sid = parse_result_key(key)
         except ValueError:
@@ -254,33 +193,23 @@ def on_result(event: dict[str, Any]) -> dict[str, Any]:
             logger.warning("no task token for this result (unknown session)", extra={"key": redact(key, sid)})
             ignored += 1
             continue
-        try:
-            # The session record rides to FinishRollout, which closes the session with it: one GET of
-            # the record per rollout fewer. Nothing changes the record meanwhile (StartRollout wrote it
-            # before the invoke; the gateway only reads it). Its token is already in the history (the
-            # Start rollout task's parameters), so the output reveals nothing new.
-            output: dict[str, Any] = {"sid": sid, "result_key": key}
-            if record is not None:
-                output["session"] = record
-            sfn.send_task_success(taskToken=token, output=json.dumps(output))
+        # The session record rides to FinishRollout, which closes the session with it: one GET of
+        # the record per rollout fewer. Nothing changes the record meanwhile (StartRollout wrote it
+        # before the invoke; the gateway only reads it). Its token is already in the history (the
+        # Start rollout task's parameters), so the output reveals nothing new.
+        output: dict[str, Any] = {"sid": sid, "result_key": key}
+        if record is not None:
+            output["session"] = record
+        gone = task_tokens.send_result(sfn, token, output)
+        if gone is None:
             resumed += 1
-        except (sfn.exceptions.TaskTimedOut, sfn.exceptions.InvalidToken, sfn.exceptions.TaskDoesNotExist) as e:
-            logger.info("result arrived after its task ended (duplicate or late)", extra={"key": redact(key, sid), "why": type(e).__name__})
+        else:
+            logger.info("result arrived after its task ended (duplicate or late)", extra={"key": redact(key, sid), "why": gone})
             ignored += 1
     return {"resumed": resumed, "ignored": ignored}
 
 
 # ---------------------------------------------------------------------------- finish
-
-
-class FinishEvent(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    run: RunRef
-    batch: BatchRef
-    item: BatchItem
-    result: dict[str, Any] | None = None  # SendTaskSuccess output {"sid", "result_key"}
-    error: dict[str, Any] | None = None  # Catch output {"Error", "Cause"}
 
 
 def _load_turns(rs: Any, run_id: str, sid: str) -> list[dict[str, Any]]:
@@ -376,16 +305,6 @@ def finish(event: FinishEvent) -> dict[str, Any]:
     return {"sid": key_sid, "reward": reward, "status": status, "records": len(records)}
 
 
-@logger.inject_lambda_context(clear_state=True)
-def start_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    return start(StartEvent.model_validate(event))
-
-
-@logger.inject_lambda_context(clear_state=True)
-def result_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    return on_result(event)
-
-
-@logger.inject_lambda_context(clear_state=True)
-def finish_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    return finish(FinishEvent.model_validate(event))
+start_handler = entrypoint(StartEvent, start)
+result_handler = entrypoint(S3Notification, on_result)
+finish_handler = entrypoint(FinishEvent, finish)

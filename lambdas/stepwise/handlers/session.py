@@ -13,20 +13,17 @@
 
 from __future__ import annotations
 
-import json
-import os
 from typing import Any
 
-import boto3
-from pydantic import BaseModel, ConfigDict
-
-from stepwise.aws import sagemaker, tracking
-from stepwise.executions import ABNORMAL_END_STATUSES, continuation_name
+from stepwise.aws import sagemaker, task_tokens, tracking
+from stepwise.aws.runstore import RunNotFound
 from stepwise.core.operations import weights_usage
 from stepwise.core.phases import final_weights, plan_resume
-from stepwise.handlers._common import RunEvent, bind, drive, logger, now, poll_seconds, resolve_run, run_config, store
-from stepwise.records import RunRef, RunState
-from stepwise.aws.runstore import RunNotFound
+from stepwise.events import ContinueEvent, ExecutionStatusChange, RunEvent, StopEvent
+from stepwise.executions import ABNORMAL_END_STATUSES, continuation_name, resolve_run
+from stepwise.handlers._common import (bind, drive, entrypoint, logger, now, poll_seconds, run_config, settings,
+                                       sfn_client, store)
+from stepwise.records import RunState
 
 
 class SessionStartTimeout(TimeoutError):
@@ -34,7 +31,7 @@ class SessionStartTimeout(TimeoutError):
 
 
 def session_start_timeout() -> float:
-    return float(os.environ.get("STEPWISE_SESSION_START_TIMEOUT", "1800"))
+    return settings().session_start_timeout
 
 
 def poll_session(event: RunEvent) -> dict[str, Any]:
@@ -70,16 +67,6 @@ def poll_session(event: RunEvent) -> dict[str, Any]:
             return {"ready": False, "status": "LoadingCheckpoint", "wait_seconds": poll_seconds()}
         logger.info("resumed from checkpoint", extra={"sampler_model_package_arn": state.sampler_model_package_arn})
     return {"ready": True, "status": sagemaker.RUNNING, "wait_seconds": poll_seconds()}
-
-
-class StopEvent(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    execution_arn: str
-    execution_name: str
-    input: Any = None
-    reason: str = "finished"
-    error: dict[str, Any] | None = None
 
 
 def _tracking_status(reason: str) -> str:
@@ -144,23 +131,18 @@ def stop(event: StopEvent) -> dict[str, Any]:
     return stop_owned_session(event.execution_arn, event.execution_name, event.input, reason=reason)
 
 
-def cleanup(event: dict[str, Any]) -> dict[str, Any]:
-    """EventBridge "Step Functions Execution Status Change" -> stop the session of the run it owned."""
-    detail = event.get("detail") or {}
-    status = detail.get("status")
-    if status not in ABNORMAL_END_STATUSES:
-        return {"stopped": False, "why": f"status {status!r} needs no cleanup"}
-    return stop_owned_session(
-        detail["executionArn"], detail.get("name") or detail["executionArn"].rsplit(":", 1)[-1], detail.get("input"),
-        reason=f"execution {status}",
-    )
+def cleanup(event: ExecutionStatusChange) -> dict[str, Any]:
+    """EventBridge "Step Functions Execution Status Change" -> stop the session of the run it owned.
 
-
-class ContinueEvent(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    run: RunRef
-    state_machine_arn: str
+    Raises:
+        KeyError: an abnormal end without ``detail.executionArn``.
+    """
+    detail = event.detail
+    if detail.status not in ABNORMAL_END_STATUSES:
+        return {"stopped": False, "why": f"status {detail.status!r} needs no cleanup"}
+    if not detail.executionArn:
+        raise KeyError("executionArn")
+    return stop_owned_session(detail.executionArn, event.execution_name, detail.input, reason=f"execution {detail.status}")
 
 
 def continue_run(event: ContinueEvent) -> dict[str, Any]:
@@ -171,30 +153,12 @@ def continue_run(event: ContinueEvent) -> dict[str, Any]:
     segment = state.segment + 1
     name = continuation_name(run.run_id, segment)
     body = {"continuation": {"run_id": run.run_id, "parent_execution_arn": run.execution_arn, "segment": segment}}
-    sfn = boto3.client("stepfunctions")
-    try:
-        arn = sfn.start_execution(stateMachineArn=event.state_machine_arn, name=name, input=json.dumps(body))["executionArn"]
-    except sfn.exceptions.ExecutionAlreadyExists:
-        arn = f"{event.state_machine_arn.replace(':stateMachine:', ':execution:')}:{name}"
+    arn = task_tokens.start_execution(sfn_client(), event.state_machine_arn, name, body)
     logger.info("continued as a new execution", extra={"next_execution": arn, "segment": segment})
     return {"execution_arn": arn, "name": name}
 
 
-@logger.inject_lambda_context(clear_state=True)
-def poll_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    return poll_session(RunEvent.model_validate(event))
-
-
-@logger.inject_lambda_context(clear_state=True)
-def stop_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    return stop(StopEvent.model_validate(event))
-
-
-@logger.inject_lambda_context(clear_state=True)
-def cleanup_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    return cleanup(event)
-
-
-@logger.inject_lambda_context(clear_state=True)
-def continue_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    return continue_run(ContinueEvent.model_validate(event))
+poll_handler = entrypoint(RunEvent, poll_session)
+stop_handler = entrypoint(StopEvent, stop)
+cleanup_handler = entrypoint(ExecutionStatusChange, cleanup)
+continue_handler = entrypoint(ContinueEvent, continue_run)

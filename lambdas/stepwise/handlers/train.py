@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from stepwise.core.phases import PhaseMismatch, plan_train_phase
-from stepwise.handlers._common import RunEvent, bind, drive, emit, logger, poll_seconds, store, write_summary
+from stepwise.events import RunEvent
+from stepwise.handlers._common import bind, drive, emit, entrypoint, logger, poll_seconds, store, write_summary
 
 
 def _result(done: bool, **extra: Any) -> dict[str, Any]:
@@ -91,21 +92,7 @@ def checkpoint(event: RunEvent) -> dict[str, Any]:
     return _result(done, step=state.step)
 
 
-@logger.inject_lambda_context(clear_state=True)
-def submit_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    return submit(RunEvent.model_validate(event))
-
-
-@logger.inject_lambda_context(clear_state=True)
-def poll_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    return poll(RunEvent.model_validate(event))
-
-
-@logger.inject_lambda_context(clear_state=True)
-def rebind_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    return rebind(RunEvent.model_validate(event))
-
-
-@logger.inject_lambda_context(clear_state=True)
-def checkpoint_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    return checkpoint(RunEvent.model_validate(event))
+submit_handler = entrypoint(RunEvent, submit)
+poll_handler = entrypoint(RunEvent, poll)
+rebind_handler = entrypoint(RunEvent, rebind)
+checkpoint_handler = entrypoint(RunEvent, checkpoint)

@@ -1,0 +1,120 @@
+"""The Lambda environment, read in one place (docs/internals.md, "Environment variables every Lambda reads").
+
+`Settings.from_env` reads every variable the handlers use; `current` returns the settings of
+the process's environment now (one ``os.environ`` read per variable, then a cached `Settings`),
+so the local engine and the tests, which run one handler after another under different
+environments in one process, always get the settings of the environment they set. Defaults and
+bounds are the ones the stack and the local stack document.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+ENV_BUCKET = "STEPWISE_BUCKET"
+ENV_GATEWAY_URL = "STEPWISE_GATEWAY_URL"
+ENV_DATA_BUCKETS = "STEPWISE_DATA_BUCKETS"
+ENV_AGENT_RUNTIME_ARNS = "STEPWISE_AGENT_RUNTIME_ARNS"
+ENV_POLL_SECONDS = "STEPWISE_POLL_SECONDS"
+ENV_INLINE_WAIT_SECONDS = "STEPWISE_INLINE_WAIT_SECONDS"
+ENV_SESSION_START_TIMEOUT = "STEPWISE_SESSION_START_TIMEOUT"
+ENV_TURN_GRACE_SECONDS = "STEPWISE_TURN_GRACE_SECONDS"
+ENV_DEFAULT_S3_OUTPUT_PATH = "STEPWISE_DEFAULT_S3_OUTPUT_PATH"
+ENV_REGION = "AWS_REGION"
+ENV_SERVICE = "POWERTOOLS_SERVICE_NAME"
+ENV_METRICS_NAMESPACE = "POWERTOOLS_METRICS_NAMESPACE"
+
+#: Endpoint overrides (set only by the local stack): a client is made per endpoint, so a handler run
+#: after another under a new moto server never talks to the old one.
+ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL_SFN",
+                      "AWS_ENDPOINT_URL_BEDROCK_AGENTCORE", "AWS_ENDPOINT_URL_BEDROCK_AGENTCORE_CONTROL")
+
+_NAMES = (ENV_BUCKET, ENV_GATEWAY_URL, ENV_DATA_BUCKETS, ENV_AGENT_RUNTIME_ARNS, ENV_POLL_SECONDS,
+          ENV_INLINE_WAIT_SECONDS, ENV_SESSION_START_TIMEOUT, ENV_TURN_GRACE_SECONDS, ENV_DEFAULT_S3_OUTPUT_PATH,
+          ENV_REGION, "AWS_DEFAULT_REGION", *ENDPOINT_VARIABLES)
+
+
+def _split(value: str) -> tuple[str, ...]:
+    return tuple(v.strip() for v in value.split(",") if v.strip())
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What a handler function's environment says.
+
+    Attributes:
+        bucket: the run bucket (``STEPWISE_BUCKET``; '' = unset, `require_bucket` raises).
+        gateway_url: the agents' LLM base URL (``STEPWISE_GATEWAY_URL``).
+        data_buckets: more buckets the functions may read and write (``STEPWISE_DATA_BUCKETS``).
+        agent_runtime_arns: the ACR runtimes StartRollout may invoke (``STEPWISE_AGENT_RUNTIME_ARNS``;
+            empty = any runtime of the stack's region).
+        poll_seconds: Wait-state seconds between polls (``STEPWISE_POLL_SECONDS``, integer >= 1, default 10).
+        inline_wait_seconds: how long a submit/poll handler polls before handing the wait to a Wait
+            state (``STEPWISE_INLINE_WAIT_SECONDS``, >= 0, default 5).
+        session_start_timeout: seconds the session may take to reach Running
+            (``STEPWISE_SESSION_START_TIMEOUT``, default 1800).
+        turn_grace_seconds: FinishRollout's wait between closing a session and listing its turns
+            (``STEPWISE_TURN_GRACE_SECONDS``, >= 0, default 1).
+        default_s3_output_path: the sessions' default output path (``STEPWISE_DEFAULT_S3_OUTPUT_PATH``).
+        region: ``AWS_REGION`` (else ``AWS_DEFAULT_REGION``).
+        endpoints: the ``AWS_ENDPOINT_URL*`` overrides, as ``((name, url), ...)``.
+    """
+
+    bucket: str = ""
+    gateway_url: str = ""
+    data_buckets: tuple[str, ...] = ()
+    agent_runtime_arns: tuple[str, ...] = ()
+    poll_seconds: int = 10
+    inline_wait_seconds: float = 5.0
+    session_start_timeout: float = 1800.0
+    turn_grace_seconds: float = 1.0
+    default_s3_output_path: str = ""
+    region: str = ""
+    endpoints: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> "Settings":
+        """The settings ``env`` holds. Raises ValueError naming a variable that is not a number."""
+        def number(name: str, default: str, kind: type) -> float:
+            raw = env.get(name) or default
+            try:
+                return kind(raw)
+            except ValueError:
+                raise ValueError(f"{name}={raw!r} is not a number") from None
+
+        return cls(
+            bucket=env.get(ENV_BUCKET, ""),
+            gateway_url=env.get(ENV_GATEWAY_URL, ""),
+            data_buckets=_split(env.get(ENV_DATA_BUCKETS, "")),
+            agent_runtime_arns=_split(env.get(ENV_AGENT_RUNTIME_ARNS, "")),
+            poll_seconds=max(1, int(number(ENV_POLL_SECONDS, "10", int))),
+            inline_wait_seconds=max(0.0, number(ENV_INLINE_WAIT_SECONDS, "5", float)),
+            session_start_timeout=number(ENV_SESSION_START_TIMEOUT, "1800", float),
+            turn_grace_seconds=max(0.0, number(ENV_TURN_GRACE_SECONDS, "1", float)),
+            default_s3_output_path=env.get(ENV_DEFAULT_S3_OUTPUT_PATH, ""),
+            region=env.get(ENV_REGION, "") or env.get("AWS_DEFAULT_REGION", ""),
+            endpoints=tuple((n, env[n]) for n in ENDPOINT_VARIABLES if env.get(n)),
+        )
+
+    def endpoint(self, name: str) -> str:
+        """The ``AWS_ENDPOINT_URL_{name}`` override ('' = none)."""
+        return dict(self.endpoints).get(f"AWS_ENDPOINT_URL_{name}", "")
+
+    def require_bucket(self) -> str:
+        """The run bucket. Raises KeyError naming the variable when unset."""
+        if not self.bucket:
+            raise KeyError(f"{ENV_BUCKET} is not set: the Lambda environment must name the run bucket")
+        return self.bucket
+
+
+def current() -> Settings:
+    """The settings of this process's environment now (cached per distinct environment)."""
+    return _settings(tuple(os.environ.get(name, "") for name in _NAMES))
+
+
+@functools.lru_cache(maxsize=16)
+def _settings(values: tuple[str, ...]) -> Settings:
+    return Settings.from_env({k: v for k, v in zip(_NAMES, values) if v})
