@@ -140,3 +140,32 @@ def test_table_puts_the_pipeline_at_each_staleness_beside_the_reference() -> Non
     assert lines[3].split()[:6] == ["pipeline", "s=1", "3", "3.00", "3.00", "0.75"]
     assert "FAILED" in lines[4]
     assert result["pipelines"][1]["ratio_to_reference"] == 0.75
+
+
+def test_cpu_monitor_charges_a_child_s_cpu_to_its_role_within_the_window() -> None:
+    import subprocess
+    import sys
+    import time
+
+    from benchmarks._common import CpuMonitor, process_role
+
+    assert [process_role(c) for c in ("python -m local.workers --port 0", "python -m stepwise.gateway",
+                                      "python -m local.agents.serve x:app", "cli.main()) simulator --port 0",
+                                      "node x")] == ["workers", "gateway", "agent", "simulator", "other"]
+    with CpuMonitor(interval=0.1) as cpu:
+        time.sleep(0.3)
+        idle_until = time.time()
+        t0 = time.time()
+        # a child that burns ~0.5 s of CPU; "simulator" in its command line names its role
+        subprocess.run([sys.executable, "-c", "import time\nt = time.process_time()\n"
+                        "while time.process_time() - t < 0.5: pass", "simulator"], check=True)
+        time.sleep(0.3)
+        t1 = time.time()
+    busy = cpu.window(t0, t1)
+    assert 0.4 <= busy["simulator"] <= 1.0 and busy["total"] >= busy["simulator"]
+    # before the child: nothing charged to it (samples nearest to the bounds, 0.1 s apart)
+    assert cpu.window(idle_until - 0.3, idle_until - 0.15).get("simulator", 0.0) == 0.0
+    assert cpu.window(t1, t0) == {}
+    per_step = reference_vs_pipeline.cpu_per_step(cpu, [t0, (t0 + t1) / 2, t1])
+    assert per_step["simulator"] == pytest.approx(busy["simulator"] / 2, abs=0.01)
+    assert reference_vs_pipeline.cpu_per_step(None, [t0, t1]) == {}
