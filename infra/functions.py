@@ -2,15 +2,16 @@
 
 Every function runs the same image built from ``lambdas/Dockerfile`` and picks its handler by
 the image ``cmd`` (``FunctionSpec.handler``); memory and timeout come from the spec, the
-environment from ``stepwise.functions.environment()``. Each function has its own role with
-exactly the capabilities ``infra.permissions`` lists for it and its own log group.
+environment from ``stepwise.functions.environment()``. Each function has its own role and log
+group; the role starts with its log group and X-Ray only, and the constructs that own the
+resources grant the rest (``infra.stack.StepwiseStack._grant``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from aws_cdk import Duration, RemovalPolicy, Stack
+from aws_cdk import Duration, RemovalPolicy
 from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
@@ -19,7 +20,6 @@ from aws_cdk import aws_s3 as s3
 from cdk_nag import NagSuppressions
 from constructs import Construct
 
-from infra.permissions import capabilities_of, statements
 from stepwise.functions import FUNCTIONS, FunctionSpec, environment
 
 #: The image build context (the repo's ``lambdas/`` folder).
@@ -38,16 +38,12 @@ def image_code(*, file: str = "Dockerfile", cmd: list[str] | None = None) -> lam
                                                     platform=ecr_assets.Platform.LINUX_AMD64)
 
 
-def function_role(scope: Construct, id: str, *, spec: FunctionSpec, bucket: s3.IBucket,
-                  log_group: logs.ILogGroup, **grant_args) -> iam.Role:
-    """A role for ``spec``: its log group, X-Ray, and the statements of its capabilities."""
-    stack = Stack.of(scope)
+def function_role(scope: Construct, id: str, *, spec: FunctionSpec, log_group: logs.ILogGroup) -> iam.Role:
+    """A role for ``spec`` that may write its log group (X-Ray comes with active tracing); every
+    other grant is added by the construct that owns the resource."""
     role = iam.Role(scope, id, assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
                     description=f"Stepwise {spec.name} Lambda")
     log_group.grant_write(role)
-    for capability in sorted(capabilities_of(spec.name), key=lambda c: c.name):
-        for statement in statements(capability, stack=stack, bucket=bucket, **grant_args):
-            role.add_to_policy(statement)
     return role
 
 
@@ -78,20 +74,18 @@ class HandlerFunctions(Construct):
 
     def __init__(self, scope: Construct, id: str, *, bucket: s3.IBucket, gateway_url: str,
                  log_retention_days: int, extra_environment: dict[str, str] | None = None,
-                 **grant_args) -> None:
-        """``grant_args``: the context-given resources of ``infra.permissions.statements``
-        (agent_runtime_arns, sagemaker_role_arns, data_buckets, kms_key_arn,
-        mlflow_tracking_server_arns); the runtimes and buckets also go to the environment."""
+                 data_buckets: tuple[str, ...] = (), agent_runtime_arns: tuple[str, ...] = ()) -> None:
+        """``data_buckets``, ``agent_runtime_arns``: the context values the handlers read from their
+        environment (what the stack grants, for the refusals before billing)."""
         super().__init__(scope, id)
         self.functions: dict[str, lambda_.DockerImageFunction] = {}
         self.log_groups: dict[str, logs.LogGroup] = {}
         env = environment(bucket=bucket.bucket_name, gateway_url=gateway_url, extra=extra_environment,
-                          data_buckets=",".join(grant_args.get("data_buckets", ())),
-                          agent_runtime_arns=",".join(grant_args.get("agent_runtime_arns", ())))
+                          data_buckets=",".join(data_buckets), agent_runtime_arns=",".join(agent_runtime_arns))
         for spec in FUNCTIONS:
             log_group = log_group_for(self, f"{spec.name}Logs", log_retention_days)
             self.log_groups[spec.name] = log_group
-            role = function_role(self, f"{spec.name}Role", spec=spec, bucket=bucket, log_group=log_group, **grant_args)
+            role = function_role(self, f"{spec.name}Role", spec=spec, log_group=log_group)
             self.functions[spec.name] = lambda_.DockerImageFunction(
                 self,
                 spec.name,

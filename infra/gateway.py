@@ -31,7 +31,7 @@ class Gateway(Construct):
         super().__init__(scope, id)
         spec = GATEWAY_FUNCTION
         log_group = log_group_for(self, "Logs", log_retention_days)
-        role = function_role(self, "Role", spec=spec, bucket=bucket, log_group=log_group)
+        role = function_role(self, "Role", spec=spec, log_group=log_group)
         env = environment(bucket=bucket.bucket_name, gateway_url="")
         # Must agree with the URL's invoke mode below, or streamed completions are buffered.
         env["AWS_LWA_INVOKE_MODE"] = "response_stream"

@@ -19,7 +19,7 @@ from infra.definition import substitutions
 from infra.functions import HandlerFunctions
 from infra.gateway import Gateway
 from infra.monitoring import Monitoring
-from infra.permissions import C, FUNCTION_CAPABILITIES
+from infra.permissions import AgentRuntimes, TrackingServers, TrainingSessions
 from infra.settings import SettingsError, StackSettings
 from infra.state_machine import TrainingLoop
 from infra.storage import Storage
@@ -58,6 +58,7 @@ class StepwiseStack(Stack):
             destroy_on_delete=settings.destroy_on_delete,
             agent_role_arns=settings.agent_role_arns,
             sagemaker_role_arns=settings.sagemaker_role_arns,
+            data_buckets=settings.data_buckets,
         )
         bucket = self.storage.bucket
         _pin_region(self, settings)
@@ -70,10 +71,7 @@ class StepwiseStack(Stack):
             log_retention_days=settings.log_retention_days,
             extra_environment={ENV_DEFAULT_S3_OUTPUT_PATH: self.storage.default_sagemaker_output_path},
             agent_runtime_arns=settings.agent_runtime_arns,
-            sagemaker_role_arns=settings.sagemaker_role_arns,
             data_buckets=settings.data_buckets,
-            kms_key_arn=settings.kms_key_arn,
-            mlflow_tracking_server_arns=settings.mlflow_tracking_server_arns,
         )
         fns = self.functions.functions
         self.training_loop = TrainingLoop(
@@ -85,10 +83,9 @@ class StepwiseStack(Stack):
             bucket=bucket,
             log_retention_days=settings.log_retention_days,
             bulk_retention_days=settings.bulk_retention_days,
-            start_execution_functions=_holding(C.CONTINUE_RUN, fns),
-            history_functions=_holding(C.READ_HISTORY, fns),
         )
         state_machine = self.training_loop.state_machine
+        self._grant(settings)
 
         # Agent results resume their rollout: S3 ObjectCreated under rollout-results/ -> OnRolloutResult.
         bucket.add_event_notification(
@@ -119,6 +116,49 @@ class StepwiseStack(Stack):
                   description="CloudWatch dashboard of the training runs")
 
         _suppress_stack_level(self, settings)
+
+    def _grant(self, settings: StackSettings) -> None:
+        """Who may do what: each role gets, from the construct or resource that owns it, exactly what
+        its handler calls (tests/infra/test_stack_iam_coverage.py records every AWS call of a local
+        run and checks it against the synthesized roles)."""
+        storage, loop, fns, gateway = self.storage, self.training_loop, self.functions.functions, self.gateway.function
+        sessions = TrainingSessions(self, sagemaker_role_arns=settings.sagemaker_role_arns, kms_key_arn=settings.kms_key_arn)
+        agents = AgentRuntimes(self, settings.agent_runtime_arns)
+        tracking = TrackingServers(settings.mlflow_tracking_server_arns)
+        for fn in fns.values():  # every handler reads and writes the run's state
+            storage.grant_run_state(fn)
+        # Init looks the agent runtime up before any session (stepwise.core.preflight): the runtimes StartRollout may invoke.
+        sessions.grant_lifecycle(fns["Init"])
+        storage.grant_data_read_write(fns["Init"])
+        agents.grant_lookup(fns["Init"])
+        # PlanStep reads its execution's history length before each step (continue-as-new on a budget).
+        storage.grant_data_read(fns["PlanStep"])
+        loop.grant_read_history(fns["PlanStep"])
+        agents.grant_invoke(fns["StartRollout"])
+        for name in ("StartRollout", "OnRolloutResult", "FinishRollout"):
+            storage.grant_session_records(fns[name])
+        for name in ("OnRolloutResult", "FinishRollout"):
+            storage.grant_read_results(fns[name])
+        loop.grant_task_response(fns["OnRolloutResult"])
+        # The operation driver (``stepwise.aws.sagemaker.drive``: SubmitTrain, PollOperation, Rebind,
+        # Checkpoint, PollSession) may submit or poll either kind of operation; PollSession also drives
+        # the resume phase (load_state, save_weights, load_weights_for_sampling).
+        for name in ("PollSession", "SubmitTrain", "PollOperation", "Rebind", "Checkpoint"):
+            sessions.grant_training_operations(fns[name])
+            sessions.grant_sampling_operations(fns[name])
+        sessions.grant_describe(fns["PollSession"])
+        for name in ("PollSession", "Checkpoint"):
+            sessions.grant_read_model_packages(fns[name])
+        loop.grant_continue_run(fns["ContinueRun"])
+        for name in ("StopSession", "Cleanup"):
+            sessions.grant_stop(fns[name])
+        # The functions that publish summaries (handlers' write_summary) or end the MLflow run
+        # (stop_owned_session) may log to the tracking servers.
+        for name in ("ComputeAdvantages", "RecordEval", "Rebind", "StopSession", "Cleanup"):
+            tracking.grant_tracking(fns[name])
+        # The gateway: session records, tokenizers and captured turns, and the sampler.
+        storage.grant_gateway_objects(gateway)
+        sessions.grant_sampling_operations(gateway)
 
 
 def context_arn_regions(settings: StackSettings) -> dict[str, set[str]]:
@@ -159,10 +199,6 @@ def _pin_region(stack: Stack, settings: StackSettings) -> None:
         assert_description=f"This template's context values ({', '.join(sorted(keys))}) name resources in {region}: "
                            f"deploy it to {region}.",
     )])
-
-
-def _holding(capability, fns) -> tuple[str, ...]:
-    return tuple(n for n in fns if capability in FUNCTION_CAPABILITIES.get(n, frozenset()))
 
 
 def _suppress_stack_level(stack: Stack, settings: StackSettings) -> None:

@@ -36,10 +36,11 @@ from constructs import Construct
 
 from infra.definition import INTEGRATION_PLACEHOLDERS, used_substitutions
 from infra.functions import _retention
-from infra.permissions import STATE_MACHINE_ACTIONS, Capability
 from state_machine.definition import PLACEHOLDER_RE
 from stepwise.layout import RUNS_PREFIX
 
+#: Task-token responses (:meth:`TrainingLoop.grant_task_response`).
+TASK_RESPONSE_ACTIONS = ("states:SendTaskSuccess", "states:SendTaskFailure", "states:SendTaskHeartbeat")
 #: Service integrations this construct grants, by what follows ``arn:PARTITION:states:::``.
 LAMBDA_INTEGRATIONS = ("lambda:invoke", "lambda:invoke.waitForTaskToken")
 ITEM_READER_INTEGRATIONS = ("s3:getObject",)
@@ -127,9 +128,8 @@ class TrainingLoop(Construct):
     """The training loop state machine (``self.state_machine``) and its permissions."""
 
     def __init__(self, scope: Construct, id: str, *, definition: str, substitutions: Mapping[str, str],
-                 functions: Mapping[str, lambda_.IFunction], bucket: s3.Bucket, log_retention_days: int, bulk_retention_days: int,
-                 start_execution_functions: tuple[str, ...] = (),
-                 history_functions: tuple[str, ...] = ()) -> None:
+                 functions: Mapping[str, lambda_.IFunction], bucket: s3.Bucket, log_retention_days: int,
+                 bulk_retention_days: int) -> None:
         super().__init__(scope, id)
         needs = asl_needs(definition)
         used = used_substitutions(definition, substitutions)
@@ -182,38 +182,33 @@ class TrainingLoop(Construct):
             ))
             bucket.add_lifecycle_rule(id=f"expire-{prefix.strip('/')}", prefix=prefix,
                                       expiration=Duration.days(bulk_retention_days))
-        # Function roles that name the state machine: a policy of their own, for the same reason.
-        start, describe = STATE_MACHINE_ACTIONS[Capability.CONTINUE_RUN]
-        for name in start_execution_functions:
-            policy = iam.Policy(self, f"{name}StartExecutionPolicy", statements=[
-                iam.PolicyStatement(actions=[start], resources=[self.state_machine.state_machine_arn]),
-                iam.PolicyStatement(actions=[describe], resources=executions)])
-            functions[name].role.attach_inline_policy(policy)
-        for name in history_functions:
-            policy = iam.Policy(self, f"{name}ReadHistoryPolicy", statements=[iam.PolicyStatement(
-                actions=list(STATE_MACHINE_ACTIONS[Capability.READ_HISTORY]), resources=executions)])
-            functions[name].role.attach_inline_policy(policy)
+        _suppress_findings(self)
 
-        NagSuppressions.add_resource_suppressions(
-            self,
-            [
-                {"id": "AwsSolutions-IAM5",
-                 "reason": "Step Functions' log delivery and X-Ray actions support no resource-level permissions.",
-                 "appliesTo": ["Resource::*"]},
-                {"id": "AwsSolutions-IAM5",
-                 "reason": "Invoking a function also names its versions/aliases (ARN:*), as CDK's grantInvoke does.",
-                 "appliesTo": [{"regex": "/^Resource::<Functions.*\\.Arn>:\\*$/"}]},
-                {"id": "AwsSolutions-IAM5",
-                 "reason": "Distributed Map child executions and continued runs are named at run time "
-                           "(execution:NAME:* and execution:NAME/LABEL:*) - scoped to this state machine.",
-                 "appliesTo": [{"regex": "/^Resource::arn:<AWS::Partition>:states:<AWS::Region>:<AWS::AccountId>:execution:.*\\*$/"}]},
-                {"id": "AwsSolutions-IAM5",
-                 "reason": "The Map reads its items from runs/{run_id}/steps/{step}/gen{g}/items.json and writes "
-                           "its results under its ResultWriter prefix; keys are chosen at run time.",
-                 "appliesTo": [{"regex": "/^Resource::<StorageBucket[0-9A-F]+\\.Arn>\\/.*\\*$/"}]},
-            ],
-            apply_to_children=True,
-        )
+    # --- grants to function roles. Those that name the state machine get a policy of their own,
+    # for the reason above (the state machine depends on the functions, so their default policies
+    # must not depend on it).
+
+    def grant_task_response(self, function: lambda_.IFunction) -> None:
+        """SendTaskSuccess/Failure/Heartbeat for the loop's callback tasks (OnRolloutResult). The
+        Service Authorization Reference lists no resource type for them (the token, here from a
+        Distributed Map child execution, is the authorization), so '*'."""
+        function.add_to_role_policy(iam.PolicyStatement(actions=list(TASK_RESPONSE_ACTIONS), resources=["*"]))
+
+    def grant_continue_run(self, function: lambda_.IFunction) -> None:
+        """StartExecution of this state machine and DescribeExecution of its executions (ContinueRun:
+        the run goes on as a new execution)."""
+        policy = iam.Policy(self, f"{function.node.id}StartExecutionPolicy", statements=[
+            iam.PolicyStatement(actions=["states:StartExecution"], resources=[self.state_machine.state_machine_arn]),
+            iam.PolicyStatement(actions=["states:DescribeExecution"], resources=[self.execution_arns("*")])])
+        function.role.attach_inline_policy(policy)
+        _suppress_findings(policy)
+
+    def grant_read_history(self, function: lambda_.IFunction) -> None:
+        """GetExecutionHistory of this state machine's executions (PlanStep's history budget)."""
+        policy = iam.Policy(self, f"{function.node.id}ReadHistoryPolicy", statements=[iam.PolicyStatement(
+            actions=["states:GetExecutionHistory"], resources=[self.execution_arns("*")])])
+        function.role.attach_inline_policy(policy)
+        _suppress_findings(policy)
 
     def execution_arns(self, suffix: str, *, child: bool = False) -> str:
         """``arn:...:execution:{name}:{suffix}`` (or ``{name}/{suffix}`` for Map child executions)."""
@@ -224,3 +219,28 @@ class TrainingLoop(Construct):
             arn_format=ArnFormat.COLON_RESOURCE_NAME,
         )
 
+
+def _suppress_findings(scope: Construct) -> None:
+    """The wildcard findings of the loop's policies (its role's, and those it attaches to function
+    roles), each with why it cannot be narrower. ``scope``'s children as they are now: called again
+    for each policy a grant adds later."""
+    NagSuppressions.add_resource_suppressions(
+        scope,
+        [
+            {"id": "AwsSolutions-IAM5",
+             "reason": "Step Functions' log delivery and X-Ray actions support no resource-level permissions.",
+             "appliesTo": ["Resource::*"]},
+            {"id": "AwsSolutions-IAM5",
+             "reason": "Invoking a function also names its versions/aliases (ARN:*), as CDK's grantInvoke does.",
+             "appliesTo": [{"regex": "/^Resource::<Functions.*\\.Arn>:\\*$/"}]},
+            {"id": "AwsSolutions-IAM5",
+             "reason": "Distributed Map child executions and continued runs are named at run time "
+                       "(execution:NAME:* and execution:NAME/LABEL:*) - scoped to this state machine.",
+             "appliesTo": [{"regex": "/^Resource::arn:<AWS::Partition>:states:<AWS::Region>:<AWS::AccountId>:execution:.*\\*$/"}]},
+            {"id": "AwsSolutions-IAM5",
+             "reason": "The Map reads its items from runs/{run_id}/steps/{step}/gen{g}/items.json and writes "
+                       "its results under its ResultWriter prefix; keys are chosen at run time.",
+             "appliesTo": [{"regex": "/^Resource::<StorageBucket[0-9A-F]+\\.Arn>\\/.*\\*$/"}]},
+        ],
+        apply_to_children=True,
+    )

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
-from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import Duration, RemovalPolicy, Stack
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 from cdk_nag import NagSuppressions
 from constructs import Construct
 
+from infra.permissions import add_statements, bucket_arn
 from stepwise.layout import (  # the key prefixes and the bulk tag (docs/internals.md, "S3 layout")
     BULK_TAG_KEY,
     BULK_TAG_VALUE,
+    DATASETS_PREFIX,
     RESULTS_PREFIX,
     RUNS_PREFIX,
     SAGEMAKER_OUTPUT_PREFIX,
     SESSIONS_PREFIX,
+    run_sessions_prefix,
+    tokenizer_prefix,
 )
 
 
@@ -39,8 +43,13 @@ class Storage(Construct):
         destroy_on_delete: bool,
         agent_role_arns: tuple[str, ...] = (),
         sagemaker_role_arns: tuple[str, ...] = (),
+        data_buckets: tuple[str, ...] = (),
     ) -> None:
+        """``data_buckets``: the buckets outside the stack that runs read datasets and tokenizers from
+        and write ``s3_output_path`` to (``dataBuckets``); granted by :meth:`grant_data_read` and
+        :meth:`grant_data_read_write`."""
         super().__init__(scope, id)
+        self.data_buckets = data_buckets
         removal = RemovalPolicy.DESTROY if destroy_on_delete else RemovalPolicy.RETAIN
         self.access_logs = s3.Bucket(
             self,
@@ -117,3 +126,59 @@ class Storage(Construct):
     def default_sagemaker_output_path(self) -> str:
         """``s3://{bucket}/sagemaker-output/`` (a token until deploy)."""
         return self.bucket.s3_url_for_object(SAGEMAKER_OUTPUT_PREFIX)
+
+    # --- grants: each adds one concern's statements to a role's policy ----------------------
+
+    def grant_run_state(self, role: iam.IGrantable) -> None:
+        """Read/write ``runs/*``, read ``datasets/*`` (every handler)."""
+        objects = self.bucket.arn_for_objects
+        add_statements(role,
+                  iam.PolicyStatement(actions=["s3:GetObject", "s3:PutObject", "s3:PutObjectTagging"],
+                                      resources=[objects(f"{RUNS_PREFIX}*")]),
+                  iam.PolicyStatement(actions=["s3:GetObject"], resources=[objects(f"{DATASETS_PREFIX}*")]),
+                  self._list_bucket())
+
+    def grant_session_records(self, role: iam.IGrantable) -> None:
+        """Read/write the gateway session records ``sessions/*`` (the rollout handlers)."""
+        add_statements(role,
+                  iam.PolicyStatement(actions=["s3:GetObject", "s3:PutObject", "s3:PutObjectTagging"],
+                                      resources=[self.bucket.arn_for_objects(f"{SESSIONS_PREFIX}*")]),
+                  self._list_bucket())
+
+    def grant_read_results(self, role: iam.IGrantable) -> None:
+        """Read the agents' result objects ``rollout-results/*``."""
+        add_statements(role,
+                  iam.PolicyStatement(actions=["s3:GetObject"], resources=[self.bucket.arn_for_objects(f"{RESULTS_PREFIX}*")]),
+                  self._list_bucket())
+
+    def grant_gateway_objects(self, role: iam.IGrantable) -> None:
+        """The gateway's objects: read ``sessions/*`` and ``runs/*/tokenizer/*``, read/write the captured
+        turns ``runs/*/sessions/*``."""
+        objects = self.bucket.arn_for_objects
+        add_statements(role,
+                  iam.PolicyStatement(actions=["s3:GetObject"],
+                                      resources=[objects(f"{SESSIONS_PREFIX}*"), objects(f"{tokenizer_prefix('*')}*"),
+                                                 objects(f"{run_sessions_prefix('*')}*")]),
+                  iam.PolicyStatement(actions=["s3:PutObject", "s3:PutObjectTagging"],
+                                      resources=[objects(f"{run_sessions_prefix('*')}*")]),
+                  self._list_bucket())
+
+    def grant_data_read(self, role: iam.IGrantable) -> None:
+        """Read datasets and tokenizers in the ``data_buckets`` (nothing when there are none)."""
+        self._grant_data(role, ["s3:GetObject"])
+
+    def grant_data_read_write(self, role: iam.IGrantable) -> None:
+        """Read and write the ``data_buckets`` (datasets, tokenizers, ``s3_output_path``; nothing when none)."""
+        self._grant_data(role, ["s3:GetObject", "s3:PutObject"])
+
+    def _grant_data(self, role: iam.IGrantable, actions: list[str]) -> None:
+        if not self.data_buckets:
+            return
+        stack = Stack.of(self)
+        add_statements(role,
+                  iam.PolicyStatement(actions=actions, resources=[f"{bucket_arn(stack, b)}/*" for b in self.data_buckets]),
+                  iam.PolicyStatement(actions=["s3:ListBucket", "s3:GetBucketLocation"],
+                                      resources=[bucket_arn(stack, b) for b in self.data_buckets]))
+
+    def _list_bucket(self) -> iam.PolicyStatement:
+        return iam.PolicyStatement(actions=["s3:ListBucket"], resources=[self.bucket.bucket_arn])

@@ -3,7 +3,7 @@
 Runs a small training run through the real ASL in moto with the real handlers and the SageMaker
 simulator (as tests/infra/test_pipeline_asl_moto.py does), records each botocore API call with the
 function whose handler made it, and checks the call's IAM action (and, for S3, its key) against
-``infra.permissions`` for that function. A permission the stack forgets fails here, not at
+the policies the synthesized stack attaches to that function's role. A permission the stack forgets fails here, not at
 deploy time. (The gateway is not exercised: a stand-in agent plays it. moto's EventBridge does
 not deliver to Lambda, so the test hands Cleanup the status-change event itself.)
 """
@@ -53,23 +53,21 @@ def iam_actions(signing_name: str, operation: str, params: dict) -> list[str]:
 
 
 def granted() -> dict[str, list[tuple[set[str], list[str]]]]:
-    """Function name -> [(actions, S3 key patterns or ['*'] for non-object resources)] from infra.permissions."""
-    import aws_cdk as cdk
-    from aws_cdk import aws_s3 as s3
-
-    from infra.permissions import STATE_MACHINE_ACTIONS, capabilities_of, statements
+    """Function name -> [(actions, S3 key patterns or ['*'] for non-object resources)]: every statement
+    of every policy the synthesized stack (``cdk.json``'s context) attaches to that function's role."""
+    from tests.support.stack import synthesized
     from stepwise.functions import FUNCTIONS
 
-    stack = cdk.Stack(cdk.App(), "IamProbe")
-    bucket = s3.Bucket(stack, "Bucket")
+    stack, template = synthesized()
+    policies = [r["Properties"] for r in template["Resources"].values() if r["Type"] == "AWS::IAM::Policy"]
     out: dict[str, list[tuple[set[str], list[str]]]] = {}
     for spec in FUNCTIONS:
+        role = stack.resolve(stack.functions.functions[spec.name].role.role_arn)["Fn::GetAtt"][0]
         rules = []
-        for cap in capabilities_of(spec.name):
-            if cap in STATE_MACHINE_ACTIONS:
-                rules.append((set(STATE_MACHINE_ACTIONS[cap]), ["*"]))
-            for st in statements(cap, stack=stack, bucket=bucket):
-                j = stack.resolve(st.to_statement_json())
+        for policy in policies:
+            if {"Ref": role} not in policy["Roles"]:
+                continue
+            for j in policy["PolicyDocument"]["Statement"]:
                 acts = {j["Action"]} if isinstance(j["Action"], str) else set(j["Action"])
                 res = j["Resource"] if isinstance(j["Resource"], list) else [j["Resource"]]
                 keys = []

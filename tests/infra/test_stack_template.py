@@ -18,7 +18,6 @@ os.environ.setdefault("JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION", "1")
 from aws_cdk import assertions  # noqa: E402
 
 from infra.definition import synthesized_definition, synthesized_substitutions  # noqa: E402
-from infra.permissions import FUNCTION_CAPABILITIES  # noqa: E402
 from tests.support.stack import (  # noqa: E402
     AGENT_ROLE, DATA_BUCKETS, GATEWAY_CONCURRENCY, KMS_KEY, MLFLOW_SERVER, REGION, RUNTIME, SCOPED_CONTEXT, SM_ROLE,
     TOPIC, synthesized,
@@ -161,10 +160,24 @@ def test_every_registered_function_exists_with_its_handler_memory_and_timeout(de
         assert props["TracingConfig"] == {"Mode": "Active"}
 
 
-def test_every_function_has_an_explicit_capability_list():
-    names = [s.name for s in FUNCTIONS] + [GATEWAY_FUNCTION.name]
-    missing = [n for n in names if n not in FUNCTION_CAPABILITIES]
-    assert not missing, f"add {missing} to infra.permissions.FUNCTION_CAPABILITIES (they get only RUN_STATE now)"
+def test_every_function_is_granted_more_than_its_logs_and_the_run_state(scoped_app):
+    """A function added to the registry gets its grants in ``StepwiseStack._grant`` explicitly, not only
+    the run state every handler has (with every context value set, each function has one)."""
+    _, template = scoped_app
+    bucket = {"Fn::GetAtt": [_bucket_lid(template), "Arn"]}
+    run_state = [bucket] + [{"Fn::Join": ["", [bucket, f"/{prefix}*"]]} for prefix in ("runs/", "datasets/")]
+
+    def beyond_logs_and_run_state(st: dict) -> bool:
+        actions = [st["Action"]] if isinstance(st["Action"], str) else st["Action"]
+        resources = st["Resource"] if isinstance(st["Resource"], list) else [st["Resource"]]
+        if all(a.startswith(("logs:", "xray:")) for a in actions):
+            return False
+        return not (all(a.startswith("s3:") for a in actions) and all(r in run_state for r in resources))
+
+    by_function = _role_statements_by_function(template)
+    assert set(by_function) == {s.name for s in FUNCTIONS} | {GATEWAY_FUNCTION.name}
+    missing = [name for name, sts in by_function.items() if not any(map(beyond_logs_and_run_state, sts))]
+    assert not missing, f"{missing} hold only their logs and the run state: grant them what they call in StepwiseStack._grant"
 
 
 def test_gateway_has_a_public_streaming_function_url(default_app):
