@@ -18,6 +18,7 @@ from PIL import Image
 from stepwise_cli.main import main
 from stepwise_cli import cost
 from stepwise_cli.plot import CURVES_KEY
+from stepwise.layout import step_summary_key
 
 REPO = Path(__file__).resolve().parents[2]
 RUN_ID = "cli-e2e"
@@ -67,7 +68,7 @@ def test_start_watch_plot_runs_stop_on_the_local_stack(stack, tmp_path, capsys):
     # the plot's curves are exactly the run's summaries, as read straight from S3 and as metrics.jsonl has them
     s3 = boto3.client("s3")
     def summary(kind, step):
-        return json.loads(s3.get_object(Bucket=stack.bucket, Key=f"runs/{RUN_ID}/{kind}/{step}/summary.json")["Body"].read())
+        return json.loads(s3.get_object(Bucket=stack.bucket, Key=step_summary_key(RUN_ID, kind, step))["Body"].read())
     metrics = [json.loads(x) for x in jsonl.read_text().splitlines()]
     drawn = json.loads(Image.open(png).text[CURVES_KEY])
     train = [m for m in metrics if m["kind"] == "train"]

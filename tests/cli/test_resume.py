@@ -10,8 +10,8 @@ from tests.support.cli import run_state, wait_status
 from stepwise_cli.main import main
 from stepwise_cli.commands._runs import CommandError
 from stepwise_cli.commands.resume import continuation_input, next_segment_name, plan_resume
-from stepwise.executions import resolve_run
-from stepwise.executions import continuation_name
+from stepwise.executions import continuation_name, resolve_run
+from stepwise.layout import state_key
 
 ARN = "arn:aws:states:us-east-1:123456789012:execution:loop:r"
 
@@ -59,7 +59,7 @@ def test_resume_failed_run_starts_owned_continuation(moto_dep, capsys):
     arn = moto_dep.sfn.start_execution(stateMachineArn=moto_dep.state_machine_arn, name="r",
                                        input=json.dumps({"fail": True}))["executionArn"]
     assert wait_status(moto_dep.sfn, arn, ("FAILED",))["status"] == "FAILED"
-    moto_dep.put_json("runs/r/state.json", run_state("r", arn, step=4, session_stopped=True))
+    moto_dep.put_json(state_key("r"), run_state("r", arn, step=4, session_stopped=True))
     assert main(["resume", "r", *moto_dep.flags]) == 0
     out = capsys.readouterr().out
     assert "started a new execution of run r" in out and "stepwise watch r" in out
@@ -76,6 +76,6 @@ def test_resume_finished_run_is_refused(moto_dep, capsys):
     arn = moto_dep.sfn.start_execution(stateMachineArn=moto_dep.state_machine_arn, name="done",
                                        input=json.dumps({"fail": True}))["executionArn"]
     wait_status(moto_dep.sfn, arn, ("FAILED",))
-    moto_dep.put_json("runs/done/state.json", run_state("done", arn, finished=True))
+    moto_dep.put_json(state_key("done"), run_state("done", arn, finished=True))
     assert main(["resume", "done", *moto_dep.flags]) == 1
     assert "finished" in capsys.readouterr().err

@@ -10,6 +10,7 @@ from pathlib import Path
 from tests.support.cli import run_state, wait_status
 
 from stepwise_cli.main import main
+from stepwise.layout import eval_summary_key, items_key, state_key, summary_key
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -20,14 +21,14 @@ def test_runs_lists_runs_with_last_metrics(moto_dep, capsys):
     wait_status(sfn, a, ("FAILED",))
     a2 = sfn.start_execution(stateMachineArn=sm, name="alpha--1", input="{}")["executionArn"]
     b = sfn.start_execution(stateMachineArn=sm, name="beta", input="{}")["executionArn"]
-    moto_dep.put_json("runs/alpha/state.json", run_state("alpha", a2, step=12, epoch=1))
+    moto_dep.put_json(state_key("alpha"), run_state("alpha", a2, step=12, epoch=1))
     for step, reward in ((10, 0.25), (11, 0.5)):
-        moto_dep.put_json(f"runs/alpha/steps/{step}/summary.json", {"sampler/mean_reward": reward})
-        moto_dep.put_json(f"runs/alpha/steps/{step}/gen0/items.json", [])  # rollout objects are not read
-    moto_dep.put_json("runs/alpha/steps/12/gen0/items.json", [])  # step 12 in progress: no summary yet
-    moto_dep.put_json("runs/alpha/evals/10/summary.json", {"eval/accuracy": 0.75})
+        moto_dep.put_json(summary_key("alpha", step), {"sampler/mean_reward": reward})
+        moto_dep.put_json(items_key("alpha", step, 0), [])  # rollout objects are not read
+    moto_dep.put_json(items_key("alpha", 12, 0), [])  # step 12 in progress: no summary yet
+    moto_dep.put_json(eval_summary_key("alpha", 10), {"eval/accuracy": 0.75})
     weights = "arn:aws:sagemaker:us-east-1:123456789012:model-package/g/7"
-    moto_dep.put_json("runs/beta/state.json", run_state(
+    moto_dep.put_json(state_key("beta"), run_state(
         "beta", b, stop_reason="dataset exhausted", step=4, checkpoints=[
             {"step": 2, "kind": "state", "reason": "save_every", "model_package_arn": "arn:aws:sagemaker:us-east-1:1:model-package/g/3"},
             {"step": 4, "kind": "weights", "reason": "weights_at_end", "model_package_arn": weights}]))

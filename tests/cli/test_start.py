@@ -7,6 +7,7 @@ import json
 from tests.support.cli import BASE_CONFIG, run_state
 
 from stepwise_cli.main import main
+from stepwise.layout import state_key
 
 
 def _config(tmp_path, **extra):
@@ -61,7 +62,7 @@ def test_existing_run_id_is_refused(moto_dep, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "already exists" in err and "stepwise resume dup" in err
     # a run known only by its state in the bucket (its executions expired) is refused too
-    moto_dep.put_json("runs/old/state.json", run_state("old", "arn:aws:states:us-east-1:123456789012:execution:x:old"))
+    moto_dep.put_json(state_key("old"), run_state("old", "arn:aws:states:us-east-1:123456789012:execution:x:old"))
     assert main(["start", str(path), "--run-id", "old", *moto_dep.flags]) == 1
     assert len(moto_dep.sfn.list_executions(stateMachineArn=moto_dep.state_machine_arn)["executions"]) == 1
 
@@ -92,7 +93,7 @@ def test_resume_flag_hands_an_existing_run_to_resume(moto_dep, tmp_path, capsys)
     from tests.support.cli import wait_status
 
     wait_status(moto_dep.sfn, arn, ("FAILED",))
-    moto_dep.put_json("runs/again/state.json", run_state("again", arn, step=3, session_stopped=True))
+    moto_dep.put_json(state_key("again"), run_state("again", arn, step=3, session_stopped=True))
     assert main(["start", str(path), "--run-id", "again", "--resume", *moto_dep.flags]) == 0
     assert "started a new execution of run again" in capsys.readouterr().out
     names = sorted(e["name"] for e in moto_dep.sfn.list_executions(stateMachineArn=moto_dep.state_machine_arn)["executions"])

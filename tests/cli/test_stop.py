@@ -13,6 +13,7 @@ from tests.support.cli import BASE_CONFIG, run_state, wait_status
 
 from stepwise_cli.main import main
 from local.simulator import start_simulator
+from stepwise.layout import config_key, state_key
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +51,8 @@ def _status(cfg, name):
 def _running_run(moto_dep, sim, run_id):
     cfg, name = _session(sim, run_id)
     arn = moto_dep.sfn.start_execution(stateMachineArn=moto_dep.state_machine_arn, name=run_id, input="{}")["executionArn"]
-    moto_dep.put_json(f"runs/{run_id}/config.json", cfg.model_dump(mode="json"))
-    moto_dep.put_json(f"runs/{run_id}/state.json", {**run_state(run_id, arn), "training_session_name": name})
+    moto_dep.put_json(config_key(run_id), cfg.model_dump(mode="json"))
+    moto_dep.put_json(state_key(run_id), {**run_state(run_id, arn), "training_session_name": name})
     return cfg, name, arn
 
 

@@ -10,6 +10,7 @@ from PIL import Image
 from stepwise_cli.main import main
 from stepwise_cli.commands.watch import HEADER, step_line
 from stepwise_cli.plot import CURVES_KEY
+from stepwise.layout import config_key, eval_summary_key, state_key, summary_key
 
 SUMMARIES = {
     0: {"sampler/mean_reward": 0.125, "sampler/num_rollouts": 8.0, "sampler/zeroed_rollouts": 1.0,
@@ -25,12 +26,12 @@ EVALS = {2: {"eval/accuracy": 0.5, "eval/n": 4, "eval/failed_rollouts": 1, "fina
 
 
 def _seed(moto_dep, run_id, execution_arn, **state):
-    moto_dep.put_json(f"runs/{run_id}/config.json", {"batch_size": 2, "responses_per_prompt": 4})
-    moto_dep.put_json(f"runs/{run_id}/state.json", run_state(run_id, execution_arn, **state))
+    moto_dep.put_json(config_key(run_id), {"batch_size": 2, "responses_per_prompt": 4})
+    moto_dep.put_json(state_key(run_id), run_state(run_id, execution_arn, **state))
     for step, s in SUMMARIES.items():
-        moto_dep.put_json(f"runs/{run_id}/steps/{step}/summary.json", {"step": step, **s})
+        moto_dep.put_json(summary_key(run_id, step), {"step": step, **s})
     for step, s in EVALS.items():
-        moto_dep.put_json(f"runs/{run_id}/evals/{step}/summary.json", {"step": step, **s})
+        moto_dep.put_json(eval_summary_key(run_id, step), {"step": step, **s})
 
 
 def test_watch_follows_to_the_end_and_writes_plot_and_metrics(moto_dep, tmp_path, capsys):
@@ -100,7 +101,7 @@ def test_watch_prints_a_tracking_failure_of_a_step(moto_dep, capsys):
     _seed(moto_dep, "t", arn, step=3)
     text = "MLflow tracking to arn:aws:sagemaker:us-east-1:123456789012:mlflow-tracking-server/x failed at train step 1: " \
            "RestException: PERMISSION_DENIED"
-    moto_dep.put_json("runs/t/steps/1/summary.json", {"step": 1, **SUMMARIES[1], tracking.WARNING_KEY: text})
+    moto_dep.put_json(summary_key("t", 1), {"step": 1, **SUMMARIES[1], tracking.WARNING_KEY: text})
     assert main(["watch", "t", "--once", *moto_dep.flags]) == 0
     lines = capsys.readouterr().out.splitlines()
     row = next(i for i, x in enumerate(lines) if x[:5].strip() == "1")

@@ -29,6 +29,7 @@ from tests.support.pipeline import Stack, init_run, new_run_id, run_ref
 from stepwise.core.rewards import agent_failure, extract_reward
 from stepwise.events import FinishEvent
 from stepwise.handlers.rollout import finish
+from stepwise.layout import result_key, rollout_key
 
 NUMBERS = st.one_of(
     st.integers(min_value=-(10**400), max_value=10**400),  # beyond float's range: float() overflows
@@ -93,12 +94,12 @@ def run():
 
 def _finish(stack: Stack, run_id: str, body: bytes) -> tuple[dict, dict]:
     sid = str(uuid.uuid4())
-    key = f"rollout-results/{run_id}/s0g0p0/{sid}.json"
+    key = result_key(run_id, "s0g0p0", sid)
     stack.s3.put_object(Bucket=stack.bucket, Key=key, Body=body)
     item = {"i": 0, "input_id": "s0g0p0", "row": 0, "member": 0}
     out = finish(FinishEvent.model_validate({"run": run_ref(run_id), "batch": BATCH, "item": item,
                                              "result": {"sid": sid, "result_key": key}, "error": None}))
-    record = json.loads(stack.s3.get_object(Bucket=stack.bucket, Key=f"runs/{run_id}/steps/0/gen0/rollouts/{sid}.json")["Body"].read())
+    record = json.loads(stack.s3.get_object(Bucket=stack.bucket, Key=rollout_key(run_id, 0, 0, sid))["Body"].read())
     return out, record
 
 

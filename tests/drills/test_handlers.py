@@ -16,7 +16,7 @@ from stepwise.handlers import plan
 from stepwise.events import FinishEvent, RunEvent, StopEvent
 from stepwise.handlers.rollout import finish
 from stepwise.handlers.session import SessionStartTimeout, poll_session, stop
-from stepwise.layout import state_key
+from stepwise.layout import rollouts_prefix, state_key
 from stepwise.aws.runstore import RunStore
 
 
@@ -101,6 +101,6 @@ def test_invoke_errors_and_non_finite_rewards_score_zero_and_never_fail_the_roll
     assert [o["reward"] for o in outcomes] == [0.0] * 5
     assert outcomes[0]["status"] == "error" and all(o["status"] == "ok" for o in outcomes[1:])
     records = [RunStore(BUCKET, stack.s3).get_json(k)
-               for k in RunStore(BUCKET, stack.s3).list_keys(f"runs/{run_id}/steps/0/gen0/rollouts/")]
+               for k in RunStore(BUCKET, stack.s3).list_keys(rollouts_prefix(run_id, 0, 0))]
     reasons = sorted(str(r["reward_reason"]) for r in records)
     assert any("nan" in r for r in reasons) and any("inf" in r for r in reasons), reasons

@@ -13,6 +13,7 @@ import uuid
 
 import pytest
 from tests.support.pipeline import FakeAgent, Stack, wait_execution
+from stepwise.layout import state_key
 
 pytestmark = pytest.mark.e2e  # four slow steps over several executions: ~2 min
 
@@ -61,7 +62,7 @@ def test_long_polling_steps_continue_as_new_before_the_history_budget(local):
     finally:
         stack.sim.set_latency("optim_step", 0.0)
         stack.sim.set_result_wait(5.0)
-    state = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=f"runs/{run_id}/state.json")["Body"].read())
+    state = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=state_key(run_id))["Body"].read())
     steps = 4
     assert state["finished"] and state["step"] == steps and state["segment"] == len(executions) - 1
     lengths = [len(events) for _, events in executions]

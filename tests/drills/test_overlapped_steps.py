@@ -18,6 +18,7 @@ import uuid
 import pytest
 
 from tests.support.pipeline import FakeAgent, Stack, wait_execution as _wait
+from stepwise.layout import rollouts_prefix, state_key, summary_key
 
 BUCKET = "stepwise-overlap-drill"
 TRAIN_LATENCY_S = 2.0
@@ -43,7 +44,7 @@ def _json(s3, key: str) -> dict:
 
 
 def _state(s3, run_id: str) -> dict:
-    return _json(s3, f"runs/{run_id}/state.json")
+    return _json(s3, state_key(run_id))
 
 
 def _keys(s3, prefix: str) -> list[str]:
@@ -74,7 +75,7 @@ def test_an_overlapped_run_trains_every_step_once_on_rollouts_at_most_one_versio
     assert _entered(sfn, arn, PARALLEL) == 4  # every trained step went through the Parallel state
     assert _entered(sfn, arn, "Roll out the next step's generation batch") == 2  # steps 1 and 3, ahead
     assert _entered(sfn, arn, "Nothing to roll out ahead") == 2  # a checkpoint first; the end
-    summaries = {s: _json(s3, f"runs/{run_id}/steps/{s}/summary.json") for s in range(4)}
+    summaries = {s: _json(s3, summary_key(run_id, s)) for s in range(4)}
     # Steps 1 and 3 sampled on the policy their predecessor was still training (forward_backward
     # takes 2 s, the agent answers at once); 0 and 2 are on-policy.
     assert [summaries[s]["staleness/max"] for s in range(4)] == [0.0, 1.0, 0.0, 1.0]
@@ -84,7 +85,7 @@ def test_an_overlapped_run_trains_every_step_once_on_rollouts_at_most_one_versio
         assert summaries[s]["time/session_idle"] >= 0.0 and "time/step_wall" in summaries[s]
     # every rollout record names the policy it sampled with: the version before its step's predecessor rebound
     for s, expected in ((0, 0), (1, 0), (2, 2), (3, 2)):
-        records = [_json(s3, k) for k in _keys(s3, f"runs/{run_id}/steps/{s}/gen0/rollouts/")]
+        records = [_json(s3, k) for k in _keys(s3, rollouts_prefix(run_id, s, 0))]
         assert records and {r["policy_version"] for r in records} == {expected}, s
     # the step-2 checkpoint's cursor is where step 2 starts: no batch rolled out ahead in it
     (ckpt,) = [c for c in state["checkpoints"] if c["reason"] == "save_every"]
@@ -121,7 +122,7 @@ def test_stop_execution_while_an_overlapped_step_trains_then_resume_applies_no_s
     # step-2 checkpoint), then stop the execution there, as an operator would.
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        st = _state(s3, run_id) if f"runs/{run_id}/state.json" in _keys(s3, f"runs/{run_id}/state") else {}
+        st = _state(s3, run_id) if state_key(run_id) in _keys(s3, state_key(run_id)) else {}
         if st.get("ahead_batch") and st["ahead_batch"]["step"] == 3 and st["phase"] in ("train", "rebind"):
             break
         time.sleep(0.1)
@@ -154,6 +155,6 @@ def test_stop_execution_while_an_overlapped_step_trains_then_resume_applies_no_s
     assert _optim(sim) - before == 2  # steps 2 and 3 on the resumed session, once each
     # step 3's rows were rolled out ahead before the stop; the resumed run rolled them out again
     # (the rewind dropped the batch) and trained them once, on rollouts at most one version old
-    summary3 = _json(s3, f"runs/{run_id}/steps/3/summary.json")
+    summary3 = _json(s3, summary_key(run_id, 3))
     assert summary3["policy_version"] == 4 and summary3["staleness/max"] <= 1.0
     assert state["ahead_batch"] is None and sim.running_sessions() == []

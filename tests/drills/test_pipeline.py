@@ -19,6 +19,7 @@ import uuid
 import boto3
 import pytest
 from tests.support.pipeline import FakeAgent, Stack, wait_execution as _wait
+from stepwise.layout import session_key, state_key, summaries_prefix
 
 BUCKET = "stepwise-drill-test"
 
@@ -74,11 +75,11 @@ def local():
 
 
 def _state(s3, run_id: str) -> dict:
-    return json.loads(s3.get_object(Bucket=BUCKET, Key=f"runs/{run_id}/state.json")["Body"].read())
+    return json.loads(s3.get_object(Bucket=BUCKET, Key=state_key(run_id))["Body"].read())
 
 
 def _rollouts(s3, run_id: str) -> list[dict]:
-    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=f"runs/{run_id}/steps/")
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=summaries_prefix(run_id, "steps"))
     keys = [o["Key"] for p in pages for o in p.get("Contents", []) if "/rollouts/" in o["Key"]]
     return [json.loads(s3.get_object(Bucket=BUCKET, Key=k)["Body"].read()) for k in keys]
 
@@ -134,7 +135,7 @@ def test_no_sid_or_task_token_is_logged_in_clear(local, faulty_run):
     moto, sim, agent, sm_arn, s3, base, arns = local
     run_id = faulty_run["run_id"]
     sids = {r["sid"] for r in _rollouts(s3, run_id)}
-    tokens = {json.loads(s3.get_object(Bucket=BUCKET, Key=f"sessions/{sid}.json")["Body"].read())["task_token"]
+    tokens = {json.loads(s3.get_object(Bucket=BUCKET, Key=session_key(sid))["Body"].read())["task_token"]
               for sid in sids}
     logs = "\n".join(faulty_run["logs"])
     assert run_id in logs and "rollout started" in logs  # the capture saw the handlers' records

@@ -16,7 +16,7 @@ from stepwise.events import BatchEvent, FinishEvent, InitEvent, RunEvent, StopEv
 from stepwise.handlers.init import initialize
 from stepwise.handlers.rollout import finish
 from stepwise.handlers.session import poll_session, stop
-from stepwise.layout import start_marker_key
+from stepwise.layout import start_marker_key, summary_key
 from stepwise.records import BatchRef, Checkpoint, RunState
 from stepwise.aws.runstore import RunStore
 
@@ -117,7 +117,7 @@ def test_a_failed_run_resumes_on_a_new_session_from_its_newest_checkpoint(stack)
     # Step 1 again: the same rows, trained once, on the new timeline's rollouts only.
     p = _train_step(stack, cref)
     assert p["batch"]["step"] == 1 and p["items_key"] == p1["items_key"]
-    summary = rs.get_json(f"runs/{run_id}/steps/1/summary.json")
+    summary = rs.get_json(summary_key(run_id, 1))
     assert summary["sampler/num_datums"] == 4 and summary["policy_version"] == 2
     final = rs.read_state(run_id)[0]
     assert final.step == 2 and final.policy_version == 2 and final.last_sequence_number == 5

@@ -22,6 +22,8 @@ from tests.support.gateway import (
     turn_objects,
 )
 
+from stepwise.layout import session_key
+
 RUN = "run-refusals"
 MAX_BODY = 64 * 1024
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -86,7 +88,7 @@ def test_closed_and_expired_sessions_get_401(stack, calls):
 def test_a_record_under_another_sid_does_not_authenticate(stack, calls):
     s3, sampler, gw = stack
     sid, record = open_session(s3.client, RUN)
-    s3.client.put_object(Bucket="stepwise-gateway-test", Key="sessions/copied.json", Body=json.dumps(record).encode())
+    s3.client.put_object(Bucket="stepwise-gateway-test", Key=session_key("copied"), Body=json.dumps(record).encode())
     assert_refused(stack, post(gw, "/v1/chat/completions", sid="copied"), 401)
     assert calls() == 0
 
@@ -233,7 +235,7 @@ def test_missing_tokenizer_is_a_503_naming_it_and_not_sampled(stack, calls):
 def test_unreadable_session_record_is_a_503_and_the_sid_stays_out_of_the_logs(stack, calls):
     s3, sampler, gw = stack
     sid = "3f1c2a9e-0000-4000-8000-00000000beef"
-    s3.client.put_object(Bucket="stepwise-gateway-test", Key=f"sessions/{sid}.json", Body=b'{"sid": "' + sid.encode())
+    s3.client.put_object(Bucket="stepwise-gateway-test", Key=session_key(sid), Body=b'{"sid": "' + sid.encode())
     seen: list[str] = []
 
     class Collect(logging.Handler):

@@ -10,6 +10,7 @@ from tests.support.pipeline import BUCKET, Stack, init_run, new_run_id, roll_out
 from stepwise.handlers import advantages, plan, train
 from stepwise.events import BatchEvent, RunEvent
 from stepwise.aws.runstore import RunStore
+from stepwise.layout import datums_prefix, rollouts_prefix, summary_key
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +43,7 @@ def test_dapo_keeps_informative_groups_across_generation_batches(stack):
     assert (p1["batch"]["step"], p1["batch"]["generation_batch"]) == (0, 1)
     assert d1["decision"] == "train" and d1["num_datums"] == 4
     rs = RunStore(BUCKET, stack.s3)
-    datums = [d for k in rs.list_keys(f"runs/{run_id}/steps/0/datums/") for d in rs.get_json(k)]
+    datums = [d for k in rs.list_keys(datums_prefix(run_id, 0)) for d in rs.get_json(k)]
     # gen0's first group (members 0, 1) and gen1's second group (members 2, 3): tokens 10+i, 11, 12
     assert [d["modelInput"]["chunks"][0]["tokens"][4] for d in datums] == [10, 11, 12, 13]
     state, _ = rs.read_state(run_id)
@@ -52,12 +53,12 @@ def test_dapo_keeps_informative_groups_across_generation_batches(stack):
     assert again == d1  # a retried ComputeAdvantages returns the recorded decision, changing nothing
     assert rs.read_state(run_id)[0].model_dump() == state.model_dump()
 
-    assert not rs.exists(f"runs/{run_id}/steps/0/summary.json")  # written once, when the step is trained
+    assert not rs.exists(summary_key(run_id, 0))  # written once, when the step is trained
     while not train.submit(ev)["done"]:
         pass
     while not train.rebind(ev)["done"]:
         pass
-    summary = rs.get_json(f"runs/{run_id}/steps/0/summary.json")
+    summary = rs.get_json(summary_key(run_id, 0))
     assert summary["sampling/generation_batches"] == 2 and summary["sampling/kept_groups"] == 2
     assert summary["sampling/filtered_fraction"] == 0.5 and summary["sampler/num_rollouts"] == 8
     assert "train/loss" in summary and "time/train" in summary and summary["policy_version"] == 1
@@ -71,7 +72,7 @@ def test_hitting_max_num_gen_batches_checkpoints_and_stops_with_a_reason(stack):
     assert "max_num_gen_batches (2) reached at step 0 with 1/2" in state.stop_reason
     nxt = plan.plan(ev)
     assert nxt["action"] == "checkpoint" and nxt["reason"] == "final save_state"
-    summary = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=f"runs/{run_id}/steps/0/summary.json")["Body"].read())
+    summary = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=summary_key(run_id, 0))["Body"].read())
     assert summary["decision"] == "cap_reached" and summary["sampling/kept_groups"] == 1
 
 
@@ -193,7 +194,7 @@ def test_consecutive_steps_without_a_datum_fail_the_run_naming_what_the_rollouts
         advantages.compute(BatchEvent.model_validate({"run": run_ref(run_id), "batch": p["batch"]}))
     assert str(e.value) == ("2 consecutive step(s) (0 to 1) produced no trainable datum (max_consecutive_empty_steps 2); "
                             "step 1's 4 rollouts: 0 error, 0 timeout, 4 ok; 4 without a captured turn")
-    summary = rs.get_json(f"runs/{run_id}/steps/1/summary.json")  # the operator still sees the step
+    summary = rs.get_json(summary_key(run_id, 1))  # the operator still sees the step
     assert summary["decision"] == "skip" and summary["sampling/empty_rollouts"] == 4.0
 
 
@@ -290,7 +291,7 @@ def test_compute_advantages_refuses_rollouts_older_than_max_staleness(stack):
         run_id, _, batch = _stale_batch(stack, max_staleness, later)
         with pytest.raises(StalenessExceeded, match=rf"step 0 would update policy version {later} with 4 rollout"):
             advantages.compute(batch)
-        assert rs.list_keys(f"runs/{run_id}/steps/0/datums/") == []  # refused before any datum is written
+        assert rs.list_keys(datums_prefix(run_id, 0)) == []  # refused before any datum is written
         assert rs.read_state(run_id)[0].current_batch is not None  # the state did not move on
 
 
@@ -299,10 +300,10 @@ def test_one_version_old_rollouts_train_at_max_staleness_1_and_the_staleness_is_
     result = advantages.compute(batch)
     assert result["decision"] == "train" and result["roll_out_next"] is True  # into the Parallel state
     rs = RunStore(BUCKET, stack.s3)
-    records = [rs.get_json(k) for k in rs.list_keys(f"runs/{run_id}/steps/0/gen0/rollouts/")]
+    records = [rs.get_json(k) for k in rs.list_keys(rollouts_prefix(run_id, 0, 0))]
     assert {r["policy_version"] for r in records} == {0}  # what each rollout sampled with
     metrics_ = rs.read_state(run_id)[0].step_metrics
     assert (metrics_["staleness/max"], metrics_["staleness/mean"], metrics_["staleness/stale_fraction"]) == (1.0, 1.0, 1.0)
-    datums = [d for k in rs.list_keys(f"runs/{run_id}/steps/0/datums/") for d in rs.get_json(k)]
+    datums = [d for k in rs.list_keys(datums_prefix(run_id, 0)) for d in rs.get_json(k)]
     # the sampling logprobs ride in every datum: the losses weight each token by exp(logp - logq)
     assert datums and all(-0.5 in d["lossFnInputs"]["logprobs"]["data"] for d in datums)

@@ -14,7 +14,7 @@ from stepwise.config import ConfigError, load_run_config
 from stepwise.datasets import DatasetError
 from stepwise.handlers import advantages, plan, train
 from stepwise.events import BatchEvent, RunEvent
-from stepwise.layout import result_key
+from stepwise.layout import result_key, summaries_prefix, summary_key
 from stepwise.aws.runstore import RunStore
 
 
@@ -176,7 +176,7 @@ def test_eval_runs_at_the_end_when_the_last_step_was_skipped_for_no_datums(stack
     _roll_out_without_turns(stack, run_id, p, [1.0, 0.0, 0.0, 1.0])
     d = advantages.compute(BatchEvent.model_validate({"run": run_ref(run_id), "batch": p["batch"]}))
     assert d["decision"] == "skip" and d["num_datums"] == 0  # the last step: no datums
-    summary = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=f"runs/{run_id}/steps/1/summary.json")["Body"].read())
+    summary = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=summary_key(run_id, 1))["Body"].read())
     assert summary["decision"] == "skip"
     if algorithm == "dapo":
         assert summary["sampling/empty_rollouts"] == 4 and summary["sampling/kept_groups"] == 2
@@ -187,7 +187,7 @@ def test_eval_runs_at_the_end_when_the_last_step_was_skipped_for_no_datums(stack
     assert advantages.record_eval(BatchEvent.model_validate({"run": run_ref(run_id), "batch": e["batch"]}))["step"] == 2
     nxt = plan.plan(ev)
     assert nxt["action"] == "checkpoint" and nxt["reason"] == "final save_state"  # and no second eval
-    evals = RunStore(BUCKET, stack.s3).list_keys(f"runs/{run_id}/evals/")
+    evals = RunStore(BUCKET, stack.s3).list_keys(summaries_prefix(run_id, "evals"))
     assert [k for k in evals if k.endswith("summary.json")] == [f"runs/{run_id}/evals/2/summary.json"]
 
 

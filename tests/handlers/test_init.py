@@ -10,6 +10,7 @@ from tests.support.pipeline import BUCKET, Stack, execution_arn, init_run, new_r
 from stepwise.config import ConfigError
 from stepwise.datasets import DatasetError
 from stepwise.aws.runstore import RunOwnedElsewhere
+from stepwise.layout import config_key, state_key, tokenizer_prefix
 
 
 @pytest.fixture(scope="module")
@@ -47,14 +48,14 @@ def test_init_claims_the_run_caches_the_tokenizer_and_a_retry_adopts_the_same_se
     run_id = new_run_id()
     out = init_run(stack, run_id, stack.config())
     assert out["run"] == {"run_id": run_id, "execution_arn": execution_arn(run_id)}
-    state = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=f"runs/{run_id}/state.json")["Body"].read())
+    state = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=state_key(run_id))["Body"].read())
     # Already Running (the simulator starts fast): no Wait state needed; else PollSession waits.
     assert out["session"]["ready"] == (state["session_status"] == "Running")
     assert state["owner_execution_arn"] == execution_arn(run_id)
     assert state["dataset_rows"] == 10 and state["step"] == 0 and state["last_sequence_number"] == 0
-    config = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=f"runs/{run_id}/config.json")["Body"].read())
+    config = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=config_key(run_id))["Body"].read())
     assert config["batch_size"] == 2 and config["dataset_path"].startswith("s3://")
-    files = {o["Key"].rsplit("/", 1)[1] for o in stack.s3.list_objects_v2(Bucket=BUCKET, Prefix=f"runs/{run_id}/tokenizer/")["Contents"]}
+    files = {o["Key"].rsplit("/", 1)[1] for o in stack.s3.list_objects_v2(Bucket=BUCKET, Prefix=tokenizer_prefix(run_id))["Contents"]}
     assert {"tokenizer.json", "tokenizer_config.json"} <= files
 
     sessions_before = set(stack.sim.running_sessions())

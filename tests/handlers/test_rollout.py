@@ -20,6 +20,7 @@ from stepwise.aws.runstore import RunOwnedElsewhere, RunStore
 from stepwise.events import FinishEvent, RunEvent, S3Notification, StartEvent
 from stepwise.handlers.plan import plan
 from stepwise.handlers.rollout import finish, on_result, start
+from stepwise.layout import result_key, rollout_key, session_key, task_token_key
 
 
 @pytest.fixture(scope="module")
@@ -86,12 +87,12 @@ def test_start_rollout_opens_the_session_and_stores_the_token_before_invoking(en
     assert ro["exp_id"] == f"rollout-results/{run_id}" and ro["s3_bucket"] == BUCKET and ro["model_id"] == "stepwise-tiny"
     assert ro["sampling_params"] == {"temperature": 1.0, "max_tokens": 512}
     assert body["prompt"] == "What digit comes after 0?"  # the dataset row's payload, by reference from S3
-    record = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=f"sessions/{sid}.json")["Body"].read())
+    record = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=session_key(sid))["Body"].read())
     assert record["run_id"] == run_id and record["closed"] is False and record["sampler_model_package_arn"] == ""
     assert record["max_turns"] == 64 and record["deadline"] > time.time()
 
     # The agent's result arrives; S3 sends its key URL-encoded.
-    key = f"rollout-results/{run_id}/{item['input_id']}/{sid}.json"
+    key = result_key(run_id, item['input_id'], sid)
     stack.s3.put_object(Bucket=BUCKET, Key=key, Body=json.dumps({"rewards": 1.0}).encode())
     assert "%" in _s3_event(key)["Records"][0]["s3"]["object"]["key"]
     assert on_result(_notification(key)) == {"resumed": 1, "ignored": 0}
@@ -125,14 +126,14 @@ def test_malformed_and_failed_agent_results_score_zero_without_failing_the_rollo
     outcomes = []
     for body in (b"{not json", b"[1, 2]", json.dumps({"status_code": 500, "rewards": 1.0}).encode()):
         sid = f"sid-{len(outcomes)}"
-        key = f"rollout-results/{run_id}/{item['input_id']}/{sid}.json"
+        key = result_key(run_id, item['input_id'], sid)
         stack.s3.put_object(Bucket=BUCKET, Key=key, Body=body)
         out = finish(FinishEvent.model_validate({"run": run_ref(run_id), "batch": p["batch"], "item": item,
                                                  "result": {"sid": sid, "result_key": key}, "error": None}))
         outcomes.append((out["status"], out["reward"]))
     # a non-200 result is the toolkit's record of an agent that raised: a failed rollout, not a 0.0 reward
     assert outcomes == [("error", 0.0), ("error", 0.0), ("error", 0.0)]
-    record = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=f"runs/{run_id}/steps/0/gen0/rollouts/sid-0.json")["Body"].read())
+    record = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=rollout_key(run_id, 0, 0, "sid-0"))["Body"].read())
     assert record["error"]["error"] == "MalformedResult" and record["reward_reason"].startswith("error")
 
 
@@ -155,7 +156,7 @@ def test_start_rollout_takes_the_policy_from_the_batch_and_reads_no_state(env):
     sid = start(StartEvent.model_validate({"task_token": "t4", "run": run_ref(run_id), "batch": p["batch"],
                                            "item": items[1]}))["sid"]
     assert _s3_delta(stack, before) == {"PUT start_marker": 1, "PUT session": 1}  # the token rides in the session
-    record = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=f"sessions/{sid}.json")["Body"].read())
+    record = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=session_key(sid))["Body"].read())
     assert record["training_session_name"] == state.training_session_name and record["policy_version"] == state.policy_version
 
 
@@ -178,14 +179,14 @@ def test_a_session_started_before_the_token_moved_still_resumes_and_another_run_
     arn = sfn.start_execution(stateMachineArn=sm, name="legacy-token", input=json.dumps({"run": run_ref(run_id), "batch": p["batch"], "item": item}))["executionArn"]
     sid = _wait_for(lambda: next((b["_rollout"]["api_key"] for b in agent.invocations[::-1]
                                   if b["_rollout"]["input_id"] == item["input_id"] and b["_rollout"]["api_key"] not in seen), None))
-    key = f"rollout-results/{run_id}/{item['input_id']}/{sid}.json"
+    key = result_key(run_id, item['input_id'], sid)
     other_run = f"rollout-results/other-run/{item['input_id']}/{sid}.json"
     assert on_result(_notification(other_run)) == {"resumed": 0, "ignored": 1}  # the record names another run
     # as an older StartRollout left it: the token in runs/{run_id}/sessions/{sid}/task_token.json only
-    record = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=f"sessions/{sid}.json")["Body"].read())
+    record = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=session_key(sid))["Body"].read())
     token = record.pop("task_token")
-    stack.s3.put_object(Bucket=BUCKET, Key=f"sessions/{sid}.json", Body=json.dumps(record).encode())
-    stack.s3.put_object(Bucket=BUCKET, Key=f"runs/{run_id}/sessions/{sid}/task_token.json",
+    stack.s3.put_object(Bucket=BUCKET, Key=session_key(sid), Body=json.dumps(record).encode())
+    stack.s3.put_object(Bucket=BUCKET, Key=task_token_key(run_id, sid),
                         Body=json.dumps({"task_token": token}).encode())
     stack.s3.put_object(Bucket=BUCKET, Key=key, Body=json.dumps({"rewards": 1.0}).encode())
     assert on_result(_notification(key)) == {"resumed": 1, "ignored": 0}
@@ -198,16 +199,16 @@ def test_finish_rollout_closes_the_session_with_the_record_on_result_passed_with
     item = items[3]
     sid = start(StartEvent.model_validate({"task_token": "t-close", "run": run_ref(run_id), "batch": p["batch"],
                                            "item": item}))["sid"]
-    key = f"rollout-results/{run_id}/{item['input_id']}/{sid}.json"
+    key = result_key(run_id, item['input_id'], sid)
     stack.s3.put_object(Bucket=BUCKET, Key=key, Body=json.dumps({"rewards": 1.0}).encode())
-    record = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=f"sessions/{sid}.json")["Body"].read())
+    record = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=session_key(sid))["Body"].read())
     before = stack.moto.s3_requests.snapshot()
     out = finish(FinishEvent.model_validate({"run": run_ref(run_id), "batch": p["batch"], "item": item, "error": None,
                                              "result": {"sid": sid, "result_key": key, "session": record}}))
     assert out["status"] == "ok" and out["reward"] == 1.0
     delta = {k: n - before.get(k, 0) for k, n in stack.moto.s3_requests.snapshot().items() if n != before.get(k, 0)}
     assert "GET session" not in delta and delta["PUT session"] == 1
-    closed = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=f"sessions/{sid}.json")["Body"].read())
+    closed = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=session_key(sid))["Body"].read())
     assert closed == {**record, "closed": True}  # the token and every field kept: a late result is still recognised
     # a record of another session (or none) is not trusted: the record is read, as before
     sid2 = start(StartEvent.model_validate({"task_token": "t-close2", "run": run_ref(run_id), "batch": p["batch"],
@@ -217,4 +218,4 @@ def test_finish_rollout_closes_the_session_with_the_record_on_result_passed_with
                                        "result": {"sid": sid2, "result_key": key.replace(sid, sid2), "session": record}}))
     after = stack.moto.s3_requests.snapshot()
     assert after["GET session"] - before.get("GET session", 0) == 1
-    assert json.loads(stack.s3.get_object(Bucket=BUCKET, Key=f"sessions/{sid2}.json")["Body"].read())["closed"] is True
+    assert json.loads(stack.s3.get_object(Bucket=BUCKET, Key=session_key(sid2))["Body"].read())["closed"] is True

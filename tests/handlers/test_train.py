@@ -11,6 +11,7 @@ from stepwise.core.phases import plan_train_phase
 from stepwise.handlers import advantages, plan, train
 from stepwise.events import BatchEvent, RunEvent
 from stepwise.aws.runstore import RunStore
+from stepwise.layout import datums_prefix, rollouts_prefix, state_key, summary_key
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +45,7 @@ def test_a_retried_submit_train_applies_one_optimizer_step(stack):
 
     before = dict(stack.sim.counters)
     first = train.submit(ev)
-    rs.put_json(f"runs/{run_id}/state.json", planned.model_dump())  # the crash: ids never recorded
+    rs.put_json(state_key(run_id), planned.model_dump())  # the crash: ids never recorded
     second = train.submit(ev)  # the retry re-sends the same (sequenceNumber, clientToken) pairs
     while not second["done"]:
         second = train.poll(ev)
@@ -60,7 +61,7 @@ def test_a_retried_submit_train_applies_one_optimizer_step(stack):
     state, _ = rs.read_state(run_id)
     assert state.step == 1 and state.phase == "idle" and state.sampler_model_package_arn.startswith("arn:aws:sagemaker:")
     assert state.last_sequence_number == 3
-    summary = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=f"runs/{run_id}/steps/0/summary.json")["Body"].read())
+    summary = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=summary_key(run_id, 0))["Body"].read())
     assert summary["sampler/mean_reward"] == 0.5 and summary["sampler/num_datums"] == 4
     assert "train/loss" in summary and summary["policy_version"] == 1
 
@@ -75,7 +76,7 @@ def test_submitted_datums_equal_the_reference_loops_field_for_field(stack):
     ids = [[40, 41, 42], [50, 51], [60, 61, 62, 63], [70]]
     run_id, _, p = _ready_run(stack, rewards, ids)
     rs = RunStore(BUCKET, stack.s3)
-    rollouts = sorted((rs.get_json(k) for k in rs.list_keys(f"runs/{run_id}/steps/0/gen0/rollouts/")), key=lambda r: r["i"])
+    rollouts = sorted((rs.get_json(k) for k in rs.list_keys(rollouts_prefix(run_id, 0, 0))), key=lambda r: r["i"])
 
     # The reference train_grpo.py loop over the same trajectories and rewards.
     expected = []
@@ -87,7 +88,7 @@ def test_submitted_datums_equal_the_reference_loops_field_for_field(stack):
                 datum = trace_record_to_datum(record_from_json(rec), adv)
                 if datum is not None:
                     expected.append(datum)
-    submitted = [d for k in rs.list_keys(f"runs/{run_id}/steps/0/datums/") for d in rs.get_json(k)]
+    submitted = [d for k in rs.list_keys(datums_prefix(run_id, 0)) for d in rs.get_json(k)]
     assert submitted == expected
     assert len(submitted) == 4 and submitted[2]["lossFnInputs"]["advantages"]["data"][-1] == 0.0
 

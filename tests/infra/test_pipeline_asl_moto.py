@@ -14,6 +14,7 @@ import uuid
 
 import pytest
 from tests.support.pipeline import FakeAgent, Stack, wait_execution as _wait
+from stepwise.layout import eval_summary_key, result_key, rollouts_prefix, state_key, summary_key
 
 BUCKET = "stepwise-asl-test"
 
@@ -31,7 +32,7 @@ def local():
 
 
 def _state(s3, run_id: str) -> dict:
-    return json.loads(s3.get_object(Bucket=BUCKET, Key=f"runs/{run_id}/state.json")["Body"].read())
+    return json.loads(s3.get_object(Bucket=BUCKET, Key=state_key(run_id))["Body"].read())
 
 
 def test_a_run_trains_evaluates_continues_as_new_saves_and_stops(local):
@@ -64,9 +65,9 @@ def test_a_run_trains_evaluates_continues_as_new_saves_and_stops(local):
     assert len(agent.invocations) >= 10  # 2 steps x 4 rollouts + one eval of 2
     ro = agent.invocations[0]["_rollout"]
     assert ro["exp_id"] == f"rollout-results/{run_id}" and ro["api_key"] and ro["sampling_params"]["max_tokens"] == 512
-    summary = json.loads(s3.get_object(Bucket=BUCKET, Key=f"runs/{run_id}/steps/1/summary.json")["Body"].read())
+    summary = json.loads(s3.get_object(Bucket=BUCKET, Key=summary_key(run_id, 1))["Body"].read())
     assert summary["sampler/num_datums"] == 4 and "train/loss" in summary and summary["policy_version"] == 2
-    evals = json.loads(s3.get_object(Bucket=BUCKET, Key=f"runs/{run_id}/evals/2/summary.json")["Body"].read())
+    evals = json.loads(s3.get_object(Bucket=BUCKET, Key=eval_summary_key(run_id, 2))["Body"].read())
     assert evals["eval/n"] == 2
     # Step Functions never carried a payload or a trajectory: every event is small.
     history = sfn.get_execution_history(executionArn=first, maxResults=1000)["events"]
@@ -129,14 +130,14 @@ def test_rollouts_that_time_out_score_zero_and_late_results_are_harmless(local):
     assert d["status"] == "FAILED" and d["error"] == "RolloutsFailed", d
     assert "all 4 rollouts of the train batch of step 0" in d["cause"] and "0 error, 4 timeout, 0 ok" in d["cause"]
     assert "4 x States.Timeout" in d["cause"]
-    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix=f"runs/{run_id}/steps/0/gen0/rollouts/")["Contents"]]
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix=rollouts_prefix(run_id, 0, 0))["Contents"]]
     records = [json.loads(s3.get_object(Bucket=BUCKET, Key=k)["Body"].read()) for k in keys]
     assert len(records) == 4 and {(r["status"], r["reward"]) for r in records} == {("timeout", 0.0)}
     assert all(r["sid"] for r in records)  # the timeout path still knows which session it closes
     assert sim.counters.get("optim_step", 0) == before
     assert _state(s3, run_id)["session_stopped"]
     # A result that arrives after its task timed out resumes nothing and breaks nothing.
-    late = f"rollout-results/{run_id}/{records[0]['input_id']}/{records[0]['sid']}.json"
+    late = result_key(run_id, records[0]['input_id'], records[0]['sid'])
     s3.put_object(Bucket=BUCKET, Key=late, Body=json.dumps({"rewards": 1.0}).encode())
     moto.dispatcher.drain(timeout=10)
     late_calls = [i for i in moto.dispatcher.invocations if i.function_name.endswith("OnRolloutResult")]

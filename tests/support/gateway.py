@@ -16,6 +16,7 @@ from typing import Any
 import boto3
 
 from agentcore_rl_toolkit.rollout_gateway import BaseTrace, HfTemplateRenderer, TurnRecord
+from stepwise.layout import session_key, tokenizer_prefix, turns_prefix
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_MODEL = REPO / "local" / "assets" / "tiny-model"
@@ -61,7 +62,7 @@ def load_tokenizer() -> Any:
 def cache_tokenizer(s3: Any, run_id: str) -> None:
     """What Init does: the run's tokenizer files under runs/{run_id}/tokenizer/."""
     for name in TOKENIZER_FILES:
-        s3.upload_file(str(TINY_MODEL / name), BUCKET, f"runs/{run_id}/tokenizer/{name}")
+        s3.upload_file(str(TINY_MODEL / name), BUCKET, tokenizer_prefix(run_id) + name)
 
 
 def open_session(s3: Any, run_id: str, *, sid: str | None = None, **fields: Any) -> tuple[str, dict]:
@@ -71,13 +72,13 @@ def open_session(s3: Any, run_id: str, *, sid: str | None = None, **fields: Any)
         "sid": sid, "run_id": run_id, "step": 3, "generation_batch": 0, "kind": "train",
         "training_session_name": "ts-test",
         "sampler_model_package_arn": "arn:aws:sagemaker:us-west-2:1:model-package/p/3",
-        "policy_version": 3, "region": REGION, "tokenizer_prefix": f"runs/{run_id}/tokenizer/",
+        "policy_version": 3, "region": REGION, "tokenizer_prefix": tokenizer_prefix(run_id),
         "sampling_defaults": {"max_new_tokens": 64, "temperature": 1.0},
         "max_context_tokens": 4096, "max_turns": 64, "max_total_tokens": 262144,
         "deadline": time.time() + 3600, "closed": False,
     }
     record.update(fields)
-    s3.put_object(Bucket=BUCKET, Key=f"sessions/{sid}.json", Body=json.dumps(record).encode())
+    s3.put_object(Bucket=BUCKET, Key=session_key(sid), Body=json.dumps(record).encode())
     return sid, record
 
 
@@ -89,7 +90,7 @@ def turn_objects(s3: Any, run_id: str, sid: str, *, expect: int = 0, timeout: fl
     end marker (the OpenAI client stops at ``[DONE]``) can return before the write lands;
     FinishRollout's grace period covers the same window.
     """
-    prefix = f"runs/{run_id}/sessions/{sid}/turns/"
+    prefix = turns_prefix(run_id, sid)
     deadline = time.monotonic() + timeout
     while True:
         contents = s3.list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents", [])

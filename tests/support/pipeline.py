@@ -14,6 +14,7 @@ from typing import Any
 
 import boto3
 import pytest
+from stepwise.layout import session_key, turns_prefix
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_MODEL = REPO / "local" / "assets" / "tiny-model"
@@ -250,7 +251,7 @@ class FakeAgent:
         run_id = ro["exp_id"].split("/", 1)[1]
         s3 = boto3.client("s3")
         try:
-            record = json.loads(s3.get_object(Bucket=ro["s3_bucket"], Key=f"sessions/{sid}.json")["Body"].read())
+            record = json.loads(s3.get_object(Bucket=ro["s3_bucket"], Key=session_key(sid))["Body"].read())
         except Exception:
             return {"session": False, "task_token": False}
         return {"session": record.get("run_id") == run_id, "task_token": bool(record.get("task_token"))}
@@ -262,7 +263,7 @@ class FakeAgent:
         run_id = ro["exp_id"].split("/", 1)[1]
         s3 = boto3.client("s3")
         turn = captured_turn(sid, [1, 2, 3], [20, 21, 22], [-0.3, -0.2, -0.1])
-        s3.put_object(Bucket=ro["s3_bucket"], Key=f"runs/{run_id}/sessions/{sid}/turns/{time.time_ns():020d}-{uuid.uuid4().hex}.json",
+        s3.put_object(Bucket=ro["s3_bucket"], Key=turns_prefix(run_id, sid) + f"{time.time_ns():020d}-{uuid.uuid4().hex}.json",
                       Body=json.dumps(turn).encode())
         with self._lock:
             reward = 0.0 if ro["input_id"] in self._seen else 1.0

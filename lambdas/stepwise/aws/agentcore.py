@@ -10,12 +10,12 @@ region. boto3 honours ``AWS_ENDPOINT_URL_BEDROCK_AGENTCORE_CONTROL`` (the local 
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any
 
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
+from stepwise import settings
 from stepwise.aws.clients import client_config
 from stepwise.stackinfo import region_of_arn
 
@@ -45,7 +45,7 @@ def _client(region: str, _endpoint: str) -> Any:
 
 def client_for(arn: str) -> Any:
     """A ``bedrock-agentcore-control`` client in the runtime's region (one per region and endpoint)."""
-    return _client(region_of_arn(arn), os.environ.get("AWS_ENDPOINT_URL_BEDROCK_AGENTCORE_CONTROL", ""))
+    return _client(region_of_arn(arn), settings.current().endpoint("BEDROCK_AGENTCORE_CONTROL"))
 
 
 def get_agent_runtime(arn: str) -> dict[str, Any]:
@@ -96,7 +96,7 @@ def data_client(agent_runtime_arn: str, default_region: str) -> Any:
     region, endpoint and container (creating a boto3 client costs ~10-50 ms of CPU)."""
     parts = agent_runtime_arn.split(":")
     region = parts[3] if len(parts) > 3 and parts[3] else default_region
-    return _data_client(region, os.environ.get("AWS_ENDPOINT_URL_BEDROCK_AGENTCORE", ""))
+    return _data_client(region, settings.current().endpoint("BEDROCK_AGENTCORE"))
 
 
 def invoke(agent_runtime_arn: str, default_region: str, *, session_id: str, payload: bytes) -> int | None:

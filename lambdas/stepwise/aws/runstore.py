@@ -8,7 +8,6 @@ moto 5.2.5 honours both with ``PreconditionFailed`` like S3 does.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -53,15 +52,6 @@ class RunStore:
 
             s3 = boto3.client("s3", config=client_config())
         self.s3 = s3
-
-    @classmethod
-    def from_env(cls) -> "RunStore":
-        """The store of ``STEPWISE_BUCKET``. Raises KeyError naming the variable when unset."""
-        try:
-            bucket = os.environ["STEPWISE_BUCKET"]
-        except KeyError:
-            raise KeyError("STEPWISE_BUCKET is not set: the Lambda environment must name the run bucket") from None
-        return cls(bucket)
 
     # -- plain objects
 

@@ -225,9 +225,9 @@ def service_client(cfg: RunConfig) -> Any:
 def default_output_path(run_id: str) -> str | None:
     """``{STEPWISE_DEFAULT_S3_OUTPUT_PATH}{run_id}/`` when the stack sets that variable (its bucket
     policy lets the SageMaker role write there), else None (the SDK's default bucket)."""
-    import os
+    from stepwise.settings import current
 
-    base = os.environ.get("STEPWISE_DEFAULT_S3_OUTPUT_PATH", "")
+    base = current().default_s3_output_path
     if not base:
         return None
     return f"{base if base.endswith('/') else base + '/'}{run_id}/"
