@@ -27,7 +27,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from stepwise.config import RunConfig
 
 # ---------------------------------------------------------------------------- prices (us-east-1)
 
@@ -258,7 +261,7 @@ def rollout_usage(turns: float, a: Assumptions, counts: dict[str, int], mem: dic
     return u
 
 
-def overlapped_fraction(cfg: Any) -> float:
+def overlapped_fraction(cfg: RunConfig) -> float:
     """The share of steps whose first generation batch rolls out while the previous step trains, at
     ``max_staleness`` 1 (`stepwise.core.staleness.roll_out_ahead_blocker`): all but the steps after
     which a ``save_every`` checkpoint or a new execution (``steps_per_execution``) comes first."""
@@ -266,7 +269,7 @@ def overlapped_fraction(cfg: Any) -> float:
     return max(0.0, 1.0 - blocked)
 
 
-def session_per_step(cfg: Any, a: Assumptions, max_staleness: int, gen_batches: float = 1.0) -> dict[str, float]:
+def session_per_step(cfg: RunConfig, a: Assumptions, max_staleness: int, gen_batches: float = 1.0) -> dict[str, float]:
     """The training session's time per step at ``max_staleness`` (0 or 1), in seconds and session-hours.
 
     The session is billed for the whole wall time of a step, busy or not. Sequential (0): rollouts
@@ -290,7 +293,7 @@ def session_per_step(cfg: Any, a: Assumptions, max_staleness: int, gen_batches: 
     return {"wall_seconds": wall, "busy_seconds": busy, "idle_seconds": wall - busy, "session_hours": wall / 3600}
 
 
-def estimate(cfg: Any, a: Assumptions | None = None, *, total_steps: int | None = None,
+def estimate(cfg: RunConfig, a: Assumptions | None = None, *, total_steps: int | None = None,
              asl: dict[str, Any] | None = None) -> dict[str, Any]:
     """The cost of one training step (and of the run when ``total_steps`` is known).
 

@@ -13,9 +13,12 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stepwise_cli.commands._runs import EXIT_OK, EXIT_USAGE
+
+if TYPE_CHECKING:
+    from stepwise.config import RunConfig
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -43,7 +46,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the estimate as JSON")
 
 
-def total_steps(cfg: Any, args: argparse.Namespace) -> int | None:
+def total_steps(cfg: RunConfig, args: argparse.Namespace) -> int | None:
     if args.steps is not None:
         return args.steps
     path = cfg.dataset_path
