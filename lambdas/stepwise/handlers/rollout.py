@@ -5,9 +5,9 @@ task token keyed by sid *before* invoking the agent (a fast result cannot race i
 ``InvokeAgentRuntime`` with ``runtimeSessionId = sid`` and ``_rollout`` (the toolkit's
 ``exp_id``/``input_id``/``s3_bucket`` plus ``base_url``, ``model_id``, ``api_key = sid`` and the
 sampling params). The agent writes ``rollout-results/{run_id}/{input_id}/{sid}.json``; the S3
-notification runs OnRolloutResult, which resumes the task with ``{"sid", "result_key"}``.
-FinishRollout extracts the reward exactly as the reference does (0.0 on timeout or error),
-closes the session, replays the captured turns into `TraceRecord`s and writes the rollout record.
+notification runs OnRolloutResult, which resumes the task with ``{"sid", "result_key", "session"}``
+(the session record it read). FinishRollout extracts the reward exactly as the reference does (0.0
+on timeout or error), closes the session (with that record: no second read), replays the captured turns into `TraceRecord`s and writes the rollout record.
 """
 
 from __future__ import annotations
