@@ -283,8 +283,9 @@ def compute(event: BatchEvent) -> dict[str, Any]:
     result = {"decision": decision, "step": batch.step, "generation_batch": batch.generation_batch,
               "num_datums": int(metrics_.get("sampler/num_datums", 0)),
               "mean_reward": metrics_["sampler/mean_reward"]}
-    if decision == "train" and cfg.max_staleness >= 1:
-        result["roll_out_next"] = True  # the state machine trains this step while the next one rolls out
+    # True: the state machine trains this step while the next one rolls out (its Parallel state).
+    # Always present, so the Choice's IsPresent guard (for results cached before the field) finds it.
+    result["roll_out_next"] = decision == "train" and cfg.max_staleness >= 1
 
     cap_reason = (f"max_num_gen_batches ({cfg.max_num_gen_batches}) reached at step {batch.step} "
                   f"with {len(train_groups)}/{cfg.batch_size} informative groups")
