@@ -1,5 +1,9 @@
 """Fixtures shared across test folders (pytest finds them here; no test module imports them).
 
+``stack``: the pipeline stack (moto S3 + Step Functions, the SageMaker simulator; ``tests/support/pipeline.py``),
+one per test module, for the handler tests and drills. Modules that need another kind of stack
+(the gateway's, the local stack's) define their own ``stack``, which overrides this one.
+
 ``moto_env`` and ``moto_dep``: a moto deployment for the operator commands (``tests/cli/``) and
 the reference-config tests (``tests/config/``); the deployment's data and helpers are in
 ``tests/support/cli.py``. Imports are inside the fixtures, so collecting a folder that does not
@@ -41,3 +45,13 @@ def moto_dep(moto_env) -> MotoDeployment:
     arn = sfn.create_state_machine(name="stepwise-test-loop", definition=json.dumps(DEFINITION),
                                    roleArn=ROLE)["stateMachineArn"]
     return MotoDeployment(BUCKET, arn, s3, sfn)
+
+
+@pytest.fixture(scope="module")
+def stack():
+    """A pipeline :class:`tests.support.pipeline.Stack` for the module; stopped after it."""
+    from tests.support.pipeline import Stack
+
+    s = Stack()
+    yield s
+    s.stop()

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.support.gateway import MotoS3, ScriptedSampler, cache_tokenizer, fixed_factory, load_tokenizer, open_session, serve_ours, turn_objects
+from tests.support.gateway import open_session, scripted_gateway, turn_objects
 
 RUN = "run-fuzz"
 MAX_BODY = 16 * 1024
@@ -31,19 +31,14 @@ FUZZ = settings(max_examples=60, deadline=None, derandomize=True, suppress_healt
 
 @pytest.fixture(scope="module")
 def gw():
-    s3 = MotoS3()
-    cache_tokenizer(s3.client, RUN)
-    sampler = ScriptedSampler(load_tokenizer())
-    server = serve_ours(s3.new_client(), fixed_factory(sampler), max_body_bytes=MAX_BODY)
-    live, _ = open_session(s3.client, RUN, max_turns=100_000, max_context_tokens=512)
-    closed, _ = open_session(s3.client, RUN, closed=True)
-    expired, _ = open_session(s3.client, RUN, deadline=time.time() - 1)
-    client = httpx.Client(base_url=server.url, timeout=30)
-    yield {"s3": s3, "sampler": sampler, "url": server.url, "client": client,
-           "live": live, "closed": closed, "expired": expired, "live_statuses": []}
-    client.close()
-    server.stop()
-    s3.stop()
+    for s3, sampler, server in scripted_gateway(RUN, max_body_bytes=MAX_BODY):  # one pass; its end stops both
+        live, _ = open_session(s3.client, RUN, max_turns=100_000, max_context_tokens=512)
+        closed, _ = open_session(s3.client, RUN, closed=True)
+        expired, _ = open_session(s3.client, RUN, deadline=time.time() - 1)
+        client = httpx.Client(base_url=server.url, timeout=30)
+        yield {"s3": s3, "sampler": sampler, "url": server.url, "client": client,
+               "live": live, "closed": closed, "expired": expired, "live_statuses": []}
+        client.close()
 
 
 header_text = st.text(alphabet=string.ascii_letters + string.digits + " -_.:/=+", max_size=60)

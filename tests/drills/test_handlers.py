@@ -9,7 +9,7 @@ import time
 import uuid
 
 import pytest
-from tests.support.pipeline import BUCKET, Stack, execution_arn, init_run, new_run_id, play_rollout, run_ref, wait_ready
+from tests.support.pipeline import BUCKET, execution_arn, init_run, new_run_id, play_rollout, run_ref, session_creates, wait_ready
 
 from stepwise.datasets import DatasetError
 from stepwise.handlers import plan
@@ -18,17 +18,6 @@ from stepwise.handlers.rollout import finish
 from stepwise.handlers.session import SessionStartTimeout, poll_session, stop
 from stepwise.layout import rollouts_prefix, state_key
 from stepwise.aws.runstore import RunStore
-
-
-@pytest.fixture(scope="module")
-def stack():
-    s = Stack()
-    yield s
-    s.stop()
-
-
-def _creates(stack: Stack) -> int:
-    return stack.sim.counters.get("CreateTrainingSession", 0)
 
 
 GOOD = json.dumps({"payload": {"prompt": "p", "answer": "1"}})
@@ -48,11 +37,11 @@ def test_bad_data_is_refused_naming_the_problem_before_any_session(stack, name, 
     if body is not None:
         stack.s3.put_object(Bucket=BUCKET, Key=key, Body=body.encode() if isinstance(body, str) else body)
     run_id = new_run_id("baddata")
-    before = _creates(stack)
+    before = session_creates(stack)
     with pytest.raises(DatasetError) as e:
         init_run(stack, run_id, stack.config(**{which: f"s3://{BUCKET}/{key}"}))
     assert fragment in str(e.value) and key in str(e.value)
-    assert _creates(stack) == before
+    assert session_creates(stack) == before
     assert not RunStore(BUCKET, stack.s3).exists(state_key(run_id))  # nothing claimed: the run id can be reused
 
 

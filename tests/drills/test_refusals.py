@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from tests.support.pipeline import AGENT_ARN, BUCKET, REGION, Stack, init_run, new_run_id
+from tests.support.pipeline import AGENT_ARN, BUCKET, REGION, Stack, init_run, new_run_id, session_creates
 
 from stepwise.config import ConfigError
 from stepwise.core.preflight import RunRefused
@@ -30,26 +30,22 @@ def stack():
     s.stop()
 
 
-def _creates(stack: Stack) -> int:
-    return stack.sim.counters.get("CreateTrainingSession", 0)
-
-
 def refused(stack: Stack, exc: type[Exception] = RunRefused, **overrides) -> Exception:
     """Init with ``overrides``: the exception it raises; asserts no session and no claimed run."""
     run_id = new_run_id("refuse")
-    before = _creates(stack)
+    before = session_creates(stack)
     with pytest.raises(exc) as e:
         init_run(stack, run_id, stack.config(**overrides))
-    assert _creates(stack) == before, "a training session was created"
+    assert session_creates(stack) == before, "a training session was created"
     assert not RunStore(BUCKET, stack.s3).exists(state_key(run_id))  # nothing claimed
     return e.value
 
 
 def accepted(stack: Stack, **overrides) -> dict:
     run_id = new_run_id("accept")
-    before = _creates(stack)
+    before = session_creates(stack)
     init_run(stack, run_id, stack.config(**overrides))
-    assert _creates(stack) == before + 1
+    assert session_creates(stack) == before + 1
     return json.loads(stack.s3.get_object(Bucket=BUCKET, Key=config_key(run_id))["Body"].read())
 
 

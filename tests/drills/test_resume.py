@@ -21,13 +21,6 @@ from stepwise.records import BatchRef, Checkpoint, RunState
 from stepwise.aws.runstore import RunStore
 
 
-@pytest.fixture(scope="module")
-def stack():
-    s = Stack()
-    yield s
-    s.stop()
-
-
 def _roll_out(stack: Stack, ref: dict, p: dict, rewards: list[float]) -> None:
     """Start markers, captured turns, results and FinishRollout for every item (StartRollout's traces)."""
     rs = RunStore(BUCKET, stack.s3)

@@ -11,16 +11,7 @@ import httpx
 import openai
 import pytest
 
-from tests.support.gateway import (
-    MotoS3,
-    ScriptedSampler,
-    cache_tokenizer,
-    fixed_factory,
-    load_tokenizer,
-    open_session,
-    serve_ours,
-    turn_objects,
-)
+from tests.support.gateway import fixed_factory, open_session, scripted_gateway, serve_ours, turn_objects
 
 from stepwise.layout import session_key
 
@@ -31,13 +22,7 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 @pytest.fixture(scope="module")
 def stack():
-    s3 = MotoS3()
-    cache_tokenizer(s3.client, RUN)
-    sampler = ScriptedSampler(load_tokenizer())
-    gw = serve_ours(s3.new_client(), fixed_factory(sampler), max_body_bytes=MAX_BODY)
-    yield s3, sampler, gw
-    gw.stop()
-    s3.stop()
+    yield from scripted_gateway(RUN, max_body_bytes=MAX_BODY)
 
 
 def post(gw, path, *, sid=None, body=None, raw=None, header="bearer"):

@@ -12,16 +12,7 @@ import anthropic
 import openai
 import pytest
 
-from tests.support.gateway import (
-    MotoS3,
-    ScriptedSampler,
-    cache_tokenizer,
-    fixed_factory,
-    load_tokenizer,
-    open_session,
-    serve_ours,
-    turn_objects,
-)
+from tests.support.gateway import fixed_factory, open_session, scripted_gateway, serve_ours, turn_objects
 
 RUN = "run-wire"
 TOOL_CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
@@ -33,14 +24,8 @@ ANTHROPIC_TOOLS = [{"name": "add", "description": "add two integers", "input_sch
 
 @pytest.fixture(scope="module")
 def stack():
-    s3 = MotoS3()
-    cache_tokenizer(s3.client, RUN)
-    tok = load_tokenizer()
-    sampler = ScriptedSampler(tok)
-    gw = serve_ours(s3.new_client(), fixed_factory(sampler))
-    yield s3, sampler, gw, tok
-    gw.stop()
-    s3.stop()
+    for s3, sampler, gw in scripted_gateway(RUN):  # one pass; the loop's end stops the gateway and moto
+        yield s3, sampler, gw, sampler.tokenizer
 
 
 def _session(stack):

@@ -13,13 +13,6 @@ from stepwise.aws.runstore import RunStore
 from stepwise.layout import datums_prefix, rollouts_prefix, summary_key
 
 
-@pytest.fixture(scope="module")
-def stack():
-    s = Stack()
-    yield s
-    s.stop()
-
-
 def _dapo_run(stack: Stack, **config) -> tuple[str, RunEvent]:
     run_id = new_run_id("dapo")
     init_run(stack, run_id, stack.config(algorithm="dapo", max_num_gen_batches=2, **config))

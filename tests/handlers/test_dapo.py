@@ -18,13 +18,6 @@ from stepwise.layout import result_key, summaries_prefix, summary_key
 from stepwise.aws.runstore import RunStore
 
 
-@pytest.fixture(scope="module")
-def stack():
-    s = Stack()
-    yield s
-    s.stop()
-
-
 def _start(stack: Stack, **config) -> tuple[str, RunEvent]:
     run_id = new_run_id("dapo")
     init_run(stack, run_id, stack.config(**config))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from tests.support.pipeline import BUCKET, Stack, execution_arn, init_run, new_run_id, wait_ready
+from tests.support.pipeline import BUCKET, execution_arn, init_run, new_run_id, session_creates, wait_ready
 
 from stepwise.config import ConfigError
 from stepwise.datasets import DatasetError
@@ -13,27 +13,16 @@ from stepwise.aws.runstore import RunOwnedElsewhere
 from stepwise.layout import config_key, state_key, tokenizer_prefix
 
 
-@pytest.fixture(scope="module")
-def stack():
-    s = Stack()
-    yield s
-    s.stop()
-
-
-def _creates(stack: Stack) -> int:
-    return stack.sim.counters.get("CreateTrainingSession", 0)
-
-
 def test_init_refuses_a_bad_config_before_creating_a_session(stack):
-    before = _creates(stack)
+    before = session_creates(stack)
     with pytest.raises(ConfigError) as e:
         init_run(stack, new_run_id(), stack.config(batch_size=0, loss="dpo"))
     assert "batch_size" in str(e.value) and "loss" in str(e.value)
-    assert _creates(stack) == before
+    assert session_creates(stack) == before
 
 
 def test_init_refuses_a_dataset_smaller_than_a_batch_before_creating_a_session(stack):
-    before = _creates(stack)
+    before = session_creates(stack)
     small = stack.put_dataset("data/small.jsonl", [{"prompt": "What digit comes after 1?", "answer": "2"}] * 3)
     with pytest.raises(DatasetError, match="3 rows, need at least 4"):
         init_run(stack, new_run_id(), stack.config(dataset_path=small, batch_size=4))
@@ -41,7 +30,7 @@ def test_init_refuses_a_dataset_smaller_than_a_batch_before_creating_a_session(s
     stack.s3.put_object(Bucket=BUCKET, Key=no_payload, Body=b'{"prompt": "x"}\n' * 8)
     with pytest.raises(DatasetError):
         init_run(stack, new_run_id(), stack.config(dataset_path=f"s3://{BUCKET}/{no_payload}"))
-    assert _creates(stack) == before
+    assert session_creates(stack) == before
 
 
 def test_init_claims_the_run_caches_the_tokenizer_and_a_retry_adopts_the_same_session(stack):
@@ -67,13 +56,13 @@ def test_init_claims_the_run_caches_the_tokenizer_and_a_retry_adopts_the_same_se
 def test_a_second_execution_of_an_existing_run_is_refused_without_a_session(stack):
     run_id = new_run_id()
     init_run(stack, run_id, stack.config())
-    before = _creates(stack)
+    before = session_creates(stack)
     from stepwise.events import InitEvent
     from stepwise.handlers.init import initialize
 
     with pytest.raises(RunOwnedElsewhere, match="already exists"):
         initialize(InitEvent(input=stack.config(), execution_arn=execution_arn(run_id) + "-other", execution_name=run_id))
-    assert _creates(stack) == before
+    assert session_creates(stack) == before
 
 
 def test_a_slow_session_start_is_left_to_the_poll_loop(stack):

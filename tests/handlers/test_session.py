@@ -15,13 +15,6 @@ from stepwise.handlers.init import take_over
 from stepwise.handlers.session import cleanup, poll_session, stop
 
 
-@pytest.fixture(scope="module")
-def stack():
-    s = Stack()
-    yield s
-    s.stop()
-
-
 def _event(status: str, arn: str, name: str, input_: dict | None = None) -> ExecutionStatusChange:
     return ExecutionStatusChange.model_validate(
         {"source": "aws.states", "detail-type": "Step Functions Execution Status Change",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from tests.support.pipeline import BUCKET, Stack, init_run, new_run_id, roll_out_batch, run_ref, wait_ready
 
 from stepwise.core.phases import plan_train_phase
@@ -12,13 +11,6 @@ from stepwise.handlers import advantages, plan, train
 from stepwise.events import BatchEvent, RunEvent
 from stepwise.aws.runstore import RunStore
 from stepwise.layout import datums_prefix, rollouts_prefix, state_key, summary_key
-
-
-@pytest.fixture(scope="module")
-def stack():
-    s = Stack()
-    yield s
-    s.stop()
 
 
 def _ready_run(stack: Stack, rewards: list[float], output_ids=None, **config) -> tuple[str, RunEvent, dict]:

@@ -184,13 +184,14 @@ def fixed_factory(backend: Any):
     return lambda record: backend
 
 
-def scripted_gateway(run_id: str, sampler_cls: type = None):
+def scripted_gateway(run_id: str, sampler_cls: type = None, **settings: Any):
     """Generator for a module fixture: ``(s3, sampler, gateway)`` -- moto S3 with the run's tokenizer
-    cached, a `ScriptedSampler` (or ``sampler_cls``) and our gateway serving every session from it."""
+    cached, a `ScriptedSampler` (or ``sampler_cls``) and our gateway serving every session from it
+    (``settings``: more ``GatewaySettings`` fields, e.g. ``max_body_bytes``). Stops both when closed."""
     s3 = MotoS3()
     cache_tokenizer(s3.client, run_id)
     sampler = (sampler_cls or ScriptedSampler)(load_tokenizer())
-    gw = serve_ours(s3.new_client(), fixed_factory(sampler))
+    gw = serve_ours(s3.new_client(), fixed_factory(sampler), **settings)
     try:
         yield s3, sampler, gw
     finally:

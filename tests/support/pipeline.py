@@ -116,6 +116,11 @@ class Stack:
         return cfg
 
 
+def session_creates(stack: Stack) -> int:
+    """How many CreateTrainingSession calls ``stack``'s simulator has answered (refusals before billing make none)."""
+    return stack.sim.counters.get("CreateTrainingSession", 0)
+
+
 def execution_arn(run_id: str) -> str:
     return f"arn:aws:states:{REGION}:123456789012:execution:stepwise-training:{run_id}"
 
