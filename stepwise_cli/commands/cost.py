@@ -21,6 +21,18 @@ if TYPE_CHECKING:
     from stepwise.config import RunConfig
 
 
+#: The `stepwise_cli.cost.Assumptions` fields the command takes as ``--field-name SECONDS|COUNT``
+#: (defaults: the dataclass's), with their help.
+ASSUMPTION_FLAGS = (
+    ("turns_per_rollout", "LLM calls per rollout"),
+    ("seconds_per_turn", "gateway seconds per LLM call"),
+    ("gen_batches_per_step", "DAPO generation batches per step on average"),
+    ("train_seconds", "seconds the session takes per training step"),
+    ("rollout_seconds", "wall seconds of one generation batch's rollouts"),
+    ("rebind_seconds", "seconds of load_weights_for_sampling per step"),
+)
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     from stepwise_cli.cost import Assumptions
 
@@ -28,18 +40,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", help="run config, JSON (or YAML) file")
     parser.add_argument("--steps", type=int, help="training steps of the run (default: from the dataset's rows)")
     parser.add_argument("--check-datasets", action="store_true", help="count the rows of an s3:// dataset too")
-    parser.add_argument("--turns-per-rollout", type=float, default=d.turns_per_rollout,
-                        help=f"LLM calls per rollout (default {d.turns_per_rollout:g})")
-    parser.add_argument("--seconds-per-turn", type=float, default=d.seconds_per_turn,
-                        help=f"gateway seconds per LLM call (default {d.seconds_per_turn:g})")
-    parser.add_argument("--gen-batches-per-step", type=float, default=d.gen_batches_per_step,
-                        help=f"DAPO generation batches per step on average (default {d.gen_batches_per_step:g})")
-    parser.add_argument("--train-seconds", type=float, default=d.train_seconds,
-                        help=f"seconds the session takes per training step (default {d.train_seconds:g})")
-    parser.add_argument("--rollout-seconds", type=float, default=d.rollout_seconds,
-                        help=f"wall seconds of one generation batch's rollouts (default {d.rollout_seconds:g})")
-    parser.add_argument("--rebind-seconds", type=float, default=d.rebind_seconds,
-                        help=f"seconds of load_weights_for_sampling per step (default {d.rebind_seconds:g})")
+    for name, help_text in ASSUMPTION_FLAGS:
+        default = getattr(d, name)
+        parser.add_argument(f"--{name.replace('_', '-')}", type=float, default=default,
+                            help=f"{help_text} (default {default:g})")
     parser.add_argument("--session-usd-per-hour", type=float, default=None,
                         help="the training session's price per hour, to turn session-hours into dollars (no default: "
                              "it depends on the instance)")
@@ -105,9 +109,7 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(str(e), file=sys.stderr)
         return EXIT_USAGE
-    a = Assumptions(turns_per_rollout=args.turns_per_rollout, seconds_per_turn=args.seconds_per_turn,
-                    gen_batches_per_step=args.gen_batches_per_step, train_seconds=args.train_seconds,
-                    rollout_seconds=args.rollout_seconds, rebind_seconds=args.rebind_seconds)
+    a = Assumptions(**{name: getattr(args, name) for name, _ in ASSUMPTION_FLAGS})
     est = estimate(cfg, a, total_steps=total_steps(cfg, args))
     if args.session_usd_per_hour is not None:
         est["session_usd_per_hour"] = args.session_usd_per_hour
