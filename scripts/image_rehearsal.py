@@ -66,7 +66,7 @@ ISOLATED = ("-I", "-S", "-B")
 FAST_TESTS = (
     "tests/core/test_advantages.py", "tests/core/test_dapo.py", "tests/core/test_datums.py",
     "tests/core/test_replay.py", "tests/core/test_rewards.py", "tests/config/test_validation.py",
-    "tests/gateway/test_session_records.py", "tests/handlers/test_plan.py", "tests/handlers/test_metrics.py",
+    "tests/gateway/test_session_records.py", "tests/core/test_planning.py", "tests/handlers/test_metrics.py",
     "tests/aws/test_tracking_mlflow.py", "tests/docs/test_config_reference.py",
     "tests/gateway/test_transformers_parsing.py", "tests/gateway/test_refusals.py",
     "tests/gateway/test_wire_protocols.py", "tests/gateway/test_replay_parity.py",

@@ -9,26 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.planning import cfg, state
+
 from stepwise.config import RunConfig
 from stepwise.core.phases import PhaseMismatch, complete_phase, plan_checkpoint, rewind_to_checkpoint
 from stepwise.core.planning import decide, plan_ahead
 from stepwise.records import Checkpoint, PlannedBatch, RunState
-
-BASE = {
-    "role_arn": "arn:aws:iam::123456789012:role/R",
-    "base_model_arn": "stepwise-tiny",
-    "agent_runtime_arn": "arn:aws:bedrock-agentcore:us-east-1:123456789012:runtime/agent",
-    "dataset_path": "s3://bucket-name/data.jsonl",
-    "model_package_group_arn": "arn:aws:sagemaker:us-east-1:123456789012:model-package-group/g",
-}
-
-
-def cfg(**kw) -> RunConfig:
-    return RunConfig(**(BASE | kw))
-
-
-def state(**kw) -> RunState:
-    return RunState(run_id="r", owner_execution_arn="arn:x", training_session_name="s", **kw)
 
 
 def walk(s: RunState, c: RunConfig, *, overlap: bool, limit: int = 2000) -> list[tuple]:

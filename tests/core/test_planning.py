@@ -5,25 +5,11 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from tests.support.planning import cfg, state
+
 from stepwise.config import RunConfig
 from stepwise.core.planning import build_items, decide
 from stepwise.records import Checkpoint, RunState
-
-BASE = {
-    "role_arn": "arn:aws:iam::123456789012:role/R",
-    "base_model_arn": "stepwise-tiny",
-    "agent_runtime_arn": "arn:aws:bedrock-agentcore:us-east-1:123456789012:runtime/agent",
-    "dataset_path": "s3://bucket-name/data.jsonl",
-    "model_package_group_arn": "arn:aws:sagemaker:us-east-1:123456789012:model-package-group/g",
-}
-
-
-def cfg(**kw) -> RunConfig:
-    return RunConfig(**(BASE | kw))
-
-
-def state(**kw) -> RunState:
-    return RunState(run_id="r", owner_execution_arn="arn:x", training_session_name="s", **kw)
 
 
 def finish_step(s: RunState) -> None:
