@@ -18,6 +18,9 @@ import re
 from typing import Any
 
 SYSTEM_PROMPT = "Reply with one digit."
+#: A system prompt under which the base model answers the toy question correctly (pre-trained so:
+#: ``local/simulator/build_assets.py``); the mix task's easy bucket uses it.
+KNOWING_SYSTEM_PROMPT = "You are good at counting. Reply with the next digit."
 NUM_PROMPTS = 10
 #: Base-model answer distribution under the toy prompt: 5% on every digit, plus
 #: ``BASE_CORRECT_BONUS`` on the right one and ``BASE_FAVORITE_BONUS`` on ``BASE_FAVORITE_DIGIT``
@@ -60,8 +63,10 @@ def all_payloads() -> list[dict[str, str]]:
 
 
 def messages(payload: dict[str, Any]) -> list[dict[str, str]]:
-    """The chat the toy agent sends: the system prompt and the payload's prompt."""
-    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": str(payload["prompt"])}]
+    """The chat the toy agent sends: the payload's ``system`` prompt (default ``SYSTEM_PROMPT``;
+    the mix task sets it per difficulty) and the payload's prompt."""
+    system = str(payload.get("system") or SYSTEM_PROMPT)
+    return [{"role": "system", "content": system}, {"role": "user", "content": str(payload["prompt"])}]
 
 
 def score(payload: dict[str, Any], answer_text: str | None) -> float:

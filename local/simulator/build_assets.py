@@ -22,16 +22,12 @@ from local.agents import toy_task
 from local.simulator.model import ASSETS_DIR, TinyConfig, TinyLM, build_tokenizer, save_model
 
 
-#: A system prompt under which the base model answers the toy task correctly.
-KNOWING_SYSTEM_PROMPT = "You are good at counting. Reply with the next digit."
-
-
 def pretrain_batch(tokenizer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Full pre-training batch: (ids [N, T], soft targets [N, T, V], weights [N, T]).
 
     Per prompt and digit, one row per context: with the toy system prompt the digit target
     is the mixture ``toy_task.base_answer_distribution`` (mostly wrong); with
-    ``KNOWING_SYSTEM_PROMPT`` or no system prompt it is the right digit. So the model *has*
+    ``toy_task.KNOWING_SYSTEM_PROMPT`` or no system prompt it is the right digit. So the model *has*
     the skill (as a real base model would) but under the toy prompt answers mostly at
     random: GRPO only has to surface it. The ``<|im_end|>`` after the digit is a hard target.
     """
@@ -46,7 +42,7 @@ def pretrain_batch(tokenizer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]
         user = {"role": "user", "content": payload["prompt"]}
         contexts = [
             (toy_task.messages(payload), mix),
-            ([{"role": "system", "content": KNOWING_SYSTEM_PROMPT}, user], one_hot),
+            ([{"role": "system", "content": toy_task.KNOWING_SYSTEM_PROMPT}, user], one_hot),
             ([user], one_hot),
         ]
         for c, (messages, target) in enumerate(contexts):
