@@ -13,7 +13,7 @@ pre-trained on (``local/simulator/build_assets.py``):
 
 Ten prompts per bucket. With 8 responses per prompt, a group is all-equal with probability ~1
 (easy, hard) and ~0.8^8 = 0.17 (middle), so about 72% of groups are all-equal at the start
-(``tests/test_prepare_mix.py`` measures it on the base model).
+(``tests/simulator/test_mix_task_base_model.py`` measures it on the base model).
 
 Rows are ``{"payload": {"prompt", "answer", "system", "difficulty"}}``; the toy agent
 (``local/agents/toy_agent.py``) sends the payload's ``system`` prompt and scores exact match.

@@ -10,7 +10,7 @@ import pytest
 
 from local.run import run_local
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MIX = ROOT / "examples" / "mix.json"
 
 pytestmark = pytest.mark.e2e
