@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import sys
 from pathlib import Path
 
 from local.agents import toy_task
+from prepare_datasets import prepare_toy, shuffled_cycles
 
 DIFFICULTIES = ("easy", "middle", "hard")
 PROMPTS_PER_DIFFICULTY = 10
@@ -47,7 +47,7 @@ def make_payload(difficulty: str, n: int) -> dict[str, str]:
             raise ValueError(f"mix task prompt index must be in 0..{PROMPTS_PER_DIFFICULTY - 1}, got {n!r}")
         prompt, answer, system = f"What number comes after {10 + n}?", str(11 + n), toy_task.SYSTEM_PROMPT
     else:
-        toy = toy_task.make_payload(n)
+        toy = prepare_toy.make_payload(n)
         prompt, answer = toy["prompt"], toy["answer"]
         system = toy_task.KNOWING_SYSTEM_PROMPT if difficulty == "easy" else toy_task.SYSTEM_PROMPT
     return {"prompt": prompt, "answer": answer, "system": system, "difficulty": difficulty}
@@ -60,15 +60,7 @@ def all_payloads() -> list[dict[str, str]]:
 
 def sample_payloads(rows: int, seed: int = 0) -> list[dict[str, str]]:
     """``rows`` payloads: every prompt once per cycle of 30, each cycle shuffled with ``seed``."""
-    if rows < 1:
-        raise ValueError(f"rows must be >= 1, got {rows}")
-    rng = random.Random(seed)
-    out: list[dict[str, str]] = []
-    while len(out) < rows:
-        cycle = all_payloads()
-        rng.shuffle(cycle)
-        out.extend(cycle)
-    return out[:rows]
+    return shuffled_cycles(all_payloads(), rows, seed)
 
 
 def write_rows(output: Path, rows: int, seed: int) -> int:

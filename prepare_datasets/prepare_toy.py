@@ -1,7 +1,10 @@
-"""Write the toy-task dataset: ``python -m prepare_datasets.prepare_toy --output X.jsonl``.
+"""The toy task's dataset: ``python -m prepare_datasets.prepare_toy --output X.jsonl``.
 
-Each line is ``{"payload": {"prompt": ..., "answer": ...}}`` (the ``payload`` column every
-dataset of ours has). Deterministic for a given ``--rows`` and ``--seed``.
+"What digit comes after N?": ten distinct prompts (N = 0..9), the answer ``(N + 1) % 10`` as one
+digit; the toy agent (``local/agents/toy_agent.py``, ``local/agents/toy_task.py``) asks it and
+scores exact match. Each line is ``{"payload": {"prompt": ..., "answer": ...}}`` (the ``payload``
+column every dataset of ours has), e.g. ``{"prompt": "What digit comes after 3?", "answer": "4"}``.
+Deterministic for a given ``--rows`` and ``--seed``.
 """
 
 from __future__ import annotations
@@ -11,7 +14,34 @@ import json
 import sys
 from pathlib import Path
 
-from local.agents.toy_task import sample_payloads
+from prepare_datasets import shuffled_cycles
+
+NUM_PROMPTS = 10
+
+
+def prompt_text(n: int) -> str:
+    """The user message for digit ``n`` (0..9)."""
+    if not 0 <= n < NUM_PROMPTS:
+        raise ValueError(f"toy task digit must be in 0..{NUM_PROMPTS - 1}, got {n!r}")
+    return f"What digit comes after {n}?"
+
+
+def answer_for(n: int) -> str:
+    return str((n + 1) % 10)
+
+
+def make_payload(n: int) -> dict[str, str]:
+    """The payload for prompt ``n``: ``{"prompt": ..., "answer": ...}``."""
+    return {"prompt": prompt_text(n), "answer": answer_for(n)}
+
+
+def all_payloads() -> list[dict[str, str]]:
+    return [make_payload(n) for n in range(NUM_PROMPTS)]
+
+
+def sample_payloads(rows: int, seed: int = 0) -> list[dict[str, str]]:
+    """``rows`` payloads: every prompt once per cycle, each cycle shuffled with ``seed``."""
+    return shuffled_cycles(all_payloads(), rows, seed)
 
 
 def write_rows(output: Path, rows: int, seed: int) -> int:

@@ -18,6 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=5.0, help="duration of each sampling measurement")
     args = parser.parse_args(argv)
     from local.agents import toy_task
+    from prepare_datasets import prepare_toy
     from local.simulator import start_simulator
 
     with start_simulator() as sim, sim.environ():
@@ -30,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
             sc = tc.create_sampling_client()
             prompts = []
             for n in range(10):
-                text = tok.apply_chat_template(toy_task.messages(toy_task.make_payload(n)), add_generation_prompt=True, tokenize=False)
+                text = tok.apply_chat_template(toy_task.messages(prepare_toy.make_payload(n)), add_generation_prompt=True, tokenize=False)
                 prompts.append(tok.encode(text, add_special_tokens=False))
             params = SamplingParams(max_tokens=512, temperature=1.0)
 

@@ -2,10 +2,10 @@
 
 Writes the byte-level tokenizer (with ``trl``'s Qwen3 chat template) and the base weights to
 ``local/assets/tiny-model/``. The base weights are pre-trained, deterministically (seed 0,
-full batch), on the text the gateway renders for the toy task (``local/agents/toy_task.py``):
+full batch), on the text the gateway renders for the toy task (``prepare_datasets/prepare_toy.py``):
 the chat template applied to the toy system prompt and each user prompt with
 ``add_generation_prompt=True``, then one digit and ``<|im_end|>``. The digit target is the
-mixture ``toy_task.base_answer_distribution`` (right 20%, a favourite digit 40%), so the
+mixture ``base_answer_distribution`` (right 20%, a favourite digit 40%), so the
 model learns the answer format and a little of the task (FINDINGS.md, toy-task learnability).
 """
 
@@ -19,14 +19,32 @@ import torch
 import torch.nn.functional as F
 
 from local.agents import toy_task
+from prepare_datasets import prepare_toy
 from local.simulator.model import ASSETS_DIR, TinyConfig, TinyLM, build_tokenizer, save_model
+
+
+#: Base-model answer distribution under the toy prompt: 5% on every digit, plus
+#: ``BASE_CORRECT_BONUS`` on the right one and ``BASE_FAVORITE_BONUS`` on ``BASE_FAVORITE_DIGIT``
+#: (its most likely answer, so greedy evaluation of the base model is mostly wrong).
+BASE_CORRECT_BONUS = 0.15
+BASE_FAVORITE_BONUS = 0.35
+BASE_FAVORITE_DIGIT = 0
+
+
+def base_answer_distribution(n: int) -> list[float]:
+    """The base model's intended p(digit d | toy prompt n), d = 0..9 (what it is pre-trained on)."""
+    floor = (1.0 - BASE_CORRECT_BONUS - BASE_FAVORITE_BONUS) / 10
+    probs = [floor] * 10
+    probs[int(prepare_toy.answer_for(n))] += BASE_CORRECT_BONUS
+    probs[BASE_FAVORITE_DIGIT] += BASE_FAVORITE_BONUS
+    return probs
 
 
 def pretrain_batch(tokenizer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Full pre-training batch: (ids [N, T], soft targets [N, T, V], weights [N, T]).
 
     Per prompt and digit, one row per context: with the toy system prompt the digit target
-    is the mixture ``toy_task.base_answer_distribution`` (mostly wrong); with
+    is the mixture ``base_answer_distribution`` (mostly wrong); with
     ``toy_task.KNOWING_SYSTEM_PROMPT`` or no system prompt it is the right digit. So the model *has*
     the skill (as a real base model would) but under the toy prompt answers mostly at
     random: GRPO only has to surface it. The ``<|im_end|>`` after the digit is a hard target.
@@ -34,10 +52,10 @@ def pretrain_batch(tokenizer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]
     eos = tokenizer.convert_tokens_to_ids(toy_task_eos())
     digit_ids = [tokenizer.convert_tokens_to_ids(str(d)) for d in range(10)]
     rows = []
-    for n in range(toy_task.NUM_PROMPTS):
-        payload = toy_task.make_payload(n)
+    for n in range(prepare_toy.NUM_PROMPTS):
+        payload = prepare_toy.make_payload(n)
         correct = int(payload["answer"])
-        mix = toy_task.base_answer_distribution(n)
+        mix = base_answer_distribution(n)
         one_hot = [1.0 if d == correct else 0.0 for d in range(10)]
         user = {"role": "user", "content": payload["prompt"]}
         contexts = [

@@ -9,7 +9,7 @@ import pytest
 
 from local.agents import toy_task
 from local.simulator.model import ASSETS_DIR, load_base_model, qwen3_chat_template
-from prepare_datasets.prepare_toy import main as prepare_toy
+from prepare_datasets import prepare_toy
 from stepwise.datasets import load_payloads
 
 
@@ -18,26 +18,26 @@ from stepwise.datasets import load_payloads
     [("4", 1.0), (" 4\n", 1.0), ("<think>3 then 4</think>\n\n4", 1.0), ("4<|im_end|>", 1.0), ("5", 0.0), ("44", 0.0), ("", 0.0), (None, 0.0)],
 )
 def test_score_is_exact_match_of_the_next_digit(reply, reward):
-    assert toy_task.score(toy_task.make_payload(3), reply) == reward
+    assert toy_task.score(prepare_toy.make_payload(3), reply) == reward
 
 
 def test_nine_wraps_to_zero_and_out_of_range_prompts_are_refused():
-    assert toy_task.make_payload(9) == {"prompt": "What digit comes after 9?", "answer": "0"}
+    assert prepare_toy.make_payload(9) == {"prompt": "What digit comes after 9?", "answer": "0"}
     with pytest.raises(ValueError, match="0..9"):
-        toy_task.make_payload(10)
+        prepare_toy.make_payload(10)
 
 
 def test_prepare_toy_writes_deterministic_payload_rows(tmp_path):
     a, b, c = tmp_path / "a.jsonl", tmp_path / "b.jsonl", tmp_path / "c.jsonl"
-    assert prepare_toy(["--output", str(a), "--rows", "25", "--seed", "3"]) == 0
-    prepare_toy(["--output", str(b), "--rows", "25", "--seed", "3"])
-    prepare_toy(["--output", str(c), "--rows", "25", "--seed", "4"])
+    assert prepare_toy.main(["--output", str(a), "--rows", "25", "--seed", "3"]) == 0
+    prepare_toy.main(["--output", str(b), "--rows", "25", "--seed", "3"])
+    prepare_toy.main(["--output", str(c), "--rows", "25", "--seed", "4"])
     assert a.read_text() == b.read_text() != c.read_text()
     rows = [json.loads(line) for line in a.read_text().splitlines()]
     assert len(rows) == 25 and all(set(r) == {"payload"} for r in rows)
     payloads = load_payloads(str(a))
     assert len(payloads) == 25
-    assert {p["prompt"] for p in payloads[:10]} == {toy_task.prompt_text(n) for n in range(10)}  # each prompt once per cycle
+    assert {p["prompt"] for p in payloads[:10]} == {prepare_toy.prompt_text(n) for n in range(10)}  # each prompt once per cycle
     assert all(toy_task.score(p, p["answer"]) == 1.0 for p in payloads)
 
 

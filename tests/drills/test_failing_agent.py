@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from local.agents import toy_task
 from local.run import run_local
+from prepare_datasets import prepare_toy
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "examples" / "toy.json"
@@ -42,7 +42,7 @@ def _dataset(path: Path, rows: list[dict]) -> str:
 
 def _run(tmp: Path, name: str, *, overrides: dict | None = None, simulator_options: dict | None = None,
          acr_faults: dict | None = None, rows: list[dict] | None = None):
-    rows = rows or [toy_task.make_payload(i) for i in range(6)]
+    rows = rows or [prepare_toy.make_payload(i) for i in range(6)]
     config = {
         "batch_size": 2, "responses_per_prompt": 2, "max_prompts": 6,  # 3 steps of 4 rollouts
         "eval_every": 0, "eval_dataset_path": "", "save_every": -1, "max_rollout_time": 30,
@@ -81,7 +81,7 @@ def test_an_agent_that_fails_every_rollout_fails_the_run_stops_the_session_and_t
 
 def test_steps_without_a_trainable_datum_fail_the_run_after_max_consecutive_empty_steps(tmp_path):
     # Every rollout succeeds with a reward, but the agent never calls its LLM: nothing to train on.
-    rows = [{**toy_task.make_payload(i), "rewards": [1.0, 0.0], "call_llm": False} for i in range(6)]
+    rows = [{**prepare_toy.make_payload(i), "rewards": [1.0, 0.0], "call_llm": False} for i in range(6)]
     result, state = _run(tmp_path, "no_datums", rows=rows,
                          overrides={"agent_runtime_arn": SCRIPTED, "max_consecutive_empty_steps": 2})
     assert result.status == "FAILED", (result.status, result.failure)

@@ -20,11 +20,11 @@ OTHER_BUCKET = "stepwise-refusal-data"
 
 @pytest.fixture(scope="module")
 def stack():
-    from local.agents import toy_task
+    from prepare_datasets import prepare_toy
 
     s = Stack()
     s.s3.create_bucket(Bucket=OTHER_BUCKET)  # exists, readable here, but not granted to the stack
-    body = "".join(json.dumps({"payload": p}) + "\n" for p in toy_task.all_payloads())
+    body = "".join(json.dumps({"payload": p}) + "\n" for p in prepare_toy.all_payloads())
     s.s3.put_object(Bucket=OTHER_BUCKET, Key="toy.jsonl", Body=body.encode())
     yield s
     s.stop()

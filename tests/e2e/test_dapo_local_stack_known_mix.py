@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from local.agents import toy_task
 from local import run as run_module
 from local.run import run_local
+from prepare_datasets import prepare_toy
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "examples" / "toy_dapo.json"
@@ -39,7 +39,7 @@ INFORMATIVE = [m is M for m in MIX]
 def _write(path: Path, rewards: list[list[float]]) -> Path:
     with path.open("w") as fh:
         for i, r in enumerate(rewards):
-            fh.write(json.dumps({"payload": {**toy_task.make_payload(i % 10), "rewards": r, "row": i}}) + "\n")
+            fh.write(json.dumps({"payload": {**prepare_toy.make_payload(i % 10), "rewards": r, "row": i}}) + "\n")
     return path
 
 

@@ -16,6 +16,7 @@ MIX = ROOT / "examples" / "mix.json"
 pytestmark = pytest.mark.e2e
 
 
+@pytest.mark.timeout(900)  # 10 steps of 64 rollouts: about 2 minutes on an idle 2-core machine
 def test_mix_task_greedy_eval_rises_from_the_base_models_within_10_steps(tmp_path):
     result = run_local(MIX, run_id="mix-learns", out_root=tmp_path, progress=False, timeout=600, quiet=True,
                        overrides={"max_prompts": 80, "save_every": -1, "seed": 0})

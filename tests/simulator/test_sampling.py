@@ -49,9 +49,10 @@ def test_max_tokens_ends_with_length(sampler):
 
 def test_end_of_turn_token_stops_and_is_kept(tok):
     from local.agents import toy_task
+    from prepare_datasets import prepare_toy
 
     base = _sampler(tok, engine.base_model())
-    text = tok.apply_chat_template(toy_task.messages(toy_task.make_payload(1)), add_generation_prompt=True, tokenize=False)
+    text = tok.apply_chat_template(toy_task.messages(prepare_toy.make_payload(1)), add_generation_prompt=True, tokenize=False)
     seqs = base.sample(tok.encode(text, add_special_tokens=False), 8, {"maxTokens": 512, "seed": 3})
     for s in seqs:
         assert s["stopReason"] == "stop" and s["tokens"][-1] in base.eos_ids

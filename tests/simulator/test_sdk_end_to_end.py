@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from local.agents import toy_task
+from prepare_datasets import prepare_toy
 from sagemaker.train.training_session import AdamParams, Datum, ModelInput, SamplingParams, TensorData
 
 
@@ -29,9 +30,9 @@ def test_sdk_trains_samples_saves_and_resumes(sim, svc):
         assert tok.eos_token == "<|im_end|>"
         batch = []
         for n in range(4):
-            prompt = tok.apply_chat_template(toy_task.messages(toy_task.make_payload(n)), add_generation_prompt=True, tokenize=False)
+            prompt = tok.apply_chat_template(toy_task.messages(prepare_toy.make_payload(n)), add_generation_prompt=True, tokenize=False)
             p_ids = tok.encode(prompt, add_special_tokens=False)
-            full = tok.encode(prompt + f"The answer is {toy_task.answer_for(n)}.<|im_end|>", add_special_tokens=False)
+            full = tok.encode(prompt + f"The answer is {prepare_toy.answer_for(n)}.<|im_end|>", add_special_tokens=False)
             batch.append(_ce_datum(full, len(p_ids)))
 
         losses = []
@@ -46,7 +47,7 @@ def test_sdk_trains_samples_saves_and_resumes(sim, svc):
         sc = tc.save_weights_and_get_sampling_client()
         assert sc.model_package_arn.startswith("arn:aws:sagemaker:")
         resp = sc.sample(prompt_ids := tok.encode(
-            tok.apply_chat_template(toy_task.messages(toy_task.make_payload(2)), add_generation_prompt=True, tokenize=False),
+            tok.apply_chat_template(toy_task.messages(prepare_toy.make_payload(2)), add_generation_prompt=True, tokenize=False),
             add_special_tokens=False,
         ), num_samples=4, sampling_params=SamplingParams(max_tokens=512, temperature=1.0)).result()
         assert len(resp.sequences) == 4

@@ -14,6 +14,7 @@ import pytest
 
 from local.agents import toy_task
 from local.simulator import TOY_RECIPE
+from prepare_datasets import prepare_toy
 from sagemaker.train.training_session import AdamParams, SamplingParams
 
 
@@ -22,7 +23,7 @@ def greedy_reward(sc, tok) -> float:
     """Mean toy reward of greedy (temperature 0) answers over all prompts: the eval metric."""
     params = SamplingParams(max_tokens=512, temperature=0.0)
     rewards = []
-    for payload in toy_task.all_payloads():
+    for payload in prepare_toy.all_payloads():
         text = tok.apply_chat_template(toy_task.messages(payload), add_generation_prompt=True, tokenize=False)
         seq = sc.sample(tok.encode(text, add_special_tokens=False), num_samples=1, sampling_params=params).result().sequences[0]
         rewards.append(toy_task.score(payload, tok.decode(seq.tokens, skip_special_tokens=True)))
@@ -42,7 +43,7 @@ def grpo_curve(svc, steps: int, *, prompts_per_step: int = 8, group_size: int = 
             greedy.append(greedy_reward(sc, tok))
         curve = []
         for step in range(steps):
-            payloads = [toy_task.make_payload(rng.randrange(toy_task.NUM_PROMPTS)) for _ in range(prompts_per_step)]
+            payloads = [prepare_toy.make_payload(rng.randrange(prepare_toy.NUM_PROMPTS)) for _ in range(prompts_per_step)]
             futures = []
             for payload in payloads:
                 text = tok.apply_chat_template(toy_task.messages(payload), add_generation_prompt=True, tokenize=False)
@@ -92,8 +93,8 @@ def expected_base_reward(svc) -> float:
         tok = tc.get_tokenizer()
         sc = tc.create_sampling_client()
         probs = []
-        for n in range(toy_task.NUM_PROMPTS):
-            payload = toy_task.make_payload(n)
+        for n in range(prepare_toy.NUM_PROMPTS):
+            payload = prepare_toy.make_payload(n)
             text = tok.apply_chat_template(toy_task.messages(payload), add_generation_prompt=True, tokenize=False)
             ids = tok.encode(text + payload["answer"] + "<|im_end|>", add_special_tokens=False)
             lp = sc.compute_logprobs(ids).result()

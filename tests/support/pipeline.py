@@ -94,7 +94,7 @@ class Stack:
     def config(self, **overrides: Any) -> dict[str, Any]:
         """A valid run config on this stack (the toy payloads as the dataset unless
         ``dataset_path`` is given), updated with ``overrides``."""
-        from local.agents import toy_task
+        from prepare_datasets import prepare_toy
 
         cfg = {
             "region": REGION,
@@ -103,7 +103,7 @@ class Stack:
             "model_package_group_arn": self.sim.model_package_group_arn,
             "s3_output_path": f"s3://{self.bucket}/checkpoints/",  # the stack bucket: in its grants
             "agent_runtime_arn": AGENT_ARN,
-            "dataset_path": overrides.get("dataset_path") or self.put_dataset("data/toy.jsonl", toy_task.all_payloads()),
+            "dataset_path": overrides.get("dataset_path") or self.put_dataset("data/toy.jsonl", prepare_toy.all_payloads()),
             "tokenizer_path": str(TINY_MODEL),
             "batch_size": 2,
             "responses_per_prompt": 2,
