@@ -139,10 +139,18 @@ def rollouts_to(curve: list[dict[str, Any]], threshold: float, window: int = 256
 
 
 def run_arm(arm: str, repeat: int, out: Path, timeout: float, extra: list[str], tag: str,
-            task: str = "toy") -> dict[str, Any]:
+            task: str = "toy", reuse: bool = False) -> dict[str, Any]:
+    """Run one arm's repeat ``repeat`` with ``seed`` = ``repeat`` (a run's samples are a function of
+    its config and seed, so repeats need their own seeds; a ``--set seed=`` in ``extra`` wins).
+    ``reuse``: a run folder whose ``result.json`` says SUCCEEDED is read, not run again."""
     config, sets = task_arm(arm, task)
-    sets = sets + extra
+    sets = [f"seed={repeat}"] + sets + extra
     run_id = f"{arm}{tag}-r{repeat}"
+    done = out / run_id / "result.json"
+    if reuse and done.exists() and json.loads(done.read_text()).get("status") == "SUCCEEDED":
+        curve = read_curve(out / run_id)
+        print(f"[{arm} r{repeat}] reused {out / run_id}", flush=True)
+        return {"arm": arm, "repeat": repeat, "exit_code": 0, "wall_seconds": json.loads(done.read_text()).get("wall_seconds"), **curve}
     cmd = [sys.executable, "-m", "stepwise_cli", "run-local", str(config), "--no-progress",
            "--out", str(out), "--run-id", run_id, "--timeout", str(timeout)]
     for s in sets:
@@ -209,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="run nothing: summarize earlier result files (arms are suffixed with their tag)")
     p.add_argument("--merge", action="store_true",
                    help="with --report: pool an arm's runs across the files (for files of the same settings)")
+    p.add_argument("--reuse", action="store_true", help="read runs whose folder already holds a SUCCEEDED result.json")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = p.parse_args(argv)
     budgets = [int(b) for b in args.budgets.split(",")]
@@ -233,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     jobs = [(a, r) for r in range(args.repeats) for a in arms]
     load_start = load_average()
     with ThreadPoolExecutor(max_workers=args.parallel) as pool:
-        runs = list(pool.map(lambda j: run_arm(j[0], j[1], runs_dir, args.timeout, args.extra, args.tag, args.task), jobs))
+        runs = list(pool.map(lambda j: run_arm(j[0], j[1], runs_dir, args.timeout, args.extra, args.tag, args.task, args.reuse), jobs))
     print(f"\nmean train reward in the 256 rollouts up to each budget (mean over {args.repeats} repeat(s)); "
           f"load {load_start} -> {load_average()}")
     table = summarize(runs, budgets, args.threshold, at_steps)

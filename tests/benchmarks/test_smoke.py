@@ -83,6 +83,22 @@ def test_dapo_vs_grpo_arms_are_valid_configs_with_the_same_rollout_budget() -> N
     assert budgets == {1280}  # every arm gets the same rollout budget
 
 
+def test_dapo_vs_grpo_mix_task_arms_are_mix_configs_with_the_toy_arms_dapo_fields() -> None:
+    from stepwise.config import load_run_config
+
+    for arm in dapo_vs_grpo.ARMS:
+        config, sets = dapo_vs_grpo.task_arm(arm, "mix")
+        assert config == REPO / "examples" / "mix.json"
+        raw = json.loads(config.read_text())
+        raw.update({k: json.loads(v) for k, v in (s.split("=", 1) for s in sets)})  # later --set wins
+        cfg = load_run_config(raw)
+        assert cfg.algorithm == ("dapo" if arm.startswith("dapo") else "grpo"), arm
+        assert cfg.dataset_path.endswith("mix_train.jsonl") and cfg.learning_rate == raw["learning_rate"]
+        if arm in ("dapo", "dapo-cap8", "dapo-k4"):  # toy_dapo.json's loss and cap came along
+            assert cfg.loss == "ppo" and cfg.clip_high_threshold == 1.28 and cfg.max_num_gen_batches >= 4
+    assert dapo_vs_grpo.task_arm("dapo-cap8", "mix")[1][-1] == "max_num_gen_batches=8"
+
+
 def test_dapo_vs_grpo_reads_curves_by_rollouts_consumed(tmp_path: Path) -> None:
     rows = [{"kind": "train", "step": 0, "sampler/num_rollouts": 128, "sampler/mean_reward": 0.25,
              "sampling/generation_batches": 2, "sampling/filtered_fraction": 0.1},
