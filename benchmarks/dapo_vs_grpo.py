@@ -89,7 +89,10 @@ def read_curve(run_dir: Path) -> dict[str, Any]:
     FileNotFoundError when the run wrote no metrics."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     config_file = run_dir / "run_config.json"
-    k = json.loads(config_file.read_text()).get("responses_per_prompt", 1) if config_file.exists() else 1
+    run_config = json.loads(config_file.read_text()) if config_file.exists() else {}
+    k = run_config.get("responses_per_prompt", 1)
+    # GRPO steps report sampling/* too (one generation batch, nothing filtered): the algorithm decides.
+    dapo = run_config.get("algorithm") == "dapo" if run_config else None
     steps, evals, cum = [], [], 0
     for row in rows:
         if row.get("kind") == "train":
@@ -97,15 +100,15 @@ def read_curve(run_dir: Path) -> dict[str, Any]:
             cum += n
             if row.get("decision", "train") != "train":  # skipped or capped: nothing trained
                 useful = 0
-            elif "sampling/kept_groups" in row:  # DAPO: every kept group is informative
+            elif (dapo if dapo is not None else "sampling/kept_groups" in row):  # DAPO: every kept group is informative
                 useful = int(row["sampling/kept_groups"]) * k
             else:  # GRPO: every group but the all-equal ones
                 useful = round(n * (1 - float(row.get("advantages/zero_groups_fraction") or 0.0)))
             steps.append({"step": row["step"], "rollouts": n, "cum_rollouts": cum, "useful_rollouts": useful,
                           "reward": row.get("sampler/mean_reward"),
                           "generation_batches": row.get("sampling/generation_batches", 1),
-                          "filtered_fraction": row.get("sampling/filtered_fraction",
-                                                       row.get("advantages/zero_groups_fraction"))})
+                          "filtered_fraction": row.get("sampling/filtered_fraction") if dapo is not False
+                          else row.get("advantages/zero_groups_fraction")})
         elif row.get("kind") == "eval":
             evals.append({"step": row["step"], "cum_rollouts": cum, "accuracy": row.get("eval/accuracy")})
     return {"steps": steps, "evals": evals}

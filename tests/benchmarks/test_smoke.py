@@ -118,6 +118,19 @@ def test_dapo_vs_grpo_reads_curves_by_rollouts_consumed(tmp_path: Path) -> None:
     assert dapo_vs_grpo.rollouts_to(curve["steps"], 0.9) is None
 
 
+def test_dapo_vs_grpo_counts_a_grpo_runs_useful_rollouts_by_its_zero_groups(tmp_path: Path) -> None:
+    # GRPO steps report sampling/* too (kept 8 of 8, nothing filtered); its all-equal groups carry no signal.
+    (tmp_path / "run_config.json").write_text(json.dumps({"algorithm": "grpo", "responses_per_prompt": 8}))
+    row = {"kind": "train", "step": 0, "sampler/num_rollouts": 64, "sampler/mean_reward": 0.4,
+           "sampling/kept_groups": 8, "sampling/filtered_fraction": 0.0, "advantages/zero_groups_fraction": 0.75}
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+    (step,) = dapo_vs_grpo.read_curve(tmp_path)["steps"]
+    assert step["useful_rollouts"] == 16 and step["filtered_fraction"] == 0.75
+    (tmp_path / "run_config.json").write_text(json.dumps({"algorithm": "dapo", "responses_per_prompt": 8}))
+    (step,) = dapo_vs_grpo.read_curve(tmp_path)["steps"]
+    assert step["useful_rollouts"] == 64 and step["filtered_fraction"] == 0.0
+
+
 def test_dataset_memory_measures_init_and_plan_step_in_child_processes(tmp_path: Path) -> None:
     assert dataset_memory.main(["--sizes", "1", "--formats", "jsonl,parquet", "--data", str(tmp_path / "data"),
                                 "--out", str(tmp_path)]) == 0
