@@ -9,7 +9,21 @@ import subprocess
 import sys
 import threading
 import time
+from http.server import ThreadingHTTPServer
 from typing import IO, Any
+
+# Listen backlog of the local stack's own HTTP servers. http.server's default of 5 resets
+# connections when a Distributed Map starts hundreds of invocations at once (a drill at 256
+# rollouts lost two to "Connection reset by peer"); Lambda itself has no such queue to overflow.
+LISTEN_BACKLOG = 1024
+
+
+class LoopbackHTTPServer(ThreadingHTTPServer):
+    """`ThreadingHTTPServer` for a local service: daemon request threads and a listen backlog of
+    `LISTEN_BACKLOG` connections (the kernel caps it at ``net.core.somaxconn``)."""
+
+    daemon_threads = True
+    request_queue_size = LISTEN_BACKLOG
 
 
 def stop_process(proc: subprocess.Popen, log: IO[Any] | None = None, *, timeout: float = 10.0) -> None:
@@ -46,14 +60,19 @@ def await_listening(proc: subprocess.Popen, pattern: re.Pattern[str], *, what: s
             line matched within ``timeout`` seconds ("WHAT did not report its port within Ns").
     """
     lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=_pump, args=(proc, pattern, lines, log), daemon=True).start()
+    pump = threading.Thread(target=_pump, args=(proc, pattern, lines, log), daemon=True)
+    pump.start()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with code {proc.returncode} before listening")
         try:
             m = pattern.search(lines.get(timeout=0.2))
         except queue.Empty:
+            # A child may print its listening line and exit before we look: read what it wrote
+            # (the pump ends at EOF; 1 s bounds a pipe a grandchild keeps open) before calling it dead.
+            if proc.poll() is not None:
+                pump.join(1.0)
+                if lines.empty():
+                    raise RuntimeError(f"{what} exited with code {proc.returncode} before listening") from None
             continue
         if m:
             return m

@@ -24,10 +24,10 @@ import re
 import subprocess
 import sys
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-from local._proc import await_listening, stop_process
+from local._proc import LoopbackHTTPServer, await_listening, stop_process
 
 _LISTENING = re.compile(r"listening on http://127\.0\.0\.1:(\d+)")
 #: Environment variable: worker processes for run-local's handlers (0 = in-process).
@@ -174,8 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=0)
     args = parser.parse_args(argv)
     _warm()
-    server = ThreadingHTTPServer(("127.0.0.1", args.port), _Invoke)
-    server.daemon_threads = True
+    server = LoopbackHTTPServer(("127.0.0.1", args.port), _Invoke)
     print(f"stepwise lambda worker listening on http://127.0.0.1:{server.server_address[1]}", flush=True)
     server.serve_forever()
     return 0

@@ -18,10 +18,11 @@ import json
 import re
 import threading
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from local._proc import LoopbackHTTPServer
 from local.simulator.service import Simulator
 from local.simulator.validation import CONTROL, RUNTIME, ApiError, error
 
@@ -126,8 +127,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(404, {"message": f"no admin route {method} {path}"}, "application/json")
 
 
-class SimulatorHTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
+class SimulatorHTTPServer(LoopbackHTTPServer):
     allow_reuse_address = True
 
     def __init__(self, address: tuple[str, int], simulator: Simulator, verbose: bool = False) -> None:
