@@ -22,7 +22,7 @@ import statistics
 import time
 from typing import Any
 
-from benchmarks._common import DEFAULT_OUT, REPO_ROOT, load_average, percentile, write_result
+from benchmarks._common import DEFAULT_OUT, load_average, percentile, write_result
 
 PCTS = (50, 95, 99)
 

@@ -25,7 +25,6 @@ import io
 import json
 import math
 from collections.abc import Callable, Iterable, Iterator
-from pathlib import Path
 from typing import Any, BinaryIO
 
 import pyarrow as pa
