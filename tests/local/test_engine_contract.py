@@ -143,15 +143,18 @@ def test_functions_are_created_with_the_stack_environment(monkeypatch):
 
 
 def test_s3_request_log_counts_every_process_s_requests_by_operation_and_key_kind():
+    # its own bucket: moto's backends outlive a MotoServer, and BUCKET keeps the first test's
+    # notification, which would send this PUT to an on-result no dispatcher here registers
+    bucket = "stepwise-engine-request-log"
     with engine.MotoServer() as moto:
         s3 = moto.client("s3")
-        s3.create_bucket(Bucket=BUCKET)
-        s3.put_object(Bucket=BUCKET, Key="runs/r1/state.json", Body=b"{}")
-        s3.put_object(Bucket=BUCKET, Key="runs/r1/sessions/s1/turns/0001.json", Body=b"{}")
-        s3.get_object(Bucket=BUCKET, Key="runs/r1/state.json")
-        s3.head_object(Bucket=BUCKET, Key="runs/r1/state.json")
-        s3.list_objects_v2(Bucket=BUCKET, Prefix="runs/r1/sessions/s1/turns/")
-        s3.put_object(Bucket=BUCKET, Key="rollout-results/r1/0/s1.json", Body=b"{}")
+        s3.create_bucket(Bucket=bucket)
+        s3.put_object(Bucket=bucket, Key="runs/r1/state.json", Body=b"{}")
+        s3.put_object(Bucket=bucket, Key="runs/r1/sessions/s1/turns/0001.json", Body=b"{}")
+        s3.get_object(Bucket=bucket, Key="runs/r1/state.json")
+        s3.head_object(Bucket=bucket, Key="runs/r1/state.json")
+        s3.list_objects_v2(Bucket=bucket, Prefix="runs/r1/sessions/s1/turns/")
+        s3.put_object(Bucket=bucket, Key="rollout-results/r1/0/s1.json", Body=b"{}")
         moto.client("stepfunctions").list_state_machines()  # not S3: not counted
         counts = moto.s3_requests.snapshot()
         apps = moto.s3_requests.app.app_instances  # moto's Flask app per service, built on first use
@@ -241,8 +244,15 @@ _ticks: list[float] = []
 def _hog(event, ctx):
     block = b"x" * (event["mb"] << 20)  # written, so resident too (rss) and traced (tracemalloc)
     _hogs.append(block)
-    time.sleep(0.1)  # held for a few ticks: rss samples every tick (tracemalloc keeps the peak anyway)
-    _hogs.clear()
+    try:
+        # held for many ticks: rss samples once a tick (tracemalloc keeps the peak anyway), and on a
+        # busy machine the monitor thread may wait for the GIL. An invocation over its memory is
+        # stopped by the monitor inside this loop, as Lambda kills the container; one under it returns.
+        deadline = time.monotonic() + event.get("hold_s", 0.1)
+        while time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        _hogs.clear()
     return {"allocated_mb": event["mb"]}
 
 
@@ -262,7 +272,7 @@ def test_an_invocation_over_its_memory_fails_naming_the_function_and_the_figure(
     try:
         payload, error = d.call("hog", {"mb": 8}, "RequestResponse")  # 100 MB runtime + 8 < 160
         assert error is None and json.loads(payload) == {"allocated_mb": 8}
-        payload, error = d.call("hog", {"mb": 200}, "RequestResponse")
+        payload, error = d.call("hog", {"mb": 200, "hold_s": 5}, "RequestResponse")
     finally:
         d.stop_limits()
     body = json.loads(payload)
@@ -308,7 +318,7 @@ def test_step_functions_sees_a_broken_limit_as_lambda_unknown_naming_the_functio
             moto.dispatcher.register(name, handler_path="", memory_mb=memory_mb, timeout_s=timeout_s,
                                      arn=arns[name], handler=fn)
         states = {}
-        for name, nxt, payload in [("hog", "slow", {"mb": 200}), ("slow", "Done", {})]:
+        for name, nxt, payload in [("hog", "slow", {"mb": 200, "hold_s": 5}), ("slow", "Done", {})]:
             states[name] = {"Type": "Task", "Resource": "arn:aws:states:::lambda:invoke",
                             "Parameters": {"FunctionName": arns[name], "Payload": payload}, "ResultPath": None,
                             "Catch": [{"ErrorEquals": ["Lambda.Unknown"], "ResultPath": f"$.{name}", "Next": nxt}],
@@ -320,6 +330,7 @@ def test_step_functions_sees_a_broken_limit_as_lambda_unknown_naming_the_functio
         desc = _wait(sfn, arn)
     assert desc["status"] == "SUCCEEDED", desc
     out = json.loads(desc["output"])
+    assert "hog" in out and "slow" in out, (out, moto.dispatcher.invocations)
     assert out["hog"]["Error"] == out["slow"]["Error"] == "Lambda.Unknown"
     assert "function hog used" in out["hog"]["Cause"] and "memory_mb 160" in out["hog"]["Cause"]
     assert "function slow has timeout_s 1" in out["slow"]["Cause"]
