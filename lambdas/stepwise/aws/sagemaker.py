@@ -22,6 +22,8 @@ GetTrainingOperationResult, ExecuteSamplingOperation, GetSamplingOperationResult
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,18 +51,41 @@ class SessionFailed(RuntimeError):
 # ---------------------------------------------------------------------------- clients
 
 
+#: Clients made by `control_plane` and `runtime`, one per (kind, region, endpoints, credentials):
+#: building one loads botocore's service model and endpoint rules from disk (~0.1-0.2 s of CPU on
+#: a Lambda-sized core), and a warm container keeps its clients (boto3 clients are thread-safe).
+_CLIENTS: dict[tuple[Any, ...], Any] = {}
+_CLIENTS_LOCK = threading.Lock()
+#: Environment read into a client when it is built: a new value makes a new client.
+_CLIENT_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+               "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_SAGEMAKER")
+
+
+def _cached(kind: str, region: str, make: Callable[[], Any]) -> Any:
+    from sagemaker.train.training_session._endpoints import _endpoint_overrides
+
+    key = (kind, region, _endpoint_overrides(), tuple(os.environ.get(k) for k in _CLIENT_ENV))
+    with _CLIENTS_LOCK:
+        client = _CLIENTS.get(key)
+        if client is None:
+            client = _CLIENTS[key] = make()
+        return client
+
+
 def control_plane(region: str) -> Any:
-    """The SDK's ``sagemaker`` control-plane client (honours SAGEMAKER_TRAINING_SESSION_ENDPOINT)."""
+    """The SDK's ``sagemaker`` control-plane client (honours SAGEMAKER_TRAINING_SESSION_ENDPOINT),
+    one per container and region (built once: see ``_CLIENTS``)."""
     from sagemaker.train.training_session._clients import _control_plane_client
 
-    return _control_plane_client(region)
+    return _cached("control_plane", region, lambda: _control_plane_client(region))
 
 
 def runtime(region: str) -> Any:
-    """The SDK's runtime client (honours SAGEMAKER_TRAINING_SESSION_RUNTIME_ENDPOINT)."""
+    """The SDK's runtime client (honours SAGEMAKER_TRAINING_SESSION_RUNTIME_ENDPOINT), one per
+    container and region (built once: see ``_CLIENTS``)."""
     from sagemaker.train.training_session._clients import _runtime_client
 
-    return _runtime_client(region)
+    return _cached("runtime", region, lambda: _runtime_client(region))
 
 
 # ---------------------------------------------------------------------------- submit and poll
