@@ -25,9 +25,11 @@ import contextlib
 import functools
 import importlib
 import inspect
+import io
 import json
 import logging
 import os
+import socket
 import threading
 import time
 import traceback
@@ -443,16 +445,29 @@ class DirectLambdaClient:
 
 @contextlib.contextmanager
 def cached_lambda_clients() -> Iterator[None]:
-    """One Lambda client per region for moto's ASL interpreter, invoking in-process (`DirectLambdaClient`).
+    """One client per region and service for moto's ASL interpreter; Lambda's invokes in-process
+    (`DirectLambdaClient`).
 
-    moto's ``lambda:invoke`` task integration builds a new boto3 client for every task
-    (``boto_client_for``; it ignores the state's credentials and uses fixed dummy ones), which
-    cost ~6% of this process's GIL time at 64 rollouts per step. boto3 clients are thread-safe,
-    so the interpreter's task threads share one per region; its ``invoke`` skips the HTTP round trip.
+    moto's ``lambda:invoke`` task integration builds a new boto3 client for every task, and the
+    Distributed Map's S3 ItemReader and ResultWriter one per read or write (``boto_client_for``; it
+    ignores the state's credentials and uses fixed dummy ones): the Lambda clients cost ~6% of this
+    process's GIL time at 64 rollouts per step, the ItemReader's S3 clients ~3% of its CPU samples
+    (py-spy). boto3 clients are thread-safe, so the interpreter's task threads share one per region
+    and service; the Lambda client's ``invoke`` skips the HTTP round trip.
     """
+    from moto.stepfunctions.parser.asl.component.state.exec.state_map.item_reader.eval import (
+        resource_eval_s3 as item_reader_s3,
+    )
+    from moto.stepfunctions.parser.asl.component.state.exec.state_map.result_writer.resource_eval import (
+        resource_eval_s3 as result_writer_s3,
+    )
     from moto.stepfunctions.parser.asl.component.state.exec.state_task import lambda_eval_utils
 
-    original = lambda_eval_utils.boto_client_for
+    modules = (lambda_eval_utils, item_reader_s3, result_writer_s3)
+    originals = [m.boto_client_for for m in modules]
+    original = originals[0]
+    if any(o is not original for o in originals):
+        raise SeamBroken("moto's ASL modules no longer share asl.utils.boto_client.boto_client_for")
     clients: dict[tuple[str, str], Any] = {}
     lock = threading.Lock()
 
@@ -464,11 +479,13 @@ def cached_lambda_clients() -> Iterator[None]:
                 clients[key] = DirectLambdaClient(client, region) if service == "lambda" else client
             return clients[key]
 
-    lambda_eval_utils.boto_client_for = boto_client_for
+    for m in modules:
+        m.boto_client_for = boto_client_for
     try:
         yield
     finally:
-        lambda_eval_utils.boto_client_for = original
+        for m in modules:
+            m.boto_client_for = original
 
 
 @contextlib.contextmanager
@@ -555,6 +572,125 @@ def cached_json_paths() -> Iterator[None]:
     finally:
         for module, original in patched:
             module.parse = original
+
+
+class _RequestBody(io.RawIOBase):
+    """The ``Content-Length`` bytes of one request on a kept-alive connection, and not one byte more.
+
+    Werkzeug hands the connection's reader itself to the app (``wsgi.input``) and, after the
+    response, reads whatever else the socket holds to discard it: right for a connection it closes,
+    but on a kept-alive one that would read the client's next request. Reading through this, the app
+    and that discard both stop at the body's end; `_KeepAliveServing` reads what the app left of it
+    before the next request line.
+    """
+
+    def __init__(self, raw: Any, length: int) -> None:
+        super().__init__()
+        self._raw, self.left, self.eof = raw, length, False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self.left <= 0:
+            return 0
+        data = self._raw.read(min(len(buffer), self.left))
+        if not data:  # the client went away mid-body
+            self.left, self.eof = 0, True
+            return 0
+        buffer[: len(data)] = data
+        self.left -= len(data)
+        return len(data)
+
+    def discard_rest(self) -> None:
+        while self.left > 0 and self.readinto(bytearray(min(self.left, 1 << 16))):
+            pass
+
+
+@dataclass
+class ServerConnections:
+    """The moto server's client connections: those open now, and how many it accepted in all."""
+
+    open: set[Any] = field(default_factory=set)
+    accepted: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def close_all(self, timeout_s: float = 2.0) -> None:
+        """Shut every open connection (each idle kept-alive one holds a server thread) and wait up
+        to ``timeout_s`` for their threads to finish."""
+        with self.lock:
+            conns = list(self.open)
+        for conn in conns:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+        deadline = time.monotonic() + timeout_s
+        while self.open and time.monotonic() < deadline:  # their threads see EOF and finish
+            time.sleep(0.01)
+
+
+@contextlib.contextmanager
+def kept_alive_connections(connections: ServerConnections) -> Iterator[None]:
+    """moto's HTTP server with HTTP/1.1 keep-alive, for requests that carry a ``Content-Length``.
+
+    Werkzeug's development server, which ``ThreadedMotoServer`` runs, answers every request with
+    ``Connection: close``: each of the ~15 requests per rollout (handlers, gateway, agents) opened a
+    new TCP connection, and the server started a new thread for it. In one process, 500 S3 requests
+    each way (``benchmarks/README.md`` section 5) cost 2.3-3.4 ms of CPU per request with a new
+    connection each and 1.7-2.5 ms kept alive. Requests without a length (chunked) keep werkzeug's
+    behaviour (closed after the answer). ``TCP_NODELAY``: werkzeug writes an answer's headers and body
+    separately, and on a kept-alive connection Nagle's algorithm held the body ~40 ms for the
+    client's delayed ACK. ``connections`` counts them and holds the open ones, for `MotoServer.stop`
+    to close (an idle kept-alive connection otherwise holds its server thread until its client closes it).
+    """
+    from moto.moto_server import threaded_moto_server
+
+    base = threaded_moto_server.MotoRequestHandler
+    if not hasattr(base, "run_wsgi") or not hasattr(base, "send_header"):
+        raise SeamBroken("moto's MotoRequestHandler is no longer werkzeug's WSGIRequestHandler; "
+                         "port local/engine.py's kept_alive_connections")
+
+    class KeepAliveRequestHandler(base):  # type: ignore[misc, valid-type]
+        _body: _RequestBody | None = None
+
+        def setup(self) -> None:
+            super().setup()
+            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with connections.lock:
+                connections.open.add(self.connection)
+                connections.accepted += 1
+
+        def finish(self) -> None:
+            with connections.lock:
+                connections.open.discard(self.connection)
+            super().finish()
+
+        def run_wsgi(self) -> None:
+            length = (self.headers.get("Content-Length") or "0").strip()
+            chunked = "chunked" in (self.headers.get("Transfer-Encoding") or "").lower()
+            if chunked or not length.isdigit():
+                self._body = None
+                return super().run_wsgi()  # closed after the answer, as werkzeug does
+            raw = self.rfile
+            self._body = body = _RequestBody(raw, int(length))
+            self.rfile = body
+            try:
+                super().run_wsgi()
+            finally:
+                self.rfile = raw
+                body.discard_rest()
+                if body.eof:
+                    self.close_connection = True
+
+        def send_header(self, keyword: str, value: str) -> None:
+            if self._body is not None and keyword.lower() == "connection" and value.lower() == "close":
+                return  # werkzeug's "always close": this request's body is delimited, keep the connection
+            super().send_header(keyword, value)
+
+    threaded_moto_server.MotoRequestHandler = KeepAliveRequestHandler
+    try:
+        yield
+    finally:
+        threaded_moto_server.MotoRequestHandler = base
 
 
 def without_flask_debug(dispatcher_app: Any) -> None:
@@ -679,6 +815,7 @@ class MotoServer:
         self._server: Any = None
         self._patch: contextlib.ExitStack | None = None
         self.s3_requests: S3RequestLog | None = None
+        self.connections = ServerConnections()
         self._saved_env: dict[str, str | None] = {}
         self._saved_config: bool | None = None
         self.endpoint = ""
@@ -694,6 +831,8 @@ class MotoServer:
         self._patch.enter_context(indexed_task_tokens())
         self._patch.enter_context(cached_json_paths())
         self._patch.enter_context(paged_execution_history())
+        self.connections = ServerConnections()
+        self._patch.enter_context(kept_alive_connections(self.connections))
         sfn_config = default_user_config.setdefault("stepfunctions", {})
         self._saved_config = sfn_config.get("execute_state_machine", False)
         sfn_config["execute_state_machine"] = True
@@ -726,6 +865,7 @@ class MotoServer:
         if self._server is not None:
             self._server.stop()
             self._server = None
+        self.connections.close_all()
         if self._patch is not None:
             self._patch.close()
             self._patch = None

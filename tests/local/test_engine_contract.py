@@ -445,3 +445,85 @@ def test_the_interpreter_s_lambda_client_answers_as_moto_does_over_http_without_
         desc = _wait(sfn, sfn.start_execution(stateMachineArn=sm, input=json.dumps({"b": 2}))["executionArn"])
         assert desc["status"] == "SUCCEEDED", desc
         assert json.loads(desc["output"])["echo"] == {"b": 2}
+
+
+# ---------------------------------------------------------------------------------------------
+# moto's server keeps connections alive (engine.kept_alive_connections)
+
+
+def _http(moto):
+    import http.client
+
+    host, port = moto.endpoint.removeprefix("http://").split(":")
+    return http.client.HTTPConnection(host, int(port), timeout=10)
+
+
+def test_boto3_requests_share_kept_alive_connections_and_each_answer_is_moto_s():
+    bucket = "stepwise-keep-alive"
+    with engine.MotoServer() as moto:
+        s3 = moto.client("s3")
+        s3.create_bucket(Bucket=bucket)
+        before = moto.connections.accepted
+        for i in range(40):
+            s3.put_object(Bucket=bucket, Key=f"k/{i}.json", Body=json.dumps({"i": i}).encode())
+            assert json.loads(s3.get_object(Bucket=bucket, Key=f"k/{i}.json")["Body"].read()) == {"i": i}
+        listed = s3.list_objects_v2(Bucket=bucket, Prefix="k/")["KeyCount"]
+        with pytest.raises(s3.exceptions.NoSuchKey):
+            s3.get_object(Bucket=bucket, Key="k/absent.json")
+        accepted = moto.connections.accepted - before
+        assert listed == 40
+        assert accepted <= 2, f"81 sequential requests opened {accepted} connections"  # werkzeug alone: 82
+    assert not moto.connections.open  # stop() shut the idle ones
+
+
+def test_a_body_the_app_does_not_read_is_discarded_before_the_next_request_on_the_connection():
+    with engine.MotoServer() as moto:
+        conn = _http(moto)
+        body = b"x" * (256 << 10)
+        # no such bucket: moto answers before reading the body; its bytes must not become a request line
+        conn.request("PUT", "/stepwise-no-such-bucket/k", body=body, headers={"Content-Length": str(len(body))})
+        first = conn.getresponse()
+        first.read()
+        conn.request("PUT", "/stepwise-keep-alive-2", headers={"Content-Length": "0"})
+        second = conn.getresponse()
+        second.read()
+        conn.request("GET", "/stepwise-keep-alive-2?list-type=2")
+        third = conn.getresponse()
+        listing = third.read()
+        conn.close()
+    assert first.status == 404 and first.getheader("Connection") != "close"
+    assert second.status == 200 and third.status == 200 and b"<ListBucketResult" in listing
+
+
+def test_a_chunked_request_keeps_werkzeug_s_close():
+    with engine.MotoServer() as moto:
+        conn = _http(moto)
+        conn.request("PUT", "/stepwise-chunked")  # makes the bucket
+        conn.getresponse().read()
+        conn.request("PUT", "/stepwise-chunked/k", body=iter([b"ab", b"cd"]), encode_chunked=True,
+                     headers={"Transfer-Encoding": "chunked"})
+        answer = conn.getresponse()
+        answer.read()
+        conn.close()
+        got = moto.client("s3").get_object(Bucket="stepwise-chunked", Key="k")["Body"].read()
+    assert answer.status == 200 and answer.getheader("Connection") == "close"
+    assert got == b"abcd"
+
+
+def test_moto_s_asl_interpreter_shares_one_client_per_region_and_service():
+    from moto.stepfunctions.parser.asl.component.state.exec.state_map.item_reader.eval import (
+        resource_eval_s3 as item_reader_s3,
+    )
+    from moto.stepfunctions.parser.asl.component.state.exec.state_map.result_writer.resource_eval import (
+        resource_eval_s3 as result_writer_s3,
+    )
+    from moto.stepfunctions.parser.asl.component.state.exec.state_task import lambda_eval_utils
+
+    original = item_reader_s3.boto_client_for
+    with engine.MotoServer():
+        a = item_reader_s3.boto_client_for(region="us-east-1", service="s3")
+        b = result_writer_s3.boto_client_for(region="us-east-1", service="s3", state_credentials=None)
+        lam = lambda_eval_utils.boto_client_for(region="us-east-1", service="lambda")
+        assert a is b and lam is not a
+        assert isinstance(lam, engine.DirectLambdaClient)
+    assert item_reader_s3.boto_client_for is original is result_writer_s3.boto_client_for
