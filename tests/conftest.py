@@ -13,6 +13,9 @@ use them (the 3.13 rehearsal's fast tests, say) does not import moto.
 from __future__ import annotations
 
 import json
+import os
+import sys
+import threading
 
 import pytest
 
@@ -55,3 +58,33 @@ def stack():
     s = Stack()
     yield s
     s.stop()
+
+
+# ---------------------------------------------------------------------------------------------
+# The end of the session: exit with pytest's status, without the interpreter's teardown.
+#
+# A full run once printed "814 passed" and then aborted with "terminate called without an active
+# exception" (SIGABRT, exit 134) during the interpreter's teardown; three other full runs of the
+# same tree exited 0. That is the known teardown crash of processes that load C++ libraries with
+# threads of their own (torch, pyarrow; the NeMo Megatron-Bridge suite hit it, after all of its
+# tests passed): their static destructors run while threads still use them. Every result is
+# final and printed by then, so the session exits at once with its status; the threads still
+# alive are listed first, so a log shows what was running.
+
+_EXIT_STATUS: list[int] = []
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _EXIT_STATUS.append(int(exitstatus))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    if not _EXIT_STATUS or os.environ.get("STEPWISE_TEST_FULL_TEARDOWN"):
+        return
+    alive = sorted(t.name for t in threading.enumerate() if t is not threading.main_thread())
+    if alive:
+        print(f"threads alive at exit ({len(alive)}): {', '.join(alive[:20])}", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(_EXIT_STATUS[-1])
