@@ -69,12 +69,17 @@ def stack():
 # threads of their own (torch, pyarrow; the NeMo Megatron-Bridge suite hit it, after all of its
 # tests passed): their static destructors run while threads still use them. Every result is
 # final and printed by then, so the session exits at once with its status; the threads still
-# alive are listed first, so a log shows what was running.
+# alive are listed before pytest's summary, so a log shows what was running.
+# STEPWISE_TEST_FULL_TEARDOWN=1 keeps the interpreter's teardown (to reproduce the crash).
 
 _EXIT_STATUS: list[int] = []
 
 
 def pytest_sessionfinish(session, exitstatus):
+    # listed here, before pytest's summary, so that the summary stays the run's last line
+    alive = sorted(t.name for t in threading.enumerate() if t is not threading.main_thread())
+    if alive:
+        print(f"\nthreads alive at the end ({len(alive)}): {', '.join(alive[:10])}", file=sys.stderr)
     _EXIT_STATUS.append(int(exitstatus))
 
 
@@ -82,9 +87,6 @@ def pytest_sessionfinish(session, exitstatus):
 def pytest_unconfigure(config):
     if not _EXIT_STATUS or os.environ.get("STEPWISE_TEST_FULL_TEARDOWN"):
         return
-    alive = sorted(t.name for t in threading.enumerate() if t is not threading.main_thread())
-    if alive:
-        print(f"threads alive at exit ({len(alive)}): {', '.join(alive[:20])}", file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(_EXIT_STATUS[-1])
