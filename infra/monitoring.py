@@ -45,6 +45,12 @@ ZERO_ADVANTAGE_GROUPS = "advantages/zero_groups_fraction"
 ROLLOUT_DURATION_P50 = "time/rollout_duration_p50"
 ROLLOUT_DURATION_P95 = "time/rollout_duration_p95"
 ROLLOUT_STATUS_COUNTS = ("rollouts/num_ok", "rollouts/num_error", "rollouts/num_timeout")
+#: Overlapped steps (``max_staleness`` 1; stepwise.core.staleness): policy versions between the
+#: sampler and the trained policy, and how long the training session was busy and idle per step.
+STALENESS_MEAN = "staleness/mean"
+STALENESS_MAX = "staleness/max"
+SESSION_BUSY = "time/session_busy"
+SESSION_IDLE = "time/session_idle"
 #: Published by this stack's metric filter on FinishRollout's logs (no run dimension: alarmable).
 FAILED_ROLLOUTS = "rollouts/failed"
 #: FinishRollout's Powertools log messages for a rollout that failed or whose reward was zeroed
@@ -184,13 +190,18 @@ class Monitoring(Construct):
         self.dashboard.add_widgets(
             cw.GraphWidget(title="Gateway latency (ms, time to first byte)",
                            left=[gw_url_metric("UrlRequestLatency", "p50"), gw_url_metric("UrlRequestLatency", "p95")],
-                           width=8),
+                           width=6),
             cw.GraphWidget(title="Gateway error rate (%)", left=[gateway_errors],
-                           right=[gw_url_metric("UrlRequestCount", "Sum")], width=8),
+                           right=[gw_url_metric("UrlRequestCount", "Sum")], width=6),
+            # max_staleness 1: how far behind the trained policy each step's datums were sampled, and
+            # what the overlap bought (the billed session idle while rollouts run).
+            cw.GraphWidget(title="Staleness (policy versions: mean, max) and session busy/idle (s) per step",
+                           left=[per_run(STALENESS_MEAN), per_run(STALENESS_MAX, "Maximum")],
+                           right=[per_run(SESSION_BUSY), per_run(SESSION_IDLE)], width=6),
             cw.GraphWidget(title="SageMaker operation latency (s)",
                            left=[per_run(TIME_TRAIN, "Average"), per_run(TIME_TRAIN, "Maximum")],
                            right=[functions[n].metric_duration(statistic="p95") for n in ("SubmitTrain", "PollOperation", "Rebind") if n in functions],
-                           width=8),
+                           width=6),
         )
         self.dashboard.add_widgets(
             cw.GraphWidget(title="Executions", left=[state_machine.metric_started(), state_machine.metric_succeeded(),

@@ -266,7 +266,9 @@ class BehaviourMetric(NamedTuple):
     axis: Literal["count", "fraction"]
 
 
-#: The behaviour metrics (`stepwise.core.behaviour`, ``zero_adv`` from `stepwise.core.advantages`),
+#: The behaviour metrics (`stepwise.core.behaviour`, ``zero_adv`` from `stepwise.core.advantages`,
+#: ``stale`` = policy versions between the sampler and the trained policy, mean over the step's
+#: datums, from `stepwise.core.staleness`: 0 on-policy, at most ``max_staleness``),
 #: in the order of the table's columns and of the plot's lines (and colours). Fractions print as
 #: fractions (0.25, not 25%). ``rollouts/failed_fraction`` is derived (error + timeout rollouts of
 #: all, `stepwise_cli.plot.behaviour_curves`); the table shows the two counts as ``err/to``.
@@ -279,6 +281,7 @@ BEHAVIOUR_METRICS = (
     BehaviourMetric("behaviour/truncated_turns_fraction", "trunc", ".2f", "truncated turns", "fraction"),
     BehaviourMetric("behaviour/ill_formed_turns_fraction", "illf", ".2f", "ill-formed turns", "fraction"),
     BehaviourMetric("advantages/zero_groups_fraction", "zero_adv", ".2f", "zero-advantage groups", "fraction"),
+    BehaviourMetric("staleness/mean", "stale", ".2f", "staleness (policy versions)", "count"),
     BehaviourMetric("rollouts/failed_fraction", None, None, "error + timeout rollouts", "fraction"),
 )
 

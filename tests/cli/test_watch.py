@@ -111,21 +111,22 @@ def test_watch_prints_a_tracking_failure_of_a_step(moto_dep, capsys):
 
 def test_step_line_without_config_or_timings():
     line = step_line(7, {"sampler/mean_reward": 0.5, "sampling/kept_groups": 3.0}, None, 12.25)
-    assert line.split() == ["7", "0.500", "3", "-", "-", "12.2"] + ["-"] * 9  # no behaviour metrics: dashes
+    assert line.split() == ["7", "0.500", "3", "-", "-", "12.2"] + ["-"] * 10  # no behaviour metrics: dashes
 
 
 def test_step_line_shows_the_behaviour_columns_under_their_titles():
     summary = {"sampler/mean_reward": 0.5, "behaviour/turns_per_rollout": 2.5, "behaviour/sampled_tokens_per_rollout": 41.0,
                "behaviour/truncated_turns_fraction": 0.125, "behaviour/ill_formed_turns_fraction": 0.0,
                "behaviour/tool_calls_per_rollout": 1.25, "time/rollout_duration_p50": 3.0,
-               "time/rollout_duration_p95": 7.5, "advantages/zero_groups_fraction": 0.25,
+               "time/rollout_duration_p95": 7.5, "advantages/zero_groups_fraction": 0.25, "staleness/mean": 0.875,
                "rollouts/num_ok": 6.0, "rollouts/num_error": 1.0, "rollouts/num_timeout": 1.0}
     line = step_line(3, summary, None, 1.0)
     columns = dict(zip(HEADER.split(), line.split()))
     assert len(line.split()) == len(HEADER.split())
-    assert {k: columns[k] for k in ("turns", "tokens", "trunc", "illf", "tools", "p50_s", "p95_s", "zero_adv", "err/to")} == {
+    assert {k: columns[k] for k in ("turns", "tokens", "trunc", "illf", "tools", "p50_s", "p95_s", "zero_adv", "stale",
+                                    "err/to")} == {
         "turns": "2.50", "tokens": "41.0", "trunc": "0.12", "illf": "0.00", "tools": "1.25", "p50_s": "3.0",
-        "p95_s": "7.5", "zero_adv": "0.25", "err/to": "1/1"}
+        "p95_s": "7.5", "zero_adv": "0.25", "stale": "0.88", "err/to": "1/1"}
 
 
 def test_a_lambda_errors_cause_prints_as_its_message():

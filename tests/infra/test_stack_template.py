@@ -448,6 +448,18 @@ def test_dashboard_graphs_every_behaviour_metric_the_handlers_emit(default_app):
     assert len(emitted) == 13 and [name for name in sorted(emitted) if name not in body] == []
 
 
+def test_dashboard_graphs_the_staleness_and_session_time_the_handlers_emit(default_app):
+    from stepwise.core.staleness import session_time_metrics, staleness_metrics
+
+    _, template = default_app
+    (dash,) = resources(template, "AWS::CloudWatch::Dashboard").values()
+    body = json.dumps(dash["Properties"]["DashboardBody"])
+    emitted = set(staleness_metrics([3, 2], 3)) | set(session_time_metrics(train_started_at=1.0, rebound_at=2.0,
+                                                                              previous_end=0.0))
+    graphed = {name for name in emitted if name in body}
+    assert graphed == {"staleness/mean", "staleness/max", "time/session_busy", "time/session_idle"}, graphed
+
+
 def test_alarms_for_stalled_runs_and_rollout_failures(default_app):
     _, template = default_app
     alarms = [a["Properties"] for a in resources(template, "AWS::CloudWatch::Alarm").values()]
