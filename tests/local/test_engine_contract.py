@@ -6,6 +6,8 @@ through it, these tests fail loudly (instead of moto silently echoing payloads).
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import os
 import time
@@ -242,8 +244,19 @@ _ticks: list[float] = []
 
 
 def _hog(event, ctx):
-    block = b"x" * (event["mb"] << 20)  # written, so resident too (rss) and traced (tracemalloc)
-    _hogs.append(block)
+    import mmap
+
+    size = event["mb"] << 20
+    block = b"x" * size  # a Python object: tracemalloc traces it
+    # and fresh pages of the same size, written: the process's RSS grows by them even when malloc
+    # serves the bytes from memory an earlier test freed but kept resident. Late in a full test run
+    # the rss measure twice saw no growth at 200 MB (CI): it counts the whole process, so memory
+    # other threads free meanwhile (earlier tests' executions, a garbage collection) offsets the
+    # hog's (local/limits.py). Hence also 400 MB, and no garbage collection during the call.
+    fresh = mmap.mmap(-1, size)
+    for offset in range(0, size, mmap.PAGESIZE):
+        fresh[offset] = 1
+    _hogs.extend([block, fresh])
     try:
         # held for many ticks: rss samples once a tick (tracemalloc keeps the peak anyway), and on a
         # busy machine the monitor thread may wait for the GIL. An invocation over its memory is
@@ -253,7 +266,18 @@ def _hog(event, ctx):
             time.sleep(0.01)
     finally:
         _hogs.clear()
+        fresh.close()
     return {"allocated_mb": event["mb"]}
+
+
+@contextlib.contextmanager
+def _no_gc():
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def _slow(event, ctx):
@@ -272,7 +296,8 @@ def test_an_invocation_over_its_memory_fails_naming_the_function_and_the_figure(
     try:
         payload, error = d.call("hog", {"mb": 8}, "RequestResponse")  # 100 MB runtime + 8 < 160
         assert error is None and json.loads(payload) == {"allocated_mb": 8}
-        payload, error = d.call("hog", {"mb": 200, "hold_s": 5}, "RequestResponse")
+        with _no_gc():
+            payload, error = d.call("hog", {"mb": 400, "hold_s": 5}, "RequestResponse")
     finally:
         d.stop_limits()
     body = json.loads(payload)
@@ -318,7 +343,7 @@ def test_step_functions_sees_a_broken_limit_as_lambda_unknown_naming_the_functio
             moto.dispatcher.register(name, handler_path="", memory_mb=memory_mb, timeout_s=timeout_s,
                                      arn=arns[name], handler=fn)
         states = {}
-        for name, nxt, payload in [("hog", "slow", {"mb": 200, "hold_s": 5}), ("slow", "Done", {})]:
+        for name, nxt, payload in [("hog", "slow", {"mb": 400, "hold_s": 5}), ("slow", "Done", {})]:
             states[name] = {"Type": "Task", "Resource": "arn:aws:states:::lambda:invoke",
                             "Parameters": {"FunctionName": arns[name], "Payload": payload}, "ResultPath": None,
                             "Catch": [{"ErrorEquals": ["Lambda.Unknown"], "ResultPath": f"$.{name}", "Next": nxt}],
@@ -326,8 +351,9 @@ def test_step_functions_sees_a_broken_limit_as_lambda_unknown_naming_the_functio
         states["Done"] = {"Type": "Pass", "End": True}
         sm = engine.create_state_machine(moto, "limits-test", json.dumps({"StartAt": "hog", "States": states}))
         sfn = moto.client("stepfunctions")
-        arn = sfn.start_execution(stateMachineArn=sm, name="limits-1", input="{}")["executionArn"]
-        desc = _wait(sfn, arn)
+        with _no_gc():
+            arn = sfn.start_execution(stateMachineArn=sm, name="limits-1", input="{}")["executionArn"]
+            desc = _wait(sfn, arn)
     assert desc["status"] == "SUCCEEDED", desc
     out = json.loads(desc["output"])
     assert "hog" in out and "slow" in out, (out, moto.dispatcher.invocations)
