@@ -157,16 +157,11 @@ def start(event: StartEvent) -> dict[str, Any]:
 # ---------------------------------------------------------------------------- result notification
 
 
-def task_token(rs: Any, run_id: str, sid: str) -> str | None:
-    """The task token of session ``sid`` of run ``run_id``: the session record's ``task_token``;
-    for a session started before the token moved there, ``task_token_key``'s object. None when the
-    session is unknown or belongs to another run."""
-    return session_and_token(rs, run_id, sid)[1]
-
-
 def session_and_token(rs: Any, run_id: str, sid: str) -> tuple[dict[str, Any] | None, str | None]:
-    """``(session record of run_id, task token)`` as `task_token` finds them (record None when it is
-    not this run's session)."""
+    """``(session record of run_id, task token)`` of session ``sid``: the token is the record's
+    ``task_token``; for a session started before the token moved there, ``task_token_key``'s object.
+    The record is None when it is not this run's session, the token None when the session is unknown
+    or belongs to another run."""
     record = rs.get_json_or(session_key(sid))
     if isinstance(record, dict) and record.get("run_id") == run_id and record.get(TASK_TOKEN_FIELD):
         return record, str(record[TASK_TOKEN_FIELD])
