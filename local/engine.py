@@ -275,7 +275,7 @@ def check_seam() -> None:
 
     if "boto_client_for(" not in inspect.getsource(lambda_eval_utils._invoke_lambda_function):
         raise SeamBroken("moto's lambda:invoke integration no longer calls boto_client_for; "
-                         "port local/engine.py's cached_lambda_clients")
+                         "port local/engine.py's cached_asl_clients")
     from moto.awslambda.models import LambdaBackend
 
     if tuple(inspect.signature(LambdaBackend.get_function).parameters)[:3] != ("self", "function_name_or_arn", "qualifier"):
@@ -444,7 +444,7 @@ class DirectLambdaClient:
 
 
 @contextlib.contextmanager
-def cached_lambda_clients() -> Iterator[None]:
+def cached_asl_clients() -> Iterator[None]:
     """One client per region and service for moto's ASL interpreter; Lambda's invokes in-process
     (`DirectLambdaClient`).
 
@@ -580,8 +580,8 @@ class _RequestBody(io.RawIOBase):
     Werkzeug hands the connection's reader itself to the app (``wsgi.input``) and, after the
     response, reads whatever else the socket holds to discard it: right for a connection it closes,
     but on a kept-alive one that would read the client's next request. Reading through this, the app
-    and that discard both stop at the body's end; `_KeepAliveServing` reads what the app left of it
-    before the next request line.
+    and that discard both stop at the body's end; `kept_alive_connections`' handler reads what the
+    app left of it (`discard_rest`) before the next request line.
     """
 
     def __init__(self, raw: Any, length: int) -> None:
@@ -827,11 +827,10 @@ class MotoServer:
         self._patch = contextlib.ExitStack()
         self._patch.enter_context(patched_lambda_invoke(self.dispatcher))
         self._patch.enter_context(cached_backend_lookup())
-        self._patch.enter_context(cached_lambda_clients())
+        self._patch.enter_context(cached_asl_clients())
         self._patch.enter_context(indexed_task_tokens())
         self._patch.enter_context(cached_json_paths())
         self._patch.enter_context(paged_execution_history())
-        self.connections = ServerConnections()
         self._patch.enter_context(kept_alive_connections(self.connections))
         sfn_config = default_user_config.setdefault("stepfunctions", {})
         self._saved_config = sfn_config.get("execute_state_machine", False)
