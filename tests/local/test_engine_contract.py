@@ -17,6 +17,7 @@ import boto3
 import pytest
 
 from local import engine
+from tests.support.pipeline import wait_execution
 
 BUCKET = "stepwise-engine-test"
 
@@ -62,16 +63,6 @@ def test_patch_is_removed_on_exit():
     assert cls.invoke is original
 
 
-def _wait(sfn, arn, timeout=30):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        desc = sfn.describe_execution(executionArn=arn)
-        if desc["status"] != "RUNNING":
-            return desc
-        time.sleep(0.1)
-    raise AssertionError("execution still running")
-
-
 def test_tasks_and_s3_notifications_dispatch_to_handlers():
     with engine.MotoServer() as moto:
         lam, iam = moto.client("lambda"), moto.client("iam")
@@ -104,7 +95,7 @@ def test_tasks_and_s3_notifications_dispatch_to_handlers():
         sm = engine.create_state_machine(moto, "engine-test", json.dumps(definition))
         sfn = moto.client("stepfunctions")
         arn = sfn.start_execution(stateMachineArn=sm, name="run-1", input=json.dumps({"a": 1}))["executionArn"]
-        desc = _wait(sfn, arn)
+        desc = wait_execution(sfn, arn, timeout=30)
         assert desc["status"] == "SUCCEEDED", desc
         out = json.loads(desc["output"])
         assert out["echo"]["p"]["echo"] == {"a": 1}
@@ -188,7 +179,7 @@ def test_send_task_success_answers_as_moto_does_for_live_unknown_and_ended_tasks
         assert len(tokens) == 3
         for i, token in enumerate(tokens):
             sfn.send_task_success(taskToken=token, output=json.dumps({"n": i}))
-        outputs = sorted(json.loads(_wait(sfn, arn)["output"])["n"] for arn in arns)
+        outputs = sorted(json.loads(wait_execution(sfn, arn, timeout=30)["output"])["n"] for arn in arns)
         assert outputs == [0, 1, 2]
         with pytest.raises(sfn.exceptions.InvalidToken):
             sfn.send_task_success(taskToken="no-such-token", output="{}")
@@ -224,11 +215,11 @@ def test_handlers_registered_by_path_run_in_worker_processes_with_the_parent_s_e
                 "Done": {"Type": "Pass", "End": True}}}
             sm = engine.create_state_machine(moto, "workers-test", json.dumps(definition))
             sfn = moto.client("stepfunctions")
-            ok = _wait(sfn, sfn.start_execution(stateMachineArn=sm, name="w-ok", input="{}")["executionArn"])
+            ok = wait_execution(sfn, sfn.start_execution(stateMachineArn=sm, name="w-ok", input="{}")["executionArn"], timeout=30)
             out = json.loads(ok["output"])["p"]
             assert out["pid"] != os.getpid() and out["function"] == "where"
             assert out["bucket"] == "set-after-the-worker-started"
-            failed = _wait(sfn, sfn.start_execution(stateMachineArn=sm, name="w-boom", input='{"boom": true}')["executionArn"])
+            failed = wait_execution(sfn, sfn.start_execution(stateMachineArn=sm, name="w-boom", input='{"boom": true}')["executionArn"], timeout=30)
             err = json.loads(failed["output"])["error"]
             assert err["Error"] == "ValueError" and "bad thing in a worker" in err["Cause"]
             assert [(r.function_name, r.error) for r in moto.dispatcher.invocations] == [("where", None), ("where", "ValueError")]
@@ -353,7 +344,7 @@ def test_step_functions_sees_a_broken_limit_as_lambda_unknown_naming_the_functio
         sfn = moto.client("stepfunctions")
         with _no_gc():
             arn = sfn.start_execution(stateMachineArn=sm, name="limits-1", input="{}")["executionArn"]
-            desc = _wait(sfn, arn)
+            desc = wait_execution(sfn, arn, timeout=30)
     assert desc["status"] == "SUCCEEDED", desc
     out = json.loads(desc["output"])
     assert "hog" in out and "slow" in out, (out, moto.dispatcher.invocations)
@@ -370,7 +361,7 @@ def test_execution_history_newest_first_one_event_is_the_history_length():
         sm = engine.create_state_machine(moto, "history-test", json.dumps(definition))
         sfn = moto.client("stepfunctions")
         arn = sfn.start_execution(stateMachineArn=sm, name="h-1", input="{}")["executionArn"]
-        _wait(sfn, arn)
+        wait_execution(sfn, arn, timeout=30)
         every = sfn.get_execution_history(executionArn=arn)["events"]
         newest = sfn.get_execution_history(executionArn=arn, reverseOrder=True, maxResults=1)["events"]
     assert [e["id"] for e in every] == list(range(1, len(every) + 1)) and len(every) >= 5
@@ -468,7 +459,7 @@ def test_the_interpreter_s_lambda_client_answers_as_moto_does_over_http_without_
             "Parameters": {"FunctionName": arns["echo"], "Payload.$": "$"}, "OutputPath": "$.Payload"}}}
         sm = engine.create_state_machine(moto, "direct-test", json.dumps(definition))
         sfn = moto.client("stepfunctions")
-        desc = _wait(sfn, sfn.start_execution(stateMachineArn=sm, input=json.dumps({"b": 2}))["executionArn"])
+        desc = wait_execution(sfn, sfn.start_execution(stateMachineArn=sm, input=json.dumps({"b": 2}))["executionArn"], timeout=30)
         assert desc["status"] == "SUCCEEDED", desc
         assert json.loads(desc["output"])["echo"] == {"b": 2}
 
