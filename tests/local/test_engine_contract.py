@@ -15,6 +15,8 @@ from urllib.parse import unquote_plus
 
 import boto3
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from local import engine
 from tests.support.pipeline import wait_execution
@@ -544,3 +546,26 @@ def test_moto_s_asl_interpreter_shares_one_client_per_region_and_service():
         assert a is b and lam is not a
         assert isinstance(lam, engine.DirectLambdaClient)
     assert item_reader_s3.boto_client_for is original is result_writer_s3.boto_client_for
+
+
+@settings(max_examples=200, deadline=None)
+@given(body=st.binary(max_size=4096), following=st.binary(max_size=64),
+       reads=st.lists(st.integers(min_value=1, max_value=5000), max_size=8), truncate=st.booleans())
+def test_a_kept_alive_request_body_yields_exactly_its_length_and_leaves_the_next_request(body, following, reads,
+                                                                                          truncate):
+    """`engine._RequestBody` over arbitrary bodies, read in arbitrary sizes: the app gets a prefix of
+    the body, never a byte past it; after `discard_rest` the connection's reader is at the next request,
+    and a client that went away mid-body (``truncate``) marks the body ``eof``."""
+    import io
+
+    sent = body[: len(body) // 2] if truncate and body else body
+    raw = io.BufferedReader(io.BytesIO(sent + (b"" if truncate and body else following)))
+    reader = engine._RequestBody(raw, len(body))
+    got = b"".join(reader.read(n) for n in reads)
+    assert body.startswith(got)
+    reader.discard_rest()
+    assert reader.left == 0 and reader.read(10) == b""
+    if truncate and body:
+        assert reader.eof
+    else:
+        assert not reader.eof and raw.read() == following
