@@ -1,0 +1,267 @@
+"""A step's groups: rollout records in, the groups to train on, their datums and the step's metrics out.
+
+Pure (no S3, no clock): ComputeAdvantages loads the rollout records of the step's generation
+batches, calls `compute_step`, and writes what it returns. Following the reference
+``train_grpo.py`` step and the DAPO proposal:
+
+- group = the ``responses_per_prompt`` rollouts of one prompt (same ``input_id``), in prompt order,
+  members in member order (`group_rollouts`);
+- GRPO: every group of the batch; DAPO: informative groups accumulated over the step's generation
+  batches until ``batch_size`` are kept (`stepwise.core.dapo.decide_generation_batch`), with the
+  optional overlong shaping added to each reward first (`shaped_reward`) (`select_groups`);
+- advantages per group (`stepwise.core.advantages.compute_grpo_advantages`), then one datum per
+  TraceRecord (`stepwise.core.datums.group_to_datums`) (`datums_for`);
+- before any datum, every trained rollout must have sampled on a policy at most ``max_staleness``
+  versions older than the one the update applies to (`stepwise.core.staleness.check_staleness`).
+
+The checks on a generation batch just rolled out (`check_complete`, `check_not_all_failed`) and
+the text a failure shows (`rollout_report`) live here too.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from stepwise.core.rewards import preview
+from stepwise.records import BatchRef, PlannedBatch, RolloutRecord
+
+if TYPE_CHECKING:
+    from stepwise.config import RunConfig
+
+__all__ = [
+    "Group",
+    "RolloutsFailed",
+    "RolloutsMissing",
+    "StepOutcome",
+    "TOP_CAUSES",
+    "check_complete",
+    "check_not_all_failed",
+    "compute_step",
+    "datums_for",
+    "group_rollouts",
+    "rollout_report",
+    "select_groups",
+    "shaped_reward",
+]
+
+
+class RolloutsFailed(RuntimeError):
+    """Every rollout of a generation batch failed to run (status ``error`` or ``timeout``: not a zero
+    reward, a rollout that did not complete), which is a broken agent, ARN, permission or result
+    delivery rather than a policy to train: fail the run (the catch-all stops the session)."""
+
+
+class RolloutsMissing(RuntimeError):
+    """The Map completed but rollout records of planned items are absent (a child that never ran or
+    a record that was never written): training on the rest would silently shrink their groups."""
+
+
+#: How many distinct causes a failure message names.
+TOP_CAUSES = 3
+
+
+def rollout_report(rollouts: list[RolloutRecord], top: int = TOP_CAUSES) -> str:
+    """What a batch's rollouts reported, for a failure's cause: status counts, rollouts with no
+    captured turn, then the ``top`` most common causes with their counts (the error and cause of
+    failed rollouts, else the reason a reward was zeroed), e.g.
+    ``4 error, 0 timeout, 0 ok; 4 without a captured turn; 4 x AgentError: boom``."""
+    statuses = collections.Counter(str(r.status) for r in rollouts)
+    causes: collections.Counter[str] = collections.Counter()
+    for r in rollouts:
+        err = r.error or {}
+        if err:
+            causes[f"{err.get('error')}: {preview(err.get('cause'), 300)}"] += 1
+        elif r.reward_reason:
+            causes[preview(r.reward_reason, 300)] += 1
+    parts = [", ".join(f"{statuses.get(s, 0)} {s}" for s in ("error", "timeout", "ok"))]
+    no_turns = sum(1 for r in rollouts if not r.num_turns)
+    if no_turns:
+        parts.append(f"{no_turns} without a captured turn")
+    if causes:
+        shown = causes.most_common(top)
+        more = len(causes) - len(shown)
+        parts.append("; ".join(f"{n} x {c}" for c, n in shown) + (f"; {more} other cause(s)" if more > 0 else ""))
+    return "; ".join(parts)
+
+
+def check_not_all_failed(rollouts: list[RolloutRecord], batch: BatchRef) -> None:
+    """Raise RolloutsFailed when every rollout of the batch has status ``error`` or ``timeout``,
+    naming the most common causes with their counts (`rollout_report`)."""
+    if rollouts and all(r.status in ("error", "timeout") for r in rollouts):
+        raise RolloutsFailed(
+            f"all {len(rollouts)} rollouts of the {batch.kind} batch of step {batch.step} (generation batch "
+            f"{batch.generation_batch}) failed: {rollout_report(rollouts)}"
+        )
+
+
+def check_complete(rollouts: list[RolloutRecord], batch: BatchRef, planned: PlannedBatch | None) -> None:
+    """Raise RolloutsMissing when ``rollouts`` (one per item) do not cover the
+    ``len(rows) x responses_per_prompt`` items of ``planned``, naming the missing item indices.
+    A failed or timed-out rollout has a record (FinishRollout writes one on every path), so only a
+    lost one is missing. No check without ``planned`` (a batch planned before this check)."""
+    if planned is None or not batch.is_planned(planned):
+        return
+    expected = len(planned.rows) * planned.responses_per_prompt
+    missing = sorted(set(range(expected)) - {r.i for r in rollouts})
+    if missing:
+        raise RolloutsMissing(
+            f"{len(missing)} of {expected} rollouts of the {batch.kind} batch of step {batch.step} (generation batch "
+            f"{batch.generation_batch}) have no record although the Map completed: items {missing[:20]}"
+            f"{' ...' if len(missing) > 20 else ''}")
+
+
+@dataclass
+class Group:
+    """One prompt's rollouts: ``rewards_G``, ``records_G`` (TraceRecords per member) and
+    ``rollouts_G`` (each member's rollout record without its TraceRecords: status, behaviour counts)."""
+
+    input_id: str
+    rewards_G: list[float] = field(default_factory=list)
+    records_G: list[list[Any]] = field(default_factory=list)
+    rollouts_G: list[RolloutRecord] = field(default_factory=list)
+    empty: int = 0
+    zeroed: list[str | None] = field(default_factory=list)
+
+
+def shaped_reward(rollout: RolloutRecord, cfg: RunConfig) -> float:
+    """The reward, plus DAPO's overlong penalty when ``algorithm == "dapo"`` and a buffer is set."""
+    reward = float(rollout.reward)
+    if cfg.algorithm == "dapo" and cfg.overlong_buffer_len > 0:
+        from stepwise.core.dapo import overlong_penalty
+
+        reward += overlong_penalty(int(rollout.sampled_tokens), max_len=cfg.max_tokens_per_rollout,
+                                   buffer_len=cfg.overlong_buffer_len, penalty_factor=cfg.overlong_penalty_factor)
+    return reward
+
+
+def group_rollouts(rollouts: list[RolloutRecord], cfg: RunConfig) -> list[Group]:
+    """Rollouts -> groups in prompt order, members in member order."""
+    from stepwise.core.datums import trace_record_to_datum
+    from stepwise.core.replay import record_from_json
+
+    groups: dict[str, Group] = {}
+    for r in sorted(rollouts, key=lambda r: (r.i, r.member)):
+        g = groups.setdefault(r.input_id, Group(r.input_id))
+        g.rewards_G.append(shaped_reward(r, cfg))
+        records = [record_from_json(x) for x in r.records]
+        g.records_G.append(records)
+        g.rollouts_G.append(r.model_copy(update={"records": []}))
+        # empty = no trainable datum (the reference's rule: no loss-mask token or no prompt token)
+        g.empty += 0 if any(trace_record_to_datum(rec, 0.0) is not None for rec in records) else 1
+        g.zeroed.append(r.reward_reason)
+    return list(groups.values())
+
+
+def datums_for(groups: list[Group]) -> tuple[list[dict[str, Any]], list[list[float]]]:
+    """``(datums, advantages_P)``: GRPO advantages per group, then one datum per TraceRecord."""
+    from stepwise.core.advantages import compute_grpo_advantages
+    from stepwise.core.datums import group_to_datums
+
+    datums: list[dict[str, Any]] = []
+    advantages_P: list[list[float]] = []
+    for g in groups:
+        advantages_G = compute_grpo_advantages(g.rewards_G)
+        advantages_P.append(advantages_G)
+        datums.extend(group_to_datums(g.records_G, advantages_G))
+    return datums, advantages_P
+
+
+def select_groups(batches: Sequence[Sequence[RolloutRecord]], cfg: RunConfig
+                  ) -> tuple[str, list[Group], list[Group], dict[str, float]]:
+    """``(status, groups to train on, every group rolled out this step, sampling metrics)``.
+
+    Args:
+        batches: the rollout records of the step's generation batches 0..g, in order (GRPO: one).
+        cfg: the run config (``algorithm``, ``batch_size``, ``max_num_gen_batches``, shaping).
+
+    GRPO (one generation batch, every group kept) reports the same ``sampling/`` metrics as DAPO,
+    so its empty rollouts are counted the same way. ``status`` is ``ready`` | ``need_more`` |
+    ``cap_reached`` (`stepwise.core.dapo.GenerationBatchDecision`).
+    """
+    from stepwise.core.dapo import decide_generation_batch, sampling_metrics
+
+    if cfg.algorithm != "dapo":
+        groups = group_rollouts(list(batches[-1]), cfg)
+        metrics_ = sampling_metrics(gen_batches=1, groups_rolled_out=len(groups), groups_kept=len(groups),
+                                    empty_rollouts=sum(grp.empty for grp in groups))
+        return "ready", groups, groups, metrics_
+    kept: list[Group] = []
+    everything: list[Group] = []
+    decision = None
+    for g, rollouts in enumerate(batches):
+        new = group_rollouts(list(rollouts), cfg)
+        everything.extend(new)
+        decision = decide_generation_batch(kept, new, batch_size=cfg.batch_size, gen_batches_used=g + 1,
+                                           max_num_gen_batches=cfg.max_num_gen_batches,
+                                           rewards_of=lambda grp: grp.rewards_G)
+        kept = list(decision.keep)
+    assert decision is not None
+    metrics_ = sampling_metrics(gen_batches=len(batches), groups_rolled_out=len(everything),
+                                groups_kept=len(kept), empty_rollouts=sum(grp.empty for grp in everything),
+                                surplus_groups=decision.surplus)
+    return decision.status, kept, everything, metrics_
+
+
+@dataclass
+class StepOutcome:
+    """What `compute_step` decided for a step.
+
+    Attributes:
+        status: ``ready`` (train on ``datums``) | ``need_more`` | ``cap_reached``.
+        train_groups: the groups trained on (DAPO: those kept so far).
+        all_groups: every group rolled out this step (all generation batches).
+        rollouts: every rollout of the step, without its TraceRecords.
+        metrics: ``sampler/*`` reward metrics, the behaviour metrics and ``sampling/*``.
+        train_metrics: when ``ready``: ``staleness/*``, ``sampler/num_datums`` and ``advantages/*``.
+        datums: when ``ready``: the forward_backward datums (possibly none: the step is skipped).
+    """
+
+    status: str
+    train_groups: list[Group]
+    all_groups: list[Group]
+    rollouts: list[RolloutRecord]
+    metrics: dict[str, Any]
+    train_metrics: dict[str, Any] = field(default_factory=dict)
+    datums: list[dict[str, Any]] = field(default_factory=list)
+
+
+def compute_step(batches: Sequence[Sequence[RolloutRecord]], cfg: RunConfig, *, policy_version: int,
+                 where: str = "") -> StepOutcome:
+    """The step's decision, datums and metrics from its rollout records (one pure function).
+
+    Args:
+        batches: the rollout records of generation batches 0..g of the step, each in item order.
+        cfg: the run config.
+        policy_version: the version the update would apply to (the run state's ``policy_version``).
+        where: names the step in a staleness error (``"step 3"``).
+
+    Raises:
+        StalenessExceeded: a rollout to train on sampled more than ``max_staleness`` versions ago.
+    """
+    from stepwise.core.advantages import advantage_metrics
+    from stepwise.core.behaviour import behaviour_metrics
+    from stepwise.core.rewards import reward_metrics
+    from stepwise.core.staleness import check_staleness, staleness_metrics
+
+    status, train_groups, all_groups, sampling = select_groups(batches, cfg)
+    rollouts = [r for g in all_groups for r in g.rollouts_G]
+    all_rewards = [r for g in all_groups for r in g.rewards_G]
+    metrics_: dict[str, Any] = {}
+    metrics_.update(reward_metrics(all_rewards, [z for g in all_groups for z in g.zeroed]))
+    metrics_.update(behaviour_metrics([r.model_dump() for r in rollouts]))
+    metrics_.update(sampling)
+    outcome = StepOutcome(status, train_groups, all_groups, rollouts, metrics_)
+    if status != "ready":
+        return outcome
+    # No batch is trained on rollouts more than max_staleness policy versions old.
+    sampled_versions = [r.policy_version for g in train_groups for r in g.rollouts_G]
+    check_staleness(sampled_versions, policy_version, cfg.max_staleness, where=where)
+    outcome.train_metrics.update(staleness_metrics(sampled_versions, policy_version))
+    datums, advantages_P = datums_for(train_groups)
+    outcome.train_metrics["sampler/num_datums"] = len(datums)
+    outcome.train_metrics.update(advantage_metrics(advantages_P, [g.rewards_G for g in train_groups]))
+    outcome.datums = datums
+    return outcome
