@@ -282,6 +282,14 @@ class RunConfig(BaseModel):
                     "to train on), naming what the rollouts reported, instead of billing steps that train nothing",
     )
 
+    # --- Budget limits (stepwise.core.stopping: checked before each step; the run ends gracefully) ---
+    max_steps: int | None = Field(
+        None, ge=1,
+        description="end the run after this many steps (skipped steps count), gracefully: final eval if "
+        "configured, final checkpoint, session stopped, SUCCEEDED with the limit as the stop reason; None = "
+        "until the epochs are done",
+    )
+
     # --- Dataset ---
     dataset_path: str = Field(description="Parquet or JSONL with a 'payload' column/field")
     max_prompts: int = Field(0, ge=0, description="use only the first N prompts; 0 = all")
@@ -538,6 +546,12 @@ class RunConfig(BaseModel):
         used = min(dataset_rows, self.max_prompts) if self.max_prompts > 0 else dataset_rows
         return used // self.batch_size
 
+    def total_steps(self, dataset_rows: int) -> int:
+        """Steps the run trains unless another limit ends it first: ``steps_per_epoch x epochs``, at most
+        ``max_steps`` (DAPO: an upper bound, each extra generation batch consumes prompts too)."""
+        total = self.steps_per_epoch(dataset_rows) * self.epochs
+        return total if self.max_steps is None else min(total, self.max_steps)
+
     @property
     def baseline_eval(self) -> bool:
         """Whether step 0 starts with an eval of the untrained policy: ``eval_before_train``, or
@@ -563,7 +577,8 @@ class RunConfig(BaseModel):
 
         Returns a flat dict: algorithm, loss, group shape, rollouts per step (per generation batch
         for DAPO, and the cap), and, when ``dataset_rows`` is given, prompts used, steps per epoch,
-        total steps, executions (continue-as-new every ``steps_per_execution``) and eval points.
+        total steps (at most ``max_steps``), executions (continue-as-new every ``steps_per_execution``) and
+        eval points.
         """
         rollouts = self.batch_size * self.responses_per_prompt
         out: dict[str, Any] = {
@@ -582,7 +597,7 @@ class RunConfig(BaseModel):
             out["loss_fn_config"] = self.loss_fn_config
         if dataset_rows is not None:
             spe = self.steps_per_epoch(dataset_rows)
-            total = spe * self.epochs
+            total = self.total_steps(dataset_rows)
             out.update(
                 dataset_rows=dataset_rows,
                 prompts_used=min(dataset_rows, self.max_prompts) if self.max_prompts > 0 else dataset_rows,

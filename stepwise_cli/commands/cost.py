@@ -65,7 +65,7 @@ def total_steps(cfg: RunConfig, args: argparse.Namespace) -> int | None:
     except DatasetError as e:
         print(f"note: cannot count dataset rows ({e}); pass --steps", file=sys.stderr)
         return None
-    return cfg.steps_per_epoch(rows) * cfg.epochs
+    return cfg.total_steps(rows)
 
 
 def format_estimate(est: dict[str, Any]) -> str:

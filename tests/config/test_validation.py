@@ -136,6 +136,8 @@ BAD_VALUES = [
     ("history_event_budget", 25_001, "less than or equal to 25000"),
     ("max_consecutive_empty_steps", 0, "greater than or equal to 1"),
     ("max_consecutive_empty_steps", 1001, "less than or equal to 1000"),
+    ("max_steps", 0, "greater than or equal to 1"),
+    ("max_steps", 2.5, "valid integer"),
     ("dataset_path", "", "required"),
     ("dataset_path", "s3://my-bucket/data/", "must name a file"),
     ("dataset_path", "s3://B/x.parquet", "valid bucket name"),
@@ -243,6 +245,7 @@ def test_summary_numbers():
     assert s["rollouts_per_step"] == 128
     assert s["prompts_used"] == 3000 and s["steps_per_epoch"] == 93 and s["total_steps"] == 186
     assert s["executions"] == 10  # ceil(186 / 20)
+    assert cfg.model_copy(update={"max_steps": 50}).summary(7473)["total_steps"] == 50  # a budget limit binds first
     assert s["evals"] == 1 + 18 + 1  # the baseline at step 0, every 10 steps, the final eval (186 % 10 != 0)
     assert cfg.model_copy(update={"eval_before_train": False}).summary(7473)["evals"] == 18 + 1
     dapo = load_run_config({**VALID, "algorithm": "dapo", "max_num_gen_batches": 4}).summary()

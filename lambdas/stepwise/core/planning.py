@@ -10,8 +10,9 @@ DESIGN.md section 8:
    (``last_eval_step`` stays 0, see `stepwise.core.phases.rewind_to_checkpoint`); then an eval
    due after a completed step (``eval_every > 0 and step % eval_every == 0``), once per step;
 2. at the start of a step: move to the next epoch when the queue cannot fill a batch (the
-   reference drops a partial last batch); when the run is finishing (epochs done, DAPO cap hit,
-   or data exhausted): fail with ``NoTrainingSignal`` if its last steps were empty and no optimizer
+   reference drops a partial last batch); ask the stopping rules (`stepwise.core.stopping`: budget
+   limits such as ``max_steps``), which may set ``state.stop_reason``; when the run is finishing
+   (epochs done, DAPO cap hit, data exhausted, or a stopping rule answered): fail with ``NoTrainingSignal`` if its last steps were empty and no optimizer
    step was ever applied; final eval unless one ran at the last step, final ``save_state``,
    ``save_weights_at_end``, then finish; else ``save_state`` when ``save_every`` is due, else
    continue as a new execution every ``steps_per_execution`` steps;
@@ -22,8 +23,9 @@ With ``max_staleness`` 1, the step's first generation batch may already be rolle
 ``state.ahead_batch``. At the step's start, after the evals due (which run on the new policy), the
 planner hands it on (``action="rolled_out"``) instead of checking epochs or planning a batch:
 :func:`plan_ahead` planned it only when no checkpoint, new execution or end of run comes first
-(`stepwise.core.staleness.roll_out_ahead_blocker`), from the cursor and epoch this step would have
-used.
+(`stepwise.core.staleness.roll_out_ahead_blocker`), and no stopping rule would end the run before
+it (`stepwise.core.stopping.ahead_reason`), from the cursor and epoch this step would have used; a
+step whose batch was rolled out ahead therefore runs.
 
 Before all of these, between steps: continue as a new execution when the execution's history is
 near ``history_event_budget`` (:func:`history_budget_decision`). A Standard execution fails at
@@ -41,6 +43,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from stepwise.core import stopping
 from stepwise.core.phases import PhaseMismatch, plan_checkpoint
 from stepwise.core.staleness import roll_out_ahead_blocker
 from stepwise.records import BatchItem, PlannedBatch, RunState
@@ -149,6 +152,8 @@ def decide(state: RunState, cfg: RunConfig, history_events: int | None = None, *
         if state.stop_reason is None and state.epoch < cfg.epochs and state.cursor + bs > used:
             state.epoch += 1
             state.cursor = 0
+        if state.stop_reason is None and state.epoch < cfg.epochs:
+            state.stop_reason = stopping.stop_reason(state, cfg, now())
         if state.stop_reason is not None or state.epoch >= cfg.epochs:
             if state.empty_steps and state.policy_version == 0:
                 # Shorter than max_consecutive_empty_steps, but the same verdict: it trained nothing.
@@ -233,12 +238,14 @@ def plan_ahead(state: RunState, cfg: RunConfig, trained_step: int, *,
     epoch, cursor = state.epoch, state.cursor
     if state.stop_reason is None and epoch < cfg.epochs and cursor + bs > used:
         epoch, cursor = epoch + 1, 0
+    finishing = state.stop_reason is not None or epoch >= cfg.epochs
     blocker = roll_out_ahead_blocker(
         max_staleness=cfg.max_staleness,
-        finishing=state.stop_reason is not None or epoch >= cfg.epochs,
+        finishing=finishing,
         save_due=cfg.should_save(next_step) and not any(
             c.step == next_step and c.reason == "save_every" for c in state.checkpoints),
         segment_ends=next_step - state.segment_start_step >= cfg.steps_per_execution,
+        stop_due=None if finishing or cfg.max_staleness < 1 else stopping.ahead_reason(state, cfg, now(), next_step),
     )
     if blocker is not None:
         return None, blocker

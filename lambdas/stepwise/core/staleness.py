@@ -77,7 +77,8 @@ def staleness_metrics(sampled_versions_R: Sequence[int | None], trained_version:
             "staleness/stale_fraction": sum(1 for lag in lags if lag > 0) / len(lags)}
 
 
-def roll_out_ahead_blocker(*, max_staleness: int, finishing: bool, save_due: bool, segment_ends: bool) -> str | None:
+def roll_out_ahead_blocker(*, max_staleness: int, finishing: bool, save_due: bool, segment_ends: bool,
+                           stop_due: str | None = None) -> str | None:
     """Why the next step's first generation batch may NOT be rolled out while this step trains, or None.
 
     Args:
@@ -87,6 +88,8 @@ def roll_out_ahead_blocker(*, max_staleness: int, finishing: bool, save_due: boo
             dataset cursor a resume rewinds to, which must not include a batch rolled out ahead.
         segment_ends: the execution continues as a new one before the next step
             (``steps_per_execution``): the next execution starts that step on its own.
+        stop_due: the stop reason a stopping rule gives for the next step (`stepwise.core.stopping.ahead_reason`):
+            the run ends before it, so its batch would be rolled out for nothing.
 
     Evals due before the next step do not block: the eval runs after the rebind, on the new policy,
     and the batch rolled out ahead waits for it in ``state.json``.
@@ -99,6 +102,8 @@ def roll_out_ahead_blocker(*, max_staleness: int, finishing: bool, save_due: boo
         return "a save_every checkpoint comes first"
     if segment_ends:
         return "the execution continues as a new one first"
+    if stop_due is not None:
+        return f"the run stops before the next step ({stop_due})"
     return None
 
 
