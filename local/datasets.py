@@ -83,14 +83,20 @@ def upload_datasets(cfg: dict[str, Any], *, s3: Any, bucket: str, run_id: str, c
     """Copy local dataset files to ``s3://bucket/datasets/{run_id}/`` and point the config at
     them (as a user does before starting an execution on AWS). ``s3://`` paths are kept."""
     out = dict(cfg)
-    for key in ("dataset_path", "eval_dataset_path"):
-        value = out.get(key)
+
+    def upload(value: Any, prefix: str = "") -> Any:
         if not value or str(value).startswith("s3://"):
-            continue
+            return value
         local = resolve_dataset(str(value), config_dir)
-        s3_key = layout.upload_key(run_id, local.name)
+        s3_key = layout.upload_key(run_id, prefix + local.name)
         s3.upload_file(str(local), bucket, s3_key)
-        out[key] = f"s3://{bucket}/{s3_key}"
+        return f"s3://{bucket}/{s3_key}"
+
+    for key in ("dataset_path", "eval_dataset_path"):
+        if key in out:
+            out[key] = upload(out[key])
+    if out.get("eval_datasets"):  # named eval sets: the name keeps two sets' equal file names apart
+        out["eval_datasets"] = {name: upload(path, f"eval-{name}-") for name, path in out["eval_datasets"].items()}
     return out
 
 

@@ -62,6 +62,9 @@ VPC_ID_RE = re.compile(r"^[-0-9a-zA-Z]{1,32}\Z", re.A)
 #: SageMaker managed MLflow: resource types the sagemaker-mlflow plugin routes (mlflow-app, mlflow-tracking-server).
 MLFLOW_ARN_RE = re.compile(rf"^{_PARTITION}:sagemaker:{_REGION}:\d{{12}}:(?:mlflow-app|mlflow-tracking-server)/[A-Za-z0-9\-]+\Z", re.A)
 
+#: A named eval set: its name is a segment of its metric keys (eval/NAME/accuracy) and of snapshot keys.
+EVAL_SET_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_\-]{0,31}\Z", re.A)
+
 LOSSES = ("ppo", "importance_sampling", "cispo")
 CLIPPED_LOSSES = ("ppo", "cispo")
 
@@ -127,6 +130,18 @@ def _check_path(value: str, field: str, *, required: bool) -> str:
         if not key or key.endswith("/"):
             raise ValueError("must name a file (s3://bucket/key.parquet or .jsonl), not a bucket or prefix")
     return value
+
+
+def _eval_set_names(data: dict[str, Any]) -> list[str]:
+    """The eval sets a config validated so far names (``""`` = eval_dataset_path), for cross-field checks."""
+    return ([""] if data.get("eval_dataset_path") else []) + list(data.get("eval_datasets") or {})
+
+
+def _has_eval_set(data: dict[str, Any]) -> bool:
+    """Whether the config names an eval set; True when either field failed its own check (said there)."""
+    if "eval_dataset_path" not in data or "eval_datasets" not in data:
+        return True
+    return bool(_eval_set_names(data))
 
 
 class VpcConfig(BaseModel):
@@ -295,9 +310,18 @@ class RunConfig(BaseModel):
     max_prompts: int = Field(0, ge=0, description="use only the first N prompts; 0 = all")
 
     # --- Evaluation ---
-    eval_dataset_path: str = Field("", description="Parquet or JSONL eval prompts (one rollout each); '' = no eval")
+    eval_dataset_path: str = Field(
+        "", description="Parquet or JSONL eval prompts, the unnamed eval set (its metrics are eval/accuracy, "
+        "eval/pass@k, ...); '' = none")
+    # --- Group evals and named eval sets (model selection) ---
+    eval_datasets: dict[str, str] = Field(
+        default_factory=dict,
+        description="more eval sets, by name: {NAME: path} (Parquet or JSONL like eval_dataset_path); each is "
+        "rolled out in the same eval (one Map run) and reported under its name (eval/NAME/accuracy, "
+        "eval/NAME/pass@k, ...). NAME: 1-32 of a-z 0-9 _ -, starting with a letter or digit",
+    )
     eval_every: int = Field(0, ge=0, description="eval every N steps; 0 = only at the end")
-    eval_max_prompts: int = Field(200, ge=0, description="first N eval prompts; 0 = all")
+    eval_max_prompts: int = Field(200, ge=0, description="first N prompts of each eval set; 0 = all")
     eval_temperature: float = Field(
         0.0, ge=limits.TEMPERATURE.lo, le=limits.TEMPERATURE.hi,
         description="sampling temperature of eval rollouts (range: the service's SamplingParams.temperature)",
@@ -305,7 +329,34 @@ class RunConfig(BaseModel):
     eval_before_train: bool | None = Field(
         None,
         description="a baseline eval at step 0, before the first optimizer step (verl's val_before_train); "
-        "None = on when eval_dataset_path is set",
+        "None = on when there is an eval set (eval_dataset_path or eval_datasets)",
+    )
+    eval_group_size: int = Field(
+        1, ge=1, le=limits.NUM_SAMPLES.hi,
+        description="rollouts per eval prompt, n: pass@k, mean@n and the group outcomes (all_pass@k, all_fail@k, "
+        "mixed@k) are estimated from them (Chen et al. 2021's unbiased estimator); above 1 it needs "
+        "eval_temperature > 0 (a greedy sampler answers n times the same)",
+    )
+    eval_pass_k: list[int] | None = Field(
+        None,
+        description="the k of eval/pass@k, eval/all_pass@k, eval/all_fail@k and eval/mixed@k, each 1..eval_group_size; "
+        "None = 1 and eval_group_size",
+    )
+    eval_success_threshold: float = Field(
+        1.0,
+        description="an eval rollout succeeds (counts for pass@k) when its reward is at least this; eval/accuracy "
+        "stays the mean reward",
+    )
+    # --- Eval-only runs (the same state machine: session, weights, eval sets, report; no training) ---
+    eval_only: bool = Field(
+        False,
+        description="run the eval sets once and stop: create the session, load eval_model_package_arn's weights "
+        "(or keep the base model), evaluate, stop the session; no training step and no checkpoint. "
+        "`stepwise eval` and `stepwise screen` start such runs",
+    )
+    eval_model_package_arn: str = Field(
+        "", description="eval_only: the model package whose weights are evaluated (a checkpoint or sampler weights "
+        "of an earlier run); '' = the base model",
     )
 
     # --- Bookkeeping ---
@@ -494,18 +545,87 @@ class RunConfig(BaseModel):
     def _eval_dataset(cls, v: str) -> str:
         return _check_path(v, "eval_dataset_path", required=False)
 
+    @field_validator("eval_datasets")
+    @classmethod
+    def _eval_datasets(cls, v: dict[str, str]) -> dict[str, str]:
+        bad = [name for name in v if not EVAL_SET_NAME_RE.match(name)]
+        if bad:
+            raise ValueError(f"eval set names must be 1-32 of a-z 0-9 _ -, starting with a letter or digit; bad: "
+                             f"{shown(bad)}")
+        for name, path in v.items():
+            try:
+                _check_path(path, f"eval_datasets.{name}", required=True)
+            except ValueError as e:
+                raise ValueError(f"{name}: {e}") from None
+        return v
+
     @field_validator("eval_every")
     @classmethod
     def _eval_every(cls, v: int, info: ValidationInfo) -> int:
-        if v and info.data.get("eval_dataset_path") == "":
-            raise ValueError("evaluates nothing: eval_dataset_path is empty; set it or use eval_every 0")
+        if v and not _has_eval_set(info.data):
+            raise ValueError("evaluates nothing: eval_dataset_path and eval_datasets are empty; set one or use "
+                             "eval_every 0")
         return v
 
     @field_validator("eval_before_train")
     @classmethod
     def _eval_before_train(cls, v: bool | None, info: ValidationInfo) -> bool | None:
-        if v and info.data.get("eval_dataset_path") == "":
-            raise ValueError("evaluates nothing: eval_dataset_path is empty; set it or leave eval_before_train unset")
+        if v and not _has_eval_set(info.data):
+            raise ValueError("evaluates nothing: eval_dataset_path and eval_datasets are empty; set one or leave "
+                             "eval_before_train unset")
+        return v
+
+    @field_validator("eval_group_size")
+    @classmethod
+    def _eval_group_size(cls, v: int, info: ValidationInfo) -> int:
+        if v > 1 and info.data.get("eval_temperature") == 0:
+            raise ValueError(f"{v} rollouts per prompt at eval_temperature 0 (greedy) give the same answer {v} "
+                             "times: set eval_temperature > 0 (e.g. the training temperature) or use 1")
+        prompts = info.data.get("eval_max_prompts")
+        sets = len(_eval_set_names(info.data))
+        cap = limits.DISTRIBUTED_MAP_MAX_CHILDREN
+        if prompts and sets and prompts * v * sets > cap:
+            raise ValueError(f"{sets} eval set(s) x eval_max_prompts {prompts} x {v} = {prompts * v * sets} eval "
+                             f"rollouts in one Map run, more than {cap}; lower either")
+        return v
+
+    @field_validator("eval_pass_k")
+    @classmethod
+    def _eval_pass_k(cls, v: list[int] | None, info: ValidationInfo) -> list[int] | None:
+        n = info.data.get("eval_group_size")
+        if v is not None and n is not None:
+            if not v:
+                raise ValueError("must name at least one k (or be null for 1 and eval_group_size)")
+            bad = [k for k in v if not 1 <= k <= n]
+            if bad:
+                raise ValueError(f"each k must be between 1 and eval_group_size ({n}); bad: {bad}")
+        return v
+
+    @field_validator("eval_success_threshold")
+    @classmethod
+    def _threshold(cls, v: float) -> float:
+        if not math.isfinite(v):
+            raise ValueError("must be a finite number")
+        return v
+
+    @field_validator("eval_only")
+    @classmethod
+    def _eval_only(cls, v: bool, info: ValidationInfo) -> bool:
+        if v and not _has_eval_set(info.data):
+            raise ValueError("an eval-only run needs an eval set: set eval_dataset_path or eval_datasets")
+        if v and info.data.get("resume_from_model_package"):
+            raise ValueError("an eval-only run does not train: name the weights to evaluate in "
+                             "eval_model_package_arn, not resume_from_model_package")
+        return v
+
+    @field_validator("eval_model_package_arn")
+    @classmethod
+    def _eval_model_package(cls, v: str, info: ValidationInfo) -> str:
+        if v and not MODEL_PACKAGE_ARN_RE.match(v):
+            raise ValueError("must be '' or arn:aws:sagemaker:REGION:ACCOUNT:model-package/NAME/VERSION")
+        if v and info.data.get("eval_only") is False:
+            raise ValueError("applies to eval-only runs (eval_only true); to train on from a checkpoint use "
+                             "resume_from_model_package")
         return v
 
     @field_validator("mlflow_tracking_uri")
@@ -553,10 +673,28 @@ class RunConfig(BaseModel):
         return total if self.max_steps is None else min(total, self.max_steps)
 
     @property
+    def eval_set_paths(self) -> dict[str, str]:
+        """``{eval set name: dataset path}``: the unnamed set ``""`` (``eval_dataset_path``) when set,
+        then ``eval_datasets`` in their order."""
+        return ({"": self.eval_dataset_path} if self.eval_dataset_path else {}) | dict(self.eval_datasets)
+
+    @property
+    def has_evals(self) -> bool:
+        """Whether the run has an eval set (``eval_dataset_path`` or ``eval_datasets``)."""
+        return bool(self.eval_dataset_path or self.eval_datasets)
+
+    @property
+    def pass_ks(self) -> list[int]:
+        """The k of the pass@k metrics (`stepwise.core.evals.pass_ks`)."""
+        from stepwise.core.evals import pass_ks
+
+        return pass_ks(self.eval_group_size, self.eval_pass_k)
+
+    @property
     def baseline_eval(self) -> bool:
         """Whether step 0 starts with an eval of the untrained policy: ``eval_before_train``, or
-        when unset, whether there is an eval dataset."""
-        return bool(self.eval_dataset_path) if self.eval_before_train is None else self.eval_before_train
+        when unset, whether there is an eval set."""
+        return self.has_evals if self.eval_before_train is None else self.eval_before_train
 
     def should_eval(self, step_done: int) -> bool:
         """Eval after ``step_done`` completed steps (reference: ``eval_every > 0 and step % eval_every == 0``)."""
@@ -570,7 +708,7 @@ class RunConfig(BaseModel):
         """Whether the end of training runs an eval: whenever there is an eval dataset, unless an
         eval already ran after the last step (DESIGN sec. 8 and seeds/002; fixes the reference's
         ``global_step % eval_every`` condition, which skips it when the last step was skipped)."""
-        return bool(self.eval_dataset_path) and last_eval_step != steps_done
+        return self.has_evals and last_eval_step != steps_done
 
     def summary(self, dataset_rows: int | None = None) -> dict[str, Any]:
         """A one-screen summary for `stepwise validate`.
@@ -605,7 +743,7 @@ class RunConfig(BaseModel):
                 epochs=self.epochs,
                 total_steps=total,
                 executions=max(1, -(-total // self.steps_per_execution)),
-                evals=(total // self.eval_every if self.eval_every else 0) + (1 if self.eval_dataset_path else 0)
+                evals=(total // self.eval_every if self.eval_every else 0) + (1 if self.has_evals else 0)
                 - (1 if self.eval_every and total and total % self.eval_every == 0 else 0)
                 + (1 if self.baseline_eval and total else 0),
             )

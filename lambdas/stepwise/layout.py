@@ -14,6 +14,7 @@ Layout (DESIGN.md section 3, refined in docs/internals.md)::
     runs/{run_id}/steps/{step}/datums/{chunk:04d}.json      forward_backward datum chunks
     runs/{run_id}/steps/{step}/summary.json                 the step's metrics
     runs/{run_id}/evals/{step}/...                          eval generation batches (same shape as gen{g})
+    runs/{run_id}/evals/{step}/results.json                 every prompt's eval rollouts (EvalResults), beside summary.json
     runs/{run_id}/sessions/{sid}/task_token.json            task token of a rollout started before it moved into sessions/{sid}.json
     runs/{run_id}/sessions/{sid}/turns/{key}.json           captured gateway turns
     sessions/{sid}.json                                     gateway session record (+ the rollout's task token)
@@ -130,6 +131,12 @@ def eval_summary_key(run_id: str, step: int) -> str:
     return step_summary_key(run_id, "evals", step)
 
 
+def eval_results_key(run_id: str, step: int) -> str:
+    """``runs/{run_id}/evals/{step}/results.json``: every prompt's rollouts of that eval
+    (`stepwise.records.EvalResults`), beside its summary."""
+    return step_summary_key(run_id, "evals", step).removesuffix("summary.json") + "results.json"
+
+
 def session_key(sid: str) -> str:
     """The gateway session record (flat: the gateway knows only the sid)."""
     return f"{SESSIONS_PREFIX}{sid}.json"
@@ -209,6 +216,7 @@ KEY_KINDS: tuple[tuple[re.Pattern[str], str], ...] = tuple((re.compile(rx), kind
     (r"/items\.json$", "items"),
     (r"/datums/", "datums"),
     (r"/summary\.json$", "summary"),
+    (r"/evals/[^/]+/results\.json$", "eval_results"),
     (f"^{_pattern(tokenizer_prefix(_ID))}", "tokenizer"),
     (f"^{_pattern(run_prefix(_ID))}dataset/", "dataset"),
     (f"^{_pattern(RESULTS_PREFIX)}", "result"),

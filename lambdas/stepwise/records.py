@@ -94,6 +94,21 @@ class PlannedBatch(BaseModel):
     final: bool = False
 
 
+class EvalSetRows(BaseModel):
+    """One eval set of the run, as Init snapshotted it (``RunState.eval_sets``): its name (``""`` = the
+    unnamed ``eval_dataset_path``), the kind of its dataset snapshot (`stepwise.layout.dataset_index_key`:
+    ``eval`` for the unnamed set, ``eval-NAME`` for a named one), its rows, and ``offset``: an eval
+    batch's row ``offset + r`` is the set's row ``r`` (the sets share one row space, so one eval is one
+    Map run over every set)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = ""
+    kind: str = "eval"
+    rows: int = 0
+    offset: int = 0
+
+
 class RunState(BaseModel):
     """``runs/{run_id}/state.json``: everything a fresh Lambda needs to continue the run.
 
@@ -124,7 +139,8 @@ class RunState(BaseModel):
     epoch: int = 0
     cursor: int = 0
     dataset_rows: int = 0
-    eval_rows: int = 0
+    eval_rows: int = 0  # rows of every eval set (the unnamed set's alone in a state without eval_sets)
+    eval_sets: list[EvalSetRows] = Field(default_factory=list)  # [] in a state written before named eval sets
     generation_batch: int = 0
     step_cursor_start: int = 0  # cursor at the start of the current step (for DAPO generation batches)
     kept_groups: int = 0
@@ -319,3 +335,57 @@ class RolloutRecord(BaseModel):
     duration_s: float | None = None
     policy_version: int | None = None  # the policy the rollout sampled with (None: written before it was recorded)
     records: list[dict[str, Any]] = Field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------- evals
+
+
+class EvalPrompt(BaseModel):
+    """One prompt of an eval (`stepwise.core.evals`): its eval set (``""`` = the unnamed one) and row
+    there, its ``input_id`` in the batch, its identity across runs (`stepwise.core.evals.payload_fingerprint`),
+    the reward and status of each of its rollouts (member order) and how many succeeded (reward at
+    least the eval's success threshold)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    eval_set: str = ""
+    row: int
+    input_id: str
+    fingerprint: str
+    rewards_G: list[float] = Field(default_factory=list)
+    statuses_G: list[str] = Field(default_factory=list)
+    successes: int = 0
+
+    @property
+    def n(self) -> int:
+        """Rollouts of the prompt."""
+        return len(self.rewards_G)
+
+    @property
+    def mean_reward(self) -> float:
+        return sum(self.rewards_G) / len(self.rewards_G) if self.rewards_G else 0.0
+
+    @property
+    def pass_rate(self) -> float:
+        """Successes over rollouts (the unbiased pass@1)."""
+        return self.successes / len(self.rewards_G) if self.rewards_G else 0.0
+
+
+class EvalResults(BaseModel):
+    """``runs/{run_id}/evals/{step}/results.json``, written once by RecordEval beside the eval's summary:
+    what was evaluated (the sampler's model package, ``""`` = the base model, and its policy version),
+    how (group size, success threshold, the k of pass@k, the eval sets in order) and every prompt's
+    rollouts (`EvalPrompt`). `stepwise compare` and `stepwise screen` read it."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    step: int
+    final: bool = False
+    eval_only: bool = False
+    model_package_arn: str = ""
+    policy_version: int = 0
+    group_size: int = 1
+    success_threshold: float = 1.0
+    pass_k: list[int] = Field(default_factory=list)
+    eval_sets: list[str] = Field(default_factory=list)
+    prompts: list[EvalPrompt] = Field(default_factory=list)

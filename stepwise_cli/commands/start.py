@@ -76,17 +76,24 @@ def upload_inputs(raw: dict[str, Any], *, s3: Any, bucket: str, run_id: str) -> 
     """
     out = dict(raw)
     uploaded: list[str] = []
-    for field in DATASET_FIELDS:
-        value = out.get(field)
+
+    def upload(field: str, value: Any, prefix: str = "") -> Any:
         if not value or str(value).startswith("s3://"):
-            continue
+            return value
         path = Path(str(value))
         if not path.is_file():
             raise CommandError(f"{field}: {value} is not a file")
-        key = layout.upload_key(run_id, path.name)
+        key = layout.upload_key(run_id, prefix + path.name)
         s3.upload_file(str(path), bucket, key)
-        out[field] = f"s3://{bucket}/{key}"
-        uploaded.append(out[field])
+        uploaded.append(f"s3://{bucket}/{key}")
+        return uploaded[-1]
+
+    for field in DATASET_FIELDS:
+        if out.get(field):
+            out[field] = upload(field, out[field])
+    if isinstance(out.get("eval_datasets"), dict):  # named eval sets: the name keeps equal file names apart
+        out["eval_datasets"] = {name: upload(f"eval_datasets.{name}", path, f"eval-{name}-")
+                                for name, path in out["eval_datasets"].items()}
     tok = out.get("tokenizer_path")
     if tok and not str(tok).startswith("s3://") and Path(str(tok)).is_dir():
         prefix = layout.upload_tokenizer_prefix(run_id)

@@ -53,6 +53,7 @@ def check_datasets(cfg: RunConfig, *, s3_client: Any | None = None) -> tuple[dic
     checks = [("dataset_path", cfg.dataset_path, cfg.batch_size)]
     if cfg.eval_dataset_path:
         checks.append(("eval_dataset_path", cfg.eval_dataset_path, 1))
+    checks += [(f"eval_datasets.{name}", path, 1) for name, path in cfg.eval_datasets.items()]
     for field, path, min_rows in checks:
         try:
             rows[field] = check_dataset(path, min_rows, s3_client=s3_client)
@@ -142,9 +143,10 @@ def run(args: argparse.Namespace) -> int:
     if scope is not None:
         summary["stack_region"] = scope.region
         summary["granted_buckets"] = ", ".join(scope.buckets)
-    if (args.check_datasets or args.check_aws) and cfg.eval_dataset_path:
-        eval_rows = rows["eval_dataset_path"]
-        summary["eval_prompts"] = min(eval_rows, cfg.eval_max_prompts) if cfg.eval_max_prompts > 0 else eval_rows
+    if (args.check_datasets or args.check_aws) and cfg.has_evals:
+        eval_rows = [v for k, v in rows.items() if k.startswith("eval_")]
+        summary["eval_prompts"] = sum(min(n, cfg.eval_max_prompts) if cfg.eval_max_prompts > 0 else n for n in eval_rows)
+        summary["eval_rollouts"] = summary["eval_prompts"] * cfg.eval_group_size
     if args.json:
         print(json.dumps({"ok": True, "warnings": warnings, "summary": summary}, indent=2))
     else:

@@ -148,6 +148,13 @@ BAD_VALUES = [
     ("eval_before_train", "yes", "valid boolean"),
     ("eval_max_prompts", -1, "greater than or equal to 0"),
     ("eval_temperature", -1.0, "greater than or equal to 0"),
+    ("eval_datasets", {"hard": 5}, "valid string"),
+    ("eval_group_size", 0, "greater than or equal to 1"),
+    ("eval_group_size", 4, "eval_temperature 0 (greedy)"),
+    ("eval_pass_k", [2], "between 1 and eval_group_size (1)"),
+    ("eval_success_threshold", float("inf"), "finite number"),
+    ("eval_only", "yes", "valid boolean"),
+    ("eval_model_package_arn", "checkpoint-1", "model-package/"),
     ("exp_id", 5, "valid string"),
     ("mlflow_tracking_uri", "mlflow.example.com", "SageMaker MLflow ARN"),
     ("mlflow_tracking_uri", "arn:aws:sagemaker:us-east-1:123456789012:model-package/x/1", "http(s):// URL"),
@@ -185,7 +192,28 @@ def test_clip_thresholds_only_with_ppo_or_cispo():
 
 def test_eval_every_without_eval_dataset_is_an_error():
     errs = errors_for(eval_dataset_path="", eval_every=5)
-    assert errs == ["eval_every: evaluates nothing: eval_dataset_path is empty; set it or use eval_every 0 (got 5)"]
+    assert errs == ["eval_every: evaluates nothing: eval_dataset_path and eval_datasets are empty; set one or use "
+                    "eval_every 0 (got 5)"]
+    # a named eval set is an eval set
+    assert load_run_config({**VALID, "eval_dataset_path": "", "eval_datasets": {"hard": "/tmp/h.jsonl"},
+                            "eval_every": 5}).eval_set_paths == {"hard": "/tmp/h.jsonl"}
+
+
+def test_an_eval_only_run_needs_an_eval_set_and_evaluates_a_package_only_when_eval_only():
+    assert errors_for(eval_only=True, eval_dataset_path="", eval_every=0) == [
+        "eval_only: an eval-only run needs an eval set: set eval_dataset_path or eval_datasets (got True)"]
+    arn = "arn:aws:sagemaker:us-west-2:123456789012:model-package/stepwise/3"
+    assert errors_for(eval_only=True, resume_from_model_package=arn)[0].startswith(
+        "eval_only: an eval-only run does not train")
+    cfg = load_run_config({**VALID, "eval_only": True, "eval_model_package_arn": arn})
+    assert cfg.eval_only and cfg.eval_model_package_arn == arn
+
+
+def test_the_eval_of_every_set_must_fit_one_map_run_and_pass_k_defaults_to_1_and_n():
+    errs = errors_for(eval_datasets={"a": "/tmp/a.jsonl"}, eval_temperature=1.0, eval_max_prompts=2000, eval_group_size=4)
+    assert errs == ["eval_group_size: 2 eval set(s) x eval_max_prompts 2000 x 4 = 16000 eval rollouts in one Map run, "
+                    "more than 10000; lower either (got 4)"]
+    assert load_run_config({**VALID, "eval_temperature": 1.0, "eval_group_size": 8}).pass_ks == [1, 8]
 
 
 def test_accepted_alternatives():

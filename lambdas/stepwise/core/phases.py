@@ -13,6 +13,7 @@ Phases and transitions (reference `train_grpo.py` step: forward_backward, optim_
 - ``train``  [forward_backward/0..n-1, optim_step, save_weights] -> ``rebind``
 - ``rebind`` [load_weights_for_sampling(saved ARN)] -> commit sampler ARN, policy version, step + 1
 - ``resume`` [load_state(with optimizer), save_weights] -> ``resume_rebind`` -> commit sampler ARN
+- eval-only runs: ``resume_rebind`` [load_weights_for_sampling(the evaluated package)] -> commit sampler ARN
 - ``checkpoint`` [save_state] or [save_weights] -> record the checkpoint
 
 A resumed run whose session was stopped moves onto a new session at its newest ``save_state``
@@ -128,6 +129,19 @@ def plan_resume(state: RunState, model_package_arn: str) -> None:
     state.pending[0].argument = model_package_arn
     state.pending[1].description = f"stepwise {state.run_id} resumed sampler weights"
     state.phase = "resume"
+
+
+def plan_eval_weights(state: RunState, model_package_arn: str) -> None:
+    """An eval-only run: bind the sampler to ``model_package_arn`` (load_weights_for_sampling, then the
+    ``resume_rebind`` commit: sampler ARN set, ``resume_loaded``). No training operation, so no sequence
+    number: the SDK's ``ServiceClient.create_sampling_client(model_package_arn=...)`` samples saved weights
+    the same way, from a session of the package's base model. Idempotent once planned."""
+    if state.phase == "resume_rebind":
+        return
+    if state.phase != "idle":
+        raise PhaseMismatch(f"cannot load weights to evaluate: run is in phase {state.phase!r}")
+    state.pending = [_sampling_op(model_package_arn)]
+    state.phase = "resume_rebind"
 
 
 def _sampling_op(arn: str) -> PendingOperation:

@@ -32,8 +32,10 @@ near ``history_event_budget`` (:func:`history_budget_decision`). A Standard exec
 25,000 events, and a step's events are not a constant: every poll of a long training operation or
 checkpoint adds a Wait, a Task and a Choice (~7 events), so a count of steps alone cannot bound it.
 
-Eval generation batches use the first ``eval_max_prompts`` eval rows, one rollout each, at
-``eval_temperature`` (reference ``run_eval``).
+Eval generation batches use the first ``eval_max_prompts`` rows of each eval set, ``eval_group_size``
+rollouts each, at ``eval_temperature`` (reference ``run_eval``, which rolls out each once): one eval is
+one Map run over every eval set (`stepwise.core.evals.eval_batch_rows`). An eval-only run
+(``eval_only``) plans its one eval, then finishes: no training step, no checkpoint.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from stepwise.core import stopping
+from stepwise.core.evals import eval_batch_rows, eval_sets_of
 from stepwise.core.phases import PhaseMismatch, plan_checkpoint
 from stepwise.core.staleness import roll_out_ahead_blocker
 from stepwise.records import BatchItem, PlannedBatch, RunState
@@ -133,13 +136,20 @@ def decide(state: RunState, cfg: RunConfig, history_events: int | None = None, *
         raise PhaseMismatch(f"PlanStep called in phase {state.phase!r}")
     bs = cfg.batch_size
     used = prompts_used(state.dataset_rows, cfg.max_prompts)
-    eval_n = prompts_used(state.eval_rows, cfg.eval_max_prompts)
+    eval_rows = eval_batch_rows(eval_sets_of(state), cfg.eval_max_prompts)
+    eval_n = len(eval_rows)
 
     def eval_batch(final: bool, reason: str) -> Decision:
-        d = Decision("rollout", reason, "eval", state.step, 0, list(range(eval_n)), 1, final)
+        d = Decision("rollout", reason, "eval", state.step, 0, list(eval_rows), cfg.eval_group_size, final)
         state.current_batch = _planned(d)
         return d
 
+    if cfg.eval_only:
+        # An eval-only run: its eval sets once, on the weights PollSession loaded, then the end
+        # (no training step, no checkpoint: the session is stopped by the state machine's finish path).
+        if not state.final_eval_done:
+            return eval_batch(True, "eval only")
+        return Decision("finish", state.stop_reason or "eval only: evaluated")
     if state.generation_batch == 0:
         if (budget := history_budget_decision(state, cfg, history_events)) is not None:
             return budget

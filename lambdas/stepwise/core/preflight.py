@@ -118,6 +118,9 @@ def s3_locations(cfg: RunConfig) -> list[S3Location]:
         uri = getattr(cfg, name)
         if uri.startswith("s3://"):
             out.append(S3Location(name, uri, kind))
+    for set_name, uri in getattr(cfg, "eval_datasets", {}).items():
+        if uri.startswith("s3://"):
+            out.append(S3Location(f"eval_datasets.{set_name}", uri, "dataset"))
     return out
 
 

@@ -12,7 +12,8 @@ complete and not all failed), writes the datums chunked as the SDK chunks them
 - with ``max_staleness`` 1 a ``train`` result carries ``roll_out_next``, which sends the state
   machine into its Parallel state (train this step, roll out the next).
 
-RecordEval: mean reward of an eval batch -> ``eval/accuracy`` (reference ``run_eval``).
+RecordEval: an eval batch -> ``eval/accuracy`` (mean reward, reference ``run_eval``), pass@k, mean@n
+and the group outcomes of each eval set, and every prompt's results (`stepwise.core.evals`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from stepwise.core.steps import (  # noqa: F401  (RolloutsFailed, RolloutsMissin
 )
 from stepwise.events import BatchEvent
 from stepwise.handlers._common import bind, emit, entrypoint, logger, now, run_config, store, write_summary
-from stepwise.layout import datums_key, eval_summary_key, rollouts_prefix, start_marker_key
+from stepwise.layout import (datums_key, eval_results_key, eval_summary_key, prompts_key, rollouts_prefix,
+                             start_marker_key)
 from stepwise.records import BatchRef, PlannedBatch, RolloutRecord, RunState
 
 if TYPE_CHECKING:
@@ -175,6 +177,11 @@ def compute(event: BatchEvent) -> dict[str, Any]:
 
 
 def record_eval(event: BatchEvent) -> dict[str, Any]:
+    """RecordEval: the eval batch's rollouts -> its summary and per-prompt results
+    (`stepwise.core.evals.summarize_eval`), then the run state's eval marks. A retry after the state
+    moved on returns the summary written."""
+    from stepwise.core.evals import EvalRollout, eval_sets_of, summarize_eval
+
     rs = store()
     run, batch = event.run, event.batch
     bind(run_id=run.run_id, step=batch.step)
@@ -182,12 +189,16 @@ def record_eval(event: BatchEvent) -> dict[str, Any]:
     if state.current_batch is None and state.last_eval_step == batch.step:
         return rs.get_json(eval_summary_key(run.run_id, batch.step))
     _check_batch(state, batch)
+    cfg = run_config(run.run_id)
     rollouts = load_rollouts(run.run_id, batch)
+    check_complete(rollouts, batch, state.current_batch)
     check_not_all_failed(rollouts, batch)
-    scores = [float(r.reward) for r in rollouts]
-    accuracy = sum(scores) / len(scores) if scores else 0.0
-    summary = {"step": batch.step, "eval/accuracy": accuracy, "eval/n": len(scores), "final": batch.final,
-               "eval/failed_rollouts": sum(1 for r in rollouts if r.status != "ok")}
+    payloads = rs.get_json(prompts_key(run.run_id, batch.step, batch.generation_batch, "eval"))
+    summary, results = summarize_eval(
+        [EvalRollout(r.input_id, r.row, r.member, float(r.reward), r.status) for r in rollouts],
+        sets=eval_sets_of(state), payloads=payloads, threshold=cfg.eval_success_threshold, ks=cfg.pass_ks,
+        step=batch.step, final=batch.final, eval_only=cfg.eval_only, policy=batch.policy)
+    rs.put_json(eval_results_key(run.run_id, batch.step), results.model_dump(mode="json"))
     write_summary(run.run_id, batch.step, summary, kind="eval")
 
     def change(s: RunState) -> None:
@@ -199,8 +210,10 @@ def record_eval(event: BatchEvent) -> dict[str, Any]:
             s.final_eval_done = True
 
     rs.update_state(run.run_id, change, execution_arn=run.execution_arn)
-    emit({"eval/accuracy": accuracy, "eval/n": len(scores)}, run_id=run.run_id)
-    logger.info("eval recorded", extra=summary)
+    emit({k: v for k, v in summary.items() if k.startswith("eval/") and isinstance(v, (int, float))},
+         run_id=run.run_id)
+    logger.info("eval recorded", extra={k: v for k, v in summary.items() if not k.startswith("eval/")
+                                        or k.endswith(("accuracy", "/n"))})
     return summary
 
 

@@ -26,7 +26,7 @@ from stepwise.events import InitEvent
 from stepwise.executions import resolve_run
 from stepwise.handlers._common import bind, entrypoint, logger, now, poll_seconds, run_config, settings, store
 from stepwise.layout import config_key, dataset_index_key, dataset_shard_key, tokenizer_prefix
-from stepwise.records import Checkpoint, RunState
+from stepwise.records import Checkpoint, EvalSetRows, RunState
 
 if TYPE_CHECKING:
     from stepwise.config import RunConfig
@@ -99,12 +99,15 @@ def refuse_on_this_stack(cfg: RunConfig, rs: RunStore, execution_arn: str = "") 
 
 
 def validate_inputs(raw_config: Any, rs: RunStore, run_id: str | None = None,
-                    execution_arn: str = "") -> tuple[RunConfig, int, int]:
-    """``(RunConfig, dataset rows, eval rows)``; raises ConfigError / RunRefused / DatasetError / ClientError first.
+                    execution_arn: str = "") -> tuple[RunConfig, int, list[EvalSetRows]]:
+    """``(RunConfig, dataset rows, eval sets)``; raises ConfigError / RunRefused / DatasetError / ClientError first.
 
     The datasets are streamed, so memory does not grow with their size. With ``run_id``, each is also
-    written once as the run's snapshot (`snapshot_dataset`), which PlanStep reads batch by batch.
-    No SageMaker call happens here.
+    written once as the run's snapshot (`snapshot_dataset`), which PlanStep reads batch by batch: the
+    training dataset as kind ``train`` (not read at all by an eval-only run, whose rows are 0), the
+    unnamed eval set as ``eval``, a named one as ``eval-NAME``. The eval sets share one row space
+    (`stepwise.records.EvalSetRows`), and one eval (every set's first ``eval_max_prompts`` rows x
+    ``eval_group_size``) must fit one Distributed Map run. No SageMaker call happens here.
     """
     from stepwise.config import load_run_config
     from stepwise.datasets import check_dataset
@@ -117,9 +120,39 @@ def validate_inputs(raw_config: Any, rs: RunStore, run_id: str | None = None,
             return check_dataset(path, min_rows, s3_client=rs.s3)
         return snapshot_dataset(rs, run_id, kind, path, min_rows).rows
 
-    rows = rows_of(cfg.dataset_path, cfg.batch_size, "train")
-    eval_rows = rows_of(cfg.eval_dataset_path, 1, "eval") if cfg.eval_dataset_path else 0
-    return cfg, rows, eval_rows
+    rows = 0 if cfg.eval_only else rows_of(cfg.dataset_path, cfg.batch_size, "train")
+    eval_sets: list[EvalSetRows] = []
+    offset = 0
+    for name, path in cfg.eval_set_paths.items():
+        kind = eval_snapshot_kind(name)
+        n = rows_of(path, 1, kind)
+        eval_sets.append(EvalSetRows(name=name, kind=kind, rows=n, offset=offset))
+        offset += n
+    check_eval_fits(cfg, eval_sets)
+    return cfg, rows, eval_sets
+
+
+def eval_snapshot_kind(name: str) -> str:
+    """The dataset snapshot kind of eval set ``name``: ``eval`` (unnamed), ``eval-NAME``."""
+    return f"eval-{name}" if name else "eval"
+
+
+def check_eval_fits(cfg: RunConfig, eval_sets: list[EvalSetRows]) -> None:
+    """Refuse (before billing) an eval whose rollouts do not fit one Distributed Map run.
+
+    Raises:
+        RunRefused: naming the sets, their prompts and the limit.
+    """
+    from stepwise.core.evals import eval_batch_rows
+    from stepwise.core.preflight import RunRefused
+    from stepwise.core.service_limits import DISTRIBUTED_MAP_MAX_CHILDREN
+
+    prompts = len(eval_batch_rows(eval_sets, cfg.eval_max_prompts))
+    rollouts = prompts * cfg.eval_group_size
+    if rollouts > DISTRIBUTED_MAP_MAX_CHILDREN:
+        raise RunRefused([f"eval_group_size: an eval rolls out {prompts} prompts of {len(eval_sets)} eval set(s) x "
+                          f"{cfg.eval_group_size} = {rollouts} rollouts in one Map run, more than "
+                          f"{DISTRIBUTED_MAP_MAX_CHILDREN}; lower eval_max_prompts or eval_group_size"])
 
 
 def snapshot_dataset(rs: RunStore, run_id: str, kind: str, path: str, min_rows: int) -> Any:
@@ -197,7 +230,7 @@ def initialize(event: InitEvent) -> dict[str, Any]:
     if existing is not None and existing.owner_execution_arn != event.execution_arn:
         raise RunOwnedElsewhere(f"run {run_id!r} already exists, owned by {existing.owner_execution_arn}")
 
-    cfg, rows, eval_rows = validate_inputs(event.input, rs, run_id, event.execution_arn)
+    cfg, rows, eval_sets = validate_inputs(event.input, rs, run_id, event.execution_arn)
     session_name = session_name_for(run_id)
     if existing is None:
         rs.put_json(config_key(run_id), cfg.model_dump(mode="json"))
@@ -209,8 +242,9 @@ def initialize(event: InitEvent) -> dict[str, Any]:
                 session_status="Creating",
                 session_created_at=now(),
                 dataset_rows=rows,
-                eval_rows=eval_rows,
-                resume_loaded=not cfg.resume_from_model_package,
+                eval_rows=sum(e.rows for e in eval_sets),
+                eval_sets=eval_sets,
+                resume_loaded=not (cfg.resume_from_model_package or cfg.eval_model_package_arn),
             )
         )
     created = sagemaker.create_session(cfg, session_name, run_id)
@@ -220,7 +254,7 @@ def initialize(event: InitEvent) -> dict[str, Any]:
     # A session that is already Running (warm capacity, the local simulator) needs no Wait state;
     # a resumed one still goes through PollSession, which loads the checkpoint.
     status, _ = sagemaker.describe_session(sagemaker.control_plane(cfg.region), session_name)
-    if status == sagemaker.RUNNING and not cfg.resume_from_model_package:
+    if status == sagemaker.RUNNING and not (cfg.resume_from_model_package or cfg.eval_model_package_arn):
         rs.update_state(run_id, lambda s: setattr(s, "session_status", status), execution_arn=event.execution_arn)
         return _output(run_id, event.execution_arn, ready=True)
     return _output(run_id, event.execution_arn, ready=False)

@@ -52,6 +52,21 @@ def batch_payloads(run_id: str, kind: str, rows: list[int], source: str) -> dict
     return read_rows(rows, deps.cache[key], shard_reader(rs.s3, rs.bucket, run_id, kind))
 
 
+def eval_payloads(run_id: str, state: RunState, cfg: Any, rows: list[int]) -> dict[int, dict[str, Any]]:
+    """``{row: payload}`` of an eval batch's rows, which span the eval sets' shared row space
+    (`stepwise.records.EvalSetRows`): each set's rows are read from its own snapshot."""
+    from stepwise.core.evals import eval_sets_of
+
+    out: dict[int, dict[str, Any]] = {}
+    paths = cfg.eval_set_paths
+    for s in eval_sets_of(state):
+        mine = [r for r in rows if s.offset <= r < s.offset + s.rows]
+        if mine:
+            local = batch_payloads(run_id, s.kind, [r - s.offset for r in mine], paths.get(s.name, ""))
+            out.update({r: local[r - s.offset] for r in mine})
+    return out
+
+
 def history_length(execution_arn: str) -> int | None:
     """`stepwise.aws.task_tokens.history_length` of this execution (None, logged, when Step
     Functions does not know it: a handler invoked outside one, as in handler tests)."""
@@ -101,8 +116,9 @@ def plan(event: RunEvent) -> dict[str, Any]:
         logger.info("planned", extra=out)
         return out
     kind = d.kind or "train"
-    source = cfg.eval_dataset_path if kind == "eval" else cfg.dataset_path
-    items, prompts = build_items(d, batch_payloads(run.run_id, kind, d.rows, source))
+    payloads = (eval_payloads(run.run_id, state, cfg, d.rows) if kind == "eval"
+                else batch_payloads(run.run_id, kind, d.rows, cfg.dataset_path))
+    items, prompts = build_items(d, payloads)
     rs.put_json(prompts_key(run.run_id, d.step, d.generation_batch, kind), prompts, bulk=True)
     key = items_key(run.run_id, d.step, d.generation_batch, kind)
     rs.put_json(key, [item.model_dump() for item in items], bulk=True)

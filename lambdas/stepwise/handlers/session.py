@@ -2,7 +2,8 @@
 
 - PollSession: DescribeTrainingSession until ``Running`` (bounded by ``STEPWISE_SESSION_START_TIMEOUT``
   seconds, default 1800, from creation); then, when resuming from a checkpoint, load_state with
-  the optimizer and rebind the sampler to the resumed weights before the first step.
+  the optimizer and rebind the sampler to the resumed weights before the first step; in an eval-only
+  run, bind the sampler to the model package it evaluates (``eval_model_package_arn``).
 - StopSession: every terminal path of the state machine (success and the catch-all). Stops only
   a session this execution owns, so a refused second execution cannot stop the owner's session.
 - Cleanup: EventBridge "Step Functions Execution Status Change" (ABORTED / TIMED_OUT / FAILED),
@@ -18,7 +19,7 @@ from typing import Any
 from stepwise.aws import sagemaker, task_tokens, tracking
 from stepwise.aws.runstore import RunNotFound
 from stepwise.core.operations import weights_usage
-from stepwise.core.phases import final_weights, plan_resume
+from stepwise.core.phases import final_weights, plan_eval_weights, plan_resume
 from stepwise.events import ContinueEvent, ExecutionStatusChange, RunEvent, StopEvent
 from stepwise.executions import ABNORMAL_END_STATUSES, continuation_name, resolve_run
 from stepwise.handlers._common import (bind, drive, entrypoint, logger, now, poll_seconds, run_config, settings,
@@ -60,8 +61,12 @@ def poll_session(event: RunEvent) -> dict[str, Any]:
         logger.info("training session running", extra={"training_session_name": state.training_session_name})
     if not state.resume_loaded:
         if state.phase == "idle":
-            arn = cfg.resume_from_model_package
-            state = rs.update_state(run.run_id, lambda s: plan_resume(s, arn), execution_arn=run.execution_arn)
+            if cfg.eval_only:
+                arn = cfg.eval_model_package_arn
+                state = rs.update_state(run.run_id, lambda s: plan_eval_weights(s, arn), execution_arn=run.execution_arn)
+            else:
+                arn = cfg.resume_from_model_package
+                state = rs.update_state(run.run_id, lambda s: plan_resume(s, arn), execution_arn=run.execution_arn)
         state, _, _ = drive(run.run_id, run.execution_arn, ("resume", "resume_rebind"))
         if not state.resume_loaded:
             return {"ready": False, "status": "LoadingCheckpoint", "wait_seconds": poll_seconds()}
