@@ -14,8 +14,10 @@ abnormal end the runner runs the Cleanup function itself, as the stack's rule wo
 The run folder ``runs-local/{run_id}/`` gets the config, ``metrics.jsonl`` (one line per
 step summary, eval summaries too), the step summaries, ``timing.json`` (wall time per
 step split into rollouts, advantages, training, eval/checkpoint, orchestration) and
-``reward.png``. Exit code 0 when the execution succeeded, 1 otherwise (the failing state
-and cause are printed), 130 on Ctrl-C.
+``reward.png``; each eval's ``evals/{step}/results.json`` (every prompt's rollouts) beside its summary.
+The simulator keeps the model packages it saves in ``runs-local/.simulator/`` (`simulator_state_dir`),
+so a checkpoint of one local run loads in a later one. Exit code 0 when the execution succeeded,
+1 otherwise (the failing state and cause are printed), 130 on Ctrl-C.
 
 This module is the orchestration (follow the execution, collect at its end) and the CLI entry;
 the services are started in `local.stack`, the datasets made and uploaded in `local.datasets`,
@@ -119,6 +121,7 @@ class LocalFollower(RunFollower):
         with (self.run_dir / "metrics.jsonl").open("a") as fh:
             fh.write(json.dumps(line, default=str) + "\n")
         if kind == "evals":
+            self._copy_eval_results(step, target)
             if self.bar is not None:
                 acc = eval_accuracy(summary)
                 self.bar.write(f"{eval_when(step)}: accuracy {acc if acc is None else round(acc, 3)}")
@@ -132,6 +135,14 @@ class LocalFollower(RunFollower):
             self.bar.set_postfix(step=step, reward=None if reward is None else f"{reward:.3f}",
                                  kept=None if kept is None else int(kept), s_per_step=f"{self._step_seconds[-1]:.1f}")
             self.bar.update(1)
+
+    def _copy_eval_results(self, step: int, target: Path) -> None:
+        """The eval's per-prompt results (``results.json``, written before its summary) into the run folder."""
+        try:
+            body = self.dep.s3.get_object(Bucket=self.dep.bucket, Key=layout.eval_results_key(self.run_id, step))
+            (target / "results.json").write_bytes(body["Body"].read())
+        except Exception:  # an eval recorded before per-prompt results: nothing to copy
+            log.debug("no eval results for step %s", step)
 
     def poll(self) -> dict[str, Any] | None:
         """One poll; returns the newest execution's description once the run has ended."""
@@ -191,6 +202,16 @@ def stop_execution(sfn: Any, arn: str, *, error: str, cause: str, wait: float = 
 # --------------------------------------------------------------------------------------
 
 
+#: The simulator's state folder under the run folders' parent: model packages saved by every local run.
+SIMULATOR_STATE = ".simulator"
+
+
+def simulator_state_dir(out_root: Path = DEFAULT_OUT) -> Path:
+    """Where local runs' simulators keep model packages (``{out_root}/.simulator/``): one file pair
+    per package (`local.simulator.service`), so ARNs printed by one ``make run`` load in the next."""
+    return Path(out_root) / SIMULATOR_STATE
+
+
 def load_local_config(path: Path) -> dict[str, Any]:
     """Read the JSON or YAML config (RunConfig fields; validated by Init like on AWS, and here first).
 
@@ -235,6 +256,9 @@ def run_local(config_path: Path, *, run_id: str | None = None, out_root: Path = 
 
     log_dir = run_dir / "logs"
     log_dir.mkdir()
+    # The simulator keeps the model packages it saves beside the run folders, so a later local run can
+    # evaluate or resume an earlier run's checkpoint (`stepwise eval --model-package ARN`).
+    simulator_options = {"state_dir": str(simulator_state_dir(out_root)), **(simulator_options or {})}
     bucket = f"stepwise-local-{uuid.uuid4().hex[:12]}"
     stack = LocalStack(bucket=bucket)
     with contextlib.ExitStack() as outputs:

@@ -141,6 +141,7 @@ class RunState(BaseModel):
     dataset_rows: int = 0
     eval_rows: int = 0  # rows of every eval set (the unnamed set's alone in a state without eval_sets)
     eval_sets: list[EvalSetRows] = Field(default_factory=list)  # [] in a state written before named eval sets
+    eval_only: bool = False  # an eval-only run (RunConfig.eval_only): it trains nothing and leaves no weights
     generation_batch: int = 0
     step_cursor_start: int = 0  # cursor at the start of the current step (for DAPO generation batches)
     kept_groups: int = 0

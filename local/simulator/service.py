@@ -462,8 +462,18 @@ class Simulator:
         return out
 
     def _package(self, arn: str) -> engine.ModelPackage | None:
+        """The package ``arn``; with a ``state_dir``, also one another simulator saved there since this
+        one started (local runs share the folder: an eval of an earlier run's checkpoint)."""
         with self._lock:
-            return self._packages.get(arn)
+            mp = self._packages.get(arn)
+        if self.state_dir is not None:
+            if mp is None:
+                return self._load_package_of(arn)
+            if not (self.state_dir / f"{mp.group_name}-{mp.version}.json").exists():  # deleted by another simulator
+                with self._lock:
+                    self._packages.pop(arn, None)
+                return None
+        return mp
 
     def _op_DescribeModelPackage(self, p: dict[str, Any]) -> dict[str, Any]:
         mp = self._package(p["ModelPackageName"])
@@ -486,11 +496,20 @@ class Simulator:
         }
 
     def _op_DeleteModelPackage(self, p: dict[str, Any]) -> dict[str, Any]:
+        """DeleteModelPackage (botocore ``sagemaker``): the package and, with a ``state_dir``, its files.
+        An unknown package answers ValidationException, as the service does (the SDK's
+        ``delete_model_package`` reads that as "already gone")."""
+        arn = p["ModelPackageName"]
+        mp = self._package(arn)
         with self._lock:
-            if self._packages.pop(p["ModelPackageName"], None) is None:
-                raise error(CONTROL, "validation", f"Model package {p['ModelPackageName']!r} does not exist.")
+            if mp is None or self._packages.pop(arn, None) is None:
+                raise error(CONTROL, "validation", f"Model package {arn!r} does not exist.")
         with self._sampler_lock:
-            self._samplers.pop(p["ModelPackageName"], None)
+            self._samplers.pop(arn, None)
+        if self.state_dir is not None:
+            stem = self.state_dir / f"{mp.group_name}-{mp.version}"
+            for suffix in (".pt", ".json"):
+                stem.with_suffix(suffix).unlink(missing_ok=True)
         return {}
 
     def _register_package(self, s: Session, kind: str, description: str, weights, optimizer_state=None) -> engine.ModelPackage:
@@ -498,6 +517,8 @@ class Simulator:
             g = self._groups[s.group_name]
             g["versions"] += 1
             version = g["versions"]
+            if self.state_dir is not None:
+                version = g["versions"] = self._claim_version(s.group_name, version)
             out = s.request["OutputConfig"]["S3Location"]["Path"].rstrip("/")
             mp = engine.ModelPackage(
                 arn=f"arn:aws:sagemaker:{self.region}:{self.account_id}:model-package/{s.group_name}/{version}",
@@ -534,13 +555,49 @@ class Simulator:
         meta = {k: v for k, v in dataclasses.asdict(mp).items() if k not in ("weights", "optimizer_state")}
         stem.with_suffix(".json").write_text(json.dumps(meta))
 
+    def _claim_version(self, group: str, version: int) -> int:
+        """The first version >= ``version`` of ``group`` no simulator sharing ``state_dir`` has taken:
+        claimed by creating its ``.json`` exclusively (O_EXCL), so two local runs at once never save
+        two packages under one ARN. The metadata is written into the claimed file later."""
+        assert self.state_dir is not None
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        while True:
+            try:
+                with (self.state_dir / f"{group}-{version}.json").open("x"):
+                    return version
+            except FileExistsError:
+                version += 1
+
+    def _load_package_of(self, arn: str) -> engine.ModelPackage | None:
+        """Load one package from ``state_dir`` by ARN (``model-package/{group}/{version}``), if saved there."""
+        import torch
+
+        assert self.state_dir is not None
+        group, _, version = arn.rpartition("model-package/")[2].partition("/")
+        meta_path = self.state_dir / f"{group}-{version}.json"
+        try:
+            meta = json.loads(meta_path.read_text())
+            tensors = torch.load(meta_path.with_suffix(".pt"), weights_only=True)
+        except (OSError, ValueError):  # absent, or claimed and not written yet
+            return None
+        if meta.get("arn") != arn:
+            return None
+        mp = engine.ModelPackage(**meta, weights=tensors["weights"], optimizer_state=tensors["optimizer_state"])
+        with self._lock:
+            self._packages.setdefault(arn, mp)
+            self._ensure_group(mp.group_name)
+        return mp
+
     def _load_packages(self) -> None:
         import torch
 
         assert self.state_dir is not None
         for meta_path in sorted(self.state_dir.glob("*.json")):
-            meta = json.loads(meta_path.read_text())
-            tensors = torch.load(meta_path.with_suffix(".pt"), weights_only=True)
+            try:
+                meta = json.loads(meta_path.read_text())
+                tensors = torch.load(meta_path.with_suffix(".pt"), weights_only=True)
+            except (OSError, ValueError):  # claimed by a running simulator, not written yet
+                continue
             mp = engine.ModelPackage(**meta, weights=tensors["weights"], optimizer_state=tensors["optimizer_state"])
             self._packages[mp.arn] = mp
             self._ensure_group(mp.group_name)

@@ -166,3 +166,35 @@ def test_model_packages_survive_a_restart_with_a_state_dir(tmp_path):
         assert new_arn != arn and int(new_arn.rsplit("/", 1)[-1]) == int(arn.rsplit("/", 1)[-1]) + 1
     finally:
         second.stop()
+
+
+def test_simulators_sharing_a_state_dir_never_reuse_an_arn_see_each_others_saves_and_delete_files(tmp_path):
+    """Local runs at once share runs-local/.simulator/: versions are claimed on disk, a package one
+    saved after the other started still loads there, and DeleteModelPackage removes its files."""
+    from tests.support.simulator import create_session, runtime_client, wait_op
+
+    a, b = start_simulator(state_dir=str(tmp_path)), start_simulator(state_dir=str(tmp_path))
+    try:
+        arns = {}
+        for sim, tag in ((a, "a"), (b, "b")):
+            name = create_session(sim, f"shared-{tag}")
+            rt = runtime_client(sim)
+            op = rt.execute_training_operation(trainingSessionName=name, sequenceNumber=1, clientToken=tag,
+                                               operationConfig={"saveWeights": {}})
+            arns[tag] = wait_op(rt, name, op["operationId"])["operationResult"]["saveWeights"]["modelPackageArn"]
+        assert arns["a"] != arns["b"]  # both simulators started at version 0 of the same group
+        # b samples a's package, saved after b started
+        name = create_session(b, "reader")
+        rt = runtime_client(b)
+        op = rt.execute_sampling_operation(trainingSessionName=name, operationConfig={
+            "loadWeightsForSampling": {"modelPackageArn": arns["a"]}})
+        assert wait_op(rt, name, op["operationId"], sampling=True)["status"] == "Completed"
+        files = sorted(p.name for p in tmp_path.iterdir())
+        assert len(files) == 4
+        control_client(b).delete_model_package(ModelPackageName=arns["a"])
+        assert len(list(tmp_path.iterdir())) == 2
+        with pytest.raises(ClientError, match="does not exist"):
+            control_client(a).delete_model_package(ModelPackageName=arns["a"])
+    finally:
+        a.stop()
+        b.stop()

@@ -295,12 +295,14 @@ def rewind_to_checkpoint(state: RunState, *, session_name: str, created_at: floa
 def final_weights(state: RunState) -> Checkpoint | None:
     """The run's final weights, as a ``kind="weights"`` `Checkpoint` (a ``save_weights_for_sampler``
     model package: LoRA weights without optimizer state, the SDK's deployable kind), or ``None``
-    when no step was trained (the sampler is still the base model).
+    when no step was trained (the sampler is still the base model) or the run was eval-only.
 
     The ``save_weights_at_end`` checkpoint when one was saved; else the sampler's current model
     package, which SubmitTrain saves after every optimizer step (``reason="sampler"``, ``step`` =
     steps completed, ``policy_version`` = optimizer steps applied).
     """
+    if state.eval_only:  # its sampler is the package it evaluated, not weights it made
+        return None
     at_end = [c for c in state.checkpoints if c.kind == "weights" and c.reason == "weights_at_end"]
     if at_end:
         return max(at_end, key=lambda c: c.step)

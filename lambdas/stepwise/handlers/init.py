@@ -244,6 +244,7 @@ def initialize(event: InitEvent) -> dict[str, Any]:
                 dataset_rows=rows,
                 eval_rows=sum(e.rows for e in eval_sets),
                 eval_sets=eval_sets,
+                eval_only=cfg.eval_only,
                 resume_loaded=not (cfg.resume_from_model_package or cfg.eval_model_package_arn),
             )
         )

@@ -110,7 +110,26 @@ def stop_owned_session(execution_arn: str, execution_name: str, execution_input:
     state = rs.update_state(run_id, mark, execution_arn=execution_arn)
     logger.info("training session stopped", extra={"training_session_name": state.training_session_name, "reason": reason})
     tracking.finish_run(cfg, run_id, _tracking_status(reason))
-    return {"stopped": True, "training_session_name": state.training_session_name, **weights_report(state, cfg.region)}
+    out = {"stopped": True, "training_session_name": state.training_session_name, **weights_report(state, cfg.region)}
+    if state.eval_only:
+        out["eval"] = eval_report(run_id, state)
+    return out
+
+
+def eval_report(run_id: str, state: RunState) -> dict[str, Any]:
+    """An eval-only run's result for the execution's output: what was evaluated (``evaluated_model_package_arn``,
+    ``""`` = the base model), the eval sets and their ``eval/*`` metrics (the eval's summary), where its
+    summary and per-prompt results are; ``{}`` before the eval was recorded."""
+    from stepwise.layout import eval_results_key, eval_summary_key
+
+    if state.last_eval_step is None:
+        return {}
+    summary = store().get_json_or(eval_summary_key(run_id, state.last_eval_step)) or {}
+    metrics = {k: v for k, v in summary.items() if k.startswith("eval/") and isinstance(v, (int, float))}
+    return {"evaluated_model_package_arn": summary.get("evaluated_model_package_arn", state.sampler_model_package_arn),
+            "eval_sets": summary.get("eval_sets", []), "metrics": metrics,
+            "summary_key": eval_summary_key(run_id, state.last_eval_step),
+            "results_key": eval_results_key(run_id, state.last_eval_step)}
 
 
 def weights_report(state: RunState, region: str) -> dict[str, Any]:
