@@ -122,9 +122,11 @@ def test_set_metrics_equal_a_direct_count_of_prompts(args):
     solved = [sum(r >= 1.0 for r in g) for g in rewards_P]
     # at k = n the estimators are plain counts of prompts
     assert m[f"pass@{n}"] == pytest.approx(sum(c > 0 for c in solved) / len(solved))
-    assert m[f"all_pass@{n}"] == pytest.approx(sum(c == n for c in solved) / len(solved))
-    assert m[f"all_fail@{n}"] == pytest.approx(sum(c == 0 for c in solved) / len(solved))
-    assert m[f"mixed@{n}"] == pytest.approx(sum(0 < c < n for c in solved) / len(solved))
+    if n > 1:
+        assert m[f"all_pass@{n}"] == pytest.approx(sum(c == n for c in solved) / len(solved))
+        assert m[f"all_fail@{n}"] == pytest.approx(sum(c == 0 for c in solved) / len(solved))
+        assert m[f"mixed@{n}"] == pytest.approx(sum(0 < c < n for c in solved) / len(solved))
+    assert "mixed@1" not in m and "all_pass@1" not in m
     assert m["pass@1"] == pytest.approx(sum(c / n for c in solved) / len(solved))
     assert m["prompts"] == len(rewards_P) and m["rollouts"] == m["n"] == len(flat)
 

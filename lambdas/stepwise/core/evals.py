@@ -164,8 +164,8 @@ def metric_key(eval_set: str, metric: str) -> str:
 
 def set_metrics(prompts: Sequence[EvalPrompt], ks: Sequence[int]) -> dict[str, float]:
     """Metrics of one eval set from its prompts' results (keys without the ``eval/`` prefix):
-    ``accuracy`` (mean reward over all rollouts), ``mean@n``, and per k ``pass@k``, ``all_pass@k``,
-    ``all_fail@k``, ``mixed@k`` (means over prompts), plus ``n`` (rollouts, as before groups),
+    ``accuracy`` (mean reward over all rollouts), ``mean@n``, and per k ``pass@k``, and for k > 1
+    ``all_pass@k``, ``all_fail@k``, ``mixed@k`` (means over prompts), plus ``n`` (rollouts, as before groups),
     ``prompts``, ``rollouts``, ``failed_rollouts`` (status not ok) and ``group_size``.
 
     ``n`` in ``mean@n`` is the group size (the largest group; every group has it unless rollout
@@ -183,6 +183,8 @@ def set_metrics(prompts: Sequence[EvalPrompt], ks: Sequence[int]) -> dict[str, f
     out[f"mean@{size}"] = sum(p.mean_reward for p in prompts) / len(prompts)
     for k in ks:
         out[f"pass@{k}"] = sum(pass_at_k(p.n, p.successes, k) for p in prompts) / len(prompts)
+        if k == 1:  # a group of one is never mixed; all_pass@1 is pass@1 and all_fail@1 its complement
+            continue
         out[f"all_pass@{k}"] = sum(all_pass_at_k(p.n, p.successes, k) for p in prompts) / len(prompts)
         out[f"all_fail@{k}"] = sum(all_fail_at_k(p.n, p.successes, k) for p in prompts) / len(prompts)
         out[f"mixed@{k}"] = sum(mixed_at_k(p.n, p.successes, k) for p in prompts) / len(prompts)
