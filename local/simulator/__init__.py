@@ -115,6 +115,18 @@ class SimulatorHandle:
         if seconds is not None:
             self.simulator.session_start_seconds = float(seconds)
 
+    def set_not_ready(self, *, warmup_seconds: float | None = None, binding_seconds: float | None = None) -> None:
+        """How long the runtime answers 503 after a session turns Running (``warmup_seconds``) and
+        sampling a model package answers 503 after it was saved (``binding_seconds``); 0 = never."""
+        if warmup_seconds is not None:
+            self.simulator.warmup_seconds = float(warmup_seconds)
+        if binding_seconds is not None:
+            self.simulator.binding_seconds = float(binding_seconds)
+
+    def expire_session(self, name: str) -> None:
+        """Move the session ``name`` to ``Expired`` now (see also the ``expire`` fault)."""
+        self.simulator.expire_session(name)
+
     def set_result_wait(self, seconds: float) -> None:
         """How long Get*OperationResult waits for completion before answering (long poll)."""
         self.simulator.result_wait_seconds = float(seconds)
@@ -164,7 +176,8 @@ def start_simulator(
 
     Options (``Simulator``): ``region``, ``account_id``, ``result_wait_seconds`` (long-poll,
     default 5), ``session_start_seconds`` / ``session_stop_seconds`` (default 0),
-    ``session_start`` (``ok`` | ``hang`` | ``fail``), ``sampling_workers`` (default 2),
+    ``session_start`` (``ok`` | ``hang`` | ``fail``), ``warmup_seconds`` / ``binding_seconds`` (503
+    answers after Running / after a save, default 0), ``sampling_workers`` (default 2),
     ``fault_seed``, ``torch_threads`` (default 1, set process-wide; None leaves torch's),
     ``state_dir`` (keep model packages on disk there, so a restarted simulator still has them). ``faults``: specs like ``"throttle:ExecuteTrainingOperation:2"``;
     ``latency``: ``{"optim_step": 0.5, ...}``.

@@ -16,9 +16,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--session-start-seconds", type=float, default=0.0, help="seconds a new session stays Created")
     parser.add_argument("--session-stop-seconds", type=float, default=0.0, help="seconds a stopped session stays Stopping")
     parser.add_argument("--session-start", choices=("ok", "hang", "fail"), default="ok", help="hang: never reaches Running; fail: ends Failed")
+    parser.add_argument("--warmup-seconds", type=float, default=0.0,
+                        help="seconds a Running session's runtime still answers 503 (warming up; default 0)")
+    parser.add_argument("--binding-seconds", type=float, default=0.0,
+                        help="seconds sampling a just-saved model package answers 503 (binding; default 0)")
     parser.add_argument(
-        "--fault", action="append", default=[], metavar="KIND:TARGET:N|RATE",
-        help="inject a fault, e.g. throttle:ExecuteTrainingOperation:3, internal:GetSamplingOperationResult:0.1, fail:optim_step:1",
+        "--fault", action="append", default=[], metavar="KIND:TARGET:N|RATE|SECONDSs",
+        help="inject a fault, e.g. throttle:ExecuteTrainingOperation:3, internal:GetSamplingOperationResult:0.1, "
+             "unavailable:ExecuteSamplingOperation:4s, fail:optim_step:1, expire:DescribeTrainingSession:1",
     )
     parser.add_argument(
         "--latency", action="append", default=[], metavar="TARGET=SECONDS",
@@ -53,6 +58,8 @@ def run(args: argparse.Namespace) -> int:
         session_start_seconds=args.session_start_seconds,
         session_stop_seconds=args.session_stop_seconds,
         session_start=args.session_start,
+        warmup_seconds=args.warmup_seconds,
+        binding_seconds=args.binding_seconds,
         fault_seed=args.fault_seed,
         state_dir=args.state_dir,
     )

@@ -1,27 +1,37 @@
 """Fault and latency injection for drills (settable at start-up and at run time).
 
 A ``Fault`` matches API calls (by botocore operation name, e.g. ``ExecuteTrainingOperation``)
-or applied operations (by kind, e.g. ``optim_step``) and fires either on the next ``count``
-matches or with probability ``rate`` (seeded, so drills are repeatable):
+or applied operations (by kind, e.g. ``optim_step``) and fires on the next ``count`` matches,
+with probability ``rate`` (seeded, so drills are repeatable), or on every match for ``seconds``
+after it was armed ("for a while"):
 
-* ``throttle``  -> the call is refused with ``ThrottlingException`` (HTTP 429 / 400 for the
+* ``throttle``    -> the call is refused with ``ThrottlingException`` (HTTP 429 / 400 for the
   ``sagemaker`` control plane), before anything is recorded.
-* ``internal``  -> the call is refused with ``InternalServerException`` (HTTP 500).
-* ``fail``      -> the *operation* (matched by kind) is accepted, then ends ``Failed`` with
+* ``internal``    -> the call is refused with ``InternalServerException`` (HTTP 500).
+* ``unavailable`` -> the call is refused with HTTP 503 ``ServiceUnavailableException``: the
+  "not ready" answer a runtime gives while it warms up after ``Running`` or binds a checkpoint
+  just saved (the SDK retries it as transient: ``exceptions.is_retryable``, status 503).
+* ``fail``        -> the *operation* (matched by kind) is accepted, then ends ``Failed`` with
   ``errorDetails`` and is not applied.
+* ``expire``      -> the training session the call names moves to ``Expired`` before the call
+  is answered (an API call, e.g. ``DescribeTrainingSession`` or ``ExecuteTrainingOperation``).
 
 Spec strings (CLI flags, ``start_simulator(faults=[...])``): ``throttle:ExecuteTrainingOperation:3``
 (next 3 calls), ``internal:GetSamplingOperationResult:0.1`` (10% of calls; a value with a ``.``
-is a rate), ``fail:optim_step:1``.
+is a rate), ``unavailable:ExecuteSamplingOperation:4s`` (every call for 4 s from now; a value
+ending in ``s``), ``fail:optim_step:1``, ``expire:DescribeTrainingSession:1``.
 """
 
 from __future__ import annotations
 
 import random
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
-KINDS = ("throttle", "internal", "fail")
+KINDS = ("throttle", "internal", "unavailable", "fail", "expire")
+#: Kinds that refuse an API call before it is answered (``Simulator.call``).
+CALL_KINDS = ("throttle", "internal", "unavailable")
 #: Operation kinds counted and matched by ``fail`` faults and latency settings.
 OPERATION_KINDS = (
     "forward",
@@ -42,24 +52,31 @@ class Fault:
     target: str
     count: int | None = None
     rate: float | None = None
+    seconds: float | None = None  # every match within this many seconds of arming
+    armed_at: float = field(default_factory=time.monotonic)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"fault kind {self.kind!r} is not one of {', '.join(KINDS)}")
         if self.kind == "fail" and self.target not in OPERATION_KINDS:
             raise ValueError(f"'fail' faults target an operation kind ({', '.join(OPERATION_KINDS)}), got {self.target!r}")
-        if (self.count is None) == (self.rate is None):
-            raise ValueError("a fault needs exactly one of count (next N matches) or rate (probability)")
+        if sum(x is not None for x in (self.count, self.rate, self.seconds)) != 1:
+            raise ValueError("a fault needs exactly one of count (next N matches), rate (probability) or seconds (a window)")
         if self.rate is not None and not 0.0 <= self.rate <= 1.0:
             raise ValueError(f"fault rate must be in [0, 1], got {self.rate}")
+        if self.seconds is not None and not self.seconds >= 0:
+            raise ValueError(f"fault window must be >= 0 seconds, got {self.seconds}")
 
     @classmethod
     def parse(cls, spec: str) -> "Fault":
-        """Parse ``kind:target:N`` or ``kind:target:0.25``."""
+        """Parse ``kind:target:N``, ``kind:target:0.25`` or ``kind:target:4s``."""
         parts = spec.split(":")
         if len(parts) != 3:
-            raise ValueError(f"fault spec {spec!r} is not kind:target:count-or-rate (e.g. throttle:ExecuteTrainingOperation:2)")
+            raise ValueError(f"fault spec {spec!r} is not kind:target:count-rate-or-seconds "
+                             "(e.g. throttle:ExecuteTrainingOperation:2, ...:0.1, ...:4s)")
         kind, target, amount = parts
+        if amount.endswith("s"):
+            return cls(kind, target, seconds=float(amount[:-1]))
         if "." in amount:
             return cls(kind, target, rate=float(amount))
         return cls(kind, target, count=int(amount))
@@ -105,6 +122,9 @@ class FaultPlan:
                     if fault.count > 0:
                         fault.count -= 1
                         return fault.kind
+                elif fault.seconds is not None:
+                    if time.monotonic() - fault.armed_at < fault.seconds:
+                        return fault.kind
                 elif self._rng.random() < (fault.rate or 0.0):
                     return fault.kind
         return None
@@ -112,6 +132,6 @@ class FaultPlan:
     def describe(self) -> dict:
         with self._lock:
             return {
-                "faults": [f.__dict__.copy() for f in self._faults],
+                "faults": [{k: v for k, v in f.__dict__.items() if k != "armed_at"} for f in self._faults],
                 "latency": dict(self._latency),
             }

@@ -119,6 +119,11 @@ class _Handler(BaseHTTPRequestHandler):
                     sim.faults.add(spec)
                 for target, seconds in (req.get("latency") or {}).items():
                     sim.faults.set_latency(target, float(seconds))
+                for key in ("warmup_seconds", "binding_seconds"):
+                    if key in req:
+                        setattr(sim, key, float(req[key]))
+                for name in req.get("expire", []):
+                    sim.expire_session(str(name))
             except (ValueError, TypeError) as e:
                 self._send(400, {"message": str(e)}, "application/json")
                 return

@@ -6,8 +6,14 @@ makes) or of the ``sagemakertrainingsessionruntime`` service, raising ``ApiError
 service's error code. Semantics (issue 3, DESIGN.md section 7):
 
 * Sessions go ``Created`` -> ``Running`` (after ``session_start_seconds``) -> ``Stopping`` ->
-  ``Stopped``; a stop from Stopping/Stopped/Failed is a ``ValidationException`` naming the
-  transition (the SDK's ``_stop_already_done`` reads it); only terminal sessions delete.
+  ``Stopped``; a stop from Stopping/Stopped/Failed/Expired is a ``ValidationException`` naming the
+  transition (the SDK's ``_stop_already_done`` reads it, Expired excepted); only terminal sessions
+  delete. An ``expire`` fault (or `Simulator.expire_session`) moves a session to ``Expired``.
+* For ``warmup_seconds`` after a session turns ``Running`` its runtime answers 503 (the SDK's
+  "transient unavailability while the runtime finishes warming up"), and for ``binding_seconds``
+  after ``save_weights`` registers a model package, sampling operations naming it answer 503 (the
+  SDK's "the service may still be binding to the new checkpoint"); ``unavailable`` faults do the
+  same on demand (`local.simulator.faults`).
 * Operations are asynchronous: Execute* answers an ``operationId`` at once; a worker moves the
   operation ``Pending`` -> ``InProgress`` -> ``Completed`` | ``Failed`` (``Skipped`` when the
   session stops first). Get*OperationResult long-polls up to ``result_wait_seconds`` (the
@@ -33,7 +39,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from local.simulator import engine
-from local.simulator.faults import FaultPlan
+from local.simulator.faults import CALL_KINDS, FaultPlan
 from local.simulator.model import ASSETS_DIR
 from local.simulator.validation import CONTROL, RUNTIME, error, validate
 
@@ -46,8 +52,8 @@ RUNTIME_OPERATIONS = frozenset(
     {"ExecuteTrainingOperation", "GetTrainingOperationResult", "ExecuteSamplingOperation", "GetSamplingOperationResult"}
 )
 _ACTIVE = ("Created", "Scheduled", "Running")
-_STOP_NOOP = ("Stopping", "Stopped", "Failed", "Deleting", "DeletionFailed")
-_DELETABLE = ("Stopped", "Failed", "DeletionFailed")
+_STOP_NOOP = ("Stopping", "Stopped", "Failed", "Expired", "Deleting", "DeletionFailed")
+_DELETABLE = ("Stopped", "Failed", "Expired", "DeletionFailed")
 
 TRAINING_KINDS = {
     "forward": "forward",
@@ -108,6 +114,7 @@ class Session:
     end_time: float | None = None
     error_details: str | None = None
     stop_at: float | None = None
+    running_at: float | None = None
     trainer: engine.TrainerState | None = None
     training_ops: dict[int, Operation] = field(default_factory=dict)
     ops: dict[str, Operation] = field(default_factory=dict)
@@ -130,6 +137,8 @@ class Simulator:
         session_start_seconds: float = 0.0,
         session_stop_seconds: float = 0.0,
         session_start: str = "ok",
+        warmup_seconds: float = 0.0,
+        binding_seconds: float = 0.0,
         sampling_workers: int = 2,
         fault_seed: int = 0,
         torch_threads: int | None = 1,
@@ -143,6 +152,8 @@ class Simulator:
         self.session_start_seconds = float(session_start_seconds)
         self.session_stop_seconds = float(session_stop_seconds)
         self.session_start = session_start
+        self.warmup_seconds = float(warmup_seconds)
+        self.binding_seconds = float(binding_seconds)
         self.faults = FaultPlan(seed=fault_seed)
         if torch_threads:
             # Process-wide. The model's matrices are 64 wide: intra-op threads only add
@@ -193,6 +204,21 @@ class Simulator:
         """Names of sessions not yet stopped (Created, Scheduled or Running)."""
         return sorted(name for name, status in self.session_statuses().items() if status in _ACTIVE)
 
+    def expire_session(self, name: str, reason: str = "the training session expired") -> None:
+        """Move an active session to ``Expired`` (``EndTime`` and ``ErrorDetails`` set; queued
+        operations end ``Skipped``). Unknown or already ended sessions are left alone."""
+        with self._lock:
+            s = self._sessions.get(name)
+            if s is None or self._refresh(s).status not in _ACTIVE:
+                return
+            now = time.time()
+            s.status, s.modified, s.end_time, s.error_details = "Expired", now, now, reason
+        with s.cond:
+            for op in s.ops.values():
+                if op.status == "Pending":
+                    op.finish("Skipped", error_details=f"The training session expired before this operation ran: {reason}")
+            s.cond.notify_all()
+
     def session_weights(self, name: str) -> dict[str, Any]:
         """A copy of a session's current trainable weights (for tests comparing states)."""
         s = self._get_session(CONTROL, name)
@@ -216,11 +242,16 @@ class Simulator:
         handler: Callable[[dict[str, Any]], dict[str, Any]] | None = getattr(self, f"_op_{operation}", None)
         if handler is None or (service == RUNTIME) != (operation in RUNTIME_OPERATIONS):
             raise error(service, "validation", f"operation {operation} is not implemented by the simulator")
-        injected = self.faults.take(("throttle", "internal"), operation)
+        injected = self.faults.take(CALL_KINDS, operation)
         if injected == "throttle":
             raise error(service, "throttle", f"Rate exceeded for {operation} (injected fault)")
         if injected == "internal":
             raise error(service, "internal", f"Internal error in {operation} (injected fault)")
+        if injected == "unavailable":
+            raise error(service, "unavailable", f"{operation}: the service is not ready (injected fault)")
+        name = params.get("TrainingSessionName") or params.get("trainingSessionName")
+        if name and self.faults.take(("expire",), operation):
+            self.expire_session(str(name), "the training session expired (injected fault)")
         delay = self.faults.latency(operation)
         if delay:
             time.sleep(delay)
@@ -240,7 +271,7 @@ class Simulator:
                 if s.start_mode == "fail":
                     s.status, s.error_details, s.end_time = "Failed", "Capacity error: the session could not start (injected fault)", now
                 else:
-                    s.status = "Running"
+                    s.status, s.running_at = "Running", now
                 s.modified = now
             if s.status == "Stopping" and s.stop_at is not None and now >= s.stop_at:
                 s.status, s.modified, s.end_time = "Stopped", now, now
@@ -610,7 +641,13 @@ class Simulator:
         s = self._get_session(RUNTIME, name)
         if s.status != "Running":
             raise error(RUNTIME, "validation", f"Training session {name!r} is {s.status}; operations are accepted only while it is Running")
+        self._check_warm(s)
         return s
+
+    def _check_warm(self, s: Session) -> None:
+        """503 for ``warmup_seconds`` after ``s`` turned Running."""
+        if self.warmup_seconds and s.running_at is not None and time.time() - s.running_at < self.warmup_seconds:
+            raise error(RUNTIME, "unavailable", f"Training session {s.name!r} is Running but its runtime is still warming up")
 
     def _new_op_id(self) -> str:
         return f"op-{next(self._op_ids):08d}-{uuid.uuid4().hex[:12]}"
@@ -705,6 +742,7 @@ class Simulator:
 
     def _get_op(self, name: str, op_id: str) -> Operation:
         s = self._get_session(RUNTIME, name)
+        self._check_warm(s)
         op = s.ops.get(op_id)
         if op is None:
             raise error(RUNTIME, "not_found", f"Operation {op_id!r} does not exist in training session {name!r}")
@@ -749,8 +787,11 @@ class Simulator:
         s = self._running_session(p["trainingSessionName"])
         (member, config), = [(k, v) for k, v in p["operationConfig"].items() if v is not None]
         arn = config.get("modelPackageArn") or ""
-        if arn and self._package(arn) is None:
+        mp = self._package(arn) if arn else None
+        if arn and mp is None:
             raise error(RUNTIME, "validation", f"model package {arn!r} does not exist")
+        if mp is not None and self.binding_seconds and time.time() - mp.created < self.binding_seconds:
+            raise error(RUNTIME, "unavailable", f"model package {arn!r} was saved moments ago; the session is still binding it")
         op = Operation(id=self._new_op_id(), kind=SAMPLING_KINDS[member], member=member, config=config)
         with s.cond:
             s.ops[op.id] = op

@@ -39,6 +39,7 @@ _CODES = {
         "conflict": ("ConflictException", 400),
         "throttle": ("ThrottlingException", 400),
         "internal": ("InternalFailure", 500),
+        "unavailable": ("ServiceUnavailable", 503),
     },
     RUNTIME: {
         "validation": ("ValidationException", 400),
@@ -47,6 +48,9 @@ _CODES = {
         "conflict": ("ConflictException", 409),
         "throttle": ("ThrottlingException", 429),
         "internal": ("InternalServerException", 500),
+        # Not among the runtime's modelled errors: what a warming-up or binding runtime answers is
+        # undocumented; the SDK retries it as transient by its 503 (exceptions.is_retryable).
+        "unavailable": ("ServiceUnavailableException", 503),
     },
 }
 

@@ -41,7 +41,16 @@ if TYPE_CHECKING:
     from stepwise.aws.runstore import RunStore
 
 RUNNING = "Running"
-FAILED_SESSION_STATUSES = frozenset({"Failed", "Stopped", "Stopping", "Blocked", "Deleting", "DeletionFailed"})
+#: Every ``TrainingSessionStatus`` of botocore's ``sagemaker`` model falls in exactly one of these two
+#: sets (tests/aws/test_session_statuses.py reads the model): a session that is *active* may bill and
+#: StopTrainingSession has something to stop (``Blocked``: the runtime still accepts operations, its
+#: ConflictException documentation says); an *ended* one is gone or on its way (``Stopping``,
+#: ``Deleting``), so stopping it is already done.
+ACTIVE_SESSION_STATUSES = frozenset({"Created", "Scheduled", "Running", "Blocked"})
+ENDED_SESSION_STATUSES = frozenset({"Stopping", "Stopped", "Failed", "Expired", "Deleting", "DeletionFailed"})
+#: Statuses that end the wait for ``Running`` at once: every ended one, and ``Blocked`` (the SDK's
+#: own wait, ``service_client._TERMINAL_STATUSES``, gives up on it too).
+FAILED_SESSION_STATUSES = ENDED_SESSION_STATUSES | {"Blocked"}
 
 
 class SessionFailed(RuntimeError):
@@ -301,10 +310,35 @@ def describe_session(cp: Any, session_name: str) -> tuple[str, str]:
     return str(detail.get("TrainingSessionStatus", "")), str(reason)
 
 
-def stop_session(cfg: RunConfig, session_name: str) -> None:
-    """``ServiceClient.stop_session``: idempotent (already stopping/stopped, or never created, is fine)."""
+def stop_session(cfg: RunConfig, session_name: str) -> bool:
+    """``ServiceClient.stop_session``, idempotent: True when a stop was requested, False when the
+    session had already ended (any `ENDED_SESSION_STATUSES`, ``Expired`` included, which the SDK's
+    ``_stop_already_done`` does not list) or was never created.
+
+    The control plane answers a stop it cannot apply with ValidationException "invalid session
+    state transition from STATUS to Stopping"; the status named is read from the message and, when
+    the wording differs, from DescribeTrainingSession.
+
+    Raises:
+        ClientError: any other refusal (throttling after botocore's retries, access denied, ...).
+    """
     try:
-        service_client(cfg).stop_session(session_name)
+        # stop_session's own body, reporting whether a stop was issued (False: the SDK's
+        # _stop_already_done recognised an ended session)
+        return bool(service_client(cfg)._stop_session_if_active(session_name))
     except ClientError as e:
-        if e.response.get("Error", {}).get("Code") != "ResourceNotFound":
+        err = e.response.get("Error", {})
+        if err.get("Code") == "ResourceNotFound":
+            return False
+        if err.get("Code") != "ValidationException":
             raise
+        message = str(err.get("Message", ""))
+        if any(f"transition from {status} to" in message for status in ENDED_SESSION_STATUSES):
+            return False
+        try:
+            status, _ = describe_session(control_plane(cfg.region), session_name)
+        except ClientError:
+            raise e from None
+        if status in ENDED_SESSION_STATUSES:
+            return False
+        raise
