@@ -58,6 +58,7 @@ class PendingOperation(BaseModel):
     operation_id: str | None = None
     status: str = "Planned"  # Planned | Submitted | Succeeded
     submitted_at: float | None = None  # epoch seconds of the first submit
+    waiting_since: float | None = None  # epoch seconds of the first submit refused as transient (train_op_timeout counts from it)
     argument: str | None = None  # model package ARN of load_state / load_weights_for_sampling
     description: str = ""  # saved on the model package (save_state / save_weights)
     result: dict[str, Any] | None = None

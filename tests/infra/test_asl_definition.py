@@ -153,3 +153,31 @@ def test_overlapped_step_is_a_parallel_of_training_and_the_next_steps_rollouts()
         states["What comes next?"]["Choices"]
     for st in [*train["States"].values(), *roll["States"].values()]:
         assert "Catch" not in st, "a branch's failure must reach the Parallel's Catch (the stop path)"
+
+
+def test_every_training_loop_task_retries_transient_service_errors() -> None:
+    """What a handler still raises for throttling, 5xx or a connection error leaves as
+    ``TransientServiceError`` (`stepwise.handlers._common.entrypoint`): every task outside the
+    rollout children retries it with backoff, beside Lambda's own service errors."""
+    from stepwise.handlers._common import TransientServiceError
+
+    asl = load_asl()
+    checked = []
+
+    def walk(states: dict[str, Any], in_map: bool) -> None:
+        for name, st in states.items():
+            if st["Type"] == "Map":
+                walk(st["ItemProcessor"]["States"], True)
+            for branch in st.get("Branches", []):
+                walk(branch["States"], in_map)
+            if st["Type"] != "Task" or in_map:
+                continue
+            retriers = [r for r in st.get("Retry", []) if TransientServiceError.__name__ in r["ErrorEquals"]]
+            assert len(retriers) == 1, name
+            r = retriers[0]
+            assert r["MaxAttempts"] >= 3 and r["BackoffRate"] > 1 and r["JitterStrategy"] == "FULL", name
+            checked.append(name)
+
+    walk(asl["States"], False)
+    assert {"Initialize run", "Check training session", "Submit training step", "Check training step",
+            "Rebind sampler to new weights", "Save checkpoint", "Stop training session"} <= set(checked)

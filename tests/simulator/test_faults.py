@@ -78,6 +78,48 @@ def test_throttling_refuses_before_anything_is_sampled(sim, tc):
     assert sim.counters.get("sample", 0) == before
 
 
+def test_binding_and_warm_up_answer_a_503_the_sdk_retries_as_transient(sim, svc):
+    """The 'not ready' answers (a runtime warming up after Running, a checkpoint still binding after
+    its save) are 503s the SDK's own rule calls transient, so its clients ride them out."""
+    from sagemaker.train.training_session.exceptions import is_retryable
+
+    sim.set_not_ready(warmup_seconds=1.5, binding_seconds=1.5)
+    try:
+        before = sim.counters
+        tc = svc.create_lora_training_client(base_model="stepwise-tiny")  # Running: warming up for 1.5 s
+        with pytest.raises(ClientError) as exc:
+            runtime_client(sim).get_training_operation_result(trainingSessionName=tc.training_session_name,
+                                                              operationId="op-00000000-000000000000")
+        assert exc.value.response["ResponseMetadata"]["HTTPStatusCode"] == 503 and is_retryable(exc.value)
+        tc.optim_step(AdamParams(learning_rate=1e-3)).result(timeout=30)  # the SDK retried the submit
+        sampler = tc.save_weights_and_get_sampling_client()  # loadWeightsForSampling: binding, retried
+        after = sim.counters
+        assert after["ExecuteTrainingOperation"] - before.get("ExecuteTrainingOperation", 0) > 2
+        assert after["ExecuteSamplingOperation"] - before.get("ExecuteSamplingOperation", 0) > 1
+        assert after["load_weights_for_sampling"] - before.get("load_weights_for_sampling", 0) == 1
+        assert sampler.model_package_arn
+        tc.stop()
+    finally:
+        sim.set_not_ready(warmup_seconds=0, binding_seconds=0)
+
+
+def test_window_faults_refuse_every_call_for_a_while_and_expire_moves_a_session_to_expired(sim):
+    sm = control_client(sim)
+    sim.inject_fault("unavailable:ListTrainingSessions:0.6s")
+    with pytest.raises(ClientError) as exc:
+        sm.list_training_sessions()
+    assert exc.value.response["Error"]["Code"] == "ServiceUnavailable"
+    time.sleep(0.7)
+    sm.list_training_sessions()  # the window closed
+    name = create_session(sim, "expiring")
+    sim.inject_fault("expire:DescribeTrainingSession:1")
+    detail = sm.describe_training_session(TrainingSessionName=name)["TrainingSessionDetail"]
+    assert detail["TrainingSessionStatus"] == "Expired" and "injected fault" in detail["ErrorDetails"]
+    assert name not in sim.running_sessions()
+    with pytest.raises(ClientError, match="invalid session state transition from Expired to Stopping"):
+        sm.stop_training_session(TrainingSessionName=name)
+
+
 def test_rate_faults_hit_a_fraction_of_calls(sim):
     sm = control_client(sim)
     sim.inject_fault("throttle:ListTrainingSessions:0.5")

@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import ClientError
 
-from stepwise.core.operations import OP_FAILED, OperationFailed, datum_chunk_of, operation_config, record_status
+from stepwise.core.operations import (OP_FAILED, OperationFailed, check_submit_wait, datum_chunk_of, operation_config,
+                                      record_status)
 from stepwise.core.phases import complete_phase
 from stepwise.layout import datums_key
 from stepwise.records import PendingOperation, Phase, RunState
@@ -99,21 +100,43 @@ def runtime(region: str) -> Any:
 
 # ---------------------------------------------------------------------------- submit and poll
 
-#: Attempts per runtime call. The SDK's runtime client sends each call once (its retry loops live
-#: in TrainingClient/futures, which Lambdas do not use), so throttling and 5xx are retried here with
-#: the SDK's own full-jitter backoff (0.5 s doubling, capped at 4 s: about 12 s at most).
-RUNTIME_CALL_ATTEMPTS = 6
+#: Attempts per runtime call within one handler invocation. The SDK's runtime client sends each call
+#: once (its retry loops live in TrainingClient/futures, which Lambdas do not use), so throttling and
+#: 5xx are retried here with the SDK's own full-jitter backoff (0.5 s doubling: at most 3.5 s). A
+#: call still refused after these is *not done yet* (`is_transient`): `drive` returns without
+#: failing and the state machine's Wait state polls again, until the operation's own
+#: ``train_op_timeout``, as the SDK itself rides out the warm-up after ``Running`` and the binding
+#: after a save with 150 attempts (~5 min: ``training_client._TRAINING_SUBMIT_MAX_ATTEMPTS``,
+#: ``sampling_client._SAMPLE_SUBMIT_MAX_ATTEMPTS``).
+RUNTIME_CALL_ATTEMPTS = 4
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether a failed service call may succeed if sent again: the SDK's rule
+    (``sagemaker.train.training_session.exceptions.is_retryable``): throttling, HTTP 429/5xx,
+    connection errors. Everything else (a refused request) is not."""
+    from sagemaker.train.training_session.exceptions import is_retryable
+
+    return is_retryable(error)
+
+
+def describe_error(error: BaseException) -> str:
+    """``Code (HTTP status): message`` of a botocore error, else ``Type: message`` (for causes)."""
+    if isinstance(error, ClientError):
+        err = error.response.get("Error", {})
+        status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return f"{err.get('Code', 'ClientError')} ({status}): {err.get('Message', '')}"
+    return f"{type(error).__name__}: {error}"
 
 
 def _with_retry(fn: Any) -> Any:
-    """``fn()`` retried on ThrottlingException / InternalServerException / 429 / 5xx
-    (``sagemaker.train.training_session.futures.call_with_transient_retry``). Safe for training
-    submits (same sequenceNumber + clientToken), polls, and sampling submits (loading weights twice
-    is harmless)."""
+    """``fn()`` retried on ThrottlingException / InternalServerException / 429 / 5xx / connection
+    errors (``sagemaker.train.training_session.futures.call_with_transient_retry``). Safe for
+    training submits (same sequenceNumber + clientToken), polls, and sampling submits (loading
+    weights twice is harmless)."""
     from sagemaker.train.training_session.futures import call_with_transient_retry
 
     return call_with_transient_retry(fn, max_attempts=RUNTIME_CALL_ATTEMPTS)
-
 
 
 def submit_training_op(rt: Any, session_name: str, op: PendingOperation, operation_config: dict[str, Any]) -> str:
@@ -152,12 +175,17 @@ def read_op(rt: Any, session_name: str, op: PendingOperation) -> tuple[str, dict
     return status, resp.get("operationResult") or {}
 
 
-def advance_pending(rt: Any, state: RunState, *, timeout_s: float, now: float | None = None) -> bool:
+def advance_pending(rt: Any, state: RunState, *, timeout_s: float, now: float | None = None,
+                    refusals: list[str] | None = None) -> bool:
     """Poll every submitted, unfinished op in ``state.pending``; record results. True when all succeeded.
+
+    A poll refused as transient (`is_transient`) leaves the op running: its status reads
+    ``unknown (<error>)``, its timeout still counts from the submit, and the error is appended to
+    ``refusals`` when given.
 
     Raises:
         OperationFailed: an op ended Failed/Skipped.
-        OperationTimedOut: an op is still running ``timeout_s`` after it was submitted.
+        OperationTimedOut: an op is still running (or unreadable) ``timeout_s`` after it was submitted.
     """
     now = time.time() if now is None else now
     all_done = True
@@ -167,7 +195,14 @@ def advance_pending(rt: Any, state: RunState, *, timeout_s: float, now: float | 
         if op.operation_id is None:
             all_done = False
             continue
-        status, result = read_op(rt, state.training_session_name, op)
+        try:
+            status, result = read_op(rt, state.training_session_name, op)
+        except Exception as e:
+            if not is_transient(e):
+                raise
+            status, result = f"unknown ({describe_error(e)})", {}
+            if refusals is not None:
+                refusals.append(describe_error(e))
         if not record_status(op, status, result, now=now, timeout_s=timeout_s):
             all_done = False
     return all_done
@@ -184,6 +219,12 @@ def drive(rs: RunStore, rt: Any, cfg: RunConfig, run_id: str, execution_arn: str
           sleep: Callable[[float], None] = time.sleep) -> tuple[RunState, bool, dict[str, Any]]:
     """Submit planned ops, poll submitted ones, complete finished phases, for up to ``budget_s`` seconds.
 
+    A submit or poll the service refuses as transient (`is_transient`: throttling, 5xx, the 503 of
+    a runtime warming up after ``Running`` or binding a checkpoint just saved) is *not done yet*:
+    the call returns ``done=False`` at once and the state machine polls again after its Wait,
+    until the operation's ``train_op_timeout`` (from its submit, or from its first refused submit:
+    `check_submit_wait`) raises `OperationTimedOut` naming the service's last answer.
+
     ``rs``: the run store; ``rt``: the session's runtime client (`runtime`); ``cfg``: the run's
     config. Operation ids are recorded in state.json (conditional writes) before they are polled;
     a forward_backward chunk is read back from S3, so a retry sends the same bytes. Stops with
@@ -197,27 +238,38 @@ def drive(rs: RunStore, rt: Any, cfg: RunConfig, run_id: str, execution_arn: str
         if state.phase not in phases:
             return state, True, reported
         submitted: dict[str, tuple[str, float]] = {}
+        refused = ""  # a submit refused as transient: the ops still unsent wait (check_submit_wait)
         for op in sorted(state.pending, key=lambda o: (o.sequence_number or 0)):
             if op.operation_id is not None:
                 continue
             chunk = datum_chunk_of(op)
             datums = rs.get_json(datums_key(run_id, state.step, chunk)) if chunk is not None else None
             config = operation_config(op, cfg, datums)
-            if op.kind == "training":
-                op_id = submit_training_op(rt, state.training_session_name, op, config)
-            else:
-                op_id = submit_sampling_op(rt, state.training_session_name, config)
+            try:
+                if op.kind == "training":
+                    op_id = submit_training_op(rt, state.training_session_name, op, config)
+                else:
+                    op_id = submit_sampling_op(rt, state.training_session_name, config)
+            except Exception as e:
+                if not is_transient(e):
+                    raise
+                refused = describe_error(e)  # later sequence numbers would only queue behind it
+                break
             submitted[op.name] = (op_id, now())
 
         results: dict[str, Any] = {}
+        poll_refusals: list[str] = []
 
         def change(s: RunState) -> None:
             results.clear()
+            poll_refusals.clear()
             for op in s.pending:
                 if op.name in submitted and op.operation_id is None:
                     op.operation_id, op.submitted_at = submitted[op.name]
                     op.status = "Submitted"
-            if advance_pending(rt, s, timeout_s=cfg.train_op_timeout):
+                elif refused and op.operation_id is None:
+                    check_submit_wait(op, refused=refused, now=now(), timeout_s=cfg.train_op_timeout)
+            if advance_pending(rt, s, timeout_s=cfg.train_op_timeout, now=now(), refusals=poll_refusals):
                 results.update(complete_phase(s, now=now))
                 results["_completed"] = True
 
@@ -225,7 +277,8 @@ def drive(rs: RunStore, rt: Any, cfg: RunConfig, run_id: str, execution_arn: str
         if results.pop("_completed", False):
             reported.update(results)
             continue
-        if time.monotonic() >= deadline:
+        if refused or poll_refusals or time.monotonic() >= deadline:
+            # refused: the service is not ready; the state machine's Wait spaces the next attempt
             return state, False, reported
         sleep(POLL_INTERVAL_S)
 

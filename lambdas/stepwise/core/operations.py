@@ -136,6 +136,22 @@ def record_status(op: PendingOperation, status: str, result: dict[str, Any], *, 
     return False
 
 
+def check_submit_wait(op: PendingOperation, *, refused: str, now: float, timeout_s: float) -> None:
+    """Record that ``op``'s submit was refused as transient (``refused``: the error) at ``now``;
+    mutates ``op.waiting_since`` (the first refusal).
+
+    Raises:
+        OperationTimedOut: the submit has been refused for more than ``timeout_s`` seconds
+            (``train_op_timeout``), naming the last refusal.
+    """
+    if op.waiting_since is None:
+        op.waiting_since = now
+    if now - op.waiting_since > timeout_s:
+        raise OperationTimedOut(
+            f"{op.kind} operation {op.name} could not be submitted for {now - op.waiting_since:.0f}s "
+            f"(train_op_timeout {timeout_s:g}s); the service still answers {refused}")
+
+
 def forward_backward_metrics(results: list[dict[str, Any]], datum_counts: list[int]) -> dict[str, float]:
     """Whole-batch metrics of chunked forward_backward results, combined as the SDK combines them."""
     from sagemaker.train.training_session._utils import combine_forward_backward_results

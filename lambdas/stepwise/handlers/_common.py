@@ -154,14 +154,36 @@ def now() -> float:
 E = TypeVar("E", bound=BaseModel)
 
 
-def entrypoint(model: type[E], fn: Callable[[E], dict[str, Any]]) -> Callable[[dict[str, Any], Any], dict[str, Any]]:
+class TransientServiceError(RuntimeError):
+    """A service call (S3, Step Functions, SageMaker) was still refused as transient (throttling,
+    HTTP 429/5xx, a connection error: `stepwise.aws.sagemaker.is_transient`, the SDK's rule) after
+    the client's own retries. The name is what the state machine's ``Retry`` matches: the task is
+    sent again with backoff (every handler is idempotent on its input). The message names the
+    service's answer."""
+
+
+def entrypoint(model: type[E], fn: Callable[[E], dict[str, Any]], *,
+               transient_retry: bool = False) -> Callable[[dict[str, Any], Any], dict[str, Any]]:
     """The Lambda handler of ``fn``: the event parsed into ``model`` (pydantic; a malformed event
     raises ValidationError naming the fields), the Powertools logger's Lambda context injected
-    (``clear_state``: correlation keys never leak into the next invocation), ``fn``'s dict returned."""
+    (``clear_state``: correlation keys never leak into the next invocation), ``fn``'s dict returned.
+
+    ``transient_retry``: a transient service error ``fn`` raises leaves as `TransientServiceError`
+    (the training loop's tasks retry it; their ASL ``Retry`` names it)."""
 
     @logger.inject_lambda_context(clear_state=True)
     def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-        return fn(model.model_validate(event))
+        if not transient_retry:
+            return fn(model.model_validate(event))
+        try:
+            return fn(model.model_validate(event))
+        except Exception as e:
+            from stepwise.aws.sagemaker import describe_error, is_transient
+
+            if is_transient(e):
+                logger.warning("transient service error: the state machine retries", extra={"error": describe_error(e)})
+                raise TransientServiceError(describe_error(e)) from e
+            raise
 
     handler.__name__ = handler.__qualname__ = f"{fn.__name__}_handler"
     handler.__doc__ = fn.__doc__

@@ -217,5 +217,5 @@ def record_eval(event: BatchEvent) -> dict[str, Any]:
     return summary
 
 
-handler = entrypoint(BatchEvent, compute)
-eval_handler = entrypoint(BatchEvent, record_eval)
+handler = entrypoint(BatchEvent, compute, transient_retry=True)
+eval_handler = entrypoint(BatchEvent, record_eval, transient_retry=True)

@@ -261,4 +261,4 @@ def initialize(event: InitEvent) -> dict[str, Any]:
     return _output(run_id, event.execution_arn, ready=False)
 
 
-handler = entrypoint(InitEvent, initialize)
+handler = entrypoint(InitEvent, initialize, transient_retry=True)

@@ -135,4 +135,4 @@ def plan(event: RunEvent) -> dict[str, Any]:
     return out
 
 
-handler = entrypoint(PlanEvent, plan)
+handler = entrypoint(PlanEvent, plan, transient_retry=True)

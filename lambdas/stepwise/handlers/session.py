@@ -182,7 +182,7 @@ def continue_run(event: ContinueEvent) -> dict[str, Any]:
     return {"execution_arn": arn, "name": name}
 
 
-poll_handler = entrypoint(RunEvent, poll_session)
-stop_handler = entrypoint(StopEvent, stop)
-cleanup_handler = entrypoint(ExecutionStatusChange, cleanup)
-continue_handler = entrypoint(ContinueEvent, continue_run)
+poll_handler = entrypoint(RunEvent, poll_session, transient_retry=True)
+stop_handler = entrypoint(StopEvent, stop, transient_retry=True)
+cleanup_handler = entrypoint(ExecutionStatusChange, cleanup, transient_retry=True)
+continue_handler = entrypoint(ContinueEvent, continue_run, transient_retry=True)

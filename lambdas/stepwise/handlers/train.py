@@ -92,7 +92,7 @@ def checkpoint(event: RunEvent) -> dict[str, Any]:
     return _result(done, step=state.step)
 
 
-submit_handler = entrypoint(RunEvent, submit)
-poll_handler = entrypoint(RunEvent, poll)
-rebind_handler = entrypoint(RunEvent, rebind)
-checkpoint_handler = entrypoint(RunEvent, checkpoint)
+submit_handler = entrypoint(RunEvent, submit, transient_retry=True)
+poll_handler = entrypoint(RunEvent, poll, transient_retry=True)
+rebind_handler = entrypoint(RunEvent, rebind, transient_retry=True)
+checkpoint_handler = entrypoint(RunEvent, checkpoint, transient_retry=True)
