@@ -8,8 +8,11 @@ only when their subcommand runs, so `stepwise validate` never pays for torch or 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import os
 import sys
+from collections.abc import Iterator
 
 # name -> (module, one-line help). Keep sorted by workflow, not alphabetically.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -53,6 +56,29 @@ def _aws_setup_error(exc: Exception) -> str | None:
     return None
 
 
+@contextlib.contextmanager
+def aws_region_from_environment() -> Iterator[None]:
+    """While a command runs, ``AWS_REGION`` (when set) is the region every AWS client of this process
+    uses, as the AWS SDKs and Tools reference guide ("AWS Region" setting) and the AWS CLI v2 define it:
+    ``AWS_REGION`` overrides ``AWS_DEFAULT_REGION`` and the profile's ``region``. botocore reads only ``AWS_DEFAULT_REGION``
+    (and the profile), so a client built without ``region_name`` would ignore ``AWS_REGION``; copying
+    it into ``AWS_DEFAULT_REGION`` reaches every client the commands build (boto3's, the SageMaker
+    SDK's) in one place. The previous value is restored when the command returns.
+    """
+    region = os.environ.get("AWS_REGION", "")
+    saved = os.environ.get("AWS_DEFAULT_REGION")
+    if region:
+        os.environ["AWS_DEFAULT_REGION"] = region
+    try:
+        yield
+    finally:
+        if region and os.environ.get("AWS_DEFAULT_REGION") == region:
+            if saved is None:
+                os.environ.pop("AWS_DEFAULT_REGION", None)
+            else:
+                os.environ["AWS_DEFAULT_REGION"] = saved
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -63,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         module.configure(sub)
         args = sub.parse_args(argv[1:])
         try:
-            return int(module.run(args) or 0)
+            with aws_region_from_environment():
+                return int(module.run(args) or 0)
         except Exception as exc:
             message = _aws_setup_error(exc)
             if message is None:
