@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from stepwise.core import service_limits as limits
 
-__all__ = ["RunConfig", "VpcConfig", "ConfigError", "load_run_config", "read_config_file", "drop_unsupported",
+__all__ = ["RunConfig", "VpcConfig", "ConfigError", "load_run_config", "read_config_file", "config_format", "drop_unsupported",
            "DROPPED_FIELDS", "shown"]
 
 log = logging.getLogger(__name__)
@@ -854,8 +854,20 @@ def _yaml_loader() -> Any:
     return Loader
 
 
+def config_format(path: str | Path, text: str) -> Literal["json", "yaml"]:
+    """How a config file is read: by its extension when it says (``.json``; ``.yaml`` / ``.yml``), else by
+    its content: JSON when its first non-blank character opens a JSON object or array, YAML otherwise.
+    So the reference's own template ``config.yaml.example`` reads as the YAML it is."""
+    suffix = Path(path).suffix.lower()
+    if suffix == ".json":
+        return "json"
+    if suffix in (".yaml", ".yml"):
+        return "yaml"
+    return "json" if text.lstrip("\ufeff \t\r\n")[:1] in ("{", "[") else "yaml"
+
+
 def read_config_file(path: str | Path) -> Any:
-    """The parsed content of a JSON or YAML (``.yaml`` / ``.yml``) config file, before validation.
+    """The parsed content of a JSON or YAML config file, before validation (`config_format` says which).
 
     YAML floats follow YAML 1.2 (``1e-5`` is a number). Raises ConfigError naming the file when it
     cannot be read or parsed.
@@ -868,7 +880,7 @@ def read_config_file(path: str | Path) -> Any:
     except UnicodeDecodeError as e:
         raise ConfigError([f"(file): not UTF-8 text (byte {e.object[e.start]:#x} at offset {e.start}); "
                            "save the file as UTF-8"], str(path)) from None
-    is_yaml = path.suffix.lower() in (".yaml", ".yml")
+    is_yaml = config_format(path, text) == "yaml"
     try:
         if is_yaml:
             import yaml

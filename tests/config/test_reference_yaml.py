@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from agentcore_rl_toolkit.backends.experimental.sagemaker.config import Config as ReferenceConfig
 from agentcore_rl_toolkit.backends.experimental.sagemaker.config import load_config as reference_load_config
 
@@ -114,3 +116,35 @@ def test_an_unknown_field_is_still_refused_but_a_dropped_one_is_not(field):
     assert any(w.startswith(f"{field}: ignored") for w in warnings)
     with pytest.raises(Exception, match="lora_rnk: unknown field"):
         load_run_config({**base, "lora_rnk": 8}, warnings=[])
+
+
+def test_a_config_whose_extension_does_not_say_is_read_by_its_content(tmp_path, capsys):
+    """The reference's template is named ``config.yaml.example``: read as YAML (before, the unknown
+    extension meant JSON and `stepwise validate` answered "not valid JSON at line 1 column 1")."""
+    raw = _write(tmp_path, "config.yaml.example", EXAMPLE.read_text())
+    assert main(["validate", str(raw)]) == 2  # its <placeholders> are not ARNs: named, field by field
+    err = capsys.readouterr().err
+    assert "not valid JSON" not in err and "role_arn:" in err and "agent_runtime_arn:" in err
+    filled = _write(tmp_path, "filled.yaml.example", filled_example())
+    assert main(["validate", str(filled)]) == 0
+    assert load_run_config(filled, warnings=[]) == load_run_config(_write(tmp_path, "c.yaml", filled_example()),
+                                                                  warnings=[])
+    as_json = _write(tmp_path, "run.conf", json.dumps(read_config_file(filled)))
+    assert load_run_config(as_json, warnings=[]) == load_run_config(filled, warnings=[])
+    broken = _write(tmp_path, "run.cfg", '{"role_arn": ')  # JSON by its first character: JSON's error
+    with pytest.raises(Exception, match="not valid JSON"):
+        read_config_file(broken)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(config=st.dictionaries(st.from_regex(r"[a-z][a-z_]{0,12}", fullmatch=True),
+                              st.one_of(st.integers(-10**6, 10**6), st.booleans(), st.text(alphabet="abcxyz _-.", max_size=20),
+                                        st.lists(st.integers(0, 9), max_size=3)), max_size=6),
+       suffix=st.sampled_from(["", ".example", ".conf", ".txt", ".cfg", ".in"]))
+def test_content_decides_json_or_yaml_for_any_config_under_any_uninformative_name(tmp_path, config, suffix):
+    as_json = tmp_path / f"a{suffix}"
+    as_json.write_text(json.dumps(config))
+    assert read_config_file(as_json) == config
+    as_yaml = tmp_path / f"b{suffix}"
+    as_yaml.write_text(yaml.safe_dump(config, default_flow_style=False) if config else "{}\n")
+    assert read_config_file(as_yaml) == config
