@@ -64,6 +64,9 @@ MLFLOW_ARN_RE = re.compile(rf"^{_PARTITION}:sagemaker:{_REGION}:\d{{12}}:(?:mlfl
 
 #: A named eval set: its name is a segment of its metric keys (eval/NAME/accuracy) and of snapshot keys.
 EVAL_SET_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_\-]{0,31}\Z", re.A)
+#: Steps between save_state checkpoints when a config does not say (the reference's default, -1, saves only
+#: at the end; docs/migration.md).
+DEFAULT_SAVE_EVERY = 10
 
 LOSSES = ("ppo", "importance_sampling", "cispo")
 CLIPPED_LOSSES = ("ppo", "cispo")
@@ -168,7 +171,8 @@ class RunConfig(BaseModel):
     """One training run. Field order matters: cross-field checks see only fields defined earlier.
 
     Defaults equal the reference `Config` (agentcore_rl_toolkit 0.2.0), except ``region`` ('' = the
-    stack's region, where every grant is scoped; the reference says us-east-1). Required:
+    stack's region, where every grant is scoped; the reference says us-east-1) and ``save_every``
+    (`DEFAULT_SAVE_EVERY`; the reference's -1 checkpoints only at the end). Required:
     ``role_arn``, ``base_model_arn``, ``agent_runtime_arn``, ``dataset_path``.
     """
 
@@ -248,7 +252,14 @@ class RunConfig(BaseModel):
         description="sampling temperature of training rollouts (range: the service's SamplingParams.temperature)",
     )
     epochs: int = Field(1, ge=1, description="passes over the (first max_prompts) training prompts")
-    save_every: int = Field(-1, ge=-1, description="save_state every N steps (N > 0); -1 or 0 = only at the end")
+    # --- checkpoint cadence: on by default (the reference's -1 saves only at the end, so a run resumed
+    # after a failure or a stop restarted from step 0) ---
+    save_every: int = Field(
+        DEFAULT_SAVE_EVERY, ge=-1,
+        description=f"save_state every N steps (N > 0), so a resumed run continues from the newest (at most N-1 "
+        f"steps are redone); -1 or 0 = only at the end. Default {DEFAULT_SAVE_EVERY}; the reference's is -1, and a "
+        "config that sets save_every keeps its value",
+    )
     loss: Literal["ppo", "importance_sampling", "cispo"] = Field(
         "ppo", description="forward_backward loss function of the training session"
     )

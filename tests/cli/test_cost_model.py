@@ -98,10 +98,10 @@ def test_cost_command(tmp_path, capsys):
 
 
 def test_session_hours_per_step_in_both_modes():
-    """Issue 17: the session is billed for a step's whole wall time; overlapping the next step's
+    """Overlapped steps: the session is billed for a step's whole wall time; overlapping the next step's
     rollouts with this step's training and rebind turns their sum into their max on overlapped steps."""
     a = cost.Assumptions(rollout_seconds=60, train_seconds=50, rebind_seconds=10, orchestration_seconds=5)
-    cfg = load_run_config({**BASE, "steps_per_execution": 1000})
+    cfg = load_run_config({**BASE, "steps_per_execution": 1000, "save_every": -1})
     seq = cost.session_per_step(cfg, a, 0)
     assert seq == {"wall_seconds": 125.0, "busy_seconds": 60.0, "idle_seconds": 65.0,
                    "session_hours": pytest.approx(125 / 3600)}

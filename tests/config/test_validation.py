@@ -8,7 +8,7 @@ import json
 import pytest
 from agentcore_rl_toolkit.backends.experimental.sagemaker.config import Config as ReferenceConfig
 
-from stepwise.config import DROPPED_FIELDS, ConfigError, RunConfig, load_run_config
+from stepwise.config import DEFAULT_SAVE_EVERY, DROPPED_FIELDS, ConfigError, RunConfig, load_run_config
 
 VALID = {
     "region": "us-west-2",
@@ -44,7 +44,9 @@ def test_defaults_equal_the_reference_config():
     assert shared <= set(RunConfig.model_fields)
     # deliberate: '' = the stack's region (Init refuses any other; the reference says us-east-1)
     assert cfg.region == "" and ref.region == "us-east-1"
-    shared -= {"region"}
+    # deliberate: a checkpoint cadence by default, so a resumed run does not restart from step 0
+    assert cfg.save_every == DEFAULT_SAVE_EVERY > 0 and ref.save_every == -1
+    shared -= {"region", "save_every"}
     for name in sorted(shared):
         assert getattr(cfg, name) == getattr(ref, name), name
 
@@ -278,3 +280,14 @@ def test_summary_numbers():
     assert cfg.model_copy(update={"eval_before_train": False}).summary(7473)["evals"] == 18 + 1
     dapo = load_run_config({**VALID, "algorithm": "dapo", "max_num_gen_batches": 4}).summary()
     assert dapo["max_rollouts_per_step"] == 512 and "steps_per_epoch" not in dapo
+
+
+def test_a_checkpoint_cadence_by_default_and_a_config_that_sets_save_every_keeps_it():
+    """A run whose config says nothing saves its state every DEFAULT_SAVE_EVERY steps, so a resume after a
+    failure at step 25 restarts from step 20, not 0 (the reference's -1 saved only at the end)."""
+    default = load_run_config(VALID)
+    assert [s for s in range(1, 31) if default.should_save(s)] == [10, 20, 30]
+    for value in (-1, 0, 3):  # the reference's template sets -1: it stays -1 (only at the end)
+        cfg = load_run_config({**VALID, "save_every": value})
+        assert cfg.save_every == value
+        assert [s for s in range(1, 31) if cfg.should_save(s)] == ([3 * k for k in range(1, 11)] if value == 3 else [])
