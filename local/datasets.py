@@ -1,7 +1,7 @@
 """run-local's datasets: the files a config names, generated on first use, and their upload to moto's S3.
 
-``DATASET_GENERATORS`` maps a dataset file name to what makes it (the toy task's rows, GSM8K
-from the team's shared copy); ``upload_datasets`` points the config at ``s3://`` copies, as a
+``DATASET_GENERATORS`` maps a dataset file name to what makes it (the toy task's rows, GSM8K's
+split from ``STEPWISE_GSM8K_DIR``: `prepare_datasets.prepare_gsm8k.source_file`); ``upload_datasets`` points the config at ``s3://`` copies, as a
 user does before starting an execution on AWS.
 """
 
@@ -12,14 +12,6 @@ from typing import Any, Callable
 
 from local import REPO_ROOT
 from stepwise import layout
-
-
-def _shared_data_dir() -> Path:
-    """``shared/`` beside the clone (CI) or the team's copy on this machine."""
-    for candidate in (REPO_ROOT.parent / "shared", Path("/work/shared")):
-        if (candidate / "data").is_dir():
-            return candidate / "data"
-    raise FileNotFoundError("no shared/data directory beside the clone (../shared/data) or at /work/shared/data")
 
 
 def _gen_toy(rows: int, seed: int) -> Callable[[Path], None]:
@@ -42,9 +34,9 @@ def _gen_mix(rows: int, seed: int) -> Callable[[Path], None]:
 
 def _gen_gsm8k(split: str) -> Callable[[Path], None]:
     def gen(path: Path) -> None:
-        from prepare_datasets.prepare_gsm8k import gsm8k_rows, write_rows
+        from prepare_datasets.prepare_gsm8k import gsm8k_rows, source_file, write_rows
 
-        write_rows(gsm8k_rows(_shared_data_dir() / "gsm8k" / f"{split}.jsonl"), path)
+        write_rows(gsm8k_rows(source_file(split)), path)
 
     return gen
 

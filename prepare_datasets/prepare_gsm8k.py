@@ -2,6 +2,7 @@
 
     python prepare_datasets/prepare_gsm8k.py --input test.jsonl --output gsm8k_test.parquet
     python -m prepare_datasets.prepare_gsm8k --input train.jsonl --output gsm8k_train.jsonl
+    python -m prepare_datasets.prepare_gsm8k --split train --output gsm8k_train.jsonl   # from STEPWISE_GSM8K_DIR
 
 Each input line is a GSM8K record ``{"question": ..., "answer": "...#### 18"}``; each output row is
 ``{"payload": {"prompt": question, "answer": "18"}}``: the text after ``####`` with thousands
@@ -9,6 +10,11 @@ separators removed, as the reference's
 `agentcore_rl_toolkit/backends/experimental/sagemaker/prepare_datasets/prepare_gsm8k.py`
 (which reads the Hub dataset; this reads local JSONL, so nothing is downloaded).
 Output is Parquet (one struct ``payload`` column) when the name ends in ``.parquet``, JSONL otherwise.
+
+The GSM8K files themselves are not in this repository: ``train.jsonl`` (7,473 rows) and ``test.jsonl``
+(1,319 rows) of GSM8K (MIT licence; ``grade_school_math/data/`` of the openai/grade-school-math
+repository, the same rows as the Hugging Face dataset ``openai/gsm8k``, config ``main``). `source_file`
+finds them in ``STEPWISE_GSM8K_DIR``.
 """
 
 from __future__ import annotations
@@ -24,6 +30,34 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 ANSWER_RE = re.compile(r"####\s*(.+?)\s*$")
+
+#: Environment variable: the folder holding GSM8K's ``train.jsonl`` and ``test.jsonl``.
+ENV_GSM8K_DIR = "STEPWISE_GSM8K_DIR"
+SPLITS = ("train", "test")
+
+
+def source_file(split: str) -> Path:
+    """GSM8K's ``{split}.jsonl`` (``split``: train | test): in ``STEPWISE_GSM8K_DIR`` when it is set, else in
+    the copy this project's machines keep beside the clone.
+
+    Raises:
+        FileNotFoundError: naming the variable to set and where the files come from.
+    """
+    import os
+
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    root = Path(__file__).resolve().parents[1]
+    configured = os.environ.get(ENV_GSM8K_DIR)
+    candidates = [Path(configured)] if configured else [root.parent / "shared" / "data" / "gsm8k",
+                                                        Path("/work") / "shared" / "data" / "gsm8k"]
+    for folder in candidates:
+        if (folder / f"{split}.jsonl").is_file():
+            return folder / f"{split}.jsonl"
+    raise FileNotFoundError(
+        f"GSM8K's {split}.jsonl not found (looked in {', '.join(str(c) for c in candidates)}): set {ENV_GSM8K_DIR} "
+        "to a folder holding GSM8K's train.jsonl and test.jsonl (MIT licence; grade_school_math/data/ of the "
+        "openai/grade-school-math repository)")
 
 
 class PrepareError(ValueError):
@@ -79,11 +113,13 @@ def write_rows(rows: list[dict[str, Any]], output: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--input", required=True, type=Path, help="GSM8K JSONL (question, answer)")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--input", type=Path, help="GSM8K JSONL (question, answer)")
+    source.add_argument("--split", choices=SPLITS, help=f"GSM8K's train or test split, from {ENV_GSM8K_DIR}")
     parser.add_argument("--output", required=True, type=Path, help="Y.parquet or Y.jsonl")
     args = parser.parse_args(argv)
     try:
-        rows = gsm8k_rows(args.input)
+        rows = gsm8k_rows(args.input or source_file(args.split))
     except (PrepareError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,23 +1,29 @@
-"""prepare_gsm8k: shared GSM8K JSONL -> payload rows, read back with the shared loader."""
+"""prepare_gsm8k: GSM8K JSONL -> payload rows, read back with the datasets loader."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from prepare_datasets.prepare_gsm8k import PrepareError, extract_final_answer, gsm8k_rows, main
+from prepare_datasets.prepare_gsm8k import PrepareError, extract_final_answer, gsm8k_rows, main, source_file
 from stepwise.datasets import load_payloads
 
 REPO = Path(__file__).resolve().parents[2]
-# The shared GSM8K copy sits beside the repository (../shared/data/gsm8k); override with STEPWISE_GSM8K_DIR.
-DATA = Path(os.environ.get("STEPWISE_GSM8K_DIR", REPO.parent / "shared" / "data" / "gsm8k"))
 
-needs_data = pytest.mark.skipif(not (DATA / "test.jsonl").exists(), reason="shared GSM8K data not present")
+
+def _gsm8k_dir() -> Path | None:
+    try:
+        return source_file("test").parent
+    except FileNotFoundError:
+        return None
+
+
+DATA = _gsm8k_dir() or Path("missing")
+needs_data = pytest.mark.skipif(_gsm8k_dir() is None, reason="GSM8K's files not found (set STEPWISE_GSM8K_DIR)")
 
 
 @needs_data

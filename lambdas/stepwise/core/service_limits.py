@@ -45,6 +45,9 @@ HISTORY_RESERVE_EVENTS = 2_000
 MAX_GENERATION_BATCHES_PER_STEP = (EXECUTION_HISTORY_EVENTS - HISTORY_RESERVE_EVENTS) // EVENTS_PER_GENERATION_BATCH
 #: The most useful ``acr_tps_limit``: above it PlanStep's MaxConcurrency cap binds instead.
 MAX_ACR_TPS_LIMIT = MAX_MAP_CONCURRENCY // CONCURRENCY_PER_TPS
+#: AgentCore Runtime's default quota of InvokeAgentRuntime calls per second per endpoint (adjustable;
+#: "Quotas for Amazon Bedrock AgentCore", invocation limits). A config may set more once the quota is raised.
+ACR_DEFAULT_INVOCATIONS_PER_SECOND = 25
 
 
 @dataclass(frozen=True)
