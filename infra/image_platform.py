@@ -1,8 +1,13 @@
-"""The Lambda images' Python platform, in one place: ``scripts/lock_image.py`` and
-``scripts/image_rehearsal.py`` both resolve for it, and the Dockerfiles' base image names it
-(tests/infra/test_requirements.py checks they agree). Needs no CDK.
+"""The images' Python platforms, in one place: ``scripts/lock_image.py`` and the rehearsals
+(``scripts/image_rehearsal.py``, ``scripts/agent_image_rehearsal.py``) resolve for them, and the
+Dockerfiles' base images name them (tests/infra/test_requirements.py checks they agree). Needs no CDK.
 
-The images start ``FROM amazon/aws-lambda-python:3.13`` (Amazon Linux 2023, glibc 2.34, x86_64).
+- The Lambda images start ``FROM amazon/aws-lambda-python:3.13`` (Amazon Linux 2023, glibc 2.34, x86_64):
+  ``LOCK``, ``GLIBC_MINOR``, ``ARCH``; their dependencies are pyproject's ``[project] dependencies``.
+- The example agents' image (``local/agents/Dockerfile``, the training runtime the stack creates with
+  ``deployMathAgent``) starts ``FROM python:3.13-slim-bookworm`` (Debian 12, glibc 2.36) for linux/arm64,
+  the platform AgentCore Runtime runs: ``AGENT_LOCK``, ``AGENT_GLIBC_MINOR``, ``AGENT_ARCH``; its
+  dependencies are pyproject's ``agent`` extra.
 """
 
 from __future__ import annotations
@@ -25,6 +30,12 @@ ABI = "cp" + PYTHON_VERSION.replace(".", "")
 GLIBC_MINOR = 34
 ARCH = "x86_64"
 
+#: The example agents' image: its lock, Debian 12's glibc and AgentCore Runtime's architecture.
+AGENT_LOCK = ROOT / "local" / "agents" / "requirements.lock"
+AGENT_GLIBC_MINOR = 36
+AGENT_ARCH = "aarch64"
+AGENT_EXTRA = "agent"
+
 
 def manylinux_platforms(glibc_minor: int = GLIBC_MINOR, arch: str = ARCH) -> list[str]:
     """The manylinux platform tags a native pip on glibc ``2.<glibc_minor>`` accepts, in its order
@@ -44,21 +55,21 @@ def manylinux_platforms(glibc_minor: int = GLIBC_MINOR, arch: str = ARCH) -> lis
     return out
 
 
-def supported_tags() -> set:
+def supported_tags(glibc_minor: int = GLIBC_MINOR, arch: str = ARCH) -> set:
     """Every wheel tag (``packaging.tags.Tag``) the image's pip accepts: CPython 3.13 with the
     cp313 ABI (and abi3/none), on ``manylinux_platforms()`` or any platform for pure wheels."""
     from packaging import tags
 
     version = tuple(int(x) for x in PYTHON_VERSION.split("."))
-    platforms = manylinux_platforms()
+    platforms = manylinux_platforms(glibc_minor, arch)
     return set(tags.cpython_tags(version, abis=[ABI], platforms=platforms)) | set(
         tags.compatible_tags(version, interpreter=ABI, platforms=platforms))
 
 
-def target_args() -> list[str]:
+def target_args(glibc_minor: int = GLIBC_MINOR, arch: str = ARCH) -> list[str]:
     """pip options that make it resolve for the image instead of the running interpreter."""
     args = ["--only-binary=:all:", "--python-version", PYTHON_VERSION, "--implementation", "cp", "--abi", ABI]
-    for platform in manylinux_platforms():
+    for platform in manylinux_platforms(glibc_minor, arch):
         args += ["--platform", platform]
     return args
 
@@ -66,6 +77,11 @@ def target_args() -> list[str]:
 def runtime_dependencies() -> list[str]:
     """``pyproject.toml``'s ``[project] dependencies``, as written (the Lambdas' runtime)."""
     return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+
+
+def agent_dependencies() -> list[str]:
+    """``pyproject.toml``'s ``agent`` extra, as written (the example agents' image)."""
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"][AGENT_EXTRA]
 
 
 def dependencies_digest(dependencies: list[str]) -> str:

@@ -26,6 +26,10 @@ MLFLOW_SERVER_ARN_RE = re.compile(r"^arn:aws[a-z\-]*:sagemaker:[a-z0-9\-]+:\d{12
 BUCKET_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]\Z", re.A)
 #: Lambda's reserved concurrency cannot exceed the account's concurrency quota (1,000 by default).
 MAX_RESERVED_CONCURRENCY = 100_000
+#: ``sessionStartTimeoutSeconds``: a minute to a day (sessions usually start in minutes; capacity may take longer).
+SESSION_START_TIMEOUT_RANGE = (60, 86_400)
+#: ``pollSeconds``: 1 s to an hour between polls (each poll is a Wait state plus a Lambda invocation).
+POLL_SECONDS_RANGE = (1, 3600)
 
 
 class SettingsError(ValueError):
@@ -72,6 +76,17 @@ class StackSettings:
         gateway_reserved_concurrency: reserved concurrency of the gateway function (context
             ``gatewayReservedConcurrency``), so rollouts cannot starve the account's other
             functions (and the handlers cannot starve the gateway). None = unreserved.
+        session_start_timeout_seconds: seconds a training session may take to reach Running before
+            the run fails with ``SessionStartTimeout`` (context ``sessionStartTimeoutSeconds``, 60..86400;
+            the functions' ``STEPWISE_SESSION_START_TIMEOUT``). None = the functions' default, 1800.
+        poll_seconds: Wait-state seconds between polls of the session and its operations (context
+            ``pollSeconds``, 1..3600; ``STEPWISE_POLL_SECONDS``). None = the functions' default, 10.
+        create_sagemaker_role: create the training sessions' execution role (context
+            ``createSageMakerRole``; ``infra.session_role``); its ARN is the ``SageMakerRoleArn`` output
+            and the only role Init may pass besides ``sagemakerRoleArns``. Off by default.
+        deploy_math_agent: build the example math agent's image for linux/arm64 and create its
+            training runtime, role and grants (context ``deployMathAgent``; ``infra.agent_runtime``);
+            its ARN is the ``MathAgentRuntimeArn`` output. Off by default.
     """
 
     agent_runtime_arns: tuple[str, ...] = ()
@@ -87,6 +102,11 @@ class StackSettings:
     kms_key_arn: str = ""
     mlflow_tracking_server_arns: tuple[str, ...] = ()
     gateway_reserved_concurrency: int | None = None
+    # --- what a first run needs (off by default: each adds resources to the account) and the loop's timing ---
+    session_start_timeout_seconds: int | None = None
+    poll_seconds: int | None = None
+    create_sagemaker_role: bool = False
+    deploy_math_agent: bool = False
 
     @classmethod
     def from_context(cls, get: Callable[[str], Any]) -> "StackSettings":
@@ -115,7 +135,24 @@ class StackSettings:
                                               "arn:aws:sagemaker:REGION:ACCOUNT:mlflow-tracking-server/NAME"),
             gateway_reserved_concurrency=(None if get("gatewayReservedConcurrency") in (None, "") else _int(
                 get("gatewayReservedConcurrency"), "gatewayReservedConcurrency", 0, 1, MAX_RESERVED_CONCURRENCY)),
+            session_start_timeout_seconds=_optional_int(get("sessionStartTimeoutSeconds"), "sessionStartTimeoutSeconds",
+                                                        *SESSION_START_TIMEOUT_RANGE),
+            poll_seconds=_optional_int(get("pollSeconds"), "pollSeconds", *POLL_SECONDS_RANGE),
+            create_sagemaker_role=_bool(get("createSageMakerRole"), "createSageMakerRole"),
+            deploy_math_agent=_bool(get("deployMathAgent"), "deployMathAgent"),
         )
+
+    def function_environment(self) -> dict[str, str]:
+        """The handler functions' variables these settings set (only those given): the session-start
+        timeout and the poll interval (`stepwise.settings`)."""
+        from stepwise.settings import ENV_POLL_SECONDS, ENV_SESSION_START_TIMEOUT
+
+        env = {}
+        if self.session_start_timeout_seconds is not None:
+            env[ENV_SESSION_START_TIMEOUT] = str(self.session_start_timeout_seconds)
+        if self.poll_seconds is not None:
+            env[ENV_POLL_SECONDS] = str(self.poll_seconds)
+        return env
 
 
 def _arns(value: Any, key: str, pattern: re.Pattern[str], shape: str) -> tuple[str, ...]:
@@ -138,6 +175,10 @@ def _arns(value: Any, key: str, pattern: re.Pattern[str], shape: str) -> tuple[s
     if bad:
         raise SettingsError(f"context {key}: {bad} are not of the form {shape}")
     return tuple(dict.fromkeys(items))
+
+
+def _optional_int(value: Any, key: str, lo: int, hi: int) -> int | None:
+    return None if value in (None, "") else _int(value, key, 0, lo, hi)
 
 
 def _topic(value: Any) -> str:

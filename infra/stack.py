@@ -1,8 +1,10 @@
 """StepwiseStack: the whole serverless pipeline as one stack of named constructs.
 
-Reads as the architecture diagram (DESIGN.md section 2): Storage -> Gateway -> Functions ->
+Reads as the architecture diagram (docs/architecture.md): Storage -> Gateway -> Functions ->
 TrainingLoop (state machine) -> Cleanup (EventBridge) -> Monitoring, plus the S3 result
-notification that resumes rollouts.
+notification that resumes rollouts; and, when the context asks for them, what a first run needs:
+the training sessions' role (``infra.session_role``) and the example math agent's training runtime
+(``infra.agent_runtime``).
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ from aws_cdk import aws_sns as sns
 from cdk_nag import NagSuppressions
 from constructs import Construct
 
+from infra.agent_runtime import ExampleAgentRuntime
 from infra.cleanup import Cleanup
 from infra.definition import substitutions
 from infra.functions import HandlerFunctions
 from infra.gateway import Gateway
 from infra.monitoring import Monitoring
 from infra.permissions import AgentRuntimes, TrackingServers, TrainingSessions
+from infra.session_role import SessionRole
 from infra.settings import SettingsError, StackSettings
 from infra.state_machine import TrainingLoop
 from infra.storage import Storage
@@ -31,6 +35,9 @@ OUTPUT_BUCKET = "BucketName"
 OUTPUT_STATE_MACHINE = "StateMachineArn"
 OUTPUT_GATEWAY_URL = "GatewayUrl"
 OUTPUT_DASHBOARD = "DashboardName"
+#: With ``createSageMakerRole`` / ``deployMathAgent``: the session role and the example agent's runtime.
+OUTPUT_SAGEMAKER_ROLE = "SageMakerRoleArn"
+OUTPUT_MATH_AGENT_RUNTIME = "MathAgentRuntimeArn"
 
 #: Extra environment the stack gives every handler (defaults Init uses when the run config leaves them blank).
 ENV_DEFAULT_S3_OUTPUT_PATH = "STEPWISE_DEFAULT_S3_OUTPUT_PATH"
@@ -62,6 +69,15 @@ class StepwiseStack(Stack):
         )
         bucket = self.storage.bucket
         _pin_region(self, settings)
+        # What a first run needs, when asked for: the sessions' role and the example agent's training runtime.
+        # Each joins the grants as if it had been given in sagemakerRoleArns / agentRuntimeArns.
+        self.session_role = (SessionRole(self, "SageMakerSessionRole", storage=self.storage,
+                                         kms_key_arn=settings.kms_key_arn) if settings.create_sagemaker_role else None)
+        self.math_agent = ExampleAgentRuntime(self, "MathAgent", storage=self.storage) if settings.deploy_math_agent else None
+        sagemaker_role_arns = settings.sagemaker_role_arns + ((self.session_role.role_arn,) if self.session_role else ())
+        agent_runtime_arns = settings.agent_runtime_arns
+        if self.math_agent is not None and agent_runtime_arns:  # an allow-list: the new runtime joins it
+            agent_runtime_arns += (self.math_agent.runtime_arn,)
         self.gateway = Gateway(self, "Gateway", bucket=bucket, log_retention_days=settings.log_retention_days,
                                reserved_concurrency=settings.gateway_reserved_concurrency)
         self.functions = HandlerFunctions(
@@ -69,8 +85,9 @@ class StepwiseStack(Stack):
             bucket=bucket,
             gateway_url=self.gateway.url,
             log_retention_days=settings.log_retention_days,
-            extra_environment={ENV_DEFAULT_S3_OUTPUT_PATH: self.storage.default_sagemaker_output_path},
-            agent_runtime_arns=settings.agent_runtime_arns,
+            extra_environment={ENV_DEFAULT_S3_OUTPUT_PATH: self.storage.default_sagemaker_output_path,
+                               **settings.function_environment()},
+            agent_runtime_arns=agent_runtime_arns,
             data_buckets=settings.data_buckets,
         )
         fns = self.functions.functions
@@ -85,7 +102,7 @@ class StepwiseStack(Stack):
             bulk_retention_days=settings.bulk_retention_days,
         )
         state_machine = self.training_loop.state_machine
-        self._grant(settings)
+        self._grant(settings, sagemaker_role_arns=sagemaker_role_arns, agent_runtime_arns=agent_runtime_arns)
 
         # Agent results resume their rollout: S3 ObjectCreated under rollout-results/ -> OnRolloutResult.
         bucket.add_event_notification(
@@ -114,16 +131,23 @@ class StepwiseStack(Stack):
         CfnOutput(self, OUTPUT_GATEWAY_URL, value=self.gateway.url, description="The agents' LLM base URL")
         CfnOutput(self, OUTPUT_DASHBOARD, value=self.monitoring.dashboard.dashboard_name,
                   description="CloudWatch dashboard of the training runs")
+        if self.session_role is not None:
+            CfnOutput(self, OUTPUT_SAGEMAKER_ROLE, value=self.session_role.role_arn,
+                      description="The training sessions' execution role: a run config's role_arn")
+        if self.math_agent is not None:
+            CfnOutput(self, OUTPUT_MATH_AGENT_RUNTIME, value=self.math_agent.runtime_arn,
+                      description="The example math agent's training runtime: a run config's agent_runtime_arn")
 
         _suppress_stack_level(self, settings)
 
-    def _grant(self, settings: StackSettings) -> None:
+    def _grant(self, settings: StackSettings, *, sagemaker_role_arns: tuple[str, ...],
+               agent_runtime_arns: tuple[str, ...]) -> None:
         """Who may do what: each role gets, from the construct or resource that owns it, exactly what
         its handler calls (tests/infra/test_stack_iam_coverage.py records every AWS call of a local
         run and checks it against the synthesized roles)."""
         storage, loop, fns, gateway = self.storage, self.training_loop, self.functions.functions, self.gateway.function
-        sessions = TrainingSessions(self, sagemaker_role_arns=settings.sagemaker_role_arns, kms_key_arn=settings.kms_key_arn)
-        agents = AgentRuntimes(self, settings.agent_runtime_arns)
+        sessions = TrainingSessions(self, sagemaker_role_arns=sagemaker_role_arns, kms_key_arn=settings.kms_key_arn)
+        agents = AgentRuntimes(self, agent_runtime_arns)
         tracking = TrackingServers(settings.mlflow_tracking_server_arns)
         for fn in fns.values():  # every handler reads and writes the run's state
             storage.grant_run_state(fn)
@@ -238,7 +262,7 @@ def _suppress_stack_level(stack: Stack, settings: StackSettings) -> None:
                       "scoped to the configured runtimes.",
             "appliesTo": [{"regex": "/^Resource::arn:.*:bedrock-agentcore:.*:runtime\\/.*\\/runtime-endpoint\\/\\*$/"}],
         })
-    if not settings.sagemaker_role_arns:
+    if not settings.sagemaker_role_arns and not settings.create_sagemaker_role:
         fallbacks.append({
             "id": "AwsSolutions-IAM5",
             "reason": "No sagemakerRoleArns context value was given, so Init may pass any role of this account - "

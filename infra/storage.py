@@ -163,6 +163,22 @@ class Storage(Construct):
                                       resources=[objects(f"{run_sessions_prefix('*')}*")]),
                   self._list_bucket())
 
+    def grant_session_output(self, role: iam.IGrantable) -> None:
+        """What a training session's role needs of the buckets (``infra.session_role``): read/write its
+        checkpoints under ``sagemaker-output/`` (the same actions the bucket policy gives the listed
+        ``sagemakerRoleArns``) and in the ``data_buckets`` (a run's own ``s3_output_path``)."""
+        add_statements(role,
+                  iam.PolicyStatement(actions=["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
+                                      resources=[self.bucket.arn_for_objects(f"{SAGEMAKER_OUTPUT_PREFIX}*")]),
+                  iam.PolicyStatement(actions=["s3:ListBucket", "s3:GetBucketLocation"], resources=[self.bucket.bucket_arn]))
+        self._grant_data(role, ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"])
+
+    def grant_write_results(self, role: iam.IGrantable) -> None:
+        """Write the agent's result objects ``rollout-results/*`` (an ACR agent's execution role: the toolkit's
+        ``AgentCoreRLApp`` puts ``{exp_id}/{input_id}/{session_id}.json``)."""
+        add_statements(role, iam.PolicyStatement(actions=["s3:PutObject"],
+                                                 resources=[self.bucket.arn_for_objects(f"{RESULTS_PREFIX}*")]))
+
     def grant_data_read(self, role: iam.IGrantable) -> None:
         """Read datasets and tokenizers in the ``data_buckets`` (nothing when there are none)."""
         self._grant_data(role, ["s3:GetObject"])

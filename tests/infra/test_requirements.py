@@ -181,3 +181,41 @@ def test_every_locked_wheel_is_for_the_image_platform():
         dist, version, _, tags = parse_wheel_filename(name)
         assert pins[normalize(dist)][0] == str(version), name
         assert set(tags) & ok, f"{name} does not install on CPython {PYTHON_VERSION} manylinux_2_34 x86_64"
+
+
+
+# --- the example agents' image (local/agents/Dockerfile; the stack's deployMathAgent runtime) ----------------
+
+
+def test_the_agent_lock_is_pyprojects_agent_extra_for_linux_arm64():
+    from infra.image_platform import AGENT_ARCH, AGENT_GLIBC_MINOR, AGENT_LOCK, agent_dependencies, supported_tags
+    from packaging.tags import Tag
+    from packaging.utils import parse_wheel_filename
+
+    relock = "the agent lock is stale: run `python scripts/lock_image.py --image agent` and commit local/agents/requirements.lock"
+    text = AGENT_LOCK.read_text()
+    assert recorded_digest(text) == dependencies_digest(agent_dependencies()), relock
+    pins = read_lock(text)
+    for dep in agent_dependencies():
+        req = Requirement(dep)
+        assert req.specifier.contains(pins[normalize(req.name)][0], prereleases=True), relock
+    ok = supported_tags(AGENT_GLIBC_MINOR, AGENT_ARCH)
+    assert Tag("cp313", "cp313", "manylinux_2_17_aarch64") in ok and Tag("cp313", "cp313", "manylinux_2_17_x86_64") not in ok
+    files = re.findall(r"^# (\S+\.whl)$", text, re.M)
+    assert len(files) == len(pins)
+    for name in files:
+        dist, version, _, tags = parse_wheel_filename(name)
+        assert pins[normalize(dist)][0] == str(version), name
+        assert set(tags) & ok, f"{name} does not install on CPython {PYTHON_VERSION} manylinux_2_{AGENT_GLIBC_MINOR} aarch64"
+
+
+def test_the_agent_dockerfile_installs_exactly_the_lock_and_serves_the_agent_on_acrs_port():
+    text = (ROOT / "local" / "agents" / "Dockerfile").read_text()
+    assert re.search(r"^ARG BASE_IMAGE=python:3\.13-slim-bookworm$", text, re.M)  # glibc 2.36 = AGENT_GLIBC_MINOR
+    assert re.search(r"^FROM --platform=linux/arm64 \$\{BASE_IMAGE\}$", text, re.M)
+    (install,) = re.findall(r"^RUN (pip install .*)$", text, re.M)
+    assert install.split() == ["pip", "install", "--no-cache-dir", "--only-binary=:all:", "--require-hashes", "--no-deps",
+                               "-r", "/app/requirements.lock"]
+    assert re.search(r'^CMD exec python -m uvicorn "local\.agents\.\$\{STEPWISE_AGENT\}:app" --host 0\.0\.0\.0 --port 8080$',
+                     text, re.M)
+    assert re.search(r"^ARG AGENT=math_agent$", text, re.M)

@@ -108,7 +108,8 @@ def test_any_context_value_is_a_setting_or_a_settings_error():
 
     keys = ["agentRuntimeArns", "sagemakerRoleArns", "agentRoleArns", "notificationTopicArn", "bulkRetentionDays",
             "stallMinutes", "rolloutFailureRateAlarm", "logRetentionDays", "destroyOnDelete", "dataBuckets",
-            "kmsKeyArn", "mlflowTrackingServerArns", "gatewayReservedConcurrency"]
+            "kmsKeyArn", "mlflowTrackingServerArns", "gatewayReservedConcurrency", "sessionStartTimeoutSeconds",
+            "pollSeconds", "createSageMakerRole", "deployMathAgent"]
     values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20)
                           | st.sampled_from(["[", "[1", '["a"', "[[]]", "[{}]", RUNTIME_A + "\n", "1e999"]),
                           lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=3), c, max_size=2),
@@ -126,3 +127,16 @@ def test_any_context_value_is_a_setting_or_a_settings_error():
             assert all(a.isascii() and a.isprintable() and " " not in a for a in arns)
 
     check()
+
+
+def test_first_run_options_and_the_loops_timing():
+    s = settings(sessionStartTimeoutSeconds="3600", pollSeconds=30, createSageMakerRole="true", deployMathAgent=True)
+    assert (s.session_start_timeout_seconds, s.poll_seconds, s.create_sagemaker_role, s.deploy_math_agent) == (
+        3600, 30, True, True)
+    assert s.function_environment() == {"STEPWISE_SESSION_START_TIMEOUT": "3600", "STEPWISE_POLL_SECONDS": "30"}
+    off = settings()
+    assert (off.create_sagemaker_role, off.deploy_math_agent, off.function_environment()) == (False, False, {})
+    for key, value in (("sessionStartTimeoutSeconds", 59), ("sessionStartTimeoutSeconds", 86_401), ("pollSeconds", 0),
+                       ("pollSeconds", "soon"), ("deployMathAgent", "maybe")):
+        with pytest.raises(SettingsError, match=key):
+            settings(**{key: value})

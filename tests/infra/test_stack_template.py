@@ -20,7 +20,7 @@ from aws_cdk import assertions  # noqa: E402
 from infra.definition import synthesized_definition, synthesized_substitutions  # noqa: E402
 from tests.support.stack import (  # noqa: E402
     AGENT_ROLE, DATA_BUCKETS, GATEWAY_CONCURRENCY, KMS_KEY, MLFLOW_SERVER, REGION, RUNTIME, SCOPED_CONTEXT, SM_ROLE,
-    TOPIC, synthesized,
+    TOPIC, resolve, synthesized,
 )
 from state_machine.definition import load_definition, placeholders, render_definition  # noqa: E402
 from stepwise.functions import FUNCTIONS, GATEWAY_FUNCTION  # noqa: E402
@@ -294,14 +294,25 @@ def test_context_values_scope_agent_invoke_and_pass_role(scoped_app):
     _, template = scoped_app
     stmts = [s for r in resources(template, "AWS::IAM::Policy").values() for s in r["Properties"]["PolicyDocument"]["Statement"]]
     invoke = [s for s in stmts if "bedrock-agentcore:InvokeAgentRuntime" in actions_of([s])]
-    assert [sorted(_as_list(s["Resource"])) for s in invoke] == [sorted([RUNTIME, f"{RUNTIME}/runtime-endpoint/*"])]
+    # the allow-list, and the example math agent's runtime the stack creates (deployMathAgent) joins it
+    agent = resolve({"Fn::GetAtt": [_only(template, "AWS::BedrockAgentCore::Runtime"), "AgentRuntimeArn"]}, template)
+    assert [sorted(resolve(_as_list(s["Resource"]), template)) for s in invoke] == [
+        sorted([RUNTIME, f"{RUNTIME}/runtime-endpoint/*", agent, f"{agent}/runtime-endpoint/*"])]
     pass_role = [s for s in stmts if "iam:PassRole" in actions_of([s])]
-    assert [s["Resource"] for s in pass_role] == [SM_ROLE]
+    # the listed role, and the sessions' role the stack creates (createSageMakerRole)
+    created = resolve({"Fn::GetAtt": [_only(template, "AWS::IAM::Role", "SageMakerSessionRole"), "Arn"]}, template)
+    assert [resolve(s["Resource"], template) for s in pass_role] == [[SM_ROLE, created]]
     bucket_stmts = [s for r in resources(template, "AWS::S3::BucketPolicy").values()
                     for s in r["Properties"]["PolicyDocument"]["Statement"]]
     agent_put = [s for s in bucket_stmts if s.get("Principal") == {"AWS": AGENT_ROLE}]
     assert agent_put and agent_put[0]["Action"] == "s3:PutObject"
     assert "rollout-results/*" in json.dumps(agent_put[0]["Resource"])
+
+
+def _only(template: dict, kind: str, prefix: str = "") -> str:
+    """The logical id of the one resource of ``kind`` (whose id starts with ``prefix``)."""
+    (lid,) = [lid for lid in resources(template, kind) if lid.startswith(prefix)]
+    return lid
 
 
 def test_topic_hears_run_ends_and_alarms(scoped_app):
@@ -379,14 +390,15 @@ def test_data_buckets_are_granted_and_named_in_the_environment(default_app, scop
     for template, buckets, runtimes in ((scoped_app[1], ",".join(DATA_BUCKETS), RUNTIME), (default_app[1], "", "")):
         for _, props in functions_by_command(template).values():
             env = props["Environment"]["Variables"]
-            assert (env[ENV_DATA_BUCKETS], env[ENV_AGENT_RUNTIME_ARNS]) == (buckets, runtimes)
+            assert (env[ENV_DATA_BUCKETS], resolve(env[ENV_AGENT_RUNTIME_ARNS], template).split(",")[0]) == (
+                buckets, runtimes)
 
 
 def test_no_arn_has_a_literal_partition(default_app, scoped_app):
     """cdk.json targets aws and aws-cn: every ARN the stack builds uses AWS::Partition."""
     for _, template in (default_app, scoped_app):
         text = json.dumps({k: v for k, v in template.items()})
-        literal = set(re.findall(r'"arn:aws[a-z\-]*:[^"]*"', text))
+        literal = {a.replace(',"', '"') for a in re.findall(r'"arn:aws[a-z\-]*:[^"]*"', text)}  # "A,": a joined list
         # the only literal ARNs are the context values this test gave (the user's own resources)
         assert literal <= {json.dumps(a) for a in (RUNTIME, f"{RUNTIME}/runtime-endpoint/*", SM_ROLE, AGENT_ROLE, TOPIC,
                                                     KMS_KEY, MLFLOW_SERVER)}, literal
@@ -516,3 +528,63 @@ def _bucket_lid(template: dict) -> str:
 def _sm_lid(template: dict) -> str:
     (lid,) = resources(template, "AWS::StepFunctions::StateMachine")
     return lid
+
+
+def test_the_session_start_timeout_and_poll_interval_are_context_values(default_app, scoped_app):
+    """``sessionStartTimeoutSeconds`` / ``pollSeconds`` reach every handler as the variables the handlers read
+    (docs/troubleshooting.md tells users to tune them); unset, the handlers keep their defaults."""
+    from stepwise.settings import ENV_POLL_SECONDS, ENV_SESSION_START_TIMEOUT, Settings
+
+    for (_, template), expected in ((scoped_app, {ENV_SESSION_START_TIMEOUT: "3600", ENV_POLL_SECONDS: "30"}),
+                                    (default_app, {})):
+        for cmd, (_, props) in functions_by_command(template).items():
+            env = props["Environment"]["Variables"]
+            assert {k: env[k] for k in (ENV_SESSION_START_TIMEOUT, ENV_POLL_SECONDS) if k in env} == expected, cmd
+    settings = Settings.from_env({ENV_SESSION_START_TIMEOUT: "3600", ENV_POLL_SECONDS: "30"})
+    assert (settings.session_start_timeout, settings.poll_seconds) == (3600.0, 30)
+
+
+def test_the_first_run_resources_are_off_by_default_and_least_privilege_when_asked(default_app, scoped_app):
+    """createSageMakerRole: a role only SageMaker may assume for this account, with the session's needs on this
+    stack's resources; deployMathAgent: the math agent's runtime from an arm64 image, its role trusted by
+    AgentCore Runtime for this account's runtimes only, writing only its results; both as stack outputs."""
+    default, scoped = default_app[1], scoped_app[1]
+    assert not resources(default, "AWS::BedrockAgentCore::Runtime")
+    assert not [lid for lid in resources(default, "AWS::IAM::Role") if lid.startswith(("SageMakerSessionRole", "MathAgent"))]
+    assert {"SageMakerRoleArn", "MathAgentRuntimeArn"} & set(default["Outputs"]) == set()
+
+    role = resources(scoped, "AWS::IAM::Role")[_only(scoped, "AWS::IAM::Role", "SageMakerSessionRole")]["Properties"]
+    (trust,) = role["AssumeRolePolicyDocument"]["Statement"]
+    assert trust["Principal"] == {"Service": "sagemaker.amazonaws.com"} and trust["Action"] == "sts:AssumeRole"
+    assert trust["Condition"] == {"StringEquals": {"aws:SourceAccount": {"Ref": "AWS::AccountId"}}}
+    session = statements_of_role(scoped, _only(scoped, "AWS::IAM::Role", "SageMakerSessionRole"))
+    assert set(actions_of(session)) == {
+        "s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload", "s3:ListBucket",
+        "s3:GetBucketLocation", "sagemaker:DescribeHubContent", "sagemaker:ListHubContents",
+        "sagemaker:CreateModelPackage", "sagemaker:DescribeModelPackage", "sagemaker:DescribeModelPackageGroup",
+        "kms:GenerateDataKey", "kms:Decrypt", "kms:DescribeKey"}
+    writes = [st for st in session if "s3:PutObject" in actions_of([st])]
+    assert "sagemaker-output/*" in json.dumps(writes) and "runs/" not in json.dumps(writes)
+
+    (runtime,) = resources(scoped, "AWS::BedrockAgentCore::Runtime").values()
+    props = runtime["Properties"]
+    assert props["NetworkConfiguration"] == {"NetworkMode": "PUBLIC"} and props["ProtocolConfiguration"] == "HTTP"
+    agent_role = props["RoleArn"]["Fn::GetAtt"][0]
+    (trust,) = resources(scoped, "AWS::IAM::Role")[agent_role]["Properties"]["AssumeRolePolicyDocument"]["Statement"]
+    assert trust["Principal"] == {"Service": "bedrock-agentcore.amazonaws.com"}
+    assert set(trust["Condition"]) == {"StringEquals", "ArnLike"}
+    agent = statements_of_role(scoped, agent_role)
+    assert set(actions_of(agent)) == {"ecr:BatchCheckLayerAvailability", "ecr:GetDownloadUrlForLayer", "ecr:BatchGetImage",
+                                      "ecr:GetAuthorizationToken", "logs:CreateLogGroup", "logs:DescribeLogStreams",
+                                      "logs:CreateLogStream", "logs:PutLogEvents", "s3:PutObject"}
+    (put,) = [st for st in agent if actions_of([st]) == {"s3:PutObject"}]
+    assert "rollout-results/*" in json.dumps(put["Resource"])
+    assert {"SageMakerRoleArn", "MathAgentRuntimeArn"} <= set(scoped["Outputs"])
+
+    stack = scoped_app[0]
+    assembly = stack.node.root.synth()
+    manifest = json.loads(open(f"{assembly.directory}/{stack.artifact_id}.assets.json").read())
+    platforms = {i["source"].get("dockerBuildArgs", {}).get("AGENT", "lambda"): i["source"].get("platform")
+                 for i in manifest["dockerImages"].values()}
+    # AgentCore Runtime runs arm64 containers; the Lambda images stay x86_64
+    assert platforms == {"math_agent": "linux/arm64", "lambda": "linux/amd64"}

@@ -11,6 +11,7 @@ import copy
 import functools
 import json
 import os
+import re
 from typing import Any
 
 os.environ.setdefault("JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION", "1")
@@ -32,6 +33,7 @@ SCOPED_CONTEXT: dict[str, Any] = {
     "notificationTopicArn": TOPIC, "stackName": "StepwiseScoped", "kmsKeyArn": KMS_KEY,
     "mlflowTrackingServerArns": MLFLOW_SERVER, "dataBuckets": ",".join(DATA_BUCKETS),
     "gatewayReservedConcurrency": str(GATEWAY_CONCURRENCY),
+    "sessionStartTimeoutSeconds": "3600", "pollSeconds": "30", "createSageMakerRole": "true", "deployMathAgent": "true",
 }
 
 
@@ -92,13 +94,15 @@ def _get_att(template: dict, name: str, attr: str) -> str:
         return arns[kind]
     if kind == "AWS::StepFunctions::StateMachine" and attr == "Name":
         return physical_name(name)
+    if kind == "AWS::BedrockAgentCore::Runtime" and attr == "AgentRuntimeArn":
+        return f"arn:aws:bedrock-agentcore:{REGION}:{ACCOUNT}:runtime/{physical_name(name).replace('-', '_')}-AbC123dEf4"
     if kind == "AWS::Lambda::Url" and attr == "FunctionUrl":
         return f"https://{physical_name(name)}.lambda-url.{REGION}.on.aws/"
     raise ValueError(f"no plausible value for Fn::GetAtt {name}.{attr} ({kind})")
 
 
 def resolve(value: Any, template: dict) -> Any:
-    """``value`` with every ``Ref``/``Fn::GetAtt``/``Fn::Join``/``Fn::Select``/``Fn::Split`` replaced by
+    """``value`` with every ``Ref``/``Fn::GetAtt``/``Fn::Join``/``Fn::Select``/``Fn::Split``/``Fn::Sub`` replaced by
     the string CloudFormation would put there (pseudo parameters from :data:`PSEUDO`, physical
     names from :func:`physical_name`), so validators see deployed values, not tokens.
 
@@ -122,6 +126,8 @@ def resolve(value: Any, template: dict) -> Any:
             return resolve(arg[1], template)[int(arg[0])]
         if fn == "Fn::Split":
             return str(resolve(arg[1], template)).split(arg[0])
+        if fn == "Fn::Sub" and isinstance(arg, str):  # CDK's asset repositories: pseudo parameters only
+            return re.sub(r"\$\{([^}]+)\}", lambda m: str(resolve({"Ref": m.group(1)}, template)), arg)
         if fn.startswith("Fn::") or fn == "Condition":
             raise ValueError(f"resolve() does not know {fn}: {json.dumps(value)[:200]}")
     return {k: resolve(v, template) for k, v in value.items()}
