@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 CONFIG ?= examples/toy.json
 
-.PHONY: run test image-rehearsal install-local install-dev clean
+.PHONY: run test image-rehearsal agent-rehearsal install-local install-dev clean
 
 $(VENV)/bin/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,11 @@ test: $(VENV)/.dev-installed $(TOOLS)
 # by pyenv's python3.13 against moto + the simulator (docs/deploy.md, "Lambda images").
 image-rehearsal: $(VENV)/.dev-installed
 	$(PY) scripts/image_rehearsal.py
+
+# The example agents' image (linux/arm64 for AgentCore Runtime): its locked wheels resolved for arm64, the same
+# versions installed and served by CPython 3.13 here (docs/first-run.md, "The agent's training runtime").
+agent-rehearsal: $(VENV)/.dev-installed
+	$(PY) scripts/agent_image_rehearsal.py
 
 clean:
 	rm -rf $(VENV) runs-local cdk.out tools/node_modules

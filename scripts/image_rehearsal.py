@@ -99,14 +99,15 @@ def resolve(pins: dict[str, tuple[str, list[str]]], wheels: Path) -> list[Path]:
     return check_wheels(pins, wheels)
 
 
-def check_wheels(pins: dict[str, tuple[str, list[str]]], wheels: Path) -> list[Path]:
+def check_wheels(pins: dict[str, tuple[str, list[str]]], wheels: Path, *, tags: set | None = None,
+                 platform: str = "manylinux_2_34_x86_64") -> list[Path]:
     """The lock's wheels in ``wheels``, one per pin: the file of the pinned version whose sha256
     the lock lists. RehearsalFailed for a file that is not a wheel, a pin without such a file, or
-    one whose tags the image's CPython 3.13 on glibc 2.34 x86_64 does not accept. Other files (an
-    older lock's) are left alone."""
+    one whose tags the image's CPython 3.13 on ``platform`` (``tags``: `supported_tags` of it; default
+    the Lambda images', glibc 2.34 x86_64) does not accept. Other files (an older lock's) are left alone."""
     from packaging.utils import parse_wheel_filename
 
-    ok = supported_tags()
+    ok = supported_tags() if tags is None else tags
     found: dict[str, Path] = {}
     for path in sorted(wheels.iterdir()):
         if not path.name.endswith(".whl"):
@@ -118,18 +119,18 @@ def check_wheels(pins: dict[str, tuple[str, list[str]]], wheels: Path) -> list[P
         if hashlib.sha256(path.read_bytes()).hexdigest() not in pins[name][1]:
             continue
         if not set(file_tags) & ok:
-            raise RehearsalFailed(f"{path.name}: no tag the image's CPython {PYTHON_VERSION} manylinux_2_34 accepts")
+            raise RehearsalFailed(f"{path.name}: no tag the image's CPython {PYTHON_VERSION} {platform} accepts")
         found[name] = path
     missing = sorted(f"{name}=={pins[name][0]}" for name in set(pins) - set(found))
     if missing:
         raise RehearsalFailed(f"no wheel with the lock's sha256 for {missing}")
     kinds: dict[str, int] = {}
     for path in found.values():
-        abi, platform = path.name[:-4].split("-")[-2:]
-        kind = "pure (none-any)" if platform == "any" else f"{'abi3' if abi == 'abi3' else abi} manylinux"
+        abi, wheel_platform = path.name[:-4].split("-")[-2:]
+        kind = "pure (none-any)" if wheel_platform == "any" else f"{'abi3' if abi == 'abi3' else abi} manylinux"
         kinds[kind] = kinds.get(kind, 0) + 1
     say(f"lock: {len(found)} pinned packages -> {len(found)} wheels, 0 sdists, every tag accepted by "
-        f"CPython {PYTHON_VERSION} manylinux_2_34_x86_64; sha256 = lock")
+        f"CPython {PYTHON_VERSION} {platform}; sha256 = lock")
     say("lock: wheels by kind: " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())))
     return sorted(found.values())
 

@@ -54,3 +54,24 @@ def test_a_wheel_with_another_hash_is_not_the_locked_one(rehearsal, tmp_path):
     wheels = _wheels(tmp_path, {"foo-1.0-cp313-cp313-manylinux_2_28_x86_64.whl": b"tampered"})
     with pytest.raises(rehearsal.RehearsalFailed, match=r"sha256 for \['foo==1.0'\]"):
         rehearsal.check_wheels(_pins(foo=b"foo"), wheels)
+
+
+def test_the_agent_rehearsal_runs_only_the_locks_versions_and_pure_wheels_of_the_locks_bytes(tmp_path):
+    """scripts/agent_image_rehearsal.py runs x86_64 twins of the arm64 lock: a pure wheel must be the lock's very
+    file (its sha256), a binary one only the same version; a missing version fails."""
+    spec = importlib.util.spec_from_file_location("agent_image_rehearsal", SCRIPT.with_name("agent_image_rehearsal.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    pins = {"pure": ("1.0", [hashlib.sha256(b"pure").hexdigest()]), "fast": ("2.0", [hashlib.sha256(b"arm64").hexdigest()])}
+    wheels = _wheels(tmp_path, {"pure-1.0-py3-none-any.whl": b"pure",
+                                "fast-2.0-cp313-cp313-manylinux_2_17_x86_64.whl": b"x86_64 build",
+                                "fast-1.9-cp313-cp313-manylinux_2_17_x86_64.whl": b"older"})
+    files, identical, binary = module.twins(pins, wheels)
+    assert sorted(p.name for p in files) == ["fast-2.0-cp313-cp313-manylinux_2_17_x86_64.whl", "pure-1.0-py3-none-any.whl"]
+    assert (identical, binary) == (1, ["fast==2.0"])
+    (wheels / "pure-1.0-py3-none-any.whl").write_bytes(b"another file")
+    with pytest.raises(module.RehearsalFailed, match="not the lock's"):
+        module.twins(pins, wheels)
+    (wheels / "pure-1.0-py3-none-any.whl").unlink()
+    with pytest.raises(module.RehearsalFailed, match="pure"):
+        module.twins(pins, wheels)
