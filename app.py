@@ -4,7 +4,7 @@
 Context values (``-c key=value``; all optional, see docs/deploy.md and ``infra.settings``):
 stackName, agentRuntimeArns, sagemakerRoleArns, agentRoleArns, notificationTopicArn,
 bulkRetentionDays, stallMinutes, rolloutFailureRateAlarm, logRetentionDays, destroyOnDelete,
-dataBuckets, kmsKeyArn, mlflowTrackingServerArns, gatewayReservedConcurrency, sessionStartTimeoutSeconds,
+dataBuckets, kmsKeyArn, mlflowTrackingServerArns, sweepMinutes, gatewayReservedConcurrency, sessionStartTimeoutSeconds,
 pollSeconds, createSageMakerRole, deployMathAgent.
 """
 

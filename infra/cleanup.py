@@ -2,8 +2,10 @@
 
 A ``Catch`` does not run when an execution is stopped (StopExecution), times out or fails
 outside a caught state, so an EventBridge rule on "Step Functions Execution Status Change"
-(ABORTED, TIMED_OUT, FAILED) for this state machine runs the Cleanup Lambda (DESIGN.md
-section 6). Optionally, every terminal status is also sent to an SNS topic.
+(ABORTED, TIMED_OUT, FAILED) for this state machine runs the Cleanup Lambda. EventBridge delivers
+those events best-effort, so a schedule also runs the session sweeper every few minutes
+(``stepwise.handlers.sweeper``): it stops any session of this stack that no execution drives.
+Optionally, every terminal status is also sent to an SNS topic.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ class Cleanup(Construct):
     """The cleanup rule (``self.rule``) and, with a topic, the run-notification rule."""
 
     def __init__(self, scope: Construct, id: str, *, state_machine: sfn.IStateMachine,
-                 cleanup_function: lambda_.IFunction, topic: sns.ITopic | None = None) -> None:
+                 cleanup_function: lambda_.IFunction, sweep_function: lambda_.IFunction | None = None,
+                 sweep_minutes: int = 5, topic: sns.ITopic | None = None) -> None:
         super().__init__(scope, id)
         self.rule = events.Rule(
             self, "StopSessionOnAbnormalEnd",
@@ -40,6 +43,16 @@ class Cleanup(Construct):
             event_pattern=status_pattern(state_machine, ABNORMAL_END_STATUSES),
             targets=[targets.LambdaFunction(cleanup_function, retry_attempts=8, max_event_age=Duration.hours(6))],
         )
+        self.sweep_rule: events.Rule | None = None
+        if sweep_function is not None:
+            # A missed run is harmless (the next one sweeps the same sessions): no retries, a short event age.
+            self.sweep_rule = events.Rule(
+                self, "SweepSessions",
+                description=f"Every {sweep_minutes} min -> stop the training sessions of this stack that no execution drives",
+                schedule=events.Schedule.rate(Duration.minutes(sweep_minutes)),
+                targets=[targets.LambdaFunction(sweep_function, retry_attempts=0,
+                                                max_event_age=Duration.minutes(max(1, sweep_minutes)))],
+            )
         self.notify_rule: events.Rule | None = None
         if topic is not None:
             detail = events.EventField.from_path

@@ -111,8 +111,9 @@ def suppress_lambda_role_findings(scope: Construct) -> None:
             {
                 "id": "AwsSolutions-IAM5",
                 "reason": "X-Ray PutTraceSegments/PutTelemetryRecords (every function), s3:ListAllMyBuckets (Init, "
-                          "for the SageMaker SDK's default bucket lookup) and states:SendTaskSuccess/Failure/Heartbeat "
-                          "(OnRolloutResult; the task token authorizes) support no resource-level permissions.",
+                          "for the SageMaker SDK's default bucket lookup), states:SendTaskSuccess/Failure/Heartbeat "
+                          "(OnRolloutResult; the task token authorizes) and sagemaker:ListTrainingSessions (SweepSessions) "
+                          "support no resource-level permissions.",
                 "appliesTo": ["Resource::*"],
             },
             {

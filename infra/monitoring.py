@@ -57,6 +57,11 @@ FAILED_ROLLOUTS = "rollouts/failed"
 #: (handlers/rollout.py ``finish``); the metric filter counts them.
 FAILED_ROLLOUT_MESSAGES = ("rollout did not complete*", "reward zeroed*")
 
+#: Published by this stack's metric filter on the session sweeper's logs: one per training session it
+#: stopped because no execution drove it (stepwise.handlers.sweeper; the log message is SWEPT_MESSAGE).
+SWEPT_SESSIONS = "sessions/swept"
+SWEPT_SESSION_MESSAGE = "training session swept"
+
 #: Functions whose invocations show that a run is busy (rollouts, polls, planning).
 ACTIVITY_FUNCTIONS = ("PlanStep", "StartRollout", "FinishRollout", "PollSession", "PollOperation")
 #: The function invoked once per completed training step.
@@ -120,6 +125,17 @@ class Monitoring(Construct):
             metric_value="1",
             default_value=0,
         )
+        self.swept_sessions: cw.IMetric | None = None
+        if "SweepSessions" in log_groups:
+            self.swept_sessions = logs.MetricFilter(
+                self, "SweptSessions",
+                log_group=log_groups["SweepSessions"],
+                filter_pattern=logs.FilterPattern.string_value("$.message", "=", SWEPT_SESSION_MESSAGE),
+                metric_namespace=NAMESPACE,
+                metric_name=SWEPT_SESSIONS,
+                metric_value="1",
+                default_value=0,
+            ).metric(statistic="Sum", period=Duration.hours(1), label="training sessions swept (no execution drove them)")
         window = Duration.minutes(15)
         failure_rate = cw.MathExpression(
             expression="FILL(failed, 0) / IF(FILL(finished, 0) > 0, finished, 1)",
@@ -207,6 +223,8 @@ class Monitoring(Construct):
             cw.GraphWidget(title="Executions", left=[state_machine.metric_started(), state_machine.metric_succeeded(),
                                                      state_machine.metric_failed(), state_machine.metric_aborted(),
                                                      state_machine.metric_timed_out()], width=12),
-            cw.GraphWidget(title="Lambda errors", left=[f.metric_errors(label=n) for n, f in functions.items()], width=12),
+            cw.GraphWidget(title="Lambda errors; training sessions the sweeper stopped (right)",
+                           left=[f.metric_errors(label=n) for n, f in functions.items()],
+                           right=[self.swept_sessions] if self.swept_sessions is not None else [], width=12),
             cw.AlarmStatusWidget(alarms=[self.stalled_alarm, self.rollout_failure_alarm], title="Alarms", width=24, height=3),
         )

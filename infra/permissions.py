@@ -138,6 +138,14 @@ class TrainingSessions:
         add_statements(role, iam.PolicyStatement(actions=["sagemaker:StopTrainingSession", "sagemaker:DescribeTrainingSession"],
                                        resources=self.arns))
 
+    def grant_sweep(self, role: iam.IGrantable) -> None:
+        """List the account's sessions (ListTrainingSessions names no resource type: '*'), describe
+        (status and tags) and stop this stack's (the session sweeper, ``stepwise.handlers.sweeper``)."""
+        add_statements(role,
+                       iam.PolicyStatement(actions=["sagemaker:ListTrainingSessions"], resources=["*"]),
+                       iam.PolicyStatement(actions=["sagemaker:StopTrainingSession", "sagemaker:DescribeTrainingSession"],
+                                           resources=self.arns))
+
     def grant_training_operations(self, role: iam.IGrantable) -> None:
         """Submit and read training operations (forward_backward, optim_step, save_weights, save_state)."""
         add_statements(role, iam.PolicyStatement(

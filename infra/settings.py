@@ -73,6 +73,9 @@ class StackSettings:
             (context ``mlflowTrackingServerArns``); the functions that log get the
             ``sagemaker-mlflow`` actions MLflow's client calls on them. Empty = no grant
             (tracking to a managed server then fails, visibly, in each step summary).
+        sweep_minutes: minutes between two runs of the session sweeper (context ``sweepMinutes``,
+            1-60, default 5): it stops training sessions of this stack whose executions ended without
+            stopping them (EventBridge's execution events, which run Cleanup, are best-effort).
         gateway_reserved_concurrency: reserved concurrency of the gateway function (context
             ``gatewayReservedConcurrency``), so rollouts cannot starve the account's other
             functions (and the handlers cannot starve the gateway). None = unreserved.
@@ -101,6 +104,7 @@ class StackSettings:
     data_buckets: tuple[str, ...] = ()
     kms_key_arn: str = ""
     mlflow_tracking_server_arns: tuple[str, ...] = ()
+    sweep_minutes: int = 5
     gateway_reserved_concurrency: int | None = None
     # --- what a first run needs (off by default: each adds resources to the account) and the loop's timing ---
     session_start_timeout_seconds: int | None = None
@@ -133,6 +137,7 @@ class StackSettings:
             mlflow_tracking_server_arns=_arns(get("mlflowTrackingServerArns"), "mlflowTrackingServerArns",
                                               MLFLOW_SERVER_ARN_RE,
                                               "arn:aws:sagemaker:REGION:ACCOUNT:mlflow-tracking-server/NAME"),
+            sweep_minutes=_int(get("sweepMinutes"), "sweepMinutes", d.sweep_minutes, 1, 60),
             gateway_reserved_concurrency=(None if get("gatewayReservedConcurrency") in (None, "") else _int(
                 get("gatewayReservedConcurrency"), "gatewayReservedConcurrency", 0, 1, MAX_RESERVED_CONCURRENCY)),
             session_start_timeout_seconds=_optional_int(get("sessionStartTimeoutSeconds"), "sessionStartTimeoutSeconds",
@@ -144,10 +149,13 @@ class StackSettings:
 
     def function_environment(self) -> dict[str, str]:
         """The handler functions' variables these settings set (only those given): the session-start
-        timeout and the poll interval (`stepwise.settings`)."""
-        from stepwise.settings import ENV_POLL_SECONDS, ENV_SESSION_START_TIMEOUT
+        timeout, the poll interval and the notification topic (the session sweeper reports to it)
+        (`stepwise.settings`)."""
+        from stepwise.settings import ENV_NOTIFICATION_TOPIC_ARN, ENV_POLL_SECONDS, ENV_SESSION_START_TIMEOUT
 
         env = {}
+        if self.notification_topic_arn:
+            env[ENV_NOTIFICATION_TOPIC_ARN] = self.notification_topic_arn
         if self.session_start_timeout_seconds is not None:
             env[ENV_SESSION_START_TIMEOUT] = str(self.session_start_timeout_seconds)
         if self.poll_seconds is not None:

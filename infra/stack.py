@@ -113,7 +113,10 @@ class StepwiseStack(Stack):
 
         topic = (sns.Topic.from_topic_arn(self, "NotificationTopic", settings.notification_topic_arn)
                  if settings.notification_topic_arn else None)
-        self.cleanup = Cleanup(self, "Cleanup", state_machine=state_machine, cleanup_function=fns["Cleanup"], topic=topic)
+        self.cleanup = Cleanup(self, "Cleanup", state_machine=state_machine, cleanup_function=fns["Cleanup"],
+                               sweep_function=fns["SweepSessions"], sweep_minutes=settings.sweep_minutes, topic=topic)
+        if topic is not None:
+            topic.grant_publish(fns["SweepSessions"])
         self.monitoring = Monitoring(
             self, "Monitoring",
             state_machine=state_machine,
@@ -176,6 +179,9 @@ class StepwiseStack(Stack):
         loop.grant_continue_run(fns["ContinueRun"])
         for name in ("StopSession", "Cleanup"):
             sessions.grant_stop(fns[name])
+        # The session sweeper: this stack's active sessions, its runs' states (above), their executions.
+        sessions.grant_sweep(fns["SweepSessions"])
+        loop.grant_describe_executions(fns["SweepSessions"])
         # The functions that publish summaries (handlers' write_summary) or end the MLflow run
         # (stop_owned_session) may log to the tracking servers.
         for name in ("ComputeAdvantages", "RecordEval", "Rebind", "StopSession", "Cleanup"):

@@ -203,6 +203,14 @@ class TrainingLoop(Construct):
         function.role.attach_inline_policy(policy)
         _suppress_findings(policy)
 
+    def grant_describe_executions(self, function: lambda_.IFunction) -> None:
+        """DescribeExecution of this state machine's executions (the session sweeper reads whether a
+        run's owner and successor still run)."""
+        policy = iam.Policy(self, f"{function.node.id}DescribeExecutionsPolicy", statements=[iam.PolicyStatement(
+            actions=["states:DescribeExecution"], resources=[self.execution_arns("*")])])
+        function.role.attach_inline_policy(policy)
+        _suppress_findings(policy)
+
     def grant_read_history(self, function: lambda_.IFunction) -> None:
         """GetExecutionHistory of this state machine's executions (PlanStep's history budget)."""
         policy = iam.Policy(self, f"{function.node.id}ReadHistoryPolicy", statements=[iam.PolicyStatement(

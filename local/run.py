@@ -53,7 +53,7 @@ from local.report import (
     s3_requests_per_rollout,
     timing_split,
 )
-from local.stack import LocalStack, run_cleanup, training_session_status
+from local.stack import LocalStack, run_cleanup, run_sweeper, training_session_status
 from stepwise import layout
 from stepwise.executions import ABNORMAL_END_STATUSES
 from stepwise.stackinfo import StackInfo
@@ -361,6 +361,10 @@ def _finish(stack: LocalStack, follower: LocalFollower | None, desc: dict[str, A
                 run_cleanup(stack, desc)
             except Exception:
                 log.exception("Cleanup")
+        try:  # the schedule's sweep, once the run ended: a session it stops is one the run leaked
+            run_sweeper(stack)
+        except Exception:
+            log.exception("SweepSessions")
         stack.moto.dispatcher.drain(timeout=10)
         try:
             follower.record_new(full=True)

@@ -2,8 +2,9 @@
 
 ``LocalStack.start`` starts every service on free loopback ports, points the environment at
 them (restored by ``stop``) and creates the stack's resources (functions, bucket notification,
-state machine) as the CDK stack creates them. ``run_cleanup`` stands in for the stack's
-EventBridge rule, which moto does not deliver to Lambda.
+state machine) as the CDK stack creates them. ``run_cleanup`` and ``run_sweeper`` stand in for the
+stack's EventBridge rules (the abnormal-end rule and the sweeper's schedule), which moto does not
+deliver to Lambda.
 """
 
 from __future__ import annotations
@@ -227,6 +228,22 @@ def run_cleanup(stack: LocalStack, execution: dict[str, Any]) -> None:
     resp = lam.invoke(FunctionName=stack.resources.function_arns["Cleanup"], Payload=json.dumps(event).encode())
     if resp.get("FunctionError"):
         log.error("Cleanup failed: %s", resp["Payload"].read()[:2000])
+
+
+def run_sweeper(stack: LocalStack, *, dry_run: bool = False) -> dict[str, Any]:
+    """What the stack's schedule does every few minutes: run the session sweeper once (moto's
+    EventBridge delivers no schedule). Returns its report (``stopped``, ``left``, ``errors``)."""
+    lam = stack.moto.client("lambda")
+    resp = lam.invoke(FunctionName=stack.resources.function_arns["SweepSessions"],
+                      Payload=json.dumps({"dry_run": dry_run}).encode())
+    body = json.loads(resp["Payload"].read() or b"{}")
+    if resp.get("FunctionError"):
+        log.error("SweepSessions failed: %s", str(body)[:2000])
+        return {"stopped": [], "left": [], "errors": [body]}
+    if body.get("stopped"):
+        log.warning("the session sweeper stopped %d training session(s) no execution drove: %s",
+                    len(body["stopped"]), body["stopped"])
+    return body
 
 
 def simulator_sessions(simulator: Any) -> dict[str, str]:

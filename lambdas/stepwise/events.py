@@ -79,6 +79,13 @@ class StopEvent(_Event):
     error: dict[str, Any] | None = None
 
 
+class SweepEvent(_Event):
+    """The session sweeper's input: EventBridge's scheduled event (every field ignored) or ``{}``
+    (the local stack); ``dry_run`` reports the verdicts without stopping anything."""
+
+    dry_run: bool = False
+
+
 class ContinueEvent(_Event):
     """ContinueRun: the run and the state machine to start its next execution of."""
 

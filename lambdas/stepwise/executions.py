@@ -27,6 +27,7 @@ __all__ = [
     "TERMINAL_STATUSES",
     "belongs_to",
     "continuation_name",
+    "execution_arn_of",
     "run_id_of_execution",
 ]
 
@@ -45,6 +46,12 @@ CONTINUATION_RE = re.compile(r"^(?P<prefix>.+)--(?P<segment>\d+)$")
 def continuation_name(run_id: str, segment: int) -> str:
     """Execution name of segment ``segment`` (<= 80 chars, deterministic so a retry cannot start two)."""
     return f"{run_id[:70]}--{segment}"
+
+
+def execution_arn_of(state_machine_arn: str, name: str) -> str:
+    """The ARN of the execution ``name`` of ``state_machine_arn`` (``arn:...:stateMachine:SM`` ->
+    ``arn:...:execution:SM:NAME``), known before StartExecution returns it."""
+    return f"{state_machine_arn.replace(':stateMachine:', ':execution:', 1)}:{name}"
 
 
 def run_id_of_execution(name: str) -> str:

@@ -48,6 +48,7 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
     FunctionSpec("ContinueRun", "stepwise.handlers.session.continue_handler", 256, 60, "Continue the run as a new execution (state is in S3)"),
     FunctionSpec("StopSession", "stepwise.handlers.session.stop_handler", 512, 120, "Stop the training session (every terminal path)"),
     FunctionSpec("Cleanup", "stepwise.handlers.session.cleanup_handler", 512, 120, "EventBridge: execution aborted/timed out/failed -> stop the session"),
+    FunctionSpec("SweepSessions", "stepwise.handlers.sweeper.handler", 512, 300, "Every few minutes: stop the training sessions of this stack that no execution drives"),
 )
 
 #: The function of the gateway image (``lambdas/Dockerfile.gateway``), not the handler image. It

@@ -122,6 +122,9 @@ class RunState(BaseModel):
 
     run_id: str
     owner_execution_arn: str
+    # continue-as-new: the execution ContinueRun started, recorded before StartExecution; it may stop the
+    # session until its Init takes the run over (then None) (`stepwise.core.sweeping.may_stop_session`)
+    successor_execution_arn: str | None = None
     segment: int = 0  # executions of this run so far (continue-as-new)
     segment_start_step: int = 0
     # The execution history at the start of the last training step (PlanStep's history budget):

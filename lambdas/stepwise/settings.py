@@ -23,6 +23,7 @@ ENV_INLINE_WAIT_SECONDS = "STEPWISE_INLINE_WAIT_SECONDS"
 ENV_SESSION_START_TIMEOUT = "STEPWISE_SESSION_START_TIMEOUT"
 ENV_TURN_GRACE_SECONDS = "STEPWISE_TURN_GRACE_SECONDS"
 ENV_DEFAULT_S3_OUTPUT_PATH = "STEPWISE_DEFAULT_S3_OUTPUT_PATH"
+ENV_NOTIFICATION_TOPIC_ARN = "STEPWISE_NOTIFICATION_TOPIC_ARN"
 ENV_REGION = "AWS_REGION"
 ENV_SERVICE = "POWERTOOLS_SERVICE_NAME"
 ENV_METRICS_NAMESPACE = "POWERTOOLS_METRICS_NAMESPACE"
@@ -34,7 +35,7 @@ ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_U
 
 _NAMES = (ENV_BUCKET, ENV_GATEWAY_URL, ENV_DATA_BUCKETS, ENV_AGENT_RUNTIME_ARNS, ENV_POLL_SECONDS,
           ENV_INLINE_WAIT_SECONDS, ENV_SESSION_START_TIMEOUT, ENV_TURN_GRACE_SECONDS, ENV_DEFAULT_S3_OUTPUT_PATH,
-          ENV_REGION, "AWS_DEFAULT_REGION", *ENDPOINT_VARIABLES)
+          ENV_NOTIFICATION_TOPIC_ARN, ENV_REGION, "AWS_DEFAULT_REGION", *ENDPOINT_VARIABLES)
 
 
 def _split(value: str) -> tuple[str, ...]:
@@ -59,6 +60,8 @@ class Settings:
         turn_grace_seconds: FinishRollout's wait between closing a session and listing its turns
             (``STEPWISE_TURN_GRACE_SECONDS``, >= 0, default 1).
         default_s3_output_path: the sessions' default output path (``STEPWISE_DEFAULT_S3_OUTPUT_PATH``).
+        notification_topic_arn: the SNS topic the session sweeper reports to
+            (``STEPWISE_NOTIFICATION_TOPIC_ARN``, the stack's ``notificationTopicArn``; '' = none).
         region: ``AWS_REGION`` (else ``AWS_DEFAULT_REGION``).
         endpoints: the ``AWS_ENDPOINT_URL*`` overrides, as ``((name, url), ...)``.
     """
@@ -72,6 +75,7 @@ class Settings:
     session_start_timeout: float = 1800.0
     turn_grace_seconds: float = 1.0
     default_s3_output_path: str = ""
+    notification_topic_arn: str = ""
     region: str = ""
     endpoints: tuple[tuple[str, str], ...] = ()
 
@@ -95,6 +99,7 @@ class Settings:
             session_start_timeout=number(ENV_SESSION_START_TIMEOUT, "1800", float),
             turn_grace_seconds=max(0.0, number(ENV_TURN_GRACE_SECONDS, "1", float)),
             default_s3_output_path=env.get(ENV_DEFAULT_S3_OUTPUT_PATH, ""),
+            notification_topic_arn=env.get(ENV_NOTIFICATION_TOPIC_ARN, ""),
             region=env.get(ENV_REGION, "") or env.get("AWS_DEFAULT_REGION", ""),
             endpoints=tuple((n, env[n]) for n in ENDPOINT_VARIABLES if env.get(n)),
         )

@@ -8,6 +8,7 @@ Functions.
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -69,3 +70,145 @@ def test_stopping_a_session_in_every_ended_status_is_success_and_an_active_one_i
     expired = rs.read_state(other)[0].training_session_name
     stack.sim.expire_session(expired)
     assert sagemaker.stop_session(cfg, expired) is False  # the SDK's stop_session raises here
+
+
+# ---------------------------------------------------------------------------- continue-as-new and the sweeper
+
+WAITS = json.dumps({"StartAt": "Run", "States": {"Run": {"Type": "Wait", "Seconds": 600, "End": True}}})
+ENDS = json.dumps({"StartAt": "Done", "States": {"Done": {"Type": "Succeed"}}})
+
+
+def _machines(stack) -> tuple[str, str]:
+    """Two stand-in state machines in moto: one whose executions keep RUNNING, one whose succeed at once."""
+    from local import engine
+
+    return (engine.create_state_machine(stack.moto, "leak-drill-runs", WAITS),
+            engine.create_state_machine(stack.moto, "leak-drill-ends", ENDS))
+
+
+def _start(stack, sm_arn: str, name: str, body: dict | None = None, until: str = "RUNNING") -> str:
+    sfn = stack.moto.client("stepfunctions")
+    arn = sfn.start_execution(stateMachineArn=sm_arn, name=name, input=json.dumps(body or {}))["executionArn"]
+    deadline = time.monotonic() + 30
+    while sfn.describe_execution(executionArn=arn)["status"] != until:
+        assert time.monotonic() < deadline, f"{name} never {until}"
+        time.sleep(0.1)
+    return arn
+
+
+def _init_owned(stack, run_id: str, owner_arn: str) -> str:
+    """Init the run as the execution ``owner_arn``; returns its training session's name."""
+    from stepwise.events import InitEvent
+    from stepwise.handlers.init import initialize
+
+    initialize(InitEvent(input=stack.config(), execution_arn=owner_arn, execution_name=run_id))
+    return RunStore(BUCKET, stack.s3).read_state(run_id)[0].training_session_name
+
+
+def test_a_successor_that_fails_before_taking_the_run_over_stops_the_session_itself(stack):
+    """Continue-as-new: ContinueRun records the next execution before starting it; if that execution's
+    Init fails before it takes the run over, its catch-all (or Cleanup) may still stop the session
+    (before: both answered "not the owner" and the session billed on)."""
+    from stepwise.events import ContinueEvent, ExecutionStatusChange
+    from stepwise.handlers.init import take_over
+    from stepwise.handlers.session import cleanup, continue_run
+
+    runs, ends = _machines(stack)
+    run_id = new_run_id("handover")
+    parent = _start(stack, ends, run_id, until="SUCCEEDED")  # "Handed over to the next execution"
+    session = _init_owned(stack, run_id, parent)
+    out = continue_run(ContinueEvent.model_validate({"run": {"run_id": run_id, "execution_arn": parent},
+                                                     "state_machine_arn": runs}))
+    successor = out["execution_arn"]
+    rs = RunStore(BUCKET, stack.s3)
+    assert rs.read_state(run_id)[0].successor_execution_arn == successor  # recorded before it started
+
+    # A stranger (not the recorded successor) still cannot stop it.
+    assert stop(StopEvent(execution_arn=successor + "x", execution_name=run_id, input={}))["stopped"] is False
+    assert session in stack.sim.running_sessions()
+    # The successor's Init failed before take_over: its catch-all stops the session.
+    cont = {"continuation": {"run_id": run_id, "parent_execution_arn": parent, "segment": 1}}
+    out = stop(StopEvent(execution_arn=successor, execution_name=f"{run_id}--1", input=cont,
+                         error={"Error": "States.TaskFailed", "Cause": "drill: Init failed"}))
+    assert out["stopped"] is True and session not in stack.sim.running_sessions()
+    state = rs.read_state(run_id)[0]
+    assert state.session_stopped and state.stop_reason == "failed: States.TaskFailed"
+    assert state.owner_execution_arn == parent  # nobody took the run over
+    # Cleanup for the successor's FAILED end is as entitled (idempotent with the catch-all).
+    ev = ExecutionStatusChange.model_validate({"detail": {"status": "FAILED", "executionArn": successor,
+                                                          "name": f"{run_id}--1", "input": json.dumps(cont)}})
+    assert cleanup(ev)["stopped"] is True
+
+    # Once the successor takes over, the parent may no longer stop the new owner's session.
+    other = new_run_id("handover-taken")
+    parent2 = _start(stack, ends, other, until="SUCCEEDED")
+    session2 = _init_owned(stack, other, parent2)
+    succ2 = continue_run(ContinueEvent.model_validate({"run": {"run_id": other, "execution_arn": parent2},
+                                                       "state_machine_arn": runs}))["execution_arn"]
+    state2 = take_over(rs, other, succ2, {"run_id": other, "parent_execution_arn": parent2, "segment": 1})
+    assert state2.owner_execution_arn == succ2 and state2.successor_execution_arn is None
+    assert stop(StopEvent(execution_arn=parent2, execution_name=other, input={}))["stopped"] is False
+    assert session2 in stack.sim.running_sessions()
+    stack.moto.client("stepfunctions").stop_execution(executionArn=succ2)
+    cont2 = {"continuation": {"run_id": other, "parent_execution_arn": parent2, "segment": 1}}
+    assert stop(StopEvent(execution_arn=succ2, execution_name=f"{other}--1", input=cont2))["stopped"] is True
+
+
+def test_the_sweeper_stops_sessions_no_execution_drives_and_nothing_else(stack):
+    """EventBridge never delivered Cleanup: an execution stopped from the console left its session
+    running. The sweeper stops it (and records it in state.json, resumable), and leaves alone the
+    session of a running execution, one handed over to a running successor, and another stack's."""
+    from stepwise.core.sweeping import SWEPT_REASON_PREFIX, TAG_BUCKET, TAG_RUN_ID
+    from stepwise.events import ContinueEvent, SweepEvent
+    from stepwise.handlers.session import continue_run
+    from stepwise.handlers.sweeper import sweep
+    from tests.support.simulator import control_client
+
+    runs, ends = _machines(stack)
+    sfn = stack.moto.client("stepfunctions")
+    rs = RunStore(BUCKET, stack.s3)
+    sm = control_client(stack.sim)
+    for name in stack.sim.running_sessions():  # sessions earlier tests of the module left running
+        sm.stop_training_session(TrainingSessionName=name)
+
+    live_run, aborted_run, handed_run = new_run_id("sweep-live"), new_run_id("sweep-aborted"), new_run_id("sweep-handed")
+    live = _init_owned(stack, live_run, _start(stack, runs, live_run))
+    aborted_owner = _start(stack, runs, aborted_run)
+    aborted = _init_owned(stack, aborted_run, aborted_owner)
+    sfn.stop_execution(executionArn=aborted_owner, cause="console stop; its Cleanup event was never delivered")
+    handed_parent = _start(stack, ends, handed_run, until="SUCCEEDED")
+    handed = _init_owned(stack, handed_run, handed_parent)
+    successor = continue_run(ContinueEvent.model_validate({"run": {"run_id": handed_run, "execution_arn": handed_parent},
+                                                           "state_machine_arn": runs}))["execution_arn"]
+    # Another stack's session (tagged with its own bucket) and a user's own session named like ours.
+    foreign = f"stepwise-{new_run_id('other-stack')}"
+    request = {**{k: v for k, v in sm.describe_training_session(TrainingSessionName=live)["TrainingSessionDetail"].items()
+                  if k in ("RoleArn", "LoraConfig", "ModelConfig", "OutputConfig", "ModelPackageGroupArn")}}
+    sm.create_training_session(TrainingSessionName=foreign, **request,
+                               Tags=[{"Key": TAG_BUCKET, "Value": "another-stacks-bucket"}, {"Key": TAG_RUN_ID, "Value": aborted_run}])
+    users = f"stepwise-{new_run_id('users-own')}"
+    sm.create_training_session(TrainingSessionName=users, **request)
+    assert {live, aborted, handed, foreign, users} <= set(stack.sim.running_sessions())
+
+    report = sweep(SweepEvent())
+    assert [(x["session"], x["run_id"]) for x in report["stopped"]] == [(aborted, aborted_run)]
+    assert "ended ABORTED" in report["stopped"][0]["reason"] and report["errors"] == []
+    left = {x["session"]: x["reason"] for x in report["left"]}
+    assert "RUNNING" in left[live] and f"handed over to execution {successor}" in left[handed]
+    assert left[foreign] == left[users] == "not a session of this stack"
+    running = set(stack.sim.running_sessions())
+    assert aborted not in running and {live, handed, foreign, users} <= running
+    state = rs.read_state(aborted_run)[0]
+    assert state.session_stopped and state.stop_reason.startswith(SWEPT_REASON_PREFIX)
+    from stepwise.core.phases import is_failure_stop
+
+    assert is_failure_stop(state.stop_reason)  # stepwise resume continues it on a new session
+
+    # The successor ends before taking the run over: nothing can stop the session now but the sweeper.
+    sfn.stop_execution(executionArn=successor)
+    report = sweep(SweepEvent())
+    assert [x["session"] for x in report["stopped"]] == [handed]
+    assert "before taking the run over" in report["stopped"][0]["reason"]
+    assert sweep(SweepEvent())["stopped"] == []  # idempotent: nothing left to stop
+    for name in (live, foreign, users):
+        sm.stop_training_session(TrainingSessionName=name)

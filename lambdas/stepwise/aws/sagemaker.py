@@ -34,6 +34,7 @@ from botocore.exceptions import ClientError
 from stepwise.core.operations import (OP_FAILED, OperationFailed, check_submit_wait, datum_chunk_of, operation_config,
                                       record_status)
 from stepwise.core.phases import complete_phase
+from stepwise.core.sweeping import session_tags
 from stepwise.layout import datums_key
 from stepwise.records import PendingOperation, Phase, RunState
 
@@ -323,7 +324,8 @@ def default_output_path(run_id: str) -> str | None:
 def create_session(cfg: RunConfig, session_name: str, run_id: str = "") -> CreatedSession:
     """CreateTrainingSession as ``ServiceClient.create_lora_training_client`` builds it, without its wait.
 
-    Idempotent: a session of that name that already exists (a retried Init) is adopted.
+    Idempotent: a session of that name that already exists (a retried Init) is adopted. Tagged
+    with ``run_id`` and this stack's bucket (`stepwise.core.sweeping.session_tags`).
     Uses the SDK's base-model resolution, default model package group and output path, LoRA
     config and request builder (private helpers; kept in this one function).
     """
@@ -347,12 +349,42 @@ def create_session(cfg: RunConfig, session_name: str, run_id: str = "") -> Creat
         kms_key_arn=svc._kms_key_arn,
         vpc_config=svc._vpc_config,
     )
+    from stepwise.settings import current
+
+    bucket = current().bucket
+    if run_id and bucket:  # the sweeper finds this stack's sessions by these (stepwise.core.sweeping)
+        args["Tags"] = [*args.get("Tags", []), *session_tags(run_id, bucket)]
     try:
         svc._sagemaker_client.create_training_session(**args)
     except ClientError as e:
         if e.response.get("Error", {}).get("Code") != "ResourceInUse":
             raise
     return CreatedSession(session_name, base_arn, hf_id, mpg)
+
+
+def list_active_sessions(cp: Any, name_contains: str = "stepwise-") -> list[str]:
+    """Names of the account's training sessions in this region whose name contains ``name_contains``
+    and whose status is active (`ACTIVE_SESSION_STATUSES`): ListTrainingSessions with
+    ``StatusEquals`` per active status, every page."""
+    names: list[str] = []
+    for status in sorted(ACTIVE_SESSION_STATUSES):
+        token = None
+        while True:
+            kwargs: dict[str, Any] = {"NameContains": name_contains, "StatusEquals": status, "MaxResults": 100}
+            if token:
+                kwargs["NextToken"] = token
+            page = cp.list_training_sessions(**kwargs)
+            names += [str(s["TrainingSessionArn"]).rsplit("/", 1)[-1] for s in page.get("TrainingSessionSummaries", [])]
+            token = page.get("NextToken")
+            if not token:
+                break
+    return list(dict.fromkeys(names))
+
+
+def session_detail(cp: Any, session_name: str) -> dict[str, Any]:
+    """DescribeTrainingSession's ``TrainingSessionDetail`` (status, tags, ...)."""
+    resp = cp.describe_training_session(TrainingSessionName=session_name)
+    return dict(resp.get("TrainingSessionDetail", resp))
 
 
 def describe_session(cp: Any, session_name: str) -> tuple[str, str]:

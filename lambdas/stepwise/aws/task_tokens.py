@@ -1,5 +1,6 @@
 """Step Functions from the handlers: resuming a rollout's task (SendTaskSuccess), the execution's
-history length (PlanStep's history budget) and continue-as-new (ContinueRun's StartExecution).
+history length (PlanStep's history budget), continue-as-new (ContinueRun's StartExecution) and an
+execution's status (the session sweeper).
 
 Every call takes the client, so the caller decides which one (one per container and environment:
 `stepwise.handlers._common.Dependencies`).
@@ -42,4 +43,26 @@ def start_execution(sfn: Any, state_machine_arn: str, name: str, body: dict[str,
     try:
         return sfn.start_execution(stateMachineArn=state_machine_arn, name=name, input=json.dumps(body))["executionArn"]
     except sfn.exceptions.ExecutionAlreadyExists:
-        return f"{state_machine_arn.replace(':stateMachine:', ':execution:')}:{name}"
+        from stepwise.executions import execution_arn_of
+
+        return execution_arn_of(state_machine_arn, name)
+
+
+def execution_status(sfn: Any, execution_arn: str) -> str | None:
+    """DescribeExecution's ``status`` of ``execution_arn`` (RUNNING, SUCCEEDED, FAILED, TIMED_OUT,
+    ABORTED, PENDING_REDRIVE); ``"GONE"`` when Step Functions does not know it (never started, or
+    closed more than 90 days ago); None when it cannot be read (logged: access denied, a malformed
+    ARN, ...). Throttling and 5xx raise after botocore's retries."""
+    from botocore.exceptions import ClientError
+
+    try:
+        return str(sfn.describe_execution(executionArn=execution_arn)["status"])
+    except sfn.exceptions.ExecutionDoesNotExist:
+        return "GONE"
+    except (sfn.exceptions.InvalidArn, ClientError) as e:
+        from stepwise.aws.sagemaker import is_transient
+
+        if isinstance(e, ClientError) and is_transient(e):
+            raise
+        log.warning("cannot read execution %s: %s", execution_arn, e)
+        return None

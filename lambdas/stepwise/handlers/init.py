@@ -45,12 +45,14 @@ def take_over(rs: RunStore, run_id: str, execution_arn: str, continuation: dict[
 
     def change(state: RunState) -> None:
         if state.owner_execution_arn == execution_arn:
+            state.successor_execution_arn = None
             return
         if state.owner_execution_arn != parent:
             raise RunOwnedElsewhere(
                 f"run {run_id!r} is owned by {state.owner_execution_arn}, not by this continuation's parent {parent}"
             )
         state.owner_execution_arn = execution_arn
+        state.successor_execution_arn = None
         state.segment += 1
         state.segment_start_step = state.step
 

@@ -5,11 +5,14 @@
   the optimizer and rebind the sampler to the resumed weights before the first step; in an eval-only
   run, bind the sampler to the model package it evaluates (``eval_model_package_arn``).
 - StopSession: every terminal path of the state machine (success and the catch-all). Stops only
-  a session this execution owns, so a refused second execution cannot stop the owner's session.
+  a session this execution owns, or the session of the run it was started to continue
+  (continue-as-new) and has not taken over yet (`stepwise.core.sweeping.may_stop_session`), so a
+  refused second execution cannot stop the owner's session.
 - Cleanup: EventBridge "Step Functions Execution Status Change" (ABORTED / TIMED_OUT / FAILED),
   where no Catch runs; same ownership rule.
 - ContinueRun: start the next execution of the run (continue-as-new; moto's engine cannot run the
-  ``states:startExecution`` integration, so the stack and the local engine both do it here).
+  ``states:startExecution`` integration, so the stack and the local engine both do it here), after
+  recording it in state.json as the run's successor.
 """
 
 from __future__ import annotations
@@ -17,11 +20,12 @@ from __future__ import annotations
 from typing import Any
 
 from stepwise.aws import sagemaker, task_tokens, tracking
-from stepwise.aws.runstore import RunNotFound
+from stepwise.aws.runstore import RunNotFound, RunOwnedElsewhere
 from stepwise.core.operations import weights_usage
 from stepwise.core.phases import final_weights, plan_eval_weights, plan_resume
+from stepwise.core.sweeping import may_stop_session
 from stepwise.events import ContinueEvent, ExecutionStatusChange, RunEvent, StopEvent
-from stepwise.executions import ABNORMAL_END_STATUSES, continuation_name, resolve_run
+from stepwise.executions import ABNORMAL_END_STATUSES, continuation_name, execution_arn_of, resolve_run
 from stepwise.handlers._common import (bind, drive, entrypoint, logger, now, poll_seconds, run_config, settings,
                                        sfn_client, store)
 from stepwise.records import RunState
@@ -93,13 +97,18 @@ def stop_owned_session(execution_arn: str, execution_name: str, execution_input:
     except RunNotFound:
         logger.info("no run state: nothing to stop", extra={"reason": reason})
         return {"stopped": False, "why": "no run state"}
-    if state.owner_execution_arn != execution_arn:
+    if not may_stop_session(state, execution_arn):
         logger.warning("not the run's owner: leaving its session alone", extra={"owner": state.owner_execution_arn})
         return {"stopped": False, "why": "not the owner"}
+    if execution_arn != state.owner_execution_arn:
+        # continue-as-new: the successor failed before taking the run over (its Init); nobody else would stop it
+        logger.warning("the run's successor stops the session it never took over", extra={"owner": state.owner_execution_arn})
     cfg = run_config(run_id)
     sagemaker.stop_session(cfg, state.training_session_name)
 
     def mark(s: RunState) -> None:
+        if not may_stop_session(s, execution_arn):
+            raise RunOwnedElsewhere(f"run {run_id!r} was taken over by {s.owner_execution_arn} while {execution_arn} stopped it")
         s.session_stopped = True
         s.session_status = "Stopping"
         if reason == "finished":
@@ -107,7 +116,7 @@ def stop_owned_session(execution_arn: str, execution_name: str, execution_input:
         elif s.stop_reason is None:
             s.stop_reason = reason
 
-    state = rs.update_state(run_id, mark, execution_arn=execution_arn)
+    state = rs.update_state(run_id, mark, execution_arn=None)  # the owner, or its successor (checked in mark)
     logger.info("training session stopped", extra={"training_session_name": state.training_session_name, "reason": reason})
     tracking.finish_run(cfg, run_id, _tracking_status(reason))
     out = {"stopped": True, "training_session_name": state.training_session_name, **weights_report(state, cfg.region)}
@@ -177,6 +186,10 @@ def continue_run(event: ContinueEvent) -> dict[str, Any]:
     segment = state.segment + 1
     name = continuation_name(run.run_id, segment)
     body = {"continuation": {"run_id": run.run_id, "parent_execution_arn": run.execution_arn, "segment": segment}}
+    # Write-ahead: the successor may stop the session before it takes the run over (its Init could
+    # fail first), and the sweeper leaves the session to it while it runs.
+    successor = execution_arn_of(event.state_machine_arn, name)
+    rs.update_state(run.run_id, lambda s: setattr(s, "successor_execution_arn", successor), execution_arn=run.execution_arn)
     arn = task_tokens.start_execution(sfn_client(), event.state_machine_arn, name, body)
     logger.info("continued as a new execution", extra={"next_execution": arn, "segment": segment})
     return {"execution_arn": arn, "name": name}

@@ -1,0 +1,139 @@
+"""Which training sessions may be stopped, and by whom: the stop rule of the execution paths and the
+scheduled sweeper's verdict. Pure (no I/O): the handlers read the state, the sessions and the
+executions, then ask here.
+
+Every billed session is stopped by the execution that owns the run (its stop path or catch-all), by
+Cleanup when that execution ends without one (EventBridge), and, because EventBridge delivery is
+best-effort (a console stop may never reach Cleanup), by the sweeper: a scheduled Lambda that stops
+each active session of this stack whose run no execution still drives.
+
+A session is *of this stack* when its tags name this stack's bucket and a run whose
+``state.json`` in that bucket names the session (`run_of_session`); sessions created before the
+tags are matched by name (`stepwise.core.phases.session_name_for` of a run id in the bucket).
+Anything else is never touched: another stack's sessions, a user's own.
+
+Continue-as-new: ContinueRun records the next execution (``RunState.successor_execution_arn``)
+before starting it, so from that moment until the successor's Init takes the run over, both the
+owner and the successor may stop the session (`may_stop_session`), and the sweeper leaves the
+session alone while the successor runs: there is no window in which no execution may stop it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from stepwise.core.phases import session_name_for
+from stepwise.records import RunState
+
+#: Tags CreateTrainingSession gives every session (``stepwise.aws.sagemaker.create_session``).
+TAG_RUN_ID = "stepwise:run-id"
+TAG_BUCKET = "stepwise:bucket"
+#: DescribeExecution statuses of an execution that may still act on its run (a redrive restarts it).
+LIVE_EXECUTION_STATUSES = frozenset({"RUNNING", "PENDING_REDRIVE"})
+#: The status this module is given for an execution Step Functions does not know (ExecutionDoesNotExist:
+#: never started, or closed more than 90 days ago): it does not run.
+GONE = "GONE"
+#: The prefix of a swept run's ``stop_reason``: an abnormal end, so `stepwise resume` continues it
+#: (`stepwise.core.phases.is_failure_stop` reads ``execution ...``).
+SWEPT_REASON_PREFIX = "execution ended without stopping its session"
+
+
+def session_tags(run_id: str, bucket: str) -> list[dict[str, str]]:
+    """The ``Tags`` of a run's session (CreateTrainingSession): the run id and this stack's bucket."""
+    return [{"Key": TAG_RUN_ID, "Value": run_id}, {"Key": TAG_BUCKET, "Value": bucket}]
+
+
+def run_of_session(session_name: str, tags: Mapping[str, str], bucket: str,
+                   run_ids: Callable[[], Iterable[str]]) -> str | None:
+    """The run id of this stack whose session ``session_name`` may be, or None (not this stack's).
+
+    ``tags``: the session's tags (key -> value). A session tagged with another bucket is not this
+    stack's; one tagged with this bucket names its run. An untagged session (created before the
+    tags) is matched by name against ``run_ids()`` (this bucket's run ids, asked only then) through
+    `stepwise.core.phases.session_name_for`. The caller still checks that the run's state names the
+    session (`sweep_verdict`).
+    """
+    if TAG_BUCKET in tags or TAG_RUN_ID in tags:
+        if tags.get(TAG_BUCKET) != bucket or not tags.get(TAG_RUN_ID):
+            return None
+        return tags[TAG_RUN_ID]
+    for run_id in run_ids():
+        if session_name_for(run_id) == session_name:
+            return run_id
+    return None
+
+
+def may_stop_session(state: RunState, execution_arn: str) -> bool:
+    """Whether ``execution_arn`` may stop the run's session: its owner, or the successor the owner
+    started (continue-as-new) until that successor takes the run over."""
+    return execution_arn in (state.owner_execution_arn, state.successor_execution_arn)
+
+
+@dataclass(frozen=True)
+class SweepVerdict:
+    """What the sweeper does with one active session.
+
+    Attributes:
+        stop: stop it.
+        mark: also record in ``state.json`` that the run's session is stopped (`mark_swept`),
+            before stopping it (a resume then starts a new session instead of using this one).
+        reason: why, for the log, the metric and the notification.
+    """
+
+    stop: bool
+    mark: bool
+    reason: str
+
+
+def sweep_verdict(session_name: str, state: RunState, owner_status: str | None,
+                  successor_status: str | None = None) -> SweepVerdict:
+    """The sweeper's verdict on the active session ``session_name`` of the run ``state`` describes.
+
+    ``owner_status`` / ``successor_status``: DescribeExecution's status of
+    ``state.owner_execution_arn`` / ``state.successor_execution_arn`` (`GONE` when Step Functions
+    does not know it; None when it could not be read, or, for the successor, when none is recorded).
+
+    Stops a session the run no longer uses (it names another session, or recorded this one
+    stopped), and the run's session when neither its owner nor a recorded successor can still
+    stop it. Leaves it alone while either runs, or when a status could not be read.
+    """
+    if state.training_session_name != session_name:
+        return SweepVerdict(True, False, f"the run's state names another session ({state.training_session_name})")
+    if state.session_stopped:
+        return SweepVerdict(True, False, "the run recorded its session stopped, but it is still active")
+    if owner_status in LIVE_EXECUTION_STATUSES:
+        return SweepVerdict(False, False, f"owner execution {state.owner_execution_arn} is {owner_status}")
+    if owner_status is None:
+        return SweepVerdict(False, False, f"owner execution {state.owner_execution_arn}: status unknown")
+    reason = f"owner execution {state.owner_execution_arn} ended {owner_status}"
+    if state.successor_execution_arn:
+        if successor_status in LIVE_EXECUTION_STATUSES:
+            return SweepVerdict(False, False, f"handed over to execution {state.successor_execution_arn}, "
+                                              f"{successor_status}")
+        if successor_status is None:
+            return SweepVerdict(False, False, f"successor execution {state.successor_execution_arn}: status unknown")
+        reason += f"; its successor {state.successor_execution_arn} ended {successor_status} before taking the run over"
+    return SweepVerdict(True, True, reason)
+
+
+def mark_swept(state: RunState, session_name: str, owner: str, successor: str | None, reason: str) -> None:
+    """Record in ``state`` that its session was stopped by the sweeper (mutates: ``session_stopped``,
+    ``session_status``, a ``stop_reason`` that `stepwise resume` treats as an abnormal end).
+
+    Raises:
+        SweepConflict: the run moved on since the verdict (another owner, successor or session, or
+            already stopped): nothing is marked and the session is left for the next sweep.
+    """
+    if (state.training_session_name, state.owner_execution_arn, state.successor_execution_arn) != \
+            (session_name, owner, successor) or state.session_stopped:
+        raise SweepConflict(f"run {state.run_id!r} changed since it was read (owner {state.owner_execution_arn}, "
+                            f"session {state.training_session_name}, stopped {state.session_stopped})")
+    state.session_stopped = True
+    state.session_status = "Stopping"
+    if state.stop_reason is None:
+        state.stop_reason = f"{SWEPT_REASON_PREFIX} ({reason})"
+
+
+class SweepConflict(RuntimeError):
+    """The run's state changed between the sweeper's read and its write (`mark_swept`)."""

@@ -1,0 +1,111 @@
+"""SweepSessions: every few minutes (an EventBridge schedule; the local stack invokes it), stop each
+active training session of this stack that no execution still drives.
+
+EventBridge delivers execution status changes best-effort, so an execution stopped from the console
+may never run Cleanup, and its session would bill until someone notices. For each active session
+(ListTrainingSessions, names ``stepwise-*``), this finds its run in this stack's bucket
+(`stepwise.core.sweeping.run_of_session`: the session's tags, else its name), reads the run's
+``state.json`` and the status of its owner execution and recorded successor, and stops it when
+`stepwise.core.sweeping.sweep_verdict` says so, after recording the stop in ``state.json``
+(`stepwise.core.sweeping.mark_swept`, conditional on the state it decided on). Sessions of other
+stacks and sessions it cannot attribute are never touched.
+
+Each stopped session is logged (``training session swept``, counted by the stack's metric filter),
+emitted as the run's ``sessions/swept`` metric, and, when the stack has a notification topic,
+published to it in one message per sweep. A session that could not be handled is logged and the
+invocation fails at the end (Lambda's error metric), after the others were handled.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stepwise.aws import notifications, sagemaker, task_tokens
+from stepwise.aws.runstore import RunNotFound
+from stepwise.core.sweeping import SweepConflict, mark_swept, run_of_session, sweep_verdict
+from stepwise.events import SweepEvent
+from stepwise.handlers._common import emit, entrypoint, logger, run_config, settings, sfn_client, store
+
+#: The log message of each stopped session (the stack's metric filter counts it: keep it stable).
+SWEPT_MESSAGE = "training session swept"
+
+
+class SweepIncomplete(RuntimeError):
+    """Some active sessions could not be handled (each is logged with its error)."""
+
+
+def _status(arn: str | None) -> str | None:
+    return task_tokens.execution_status(sfn_client(), arn) if arn else None
+
+
+def sweep(event: SweepEvent) -> dict[str, Any]:
+    """Stop the active sessions of this stack that no execution still drives; returns
+    ``{"stopped": [{session, run_id, reason}], "left": [{session, run_id, reason}], "errors": [...]}``.
+
+    Raises:
+        SweepIncomplete: some sessions could not be handled (after handling the rest).
+    """
+    s = settings()
+    rs = store()
+    cp = sagemaker.control_plane(s.region)
+    run_ids: list[str] | None = None
+
+    def bucket_run_ids() -> list[str]:
+        nonlocal run_ids
+        if run_ids is None:
+            run_ids = rs.list_run_ids()
+        return run_ids
+
+    stopped: list[dict[str, str]] = []
+    left: list[dict[str, str]] = []
+    errors: list[dict[str, str]] = []
+    for name in sagemaker.list_active_sessions(cp):
+        run_id: str | None = None
+        try:
+            detail = sagemaker.session_detail(cp, name)
+            if detail.get("TrainingSessionStatus") not in sagemaker.ACTIVE_SESSION_STATUSES:
+                continue  # ended since the listing
+            tags = {t["Key"]: t["Value"] for t in detail.get("Tags") or []}
+            run_id = run_of_session(name, tags, rs.bucket, bucket_run_ids)
+            if run_id is None:
+                left.append({"session": name, "run_id": "", "reason": "not a session of this stack"})
+                continue
+            state, _ = rs.read_state(run_id)
+            owner, successor = state.owner_execution_arn, state.successor_execution_arn
+            verdict = sweep_verdict(name, state, _status(owner), _status(successor))
+            if not verdict.stop or event.dry_run:
+                left.append({"session": name, "run_id": run_id, "reason": verdict.reason})
+                continue
+            if verdict.mark:
+                rs.update_state(run_id, lambda st: mark_swept(st, name, owner, successor, verdict.reason),
+                                execution_arn=None)
+            sagemaker.stop_session(run_config(run_id), name)
+        except (RunNotFound, SweepConflict) as e:
+            left.append({"session": name, "run_id": run_id or "", "reason": str(e)})
+            continue
+        except Exception as e:  # handle the other sessions; fail at the end
+            logger.exception("could not sweep a training session", extra={"training_session_name": name, "run_id": run_id})
+            errors.append({"session": name, "run_id": run_id or "", "error": sagemaker.describe_error(e)})
+            continue
+        stopped.append({"session": name, "run_id": run_id, "reason": verdict.reason})
+        logger.warning(SWEPT_MESSAGE, extra={"training_session_name": name, "run_id": run_id, "reason": verdict.reason})
+        emit({"sessions/swept": 1}, run_id=run_id)
+    if stopped and s.notification_topic_arn:
+        import boto3
+
+        from stepwise.aws.clients import client_config
+
+        lines = [f"- {x['session']} (run {x['run_id']}): {x['reason']}" for x in stopped]
+        notifications.publish(
+            boto3.client("sns", config=client_config()), s.notification_topic_arn,
+            f"Stepwise stopped {len(stopped)} training session(s) no execution was driving",
+            "The session sweeper stopped these training sessions (their executions ended without stopping "
+            "them; `stepwise resume RUN` continues a run from its newest checkpoint):\n" + "\n".join(lines))
+    out = {"stopped": stopped, "left": left, "errors": errors}
+    logger.info("sessions swept", extra={"stopped": len(stopped), "left": len(left), "errors": len(errors)})
+    if errors:
+        raise SweepIncomplete(f"{len(errors)} active session(s) could not be swept: {errors}")
+    return out
+
+
+handler = entrypoint(SweepEvent, sweep)
