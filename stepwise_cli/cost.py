@@ -87,11 +87,11 @@ OVERLAPPED_STEP_CHOICES = {
     "What comes next?": "Train or eval batch?",
     "Train or eval batch?": "Compute advantages and filter groups",
     "Enough groups to train?": "Train this step while rolling out the next",
+    "Sampler rebound?": "Plan next action",  # the rebind runs after both branches join
 }
 OVERLAP_PARALLEL = "Train this step while rolling out the next"
 OVERLAP_BRANCH_CHOICES = {
-    "This step's training done?": "Rebind sampler after this step",
-    "Sampler rebound after this step?": "This step trained and rebound",
+    "This step's training done?": "This step trained",
     "Next step's rollouts planned?": "Roll out the next step's generation batch",
 }
 
@@ -264,7 +264,8 @@ def rollout_usage(turns: float, a: Assumptions, counts: dict[str, int], mem: dic
 def overlapped_fraction(cfg: RunConfig) -> float:
     """The share of steps whose first generation batch rolls out while the previous step trains, at
     ``max_staleness`` 1 (`stepwise.core.staleness.roll_out_ahead_blocker`): all but the steps after
-    which a ``save_every`` checkpoint or a new execution (``steps_per_execution``) comes first."""
+    which a ``save_every`` checkpoint or a new execution (``steps_per_execution``) comes first (and
+    the run's first step, trained on the base model's sampler: one step of the run, not counted)."""
     blocked = 1.0 / cfg.steps_per_execution + (1.0 / cfg.save_every if cfg.save_every > 0 else 0.0)
     return max(0.0, 1.0 - blocked)
 
@@ -275,8 +276,9 @@ def session_per_step(cfg: RunConfig, a: Assumptions, max_staleness: int, gen_bat
     The session is billed for the whole wall time of a step, busy or not. Sequential (0): rollouts
     of every generation batch, orchestration, then training and rebind, one after the other:
     ``wall = gen_batches x (rollout + orchestration) + train + rebind``. Overlapped (1): the next
-    step's first generation batch rolls out during training and rebind, so that part costs
-    ``max(rollout, train + rebind)`` instead of their sum (DAPO's further generation batches stay
+    step's first generation batch rolls out during training, so that part costs
+    ``max(rollout, train) + rebind`` instead of their sum (the rebind waits for both: no rollout
+    samples while the sampler loads the next package; DAPO's further generation batches stay
     sequential), on the `overlapped_fraction` of steps; the others are sequential.
 
     Returns ``{"wall_seconds", "busy_seconds", "idle_seconds", "session_hours"}`` per step
@@ -287,7 +289,8 @@ def session_per_step(cfg: RunConfig, a: Assumptions, max_staleness: int, gen_bat
     sequential = gen_batches * per_batch + busy
     wall = sequential
     if max_staleness >= 1:
-        overlapped = max(a.rollout_seconds, busy) + a.orchestration_seconds + (gen_batches - 1) * per_batch
+        overlapped = (max(a.rollout_seconds, a.train_seconds) + a.rebind_seconds + a.orchestration_seconds
+                      + (gen_batches - 1) * per_batch)
         f = overlapped_fraction(cfg)
         wall = f * overlapped + (1 - f) * sequential
     return {"wall_seconds": wall, "busy_seconds": busy, "idle_seconds": wall - busy, "session_hours": wall / 3600}

@@ -48,6 +48,7 @@ def walk(s: RunState, c: RunConfig, *, overlap: bool, limit: int = 2000) -> list
             plan_ahead(s, c, d.step)
         s.step += 1  # Rebind
         s.policy_version += 1
+        s.sampler_model_package_arn = f"arn:aws:sagemaker:us-east-1:123456789012:model-package/g/{s.policy_version}"
         s.generation_batch = 0
     raise AssertionError(f"no finish in {limit} actions: {seen[-5:]}")
 
@@ -68,7 +69,7 @@ def test_overlap_trains_the_same_prompts_at_the_same_steps_with_the_same_evals_a
 
 def test_the_next_batch_is_planned_while_a_step_trains_and_handed_on_at_its_start():
     c = cfg(batch_size=2, responses_per_prompt=2, max_staleness=1)
-    s = state(dataset_rows=8)
+    s = state(dataset_rows=8, sampler_model_package_arn="arn:aws:sagemaker:us-east-1:123456789012:model-package/g/1")
     assert decide(s, c).rows == [0, 1]
     s.current_batch = None
     s.phase = "train"  # step 0 trains ...
@@ -100,6 +101,23 @@ def test_nothing_is_rolled_out_ahead_when_something_else_comes_first(kw, rows, r
     before = s.model_dump()
     d, why = plan_ahead(s, c, 0)
     assert d is None and reason in why and s.model_dump() == before
+
+
+def test_nothing_is_rolled_out_ahead_while_the_sampler_is_the_base_model():
+    """For the service a sample without a model package runs on "the session's latest checkpoint", which
+    the step being trained replaces (botocore's SampleConfig): rollouts planned on the base model ("")
+    could sample the new weights while they record version 0. The first step (or any step still on
+    the base model) is never overlapped; once the sampler names a package, the next step is."""
+    c = cfg(batch_size=2, responses_per_prompt=2, max_staleness=1)
+    s = state(dataset_rows=8)
+    decide(s, c)
+    s.current_batch, s.phase = None, "train"
+    before = s.model_dump()
+    d, why = plan_ahead(s, c, 0)
+    assert d is None and "base model" in why and s.model_dump() == before
+    s.sampler_model_package_arn = "arn:aws:sagemaker:us-east-1:123456789012:model-package/g/1"  # resumed from a package
+    d, why = plan_ahead(s, c, 0)
+    assert why == "planned" and d.step == 1
 
 
 def test_a_resume_drops_the_batch_rolled_out_ahead_and_rewinds_to_the_checkpoints_cursor():

@@ -18,7 +18,7 @@ import uuid
 import pytest
 
 from tests.support.pipeline import FakeAgent, Stack, wait_execution as _wait
-from stepwise.layout import rollouts_prefix, state_key, summary_key
+from stepwise.layout import session_key, rollouts_prefix, state_key, summary_key
 
 BUCKET = "stepwise-overlap-drill"
 TRAIN_LATENCY_S = 2.0
@@ -73,20 +73,29 @@ def test_an_overlapped_run_trains_every_step_once_on_rollouts_at_most_one_versio
     assert (state["step"], state["policy_version"], state["finished"]) == (4, 4, True)
     assert _optim(sim) - before == 4  # each step applied once, none twice
     assert _entered(sfn, arn, PARALLEL) == 4  # every trained step went through the Parallel state
-    assert _entered(sfn, arn, "Roll out the next step's generation batch") == 2  # steps 1 and 3, ahead
-    assert _entered(sfn, arn, "Nothing to roll out ahead") == 2  # a checkpoint first; the end
+    # Step 3 only, ahead: step 1's batch is not planned while step 0 trains on the base model's sampler
+    # ("" = the session's latest checkpoint for the service, which step 0 is replacing); step 2's
+    # checkpoint comes first; then the end.
+    assert _entered(sfn, arn, "Roll out the next step's generation batch") == 1
+    assert _entered(sfn, arn, "Nothing to roll out ahead") == 3
+    # the sampler is rebound after both branches joined, once per step
+    assert _entered(sfn, arn, "Rebind sampler to new weights") >= 4
     summaries = {s: _json(s3, summary_key(run_id, s)) for s in range(4)}
-    # Steps 1 and 3 sampled on the policy their predecessor was still training (forward_backward
-    # takes 2 s, the agent answers at once); 0 and 2 are on-policy.
-    assert [summaries[s]["staleness/max"] for s in range(4)] == [0.0, 1.0, 0.0, 1.0]
-    assert summaries[1]["staleness/stale_fraction"] == 1.0
+    # Step 3 sampled on the policy step 2 was still training (forward_backward takes 2 s, the agent
+    # answers at once); 0, 1 and 2 are on-policy.
+    assert [summaries[s]["staleness/max"] for s in range(4)] == [0.0, 0.0, 0.0, 1.0]
+    assert summaries[3]["staleness/stale_fraction"] == 1.0
     for s in range(4):
         assert summaries[s]["time/session_busy"] >= TRAIN_LATENCY_S
         assert summaries[s]["time/session_idle"] >= 0.0 and "time/step_wall" in summaries[s]
     # every rollout record names the policy it sampled with: the version before its step's predecessor rebound
-    for s, expected in ((0, 0), (1, 0), (2, 2), (3, 2)):
+    # and sampled exactly the model package of that version (its session record: what the gateway sampled)
+    package_of = {0: ""} | {summaries[s]["policy_version"]: summaries[s]["sampler_model_package_arn"] for s in range(4)}
+    for s, expected in ((0, 0), (1, 1), (2, 2), (3, 2)):
         records = [_json(s3, k) for k in _keys(s3, rollouts_prefix(run_id, s, 0))]
         assert records and {r["policy_version"] for r in records} == {expected}, s
+        sampled = {_json(s3, session_key(r["sid"]))["sampler_model_package_arn"] for r in records}
+        assert sampled == {package_of[expected]}, (s, sampled)
     # the step-2 checkpoint's cursor is where step 2 starts: no batch rolled out ahead in it
     (ckpt,) = [c for c in state["checkpoints"] if c["reason"] == "save_every"]
     assert (ckpt["step"], ckpt["cursor"]) == (2, 4)

@@ -129,11 +129,16 @@ def test_overlapped_step_is_a_parallel_of_training_and_the_next_steps_rollouts()
     assert enough["Choices"][1] == {"Variable": "$.advantages.decision", "StringEquals": "train",
                                     "Next": "Submit training step"}
     par = states["Train this step while rolling out the next"]
-    assert par["Type"] == "Parallel" and par["ResultPath"] is None and par["Next"] == "Plan next action"
+    # The sampler is rebound after both branches join, by the sequential loop's Rebind state: no AWS
+    # documentation says a session keeps serving the previous model package while it loads the next, so
+    # no rollout may sample while the sampler changes under it.
+    assert par["Type"] == "Parallel" and par["ResultPath"] is None and par["Next"] == "Rebind sampler to new weights"
+    assert states["Sampler rebound?"]["Choices"][0]["Next"] == "Plan next action"
     assert par["Catch"] == [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.error", "Next": STOP_ON_FAILURE}]
     train, roll = par["Branches"]
     resources = {st.get("Resource") for st in train["States"].values()}
-    assert {"${SubmitTrainFunctionArn}", "${PollOperationFunctionArn}", "${RebindFunctionArn}"} <= resources
+    assert {"${SubmitTrainFunctionArn}", "${PollOperationFunctionArn}"} <= resources
+    assert "${RebindFunctionArn}" not in resources and "${RebindFunctionArn}" not in json.dumps(roll)
     plan = roll["States"][roll["StartAt"]]
     assert plan["Resource"] == "${PlanStepFunctionArn}" and plan["Parameters"]["ahead_of_step.$"] == "$.advantages.step"
     ahead_map = roll["States"]["Roll out the next step's generation batch"]

@@ -256,6 +256,7 @@ def plan_ahead(state: RunState, cfg: RunConfig, trained_step: int, *,
             c.step == next_step and c.reason == "save_every" for c in state.checkpoints),
         segment_ends=next_step - state.segment_start_step >= cfg.steps_per_execution,
         stop_due=None if finishing or cfg.max_staleness < 1 else stopping.ahead_reason(state, cfg, now(), next_step),
+        base_sampler=not state.sampler_model_package_arn,
     )
     if blocker is not None:
         return None, blocker

@@ -78,7 +78,7 @@ def staleness_metrics(sampled_versions_R: Sequence[int | None], trained_version:
 
 
 def roll_out_ahead_blocker(*, max_staleness: int, finishing: bool, save_due: bool, segment_ends: bool,
-                           stop_due: str | None = None) -> str | None:
+                           stop_due: str | None = None, base_sampler: bool = False) -> str | None:
     """Why the next step's first generation batch may NOT be rolled out while this step trains, or None.
 
     Args:
@@ -90,6 +90,10 @@ def roll_out_ahead_blocker(*, max_staleness: int, finishing: bool, save_due: boo
             (``steps_per_execution``): the next execution starts that step on its own.
         stop_due: the stop reason a stopping rule gives for the next step (`stepwise.core.stopping.ahead_reason`):
             the run ends before it, so its batch would be rolled out for nothing.
+        base_sampler: the sampler is still the base model (``sampler_model_package_arn`` ``""``). For
+            the service a sample without ``modelPackageArn`` runs against "the session's latest
+            checkpoint" (botocore's ``SampleConfig``), which becomes the weights this step saves while
+            the rollouts run: they would sample a version newer than the one they record.
 
     Evals due before the next step do not block: the eval runs after the rebind, on the new policy,
     and the batch rolled out ahead waits for it in ``state.json``.
@@ -104,6 +108,8 @@ def roll_out_ahead_blocker(*, max_staleness: int, finishing: bool, save_due: boo
         return "the execution continues as a new one first"
     if stop_due is not None:
         return f"the run stops before the next step ({stop_due})"
+    if base_sampler:
+        return "the sampler is the base model (for the service: the session's latest checkpoint, which this step replaces)"
     return None
 
 
