@@ -18,7 +18,7 @@ from aws_cdk import aws_sns as sns
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
-from stepwise.executions import ABNORMAL_END_STATUSES, EXECUTION_STATUS_CHANGE, TERMINAL_STATUSES
+from stepwise.executions import ABNORMAL_END_STATUSES, EXECUTION_STATUS_CHANGE, HANDED_OVER_KEY, TERMINAL_STATUSES
 
 
 def status_pattern(state_machine: sfn.IStateMachine, statuses: tuple[str, ...]) -> events.EventPattern:
@@ -27,6 +27,26 @@ def status_pattern(state_machine: sfn.IStateMachine, statuses: tuple[str, ...]) 
         source=["aws.states"],
         detail_type=[EXECUTION_STATUS_CHANGE],
         detail={"status": list(statuses), "stateMachineArn": [state_machine.state_machine_arn]},
+    )
+
+
+def run_end_pattern(state_machine: sfn.IStateMachine) -> events.EventPattern:
+    """The ends of a *run*: an execution of ``state_machine`` that failed, timed out or was stopped,
+    or that succeeded without handing the run over to a next execution (continue-as-new ends
+    SUCCEEDED with ``{"handed_over_to": ...}`` as its output: ``stepwise.executions.HANDED_OVER_KEY``).
+    EventBridge's ``anything-but`` with a ``wildcard`` on ``detail.output`` (the execution's output
+    JSON text, in every status-change event) tells the two successes apart."""
+    abnormal = [s for s in TERMINAL_STATUSES if s != "SUCCEEDED"]
+    return events.EventPattern(
+        source=["aws.states"],
+        detail_type=[EXECUTION_STATUS_CHANGE],
+        detail={
+            "stateMachineArn": [state_machine.state_machine_arn],
+            "$or": [
+                {"status": abnormal},
+                {"status": ["SUCCEEDED"], "output": [{"anything-but": {"wildcard": f'*"{HANDED_OVER_KEY}"*'}}]},
+            ],
+        },
     )
 
 
@@ -58,8 +78,9 @@ class Cleanup(Construct):
             detail = events.EventField.from_path
             self.notify_rule = events.Rule(
                 self, "NotifyRunEnd",
-                description="A training run's execution succeeded, failed, timed out or was stopped -> SNS",
-                event_pattern=status_pattern(state_machine, TERMINAL_STATUSES),
+                description="A training run's execution succeeded, failed, timed out or was stopped -> SNS "
+                            "(not a continue-as-new hand-over)",
+                event_pattern=run_end_pattern(state_machine),
                 targets=[targets.SnsTopic(topic, message=events.RuleTargetInput.from_text(
                     f"Stepwise run {detail('$.detail.name')} {detail('$.detail.status')} "
                     f"(execution {detail('$.detail.executionArn')})"))],

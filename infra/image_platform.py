@@ -25,6 +25,29 @@ LOCK = ROOT / "lambdas" / "requirements.lock"
 
 #: CPython of the Lambda base image (``amazon/aws-lambda-python:<PYTHON_VERSION>``).
 PYTHON_VERSION = "3.13"
+#: The interpreter of the base image by the one name CPython's install always creates
+#: (``bin/python3.13``; ``make altinstall`` creates no ``python3``, nothing creates ``python``), on the
+#: image's PATH (its Dockerfile: ``/var/lang/bin`` first).
+INTERPRETER = f"python{PYTHON_VERSION}"
+GATEWAY_DOCKERFILE = ROOT / "lambdas" / "Dockerfile.gateway"
+
+
+def image_entrypoint(dockerfile: Path = GATEWAY_DOCKERFILE) -> list[str]:
+    """The exec-form ``ENTRYPOINT [...]`` of ``dockerfile`` (its last one). Raises ValueError when it
+    has none or a shell-form one (which would start a shell first)."""
+    import json
+
+    lines = [ln.strip() for ln in dockerfile.read_text().splitlines() if ln.strip().upper().startswith("ENTRYPOINT")]
+    if not lines:
+        raise ValueError(f"{dockerfile} has no ENTRYPOINT")
+    body = lines[-1][len("ENTRYPOINT"):].strip()
+    try:
+        argv = json.loads(body)
+    except ValueError:
+        raise ValueError(f"{dockerfile}: ENTRYPOINT {body!r} is not the exec form [\"prog\", ...]") from None
+    if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)):
+        raise ValueError(f"{dockerfile}: ENTRYPOINT {body!r} is not a list of strings")
+    return argv
 ABI = "cp" + PYTHON_VERSION.replace(".", "")
 #: Amazon Linux 2023's glibc: the newest manylinux tag the image's pip accepts.
 GLIBC_MINOR = 34

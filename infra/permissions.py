@@ -33,6 +33,10 @@ MLFLOW_ACTIONS = (
     "sagemaker-mlflow:GetExperimentByName", "sagemaker-mlflow:CreateExperiment", "sagemaker-mlflow:SearchRuns",
     "sagemaker-mlflow:CreateRun", "sagemaker-mlflow:LogBatch", "sagemaker-mlflow:UpdateRun",
 )
+#: What an MLflow app (``arn:...:mlflow-app/ID``) asks: the ``sagemaker-mlflow`` plugin signs its
+#: calls with the ``sagemaker`` signing name, and the Service Authorization Reference authorizes every
+#: MLflow API call on an app with this one action (resource type ``mlflow-app``).
+MLFLOW_APP_ACTIONS = ("sagemaker:CallMlflowAppApi",)
 #: What CreateTrainingSession needs of the caller on a customer managed key (training sessions
 #: prerequisites: the KMS permissions "to use a customer managed key through SageMaker AI"),
 #: allowed only on requests SageMaker makes for the caller (``kms:ViaService``).
@@ -182,15 +186,22 @@ class AgentRuntimes:
 
 
 class TrackingServers:
-    """The SageMaker managed MLflow tracking servers (``mlflowTrackingServerArns``; none: no grant)."""
+    """SageMaker managed MLflow: the tracking servers and MLflow apps runs log to
+    (``mlflowTrackingServerArns``; none: no grant). Every function that logs to MLflow gets its grant
+    here (`grant_tracking`), so a new one inherits both kinds."""
 
     def __init__(self, arns: tuple[str, ...] = ()) -> None:
         self.arns = arns
+        self.servers = [a for a in arns if ":mlflow-tracking-server/" in a]
+        self.apps = [a for a in arns if ":mlflow-app/" in a]
 
     def grant_tracking(self, role: iam.IGrantable) -> None:
-        """Log params and metrics, end runs (:data:`MLFLOW_ACTIONS`); nothing when no server is configured."""
-        if self.arns:
-            add_statements(role, iam.PolicyStatement(actions=list(MLFLOW_ACTIONS), resources=list(self.arns)))
+        """Log params and metrics, end runs: :data:`MLFLOW_ACTIONS` on the tracking servers, and
+        :data:`MLFLOW_APP_ACTIONS` on the apps; nothing when none is configured."""
+        if self.servers:
+            add_statements(role, iam.PolicyStatement(actions=list(MLFLOW_ACTIONS), resources=self.servers))
+        if self.apps:
+            add_statements(role, iam.PolicyStatement(actions=list(MLFLOW_APP_ACTIONS), resources=self.apps))
 
 
 def add_statements(role: iam.IGrantable, *statements: iam.PolicyStatement) -> None:

@@ -20,8 +20,10 @@ ROLE_ARN_RE = re.compile(r"^arn:aws[a-z\-]*:iam::\d{12}:role/[A-Za-z0-9_+=,.@\-/
 TOPIC_ARN_RE = re.compile(r"^arn:aws[a-z\-]*:sns:[a-z0-9\-]+:\d{12}:[A-Za-z0-9_\-]+\Z", re.A)
 #: A key ARN (not an alias: IAM authorizes KMS requests against the key, CreateTrainingSession takes a key ARN).
 KMS_KEY_ARN_RE = re.compile(r"^arn:aws[a-z\-]*:kms:[a-z0-9\-]+:\d{12}:key/(mrk-)?[a-f0-9\-]+\Z", re.A)
-#: SageMaker managed MLflow: a tracking server (the resource type ``sagemaker-mlflow:*`` actions name).
-MLFLOW_SERVER_ARN_RE = re.compile(r"^arn:aws[a-z\-]*:sagemaker:[a-z0-9\-]+:\d{12}:mlflow-tracking-server/[A-Za-z0-9\-]+\Z", re.A)
+#: SageMaker managed MLflow: a tracking server (the resource type ``sagemaker-mlflow:*`` actions name) or an
+#: MLflow app (``sagemaker:CallMlflowAppApi`` on ``mlflow-app/ID``).
+MLFLOW_SERVER_ARN_RE = re.compile(
+    r"^arn:aws[a-z\-]*:sagemaker:[a-z0-9\-]+:\d{12}:(?:mlflow-tracking-server|mlflow-app)/[A-Za-z0-9\-]+\Z", re.A)
 #: S3 bucket naming rules (general purpose buckets): 3-63 of lowercase letters, digits, dots, hyphens.
 BUCKET_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]\Z", re.A)
 #: Lambda's reserved concurrency cannot exceed the account's concurrency quota (1,000 by default).
@@ -69,10 +71,11 @@ class StackSettings:
         kms_key_arn: the customer managed KMS key runs name as ``kms_key_arn`` (context
             ``kmsKeyArn``); Init gets the KMS permissions CreateTrainingSession needs on it,
             only through SageMaker (``kms:ViaService``). '' = runs use no customer managed key.
-        mlflow_tracking_server_arns: SageMaker managed MLflow tracking servers runs log to
-            (context ``mlflowTrackingServerArns``); the functions that log get the
-            ``sagemaker-mlflow`` actions MLflow's client calls on them. Empty = no grant
-            (tracking to a managed server then fails, visibly, in each step summary).
+        mlflow_tracking_server_arns: SageMaker managed MLflow tracking servers and MLflow apps runs
+            log to (context ``mlflowTrackingServerArns``); the functions that log get the
+            ``sagemaker-mlflow`` actions MLflow's client calls on a tracking server, and
+            ``sagemaker:CallMlflowAppApi`` on an app. Empty = no grant (tracking to a managed
+            server or app then fails, visibly, in each step summary).
         sweep_minutes: minutes between two runs of the session sweeper (context ``sweepMinutes``,
             1-60, default 5): it stops training sessions of this stack whose executions ended without
             stopping them (EventBridge's execution events, which run Cleanup, are best-effort).
@@ -136,7 +139,8 @@ class StackSettings:
             kms_key_arn=_one_arn(get("kmsKeyArn"), "kmsKeyArn", KMS_KEY_ARN_RE, "arn:aws:kms:REGION:ACCOUNT:key/KEY_ID"),
             mlflow_tracking_server_arns=_arns(get("mlflowTrackingServerArns"), "mlflowTrackingServerArns",
                                               MLFLOW_SERVER_ARN_RE,
-                                              "arn:aws:sagemaker:REGION:ACCOUNT:mlflow-tracking-server/NAME"),
+                                              "arn:aws:sagemaker:REGION:ACCOUNT:mlflow-tracking-server/NAME or "
+                                              "arn:aws:sagemaker:REGION:ACCOUNT:mlflow-app/ID"),
             sweep_minutes=_int(get("sweepMinutes"), "sweepMinutes", d.sweep_minutes, 1, 60),
             gateway_reserved_concurrency=(None if get("gatewayReservedConcurrency") in (None, "") else _int(
                 get("gatewayReservedConcurrency"), "gatewayReservedConcurrency", 0, 1, MAX_RESERVED_CONCURRENCY)),

@@ -10,7 +10,7 @@ Modes:
   a function's CMD), then call it once per event of the JSON list on stdin with a Lambda-like
   context; writes ``{"python", "path", "import_s", "first_invoke_s", "maxrss_mb", "outputs"}`` (or
   ``{"error"}``) to OUT. ``maxrss_mb`` is the peak RSS after the first invocation (after the import if there is no event).
-- ``gateway ARGS...``: ``python -m stepwise.gateway ARGS...`` (the gateway image's ENTRYPOINT).
+- ``gateway ARGS...``: ``python3.13 -m stepwise.gateway ARGS...`` (the gateway image's ENTRYPOINT).
 """
 
 import sys

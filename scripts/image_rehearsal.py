@@ -21,7 +21,9 @@ images' Python against the local stack.
    dev venv as loopback servers, with a loopback agent standing in for ACR: first-invocation
    peak RSS (``VmHWM``: ``ru_maxrss`` survives execve, see image_child.py) against the
    function's ``memory_mb``.
-5. **Serve** the gateway (``python -m stepwise.gateway``) under 3.13 and GET ``/healthz``.
+5. **Serve** the gateway by ``lambdas/Dockerfile.gateway``'s ENTRYPOINT (``python3.13 -m stepwise.gateway``),
+   its interpreter looked up by name as the image does, among what the base image is known to have
+   (``infra.image_platform.INTERPRETER``), and GET ``/healthz``.
 6. **Unit tests** of the handler package (``FAST_TESTS``) under 3.13, pytest and hypothesis
    installed in their own ``--target`` folder.
 
@@ -50,7 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "lambdas")]
 
 from infra.image_platform import (  # noqa: E402
-    LOCK, PYTHON_VERSION, normalize, read_lock, supported_tags, target_args, target_python)
+    INTERPRETER, LOCK, PYTHON_VERSION, image_entrypoint, normalize, read_lock, supported_tags, target_args, target_python)
 from local._proc import stop_process  # noqa: E402
 
 LAMBDAS = ROOT / "lambdas"
@@ -320,14 +322,39 @@ def _wait_for_objects(s3: Any, bucket: str, keys: list[str], timeout: float = 60
 # ------------------------------------------------------------------------- 5. gateway
 
 
-def serve_gateway(python313: str, site: Path, runner: Runner) -> None:
-    """``python -m stepwise.gateway --port 0`` under 3.13 (moto's S3 as its bucket): readiness answers."""
-    from tests.support.gateway import BUCKET, REGION, MotoS3
+def entrypoint_interpreter(entrypoint: list[str], python313: str, bin_dir: Path) -> str:
+    """The interpreter the gateway image's ``entrypoint`` starts, found as the image finds it: by PATH
+    lookup of its first word in a ``bin_dir`` that holds what the base image is known to have there,
+    ``INTERPRETER`` (a link to ``python313``). Raises RehearsalFailed for any other name (a bare
+    ``python``) or an entrypoint that does not run ``-m stepwise.gateway``."""
+    if entrypoint[1:3] != ["-m", "stepwise.gateway"]:
+        raise RehearsalFailed(f"Dockerfile.gateway's ENTRYPOINT {entrypoint} does not run -m stepwise.gateway")
+    link = bin_dir / INTERPRETER
+    if not link.exists():
+        link.symlink_to(python313)
+    found = shutil.which(entrypoint[0], path=str(bin_dir))
+    if found is None:
+        raise RehearsalFailed(f"Dockerfile.gateway's ENTRYPOINT starts {entrypoint[0]!r}, which the base image is not "
+                              f"known to have on its PATH (its interpreter: /var/lang/bin/{INTERPRETER})")
+    return found
 
+
+def serve_gateway(python313: str, site: Path, runner: Runner) -> None:
+    """The gateway image's ENTRYPOINT (``python3.13 -m stepwise.gateway``) with ``--port 0`` under 3.13
+    (moto's S3 as its bucket): readiness answers."""
     from stepwise.functions import GATEWAY_FUNCTION as spec
 
+    entry = image_entrypoint()
+    with tempfile.TemporaryDirectory() as bin_dir:
+        interpreter = entrypoint_interpreter(entry, python313, Path(bin_dir))
+        _serve_gateway(interpreter, entry, site, runner, spec)
+
+
+def _serve_gateway(interpreter: str, entry: list[str], site: Path, runner: Runner, spec: Any) -> None:
+    from tests.support.gateway import BUCKET, REGION, MotoS3
+
     s3 = MotoS3()
-    cmd = [python313, *ISOLATED, str(CHILD), str(site), str(LAMBDAS), "gateway", "--port", "0"]
+    cmd = [interpreter, *ISOLATED, str(CHILD), str(site), str(LAMBDAS), "gateway", *entry[3:], "--port", "0"]
     env = child_env({"STEPWISE_BUCKET": BUCKET, "AWS_ENDPOINT_URL_S3": s3.endpoint,
                      "AWS_DEFAULT_REGION": REGION, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"})
     t0 = time.perf_counter()
@@ -346,7 +373,7 @@ def serve_gateway(python313: str, site: Path, runner: Runner) -> None:
         time.sleep(3)  # the server warms transformers' tokenizer imports off the request path
         rss = _vm_hwm_mb(proc.pid)
         runner.rows[spec.name] = {"memory_mb": spec.memory_mb, "import_s": listening, "invoke_rss_mb": rss}
-        say(f"gateway: python -m stepwise.gateway listening after {listening:.2f} s; GET /healthz -> {body}; "
+        say(f"gateway: {' '.join(entry)} listening after {listening:.2f} s; GET /healthz -> {body}; "
             f"peak RSS {rss:.0f} MB of {spec.memory_mb} MB (3 s after readiness, tokenizer imports warmed)")
     finally:
         stop_process(proc, timeout=10)

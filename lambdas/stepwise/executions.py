@@ -38,6 +38,9 @@ TERMINAL_STATUSES = ("SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED")
 ABNORMAL_END_STATUSES = ("ABORTED", "TIMED_OUT", "FAILED")
 #: The EventBridge ``detail-type`` of an execution's status changes.
 EXECUTION_STATUS_CHANGE = "Step Functions Execution Status Change"
+#: The output key of an execution that handed its run over to the next one (continue-as-new; the
+#: ASL's "Handed over to the next execution" state): such a SUCCEEDED is no run end.
+HANDED_OVER_KEY = "handed_over_to"
 
 #: ``{prefix}--{segment}``: a continuation's execution name.
 CONTINUATION_RE = re.compile(r"^(?P<prefix>.+)--(?P<segment>\d+)$")

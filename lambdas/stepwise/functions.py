@@ -52,7 +52,7 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
 )
 
 #: The function of the gateway image (``lambdas/Dockerfile.gateway``), not the handler image. It
-#: has no Lambda handler: its ENTRYPOINT ``python -m stepwise.gateway`` runs ``handler`` (the web
+#: has no Lambda handler: its ENTRYPOINT ``python3.13 -m stepwise.gateway`` runs ``handler`` (the web
 #: server's ``main``) and the Lambda Web Adapter extension forwards invocations to that server.
 GATEWAY_FUNCTION = FunctionSpec(
     "Gateway", "stepwise.gateway.server.main", 2048, 900, "The agent's LLM endpoint: render, sample, capture turns"

@@ -75,3 +75,23 @@ def test_the_agent_rehearsal_runs_only_the_locks_versions_and_pure_wheels_of_the
     (wheels / "pure-1.0-py3-none-any.whl").unlink()
     with pytest.raises(module.RehearsalFailed, match="pure"):
         module.twins(pins, wheels)
+
+
+def test_the_gateway_image_starts_the_interpreter_its_base_image_is_known_to_have(rehearsal, tmp_path):
+    """The gateway image's ENTRYPOINT names the base image's CPython by the name its install always
+    creates (``python3.13``, first on the image's PATH in /var/lang/bin), not a bare ``python`` no
+    install creates; the rehearsal starts the gateway by that name, looked up among those names only."""
+    import re
+    import sys
+
+    from infra.image_platform import GATEWAY_DOCKERFILE, INTERPRETER, PYTHON_VERSION, image_entrypoint
+
+    entry = image_entrypoint()
+    (base,) = re.findall(r"^FROM (amazon/aws-lambda-python:\S+)$", GATEWAY_DOCKERFILE.read_text(), re.M)
+    assert base == f"amazon/aws-lambda-python:{PYTHON_VERSION}" and INTERPRETER == f"python{PYTHON_VERSION}"
+    assert entry == [INTERPRETER, "-m", "stepwise.gateway"]
+    found = rehearsal.entrypoint_interpreter(entry, sys.executable, tmp_path)
+    assert Path(found).name == INTERPRETER and Path(found).resolve() == Path(sys.executable).resolve()
+    for bad in (["python", "-m", "stepwise.gateway"], ["python3", "-m", "stepwise.gateway"], [INTERPRETER, "app.py"]):
+        with pytest.raises(rehearsal.RehearsalFailed):
+            rehearsal.entrypoint_interpreter(bad, sys.executable, tmp_path)

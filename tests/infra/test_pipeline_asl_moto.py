@@ -43,9 +43,13 @@ def test_a_run_trains_evaluates_continues_as_new_saves_and_stops(local):
     run_id = f"asl-{uuid.uuid4().hex[:6]}"
     before = dict(sim.counters)
     first = sfn.start_execution(stateMachineArn=sm_arn, name=run_id, input=json.dumps(config))["executionArn"]
-    assert _wait(sfn, first)["status"] == "SUCCEEDED"
+    handed = _wait(sfn, first)
+    assert handed["status"] == "SUCCEEDED"
     # steps_per_execution=1: step 0 in the first execution, step 1 in the second.
     second = _wait(sfn, first.replace(f":{run_id}", f":{run_id}--1"))
+    # the hand-over's output names the next execution (the run-end notification leaves it out)
+    assert json.loads(handed["output"])["handed_over_to"] == second["executionArn"]
+    assert "handed_over_to" not in second["output"]
     assert second["status"] == "SUCCEEDED", second.get("cause")
     state = _state(s3, run_id)
     assert state["step"] == 2 and state["policy_version"] == 2 and state["segment"] == 1

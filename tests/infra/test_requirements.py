@@ -74,7 +74,7 @@ def test_only_the_gateway_image_carries_the_web_adapter():
     # the extension would wait for a web server in the handler image
     assert "/opt/extensions" not in handler and "aws-lambda-adapter" not in handler
     assert re.search(r"^COPY --from=\S+ /lambda-adapter /opt/extensions/lambda-adapter$", gateway, re.M)
-    assert re.search(r'^ENTRYPOINT \["python", "-m", "stepwise\.gateway"\]$', gateway, re.M)
+    assert re.search(r'^ENTRYPOINT \["python3\.13", "-m", "stepwise\.gateway"\]$', gateway, re.M)
 
 
 def _resolve(path: str):

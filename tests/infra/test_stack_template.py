@@ -19,7 +19,7 @@ from aws_cdk import assertions  # noqa: E402
 
 from infra.definition import synthesized_definition, synthesized_substitutions  # noqa: E402
 from tests.support.stack import (  # noqa: E402
-    AGENT_ROLE, DATA_BUCKETS, GATEWAY_CONCURRENCY, KMS_KEY, MLFLOW_SERVER, REGION, RUNTIME, SCOPED_CONTEXT, SM_ROLE,
+    AGENT_ROLE, DATA_BUCKETS, GATEWAY_CONCURRENCY, KMS_KEY, MLFLOW_APP, MLFLOW_SERVER, REGION, RUNTIME, SCOPED_CONTEXT, SM_ROLE,
     TOPIC, resolve, synthesized,
 )
 from state_machine.definition import load_definition, placeholders, render_definition  # noqa: E402
@@ -340,14 +340,51 @@ def _only(template: dict, kind: str, prefix: str = "") -> str:
     return lid
 
 
+def _notify_rule(template: dict) -> dict:
+    rules = [r["Properties"] for r in resources(template, "AWS::Events::Rule").values()
+             if any(t["Arn"] == TOPIC for t in r["Properties"].get("Targets", []))]
+    assert len(rules) == 1
+    return rules[0]
+
+
 def test_topic_hears_run_ends_and_alarms(scoped_app):
     _, template = scoped_app
-    rules = [r["Properties"] for r in resources(template, "AWS::Events::Rule").values() if "EventPattern" in r["Properties"]]
-    notify = [r for r in rules if "SUCCEEDED" in r["EventPattern"]["detail"]["status"]]
-    assert len(notify) == 1 and notify[0]["Targets"][0]["Arn"] == TOPIC
-    assert set(notify[0]["EventPattern"]["detail"]["status"]) == {"SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED"}
+    notify = _notify_rule(template)
+    statuses = {s for branch in notify["EventPattern"]["detail"]["$or"] for s in branch["status"]}
+    assert statuses == {"SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED"}
     alarms = resources(template, "AWS::CloudWatch::Alarm").values()
     assert alarms and all(a["Properties"]["AlarmActions"] == [TOPIC] for a in alarms)
+
+
+def test_the_run_end_notification_leaves_continue_as_new_hand_overs_out(scoped_app):
+    """A hand-over ends SUCCEEDED too, with ``{"handed_over_to": ...}`` as its output (the ASL's
+    "Handed over to the next execution"): the rule's pattern, matched by moto's EventBridge pattern
+    matcher on the events a run's executions send, announces the run's end once, and every failure."""
+    from moto.events.models import EventPattern
+
+    from state_machine.definition import load_asl
+    from stepwise.executions import HANDED_OVER_KEY
+
+    _, template = scoped_app
+    pattern = json.loads(json.dumps(_notify_rule(template)["EventPattern"]).replace(
+        json.dumps({"Ref": _sm_lid(template)}), json.dumps("arn:sm")))
+    handover = load_asl()["States"]["Handed over to the next execution"]
+    assert handover["Type"] == "Pass" and handover.get("End") and HANDED_OVER_KEY + ".$" in handover["Parameters"]
+
+    def event(status: str, output: dict | None, sm: str = "arn:sm") -> dict:
+        return {"source": "aws.states", "detail-type": "Step Functions Execution Status Change",
+                "detail": {"executionArn": "arn:x", "stateMachineArn": sm, "status": status, "name": "run",
+                           "input": "{}", "output": None if output is None else json.dumps(output)}}
+
+    handed = {HANDED_OVER_KEY: "arn:aws:states:us-west-2:111122223333:execution:sm:run--1", "run": {"run_id": "run"}}
+    finished = {"run": {"run_id": "run"}, "stopped": {"stopped": True, "checkpoints": []}}
+    matcher = EventPattern(None, pattern)
+    assert not matcher.matches_event(event("SUCCEEDED", handed))
+    assert matcher.matches_event(event("SUCCEEDED", finished))
+    for status in ("FAILED", "TIMED_OUT", "ABORTED"):
+        assert matcher.matches_event(event(status, None)), status
+    assert not matcher.matches_event(event("FAILED", None, sm="arn:another-state-machine"))
+    assert not matcher.matches_event(event("RUNNING", None))
 
 
 def _role_statements_by_function(template: dict) -> dict[str, list[dict]]:
@@ -388,16 +425,24 @@ def test_a_kms_key_grants_init_what_create_training_session_needs_only_via_sagem
 
 
 def test_a_tracking_server_is_granted_to_every_function_that_logs(default_app, scoped_app):
-    from infra.permissions import MLFLOW_ACTIONS
+    """Tracking servers by the ``sagemaker-mlflow`` actions MLflow's client calls, MLflow apps by
+    ``sagemaker:CallMlflowAppApi`` on the app (its calls are signed as ``sagemaker``): every function
+    that logs gets both, through the one grant (`infra.permissions.TrackingServers.grant_tracking`)."""
+    from infra.permissions import MLFLOW_ACTIONS, MLFLOW_APP_ACTIONS
 
+    by_function = _role_statements_by_function(scoped_app[1])
     granted = {n: [s for s in stmts if any(a.startswith("sagemaker-mlflow:") for a in actions_of([s]))]
-               for n, stmts in _role_statements_by_function(scoped_app[1]).items()}
+               for n, stmts in by_function.items()}
+    apps = {n: [s for s in stmts if "sagemaker:CallMlflowAppApi" in actions_of([s])] for n, stmts in by_function.items()}
     # write_summary (ComputeAdvantages, RecordEval, Rebind) and finish_run (StopSession, Cleanup)
-    assert {n for n, v in granted.items() if v} == {"ComputeAdvantages", "RecordEval", "Rebind", "StopSession", "Cleanup"}
-    for name, stmts in granted.items():
-        for st in stmts:
+    loggers = {"ComputeAdvantages", "RecordEval", "Rebind", "StopSession", "Cleanup"}
+    assert {n for n, v in granted.items() if v} == loggers == {n for n, v in apps.items() if v}
+    for name in loggers:
+        for st in granted[name]:
             assert actions_of([st]) == set(MLFLOW_ACTIONS) and st["Resource"] == MLFLOW_SERVER, name
-    assert "sagemaker-mlflow" not in json.dumps(default_app[1])
+        for st in apps[name]:
+            assert actions_of([st]) == set(MLFLOW_APP_ACTIONS) and st["Resource"] == MLFLOW_APP, name
+    assert "sagemaker-mlflow" not in json.dumps(default_app[1]) and "CallMlflowAppApi" not in json.dumps(default_app[1])
 
 
 def test_data_buckets_are_granted_and_named_in_the_environment(default_app, scoped_app):
@@ -426,7 +471,7 @@ def test_no_arn_has_a_literal_partition(default_app, scoped_app):
         literal = {a.replace(',"', '"') for a in re.findall(r'"arn:aws[a-z\-]*:[^"]*"', text)}  # "A,": a joined list
         # the only literal ARNs are the context values this test gave (the user's own resources)
         assert literal <= {json.dumps(a) for a in (RUNTIME, f"{RUNTIME}/runtime-endpoint/*", SM_ROLE, AGENT_ROLE, TOPIC,
-                                                    KMS_KEY, MLFLOW_SERVER)}, literal
+                                                    KMS_KEY, MLFLOW_SERVER, MLFLOW_APP)}, literal
     assert "arn:aws" not in json.dumps(default_app[1])
 
 

