@@ -188,6 +188,13 @@ class RunConfig(BaseModel):
     base_model_arn: str = Field(
         description="hub-content ARN of the base model, or a hub model name/id from ServiceClient.list_base_models()"
     )
+    # --- the base model's license ---
+    accept_eula: bool = Field(
+        False,
+        description="accept the base model's end-user license agreement (EULA): sent as CreateTrainingSession's "
+        "ModelConfig.AcceptEula. A gated model (the SageMaker Public Hub marks it GatedBucket; `stepwise models` "
+        "lists which) is refused before any session without it. Read the model's license before setting it",
+    )
     s3_output_path: str = Field("", description="s3:// prefix for checkpoints; '' = the SDK's default")
     model_package_group_arn: str = Field("", description="model package group for checkpoints; '' = the SDK's default")
     lora_rank: int = Field(32, ge=limits.LORA_RANK.lo, le=limits.LORA_RANK.hi,

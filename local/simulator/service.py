@@ -45,6 +45,16 @@ from local.simulator.validation import CONTROL, RUNTIME, error, validate
 
 BASE_MODEL_NAME = "stepwise-tiny"
 BASE_MODEL_VERSION = "1.0.0"
+#: The same tiny model published as a *gated* hub model (its document says ``GatedBucket``, as the hub marks
+#: models whose license must be accepted): CreateTrainingSession refuses it without ``ModelConfig.AcceptEula``,
+#: so the refusal before billing has a drill. Its published id is the assets folder spelled with a trailing
+#: ``/.`` (the same files; the SDK's catalogue needs one id per model).
+GATED_MODEL_NAME = "stepwise-tiny-gated"
+#: Hub content name -> (display name, gated, published id): the models this simulator serves.
+HUB_MODELS: dict[str, tuple[str, bool, str]] = {
+    BASE_MODEL_NAME: ("Stepwise tiny byte-level LM (simulator)", False, str(ASSETS_DIR)),
+    GATED_MODEL_NAME: ("Stepwise tiny byte-level LM, gated: accept its EULA (simulator)", True, f"{ASSETS_DIR}/."),
+}
 PUBLIC_HUB = "SageMakerPublicHub"
 TRAINING_CAPABILITY_KEYWORD = "@capability:training_session"
 
@@ -288,8 +298,12 @@ class Simulator:
         name = p["TrainingSessionName"]
         base_arn = p["ModelConfig"]["BaseModelArn"]
         hub_name = base_arn.split("/")[3] if base_arn.count("/") >= 3 else ""
-        if hub_name != BASE_MODEL_NAME:
-            raise error(CONTROL, "not_found", f"Base model {base_arn!r} is not served here; the simulator serves {self._hub_arn()}")
+        if hub_name not in HUB_MODELS:
+            raise error(CONTROL, "not_found", f"Base model {base_arn!r} is not served here; the simulator serves "
+                                              f"{', '.join(self._hub_arn(n) for n in HUB_MODELS)}")
+        if HUB_MODELS[hub_name][1] and not p["ModelConfig"].get("AcceptEula"):
+            raise error(CONTROL, "validation", f"Base model {hub_name!r} is gated: its end-user license agreement must be "
+                                               "accepted (ModelConfig.AcceptEula = true)")
         group_arn = p.get("ModelPackageGroupArn") or self._ensure_group("sagemaker-default")
         group_name = group_arn.rsplit("/", 1)[-1]
         lora = p["LoraConfig"]
@@ -404,18 +418,19 @@ class Simulator:
 
     # ------------------------------------------------------------ hub and registry
 
-    def _hub_arn(self) -> str:
-        return f"arn:aws:sagemaker:{self.region}:aws:hub-content/{PUBLIC_HUB}/Model/{BASE_MODEL_NAME}/{BASE_MODEL_VERSION}"
+    def _hub_arn(self, name: str = BASE_MODEL_NAME) -> str:
+        return f"arn:aws:sagemaker:{self.region}:aws:hub-content/{PUBLIC_HUB}/Model/{name}/{BASE_MODEL_VERSION}"
 
-    def _hub_summary(self) -> dict[str, Any]:
+    def _hub_summary(self, name: str) -> dict[str, Any]:
+        display, _, model_id = HUB_MODELS[name]
         return {
-            "HubContentName": BASE_MODEL_NAME,
-            "HubContentArn": self._hub_arn(),
+            "HubContentName": name,
+            "HubContentArn": self._hub_arn(name),
             "HubContentVersion": BASE_MODEL_VERSION,
             "HubContentType": "Model",
             "DocumentSchemaVersion": "2.4.0",
-            "HubContentDisplayName": "Stepwise tiny byte-level LM (simulator)",
-            "HubContentSearchKeywords": [TRAINING_CAPABILITY_KEYWORD, f"@huggingface-id:{ASSETS_DIR}"],
+            "HubContentDisplayName": display,
+            "HubContentSearchKeywords": [TRAINING_CAPABILITY_KEYWORD, f"@huggingface-id:{model_id}"],
             "HubContentStatus": "Available",
             "CreationTime": 1764460800.0,
         }
@@ -423,18 +438,21 @@ class Simulator:
     def _op_ListHubContents(self, p: dict[str, Any]) -> dict[str, Any]:
         if p["HubName"] not in (PUBLIC_HUB,) or p["HubContentType"] != "Model":
             return {"HubContentSummaries": []}
-        return {"HubContentSummaries": [self._hub_summary()]}
+        return {"HubContentSummaries": [self._hub_summary(name) for name in HUB_MODELS]}
 
     def _op_DescribeHubContent(self, p: dict[str, Any]) -> dict[str, Any]:
-        if p["HubContentName"] != BASE_MODEL_NAME or p["HubContentType"] != "Model":
+        if p["HubContentName"] not in HUB_MODELS or p["HubContentType"] != "Model":
             raise error(CONTROL, "not_found", f"Hub content {p['HubContentName']!r} of type {p['HubContentType']} does not exist in {p['HubName']}")
-        summary = self._hub_summary()
+        summary = self._hub_summary(p["HubContentName"])
+        _, gated, model_id = HUB_MODELS[p["HubContentName"]]
+        # The SDK loads the tokenizer with AutoTokenizer.from_pretrained(HuggingfaceId): a local directory
+        # path works and nothing is downloaded. GatedBucket is the flag the SDK's own trainers read
+        # (sagemaker.train.common_utils.finetune_utils) to require accept_eula.
+        document = {"HuggingfaceId": model_id, **({"GatedBucket": True} if gated else {})}
         return summary | {
             "HubName": PUBLIC_HUB,
             "HubArn": f"arn:aws:sagemaker:{self.region}:aws:hub/{PUBLIC_HUB}",
-            # The SDK loads the tokenizer with AutoTokenizer.from_pretrained(HuggingfaceId):
-            # a local directory path works and nothing is downloaded.
-            "HubContentDocument": json.dumps({"HuggingfaceId": str(ASSETS_DIR)}),
+            "HubContentDocument": json.dumps(document),
         }
 
     def _group_arn(self, name: str) -> str:
@@ -559,7 +577,7 @@ class Simulator:
                 kind=kind,
                 description=description or f"{'checkpoint' if kind == 'checkpoint' else 'weights'} of training session {s.name}",
                 created=time.time(),
-                base_model_name=BASE_MODEL_NAME,
+                base_model_name=s.request["ModelConfig"]["BaseModelArn"].split("/")[3],
                 base_model_version=BASE_MODEL_VERSION,
                 s3_uri=f"{out}/{s.name}/{'checkpoints' if kind == 'checkpoint' else 'weights'}/{version}/",
                 weights=weights,

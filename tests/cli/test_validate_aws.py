@@ -76,3 +76,14 @@ def test_the_grants_come_from_the_deployed_init_functions_environment(deployed, 
         assert OTHER_BUCKET in json.loads(capsys.readouterr().out)["summary"]["granted_buckets"]
     finally:
         lam.update_function_configuration(FunctionName=deployed.init_arn, Environment={"Variables": env})
+
+
+def test_a_gated_base_model_without_accept_eula_is_refused_and_accepted_with_it(deployed, tmp_path, capsys):
+    """The hub's GatedBucket is looked up from the operator's machine too (the simulator's gated model)."""
+    from local.simulator.service import GATED_MODEL_NAME
+
+    cfg = deployed.config(base_model_arn=GATED_MODEL_NAME)
+    assert main(["validate", write(tmp_path, cfg), "--check-aws"]) == 2
+    err = capsys.readouterr().err
+    assert "(1 problem(s))" in err and "accept_eula: the base model" in err and "is gated" in err
+    assert main(["validate", write(tmp_path, {**cfg, "accept_eula": True}), "--check-aws"]) == 0

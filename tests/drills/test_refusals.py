@@ -60,6 +60,29 @@ def test_region_defaults_to_the_stacks_and_another_region_is_refused_naming_both
     assert "'eu-west-1'" in e.errors[0] and f"'{REGION}'" in e.errors[0]
 
 
+# ------------------------------------------------------------------------------ base model and its license
+
+
+def test_a_gated_base_model_is_refused_without_accept_eula_and_starts_with_it(stack):
+    """The simulator's hub publishes the tiny model twice, once gated (GatedBucket, as the SageMaker Public Hub
+    marks models whose license must be accepted). Without accept_eula Init refuses it before any session,
+    naming the field; with it, CreateTrainingSession carries ModelConfig.AcceptEula (the SDK's builder never
+    sends it) and the simulator, which refuses a gated model without it, creates the session."""
+    from local.simulator.service import GATED_MODEL_NAME
+
+    e = refused(stack, base_model_arn=GATED_MODEL_NAME)
+    assert len(e.errors) == 1 and e.errors[0].startswith("accept_eula:"), e.errors
+    assert "gated" in e.errors[0] and "GatedBucket" in e.errors[0] and "(got false)" in e.errors[0]
+    run_id = new_run_id("gated")
+    init_run(stack, run_id, stack.config(base_model_arn=GATED_MODEL_NAME, accept_eula=True))
+    state = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=state_key(run_id))["Body"].read())
+    request = stack.sim.simulator._sessions[state["training_session_name"]].request
+    assert request["ModelConfig"]["AcceptEula"] is True and GATED_MODEL_NAME in request["ModelConfig"]["BaseModelArn"]
+    # a model the hub does not offer is refused too, with the SDK's list of those it does
+    e = refused(stack, base_model_arn="no-such-model")
+    assert e.errors[0].startswith("base_model_arn: the SageMaker Public Hub in") and "Supported models: " in e.errors[0]
+
+
 # ------------------------------------------------------------------------------ agent runtime
 
 

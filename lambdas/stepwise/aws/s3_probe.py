@@ -55,8 +55,11 @@ def prefix_problem(s3: Any, bucket: str, key: str) -> str:
 
 def probes(s3: Any) -> Any:
     """The real lookups of the refusals before billing (`stepwise.core.preflight.Probes`): these S3
-    checks with client ``s3``, and the runtime's `stepwise.aws.agentcore.runtime_problem`."""
+    checks with client ``s3``, the runtime's `stepwise.aws.agentcore.runtime_problem` and the base model's
+    `stepwise.aws.hub.base_model_problem`."""
     from stepwise.aws.agentcore import runtime_problem
+    from stepwise.aws.hub import base_model_problem
     from stepwise.core.preflight import Probes
 
-    return Probes(bucket=bucket_problem, prefix=prefix_problem, runtime=runtime_problem, s3=s3)
+    return Probes(bucket=bucket_problem, prefix=prefix_problem, runtime=runtime_problem, s3=s3,
+                  base_model=base_model_problem)

@@ -2,7 +2,7 @@
 
 The SDK's `TrainingClient` keeps the session's sequence counter in memory and stamps a random
 client token per operation, and every client built by a `ServiceClient` stops the session when
-garbage-collected (FINDINGS.md). A Lambda can rely on neither, so here:
+garbage-collected (the SDK's ``_session_handle``). A Lambda can rely on neither, so here:
 
 - the session is created with the SDK's own request builder but *without* its blocking wait
   (the state machine polls DescribeTrainingSession instead), and a `ServiceClient` is built only
@@ -297,7 +297,7 @@ class CreatedSession:
 
 def service_client(cfg: RunConfig) -> Any:
     """A `ServiceClient` for create/stop only. Never build a Training/SamplingClient from it: the
-    clients it builds share a handle whose finalizer stops the session (FINDINGS.md)."""
+    clients it builds share a handle whose finalizer stops the session (the SDK's ``_session_handle``)."""
     from sagemaker.train.training_session import ServiceClient
 
     return ServiceClient(
@@ -322,7 +322,8 @@ def default_output_path(run_id: str) -> str | None:
 
 
 def create_session(cfg: RunConfig, session_name: str, run_id: str = "") -> CreatedSession:
-    """CreateTrainingSession as ``ServiceClient.create_lora_training_client`` builds it, without its wait.
+    """CreateTrainingSession as ``ServiceClient.create_lora_training_client`` builds it, without its wait,
+    plus ``ModelConfig.AcceptEula`` when the config accepts the base model's license (``accept_eula``).
 
     Idempotent: a session of that name that already exists (a retried Init) is adopted. Tagged
     with ``run_id`` and this stack's bucket (`stepwise.core.sweeping.session_tags`).
@@ -354,6 +355,8 @@ def create_session(cfg: RunConfig, session_name: str, run_id: str = "") -> Creat
     bucket = current().bucket
     if run_id and bucket:  # the sweeper finds this stack's sessions by these (stepwise.core.sweeping)
         args["Tags"] = [*args.get("Tags", []), *session_tags(run_id, bucket)]
+    if cfg.accept_eula:  # the SDK's builder never sends it (botocore's ModelConfig has it, for gated models)
+        args["ModelConfig"]["AcceptEula"] = True
     try:
         svc._sagemaker_client.create_training_session(**args)
     except ClientError as e:

@@ -5,14 +5,15 @@ It returns every problem at once, each as ``"field: message (got X)"`` naming th
 config's style), in two passes:
 
 1. pure checks of the config against the stack's scope (`StackScope`, from the environment the
-   stack gives its functions, CONTRACTS.md item 1): the run's ``region`` is the stack's; the agent
+   stack gives its functions, docs/internals.md): the run's ``region`` is the stack's; the agent
    runtime is one StartRollout is granted to invoke (the allow-list ``STEPWISE_AGENT_RUNTIME_ARNS``,
    or any runtime of the stack's region and account when it is empty); every S3 location the run
    reads or writes (datasets, ``tokenizer_path``, ``s3_output_path``) is in the stack's bucket or
    one of ``STEPWISE_DATA_BUCKETS`` (CDK context ``dataBuckets``);
 2. lookups through the boundary modules, only for what passed 1: the runtime exists and is READY
    (`stepwise.aws.agentcore`), the buckets are reachable and the tokenizer prefix holds files
-   (`stepwise.aws.s3_probe`). Whether a dataset exists and parses is `stepwise.datasets.check_dataset`'s
+   (`stepwise.aws.s3_probe`), the base model is one the hub offers in the run's region and, when the hub
+   marks it gated, the config accepts its license (``accept_eula``; `stepwise.aws.hub`). Whether a dataset exists and parses is `stepwise.datasets.check_dataset`'s
    (Init runs it right after).
 
 Nothing here creates, writes or bills anything.
@@ -90,6 +91,39 @@ def arn_account(arn: str) -> str:
     """The account field of an ARN ('' if it has none)."""
     parts = arn.split(":")
     return parts[4] if len(parts) > 4 and parts[0] == "arn" else ""
+
+
+@dataclass(frozen=True)
+class HubModel:
+    """What the SageMaker Public Hub says of a base model (`stepwise.aws.hub`).
+
+    Attributes:
+        name: the hub content name (``openai-reasoning-gpt-oss-20b``).
+        arn: its hub-content ARN (versioned).
+        model_id: the id training sessions list it under (``openai/gpt-oss-20b``).
+        version: the hub content version.
+        display_name: the hub's display name.
+        gated: the hub document's ``GatedBucket``: its license must be accepted (``accept_eula``).
+        hf_model_id: the published tokenizer id (``HuggingfaceId``; '' when none).
+    """
+
+    name: str
+    arn: str
+    model_id: str
+    version: str = ""
+    display_name: str = ""
+    gated: bool = False
+    hf_model_id: str = ""
+
+
+def license_errors(cfg: RunConfig, model: HubModel) -> list[str]:
+    """A gated base model needs ``accept_eula``: CreateTrainingSession's ``ModelConfig.AcceptEula`` (botocore's
+    ``sagemaker`` model: "for gated models"), refused here before any session rather than by the service."""
+    if model.gated and not cfg.accept_eula:
+        return [f"accept_eula: the base model {model.model_id or model.name!r} is gated (the SageMaker Public Hub marks "
+                f"it GatedBucket): read its license (end-user license agreement) and set accept_eula: true to accept "
+                f"it; CreateTrainingSession sends it as ModelConfig.AcceptEula (got false)"]
+    return []
 
 
 @dataclass(frozen=True)
@@ -183,6 +217,8 @@ class Probes:
     runtime: Callable[[str], str]
     s3: Any = None
     calls: list[str] = field(default_factory=list)
+    #: (region, base_model_arn) -> the hub's `HubModel`, or the problem in words; None = not looked up.
+    base_model: Callable[[str, str], HubModel | str] | None = None
 
 
 def refusals(cfg: RunConfig, scope: StackScope, probes: Probes) -> list[str]:
@@ -194,6 +230,12 @@ def refusals(cfg: RunConfig, scope: StackScope, probes: Probes) -> list[str]:
         problem = probes.runtime(cfg.agent_runtime_arn)
         if problem:
             errors.append(f"agent_runtime_arn: {problem} (got {cfg.agent_runtime_arn!r})")
+    if probes.base_model is not None and not region_errors(cfg, scope):
+        found = probes.base_model(cfg.region or scope.region, cfg.base_model_arn)
+        if isinstance(found, str):
+            errors.append(f"base_model_arn: {found} (got {cfg.base_model_arn!r})")
+        else:
+            errors.extend(license_errors(cfg, found))
     granted = set(scope.buckets)
     bucket_problems: dict[str, str] = {}
     for loc in locations:
