@@ -305,6 +305,10 @@ class AcrEmulator:
         self._specs[arn] = spec
         self._agent(arn)
 
+    def agent_for(self, arn: str) -> AgentProcess | None:
+        """The running agent process of the runtime ``arn`` (None when it is not started or did not start)."""
+        return self._agents.get(arn)
+
     def host(self, arn: str, spec: str | None = None, *, status: str = "READY") -> None:
         """Host the runtime ``arn`` (any region or account) with the app ``spec`` (default: by its
         name), started on its first invoke: GetAgentRuntime finds it from now on, in ``status``
@@ -359,7 +363,11 @@ class AcrEmulator:
             env = {**os.environ, **self.agent_env}
             log_path = None
             if self.log_dir:
-                log_path = os.path.join(self.log_dir, f"agent-{spec.split(':')[0].rsplit('.', 1)[-1]}.log")
+                from local.agents.serve import split_spec
+
+                target = split_spec(spec)[0]
+                name = os.path.splitext(os.path.basename(target))[0] if target.endswith(".py") else target.rsplit(".", 1)[-1]
+                log_path = os.path.join(self.log_dir, f"agent-{name}.log")
             agent = AgentProcess(spec, env, log_path)
             try:
                 agent.wait_ready()

@@ -3,7 +3,10 @@
 Starts, on free loopback ports: moto (S3, Step Functions with execution, Lambda whose
 invocations run the real handlers in-process), the SageMaker Training Sessions simulator,
 the rollout gateway (its own process, as in the Lambda) and the ACR emulator with the agent
-the config's ``agent_runtime_arn`` names (``runtime/NAME-...`` -> ``local/agents/NAME.py``).
+the config's ``agent_runtime_arn`` names (``runtime/NAME-...`` -> ``local/agents/NAME.py``), or, with
+``--agent MODULE:APP`` / ``--agent PATH.py[:APP]``, the user's own ``AgentCoreRLApp`` from wherever it lives
+(its module imported from the current directory, or its file with its own folder first on ``sys.path``),
+served for the config's runtime, which becomes `USER_AGENT_ARN` (`user_agent_spec`).
 Then it creates the stack's resources (bucket + result notification, one function per
 ``stepwise.functions`` entry, the state machine from ``state_machine/`` with the stack's
 substitutions), uploads the datasets, starts the execution (name = run id) and follows it
@@ -65,6 +68,31 @@ from stepwise_cli.plot import curves, plot_run
 log = logging.getLogger("stepwise.run_local")
 
 DEFAULT_OUT = Path("runs-local")
+#: The runtime ARN a user's own agent (``--agent``) is served under: the local stack's region and account.
+USER_AGENT_ARN = "arn:aws:bedrock-agentcore:us-east-1:123456789012:runtime/user_agent-local"
+
+
+class AgentNotStarted(RuntimeError):
+    """The user's agent (``--agent``) did not start; the message names it and its log."""
+
+
+def user_agent_spec(agent: str, cwd: Path | None = None) -> str:
+    """``--agent``'s value as the ACR emulator serves it: ``PATH.py[:ATTR]`` made absolute (so the agent's
+    process finds it whatever its working directory), ``MODULE[:ATTR]`` as it is (imported from the current
+    directory, which the agent's process starts in, as ``python -m`` does).
+
+    Raises:
+        FileNotFoundError: a ``.py`` path that does not exist.
+    """
+    from local.agents.serve import split_spec
+
+    target, attr = split_spec(agent)
+    if target.endswith(".py") or "/" in target or "\\" in target:
+        path = (Path(cwd or Path.cwd()) / target).resolve()
+        if not path.is_file():
+            raise FileNotFoundError(f"--agent {agent!r}: no file {path}")
+        return f"{path}:{attr}"
+    return f"{target}:{attr}"
 
 
 # --------------------------------------------------------------------------------------
@@ -229,8 +257,11 @@ def load_local_config(path: Path) -> dict[str, Any]:
 def run_local(config_path: Path, *, run_id: str | None = None, out_root: Path = DEFAULT_OUT, progress: bool = True,
               simulator_options: dict[str, Any] | None = None, acr_faults: dict[str, int] | None = None,
               timeout: float | None = None, overrides: dict[str, Any] | None = None,
-              mirror_s3: bool = False, quiet: bool = False) -> RunResult:
+              mirror_s3: bool = False, quiet: bool = False, agent: str | None = None) -> RunResult:
     """Run one training run through the local stack; see the module docstring.
+
+    ``agent``: the user's own agent app (``MODULE[:ATTR]`` or ``PATH.py[:ATTR]``, `user_agent_spec`), served
+    as the run's agent runtime (the config's ``agent_runtime_arn`` becomes `USER_AGENT_ARN`).
 
     ``mirror_s3`` copies every object under ``runs/{run_id}/`` (and the run's rollout
     results) into ``{run_dir}/s3/`` before moto stops, for inspection and tests.
@@ -245,6 +276,10 @@ def run_local(config_path: Path, *, run_id: str | None = None, out_root: Path = 
 
     t_start = time.monotonic()
     config_path = Path(config_path)
+    agents = None
+    if agent:
+        agents = {USER_AGENT_ARN: user_agent_spec(agent)}
+        overrides = {**(overrides or {}), "agent_runtime_arn": USER_AGENT_ARN}
     cfg = {**load_local_config(config_path), **(overrides or {})}
     config = load_run_config(cfg)
     run_id = run_id or f"{config_path.stem}-{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')}"
@@ -267,7 +302,7 @@ def run_local(config_path: Path, *, run_id: str | None = None, out_root: Path = 
             stream = outputs.enter_context(_SwitchableStream.into(lambda_log))
             outputs.enter_context(contextlib.redirect_stdout(stream))
         result, interrupted = _run(stack, config, cfg, config_path, run_id, run_dir, log_dir, simulator_options,
-                                   acr_faults, timeout, progress, mirror_s3, t_start)
+                                   acr_faults, timeout, progress, mirror_s3, t_start, agents)
     if interrupted:
         raise KeyboardInterrupt
     return result
@@ -304,14 +339,19 @@ class _SwitchableStream(io.TextIOBase):
 
 def _run(stack: LocalStack, config: Any, cfg: dict[str, Any], config_path: Path, run_id: str, run_dir: Path,
          log_dir: Path, simulator_options: dict[str, Any] | None, acr_faults: dict[str, int] | None,
-         timeout: float | None, progress: bool, mirror_s3: bool, t_start: float) -> tuple[RunResult, bool]:
+         timeout: float | None, progress: bool, mirror_s3: bool, t_start: float,
+         agents: dict[str, str] | None = None) -> tuple[RunResult, bool]:
     bucket = stack.bucket
     follower: LocalFollower | None = None
     desc: dict[str, Any] | None = None
     interrupted = False
     try:
         stack.start(tps_limit=config.acr_tps_limit, simulator_options=simulator_options, acr_faults=acr_faults,
-                    log_dir=log_dir)
+                    log_dir=log_dir, agents=agents)
+        for arn, spec in (agents or {}).items():  # the user's agent: a clear error now, not every rollout failing
+            if stack.acr.agent_for(arn) is None:
+                raise AgentNotStarted(f"the agent {spec} did not start (it must import and serve an AgentCoreRLApp "
+                                      f"named by :ATTR, default 'app'); its output: {log_dir}/")
         s3 = stack.moto.client("s3")
         run_cfg = upload_datasets(cfg, s3=s3, bucket=bucket, run_id=run_id, config_dir=config_path.parent)
         if not run_cfg.get("s3_output_path"):
@@ -428,6 +468,10 @@ def _jsonable(obj: Any) -> Any:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", type=Path, help="run config, JSON or YAML (RunConfig fields), e.g. examples/toy.json")
+    parser.add_argument("--agent", metavar="MODULE:APP | PATH.py[:APP]",
+                        help="train your own AgentCoreRLApp instead of the one agent_runtime_arn names: a module "
+                             "importable from the current directory, or a .py file (imported with its own folder "
+                             "first on the path); default attribute 'app'")
     parser.add_argument("--run-id", help="run id = execution name (default: CONFIG-STEM-UTCTIME)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="parent of the run folder (default runs-local)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -471,9 +515,12 @@ def run(args: argparse.Namespace) -> int:
         result = run_local(args.config, run_id=args.run_id, out_root=args.out, progress=not args.no_progress,
                            timeout=args.timeout, overrides=_pairs(args.set, parse_json=True),
                            acr_faults=_pairs(args.acr_fault, parse_json=False), mirror_s3=args.mirror_s3,
-                           quiet=not args.verbose)
+                           quiet=not args.verbose, agent=args.agent)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
+        return 2
+    except (AgentNotStarted, FileNotFoundError) as exc:
+        print(f"stepwise run-local: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("\ninterrupted: execution stopped, training session stopped, local services shut down", file=sys.stderr)

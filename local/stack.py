@@ -114,7 +114,10 @@ class LocalStack:
             os.environ[key] = value
 
     def start(self, *, tps_limit: float | None, simulator_options: dict[str, Any] | None = None,
-              acr_faults: dict[str, int] | None = None, log_dir: Path | None = None) -> "LocalStack":
+              acr_faults: dict[str, int] | None = None, log_dir: Path | None = None,
+              agents: dict[str, str] | None = None) -> "LocalStack":
+        """Start every service; ``agents`` maps runtime ARNs to the apps the ACR emulator serves for them
+        (``MODULE:ATTR`` or ``PATH.py:ATTR``, `local.agents.serve.load_app`; others by their runtime name)."""
         from local import engine
         from local.acr import AcrEmulator, Faults
         from local.gateway import GatewayProcess
@@ -147,7 +150,7 @@ class LocalStack:
         from stepwise import settings
 
         allowed = settings.current().agent_runtime_arns  # STEPWISE_AGENT_RUNTIME_ARNS, read as Init reads it
-        self.acr = AcrEmulator(tps_limit=tps_limit, faults=Faults(**(acr_faults or {})),
+        self.acr = AcrEmulator(agents, tps_limit=tps_limit, faults=Faults(**(acr_faults or {})),
                                agent_env=engine.endpoint_env(self.moto.endpoint),
                                log_dir=str(log_dir) if log_dir else None, region=engine.REGION,
                                allowed_runtime_arns=allowed).start()

@@ -1,12 +1,17 @@
 """The GSM8K math agent: a calculator tool, the answer after ``####``, a strict reward.
 
-Deployable to ACR as it is. The system prompt is the toolkit's Strands math agent's
-(``examples/strands_math_agent/rl_app.py`` in agentcore-rl-toolkit); the loop is plain
-OpenAI tool calling with the official ``openai`` client against ``_rollout.base_url``
-(the rollout gateway): the model may call ``calculator`` any number of times (up to
-``MAX_TOOL_ROUNDS``), then answers. The reward is strict, as in the toolkit's GSM8K
-examples (verl's ``gsm8k.compute_score`` strict mode): 1.0 only when the last
-``#### <number>`` in the final answer equals the ground truth, else 0.0.
+Deployable to ACR (the stack's ``deployMathAgent`` builds ``local/agents/Dockerfile`` with it). The system
+prompt is the toolkit's Strands math agent's (``examples/strands_math_agent/rl_app.py`` in
+agentcore-rl-toolkit); the loop is plain OpenAI tool calling with the official ``openai`` client against
+``_rollout.base_url`` (the rollout gateway): the model may call ``calculator`` up to ``MAX_TOOL_ROUNDS``
+times, then answers. The reward is strict, as in the toolkit's GSM8K examples (verl's
+``gsm8k.compute_score`` strict mode): 1.0 only when the last ``#### <number>`` in the final answer equals
+the ground truth, else 0.0.
+
+As docs/agent-contract.md (section 2) says, the gateway's refusals end the rollout and the agent returns
+what it has (`gateway_stop`): 401 (the rollout is over), 429 (its ``max_turns_per_rollout`` or
+``max_tokens_per_rollout`` budget is spent) and 400 ``context_length_exceeded``. The result's
+``stop_reason`` names it; any other error still raises (the rollout then fails, as a bug should).
 
 Payload rows: ``{"prompt": question, "answer": "72"}`` (``prepare_gsm8k`` in the toolkit).
 """
@@ -21,7 +26,7 @@ import re
 from typing import Any
 
 from agentcore_rl_toolkit import AgentCoreRLApp
-from openai import OpenAI
+from openai import APIStatusError, AuthenticationError, BadRequestError, OpenAI, RateLimitError
 
 from local.agents._llm import llm_settings
 
@@ -102,18 +107,41 @@ def strict_reward(text: str | None, ground_truth: str) -> float:
         return 1.0 if pred == str(ground_truth).strip() else 0.0
 
 
+def gateway_stop(error: APIStatusError) -> str | None:
+    """The stop reason when ``error`` is a gateway answer that ends the rollout (401, 429, 400
+    ``context_length_exceeded``: docs/agent-contract.md section 2), else None (the error is raised)."""
+    if isinstance(error, AuthenticationError):
+        return f"gateway 401: the rollout is over ({error.message})"
+    if isinstance(error, RateLimitError):
+        return f"gateway 429: the rollout's budget is spent ({error.message})"
+    if isinstance(error, BadRequestError) and error.code == "context_length_exceeded":
+        return f"gateway 400 context_length_exceeded ({error.message})"
+    return None
+
+
 def solve(payload: dict[str, Any]) -> dict[str, Any]:
-    """Run the tool loop; returns ``{"rewards", "answer", "tool_calls"}``."""
+    """Run the tool loop; returns ``{"rewards", "answer", "tool_calls", "turns", "stop_reason"}``. The loop ends
+    with a reply without tool calls, after ``MAX_TOOL_ROUNDS`` tool rounds, or on a gateway refusal that ends
+    the rollout (`gateway_stop`); the answer so far is scored."""
     client_kwargs, request = llm_settings(payload)
     client = OpenAI(**client_kwargs, max_retries=2, timeout=300)
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": SYSTEM_PROMPT},
         {"role": "user", "content": str(payload["prompt"])},
     ]
-    tool_calls = 0
+    tool_calls = turns = 0
     answer: str | None = None
+    stop_reason = "end_turn"
     for _ in range(MAX_TOOL_ROUNDS + 1):
-        completion = client.chat.completions.create(messages=messages, tools=[CALCULATOR_TOOL], **request)
+        try:
+            completion = client.chat.completions.create(messages=messages, tools=[CALCULATOR_TOOL], **request)
+        except APIStatusError as error:
+            reason = gateway_stop(error)
+            if reason is None:
+                raise
+            stop_reason = reason
+            break
+        turns += 1
         if not completion.choices:
             break
         message = completion.choices[0].message
@@ -130,7 +158,10 @@ def solve(payload: dict[str, Any]) -> dict[str, Any]:
             except json.JSONDecodeError as exc:
                 result = f"error: arguments are not JSON: {exc}"
             messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
-    return {"rewards": strict_reward(answer, str(payload.get("answer", ""))), "answer": answer, "tool_calls": tool_calls}
+    else:
+        stop_reason = f"tool rounds: the model still called tools after {MAX_TOOL_ROUNDS} rounds"
+    return {"rewards": strict_reward(answer, str(payload.get("answer", ""))), "answer": answer, "tool_calls": tool_calls,
+            "turns": turns, "stop_reason": stop_reason}
 
 
 @app.rollout_entrypoint

@@ -98,10 +98,19 @@ def _describe(err: dict) -> str:
     return f"{where}: {err.get('msg')}"
 
 
+#: Refusals a retry cannot change (the session is unknown or over, the body is bad or too large, the
+#: rollout's turn or token budget is spent): answered with ``x-should-retry: false``, the header the official
+#: openai and anthropic Python clients obey before their own rules (which retry every 429), so an agent learns
+#: at once that its rollout is over. 5xx answers ("retry") keep the clients' retries. A 429 from Lambda itself
+#: (the function at its concurrency) never passes here and is still retried.
+FINAL_STATUSES = frozenset({400, 401, 403, 404, 413, 429})
+
+
 def error_response(protocol: Protocol, status: int, error_type: str, message: str) -> web.Response:
-    """An error in the protocol's own shape (what the official clients parse)."""
+    """An error in the protocol's own shape (what the official clients parse); `FINAL_STATUSES` say not to retry."""
     if protocol == "anthropic":
         payload: dict = {"type": "error", "error": {"type": error_type, "message": message}}
     else:
         payload = {"error": {"message": message, "type": error_type, "param": None, "code": None}}
-    return web.json_response(payload, status=status)
+    headers = {"x-should-retry": "false"} if status in FINAL_STATUSES else None
+    return web.json_response(payload, status=status, headers=headers)
