@@ -11,9 +11,10 @@ $(VENV)/bin/activate:
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 
-# torch first and pinned: on this kind of machine 2.13.0 is a CPU build on local disk.
-$(VENV)/.local-installed: $(VENV)/bin/activate pyproject.toml
-	$(PIP) install -q torch==2.13.0
+# torch first, pinned, and the CPU build: the local stack runs it on the CPU only, and pip's torch for Linux
+# x86_64 is the CUDA build with ~3 GB of GPU libraries (scripts/install_torch.py says how it picks).
+$(VENV)/.local-installed: $(VENV)/bin/activate pyproject.toml scripts/install_torch.py
+	$(PY) scripts/install_torch.py
 	$(PIP) install -q -e ".[local]"
 	touch $@
 

@@ -16,7 +16,7 @@ emulator (``local/acr.py``), with the same agent logic (``local/agents/toy_task`
   and ``timing.json``'s split.
 
 Both loops run the pipeline at each ``--max-staleness`` (default ``0,1``: today's on-policy loop and
-the overlapped steps of issue 17) in the same invocation, side by side. ``--latency KIND=SECONDS``
+the overlapped steps, max_staleness 1) in the same invocation, side by side. ``--latency KIND=SECONDS``
 (repeatable) is the simulator's own latency injection (``stepwise simulator --latency``), given
 alike to the reference's and to the pipeline's simulator: ``--latency forward_backward=3 --latency
 optim_step=2`` makes a step's training last about as long as a generation batch's rollouts, as a

@@ -4,7 +4,7 @@ The image is ``lambdas/Dockerfile.gateway`` (the handler code plus the AWS Lambd
 extension, which runs ``python -m stepwise.gateway --port 8080`` and proxies invocations to
 it). The URL's auth type is NONE on purpose: agents in ACR call it with an OpenAI/Anthropic
 client whose api key is the rollout's session id, and the gateway answers 401 unless that id
-names a live session record (DESIGN.md section 5).
+names a live session record (docs/agent-contract.md, section 2).
 """
 
 from __future__ import annotations

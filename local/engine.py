@@ -5,8 +5,8 @@ pipeline uses (S3, Step Functions, Lambda, IAM/STS), so other threads and other 
 (the gateway, the agent apps) reach the same bucket. Step Functions execution is enabled
 (moto's ASL interpreter, ported from LocalStack). Every Lambda invocation -- a state
 machine ``lambda:invoke`` task and an S3 ``ObjectCreated`` notification alike -- goes
-through moto's ``LambdaFunction.invoke(body, request_headers, response_headers)`` (see
-``/work/shared/FINDINGS.md``); we replace that one method with an in-process call of the
+through moto's ``LambdaFunction.invoke(body, request_headers, response_headers)`` (moto 5.2.5,
+``moto/awslambda/models.py``); we replace that one method with an in-process call of the
 real handler from ``stepwise.functions``. This module is the only place that knows moto's
 internals; ``tests/local/test_engine_contract.py`` fails loudly when a moto upgrade moves them.
 

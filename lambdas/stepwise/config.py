@@ -2,7 +2,7 @@
 
 `RunConfig` mirrors the reference loop's config
 (`agentcore_rl_toolkit/backends/experimental/sagemaker/config.py`, same field names and
-defaults) plus the DAPO fields of the `train_dapo.py` proposal (shared/seeds/002), the
+defaults) plus the DAPO fields of the toolkit's `train_dapo.py` proposal, the
 SageMaker training-session options the SDK takes (`ServiceClient(kms_key_arn=, vpc_config=)`),
 and the knobs the serverless design needs (continue-as-new, per-rollout budgets).
 
@@ -724,7 +724,7 @@ class RunConfig(BaseModel):
 
     def final_eval_needed(self, steps_done: int, last_eval_step: int | None) -> bool:
         """Whether the end of training runs an eval: whenever there is an eval dataset, unless an
-        eval already ran after the last step (DESIGN sec. 8 and seeds/002; fixes the reference's
+        eval already ran after the last step (docs/migration.md; fixes the reference's
         ``global_step % eval_every`` condition, which skips it when the last step was skipped)."""
         return self.has_evals and last_eval_step != steps_done
 

@@ -1,6 +1,6 @@
 """The S3 layout of the run bucket: every key and prefix, built here and nowhere else.
 
-Layout (DESIGN.md section 3, refined in docs/internals.md)::
+Layout (docs/internals.md, "S3 layout")::
 
     runs/{run_id}/config.json                               validated RunConfig, written once by Init
     runs/{run_id}/state.json                                RunState; every write conditional on the ETag

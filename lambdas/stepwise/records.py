@@ -314,7 +314,7 @@ class CapturedTurn(BaseModel):
 
 class RolloutRecord(BaseModel):
     """``.../rollouts/{sid}.json``, written once by FinishRollout: the rollout's reward (0.0 on any
-    failure, DESIGN.md section 4), why it was zeroed, its status and error, the behaviour counts of
+    failure, docs/agent-contract.md), why it was zeroed, its status and error, the behaviour counts of
     its turns (`stepwise.core.behaviour.rollout_behaviour`), its duration in seconds (None when it
     never started) and its TraceRecords (`stepwise.core.replay.record_to_json`)."""
 

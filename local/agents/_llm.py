@@ -1,7 +1,7 @@
 """What every example agent reads from ``_rollout``: the LLM endpoint and sampling params.
 
 The pipeline's StartRollout sends ``_rollout = {exp_id, input_id, s3_bucket, base_url,
-model_id, api_key, ...sampling params}`` (DESIGN.md section 4); ``api_key`` is the gateway
+model_id, api_key, ...sampling params}`` (docs/agent-contract.md); ``api_key`` is the gateway
 session id. Sampling params may come as a ``sampling_params`` dict or as top-level keys;
 anything absent is left to the gateway's session defaults.
 """

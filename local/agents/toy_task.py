@@ -4,7 +4,7 @@ The task ("what digit comes after N?", ten prompts) and its rows are defined in
 ``prepare_datasets/prepare_toy.py``; the simulator's base model was pre-trained on exactly the
 text the gateway renders for it (``local/simulator/build_assets.py``), so greedy evaluation of
 the base model is mostly wrong: it knows the answer *format*, barely the task, and GRPO has
-something to learn (FINDINGS.md, "Toy-task learnability").
+something to learn (`local/simulator/build_assets.py` says how it was pre-trained).
 """
 
 from __future__ import annotations

@@ -200,7 +200,7 @@ TOY_RECIPE: dict[str, Any] = {
     "lora_rank": 8,
     "lora_alpha": 16,
     # LoRA wants a larger step than full fine-tuning (Schulman et al. 2025, "LoRA Without
-    # Regret": ~10x): 2e-4 reached only ~0.4 in 20 steps, 2e-3 ~0.95 (issue 20).
+    # Regret": ~10x): 2e-4 reached only ~0.4 in 20 steps, 2e-3 ~0.95 (tests/simulator/test_learning.py).
     "learning_rate": 1e-3,
     "loss": "importance_sampling",
     "temperature": 1.0,

@@ -6,7 +6,7 @@ full batch), on the text the gateway renders for the toy task (``prepare_dataset
 the chat template applied to the toy system prompt and each user prompt with
 ``add_generation_prompt=True``, then one digit and ``<|im_end|>``. The digit target is the
 mixture ``base_answer_distribution`` (right 20%, a favourite digit 40%), so the
-model learns the answer format and a little of the task (FINDINGS.md, toy-task learnability).
+model learns the answer format and a little of the task (a tiny model from random weights needs hundreds of GRPO steps on this task; one that knows the format, tens).
 """
 
 from __future__ import annotations

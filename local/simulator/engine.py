@@ -112,7 +112,7 @@ def is_trainable(param_name: str) -> bool:
     over any token, which it could not with a frozen unembedding behind a LayerNorm); the
     adapted weights themselves, the embedding and the norms stay frozen, as a LoRA service
     leaves them. (Training the norms and biases too was measured: no faster on the
-    cross-entropy probe, issue 20.)"""
+    cross-entropy probe, tests/simulator/test_learning.py.)"""
     return param_name.endswith((".0.A", ".0.B"))
 
 

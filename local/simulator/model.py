@@ -4,7 +4,7 @@
   markers of the Qwen3 chat template shipped by ``trl`` (``trl/chat_templates/qwen3.jinja``),
   built with the ``tokenizers`` library and saved as a ``PreTrainedTokenizerFast`` directory,
   so ``AutoTokenizer.from_pretrained(<dir>)`` loads it and the toolkit's
-  ``HfTemplateRenderer`` recognises the template by its hash (FINDINGS.md).
+  ``HfTemplateRenderer`` recognises the template by its hash (the toolkit's ``response_schemas``).
 * Model: ``TinyLM``, a pre-norm decoder-only transformer with rotary position embeddings
   (Su et al. 2021, "RoFormer") and a KV cache for sampling.
 * Training: ``attach_lora`` adds LoRA adapters (Hu et al. 2021, "LoRA", arXiv:2106.09685) of the

@@ -3,7 +3,7 @@
 ``Simulator.call(service, operation, params) -> dict`` answers one botocore operation of the
 ``sagemaker`` control plane (training sessions, the Hub and model-registry lookups the SDK
 makes) or of the ``sagemakertrainingsessionruntime`` service, raising ``ApiError`` with the
-service's error code. Semantics (issue 3, DESIGN.md section 7):
+service's error code. Semantics (docs/internals.md, the simulator):
 
 * Sessions go ``Created`` -> ``Running`` (after ``session_start_seconds``) -> ``Stopping`` ->
   ``Stopped``; a stop from Stopping/Stopped/Failed/Expired is a ``ValidationException`` naming the

@@ -68,8 +68,9 @@ def describe_models(region: str, *, templates: bool = True, progress: Any = None
 
 
 def _table(rows: list[dict[str, Any]], templates: bool) -> str:
-    head = ["model id (base_model_arn)", "hub content", "gated"] + (["chat template", "tool calls"] if templates else [])
-    body = [[r["model_id"], f"{r['hub_content_name']} {r['version']}".strip(),
+    head = ["base_model_arn (hub content name)", "version", "model id", "gated"] + (
+        ["chat template", "tool calls"] if templates else [])
+    body = [[r["hub_content_name"], r["version"], r["model_id"],
              "yes: accept_eula" if r["gated"] else "no"]
             + ([r.get("chat_template") or "-", "parsed" if r.get("tool_calls") else "not parsed"] if templates else [])
             for r in rows]
@@ -98,6 +99,6 @@ def run(args: argparse.Namespace) -> int:
         return 1
     print(f"base models training sessions offer in {region} (SageMaker Public Hub):")
     print(_table(rows, templates))
-    print("\nput a model id (or its hub content name, or its hub-content ARN) in the config's base_model_arn; "
-          "a gated model also needs accept_eula: true (read its license first)")
+    print("\nput the hub content name (or the model's hub-content ARN, base_model_arn in --json, to pin its version) "
+          "in the config's base_model_arn; a gated model also needs accept_eula: true (read its license first)")
     return 0

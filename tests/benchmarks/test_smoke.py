@@ -142,7 +142,7 @@ def test_dataset_memory_measures_init_and_plan_step_in_child_processes(tmp_path:
 
 
 def test_latency_flags_parse_and_reach_the_simulator_process() -> None:
-    """``--latency KIND=SECONDS`` (issue 17): parsed once, given to the simulator as its own flags."""
+    """``--latency KIND=SECONDS`` : parsed once, given to the simulator as its own flags."""
     from local.stack import SimulatorProcess
 
     latency = reference_vs_pipeline.parse_latency(["forward_backward=3", "optim_step=0.5"])

@@ -41,6 +41,7 @@ def test_models_lists_the_hubs_models_gated_or_not_with_their_chat_template(hub,
     assert main(["models", "--no-templates"]) == 0
     text = capsys.readouterr().out
     assert "base models training sessions offer in eu-central-1" in text and "yes: accept_eula" in text
+    assert f"\n{GATED_MODEL_NAME}  " in text  # the hub content name leads each row: what base_model_arn takes
     assert "chat template" not in text
 
 

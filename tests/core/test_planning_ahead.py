@@ -1,4 +1,4 @@
-"""The planner with overlapped steps (max_staleness 1, issue 17): `plan_ahead` rolls out the next
+"""The planner with overlapped steps (max_staleness 1): `plan_ahead` rolls out the next
 step's first batch while a step trains, and `decide` hands it on at that step's start. Overlapping
 changes when rollouts happen, never which prompts a step trains on, nor where evals, checkpoints,
 continue-as-new and the end fall."""

@@ -1,4 +1,4 @@
-"""The mix task's dataset rows (``prepare_datasets/prepare_mix.py``, issue 20)."""
+"""The mix task's dataset rows (``prepare_datasets/prepare_mix.py``)."""
 
 from __future__ import annotations
 

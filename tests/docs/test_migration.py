@@ -10,7 +10,7 @@ from agentcore_rl_toolkit.backends.experimental.sagemaker.config import Config a
 from stepwise.config import DROPPED_FIELDS, RunConfig
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "migration.md"
-#: DapoConfig(Config) of the DAPO proposal (shared/seeds/002): its three fields.
+#: DapoConfig(Config) of the toolkit's DAPO proposal (`train_dapo.py`): its three fields.
 DAPO_FIELDS = ("max_num_gen_batches", "clip_low_threshold", "clip_high_threshold")
 
 

@@ -50,7 +50,7 @@ def test_operating_page_documents_every_option(command):
 
 
 @pytest.mark.parametrize("page", ["operating.md", "architecture.md", "troubleshooting.md", "agent-contract.md",
-                                  "config.md"])
+                                  "config.md", "first-run.md", "deploy.md"])
 def test_links_between_pages_resolve(page):
     text = (DOCS / page).read_text()
     for target in re.findall(r"\]\(([^)#:]+\.md)(?:#[^)]*)?\)", text):
@@ -67,3 +67,20 @@ def test_agent_contract_lists_every_rollout_field_the_pipeline_sends():
         assert f"| `{key}` |" in text, key
     for key in body["_rollout"]["sampling_params"]:
         assert key in text
+
+
+def test_first_run_is_the_first_page_the_readme_links_and_its_commands_exist():
+    """README's docs table starts with first-run.md; every `stepwise` command first-run.md runs is a command, and
+    every stack option it passes is one the stack reads."""
+    from infra.settings import StackSettings
+
+    readme = (DOCS.parent / "README.md").read_text()
+    table = readme.split("| page | what |", 1)[1]
+    assert table.split("\n")[2].startswith("| `docs/first-run.md`")
+    text = (DOCS / "first-run.md").read_text()
+    used = set(re.findall(r"^(?:\$ )?stepwise ([a-z-]+)", text, re.M)) | set(re.findall(r"`stepwise ([a-z-]+)", text))
+    assert used and used <= set(COMMANDS), used - set(COMMANDS)
+    asked: list[str] = []
+    StackSettings.from_context(lambda key: asked.append(key))
+    options = set(re.findall(r"-c ([A-Za-z]+)=", text))
+    assert options and options <= set(asked), options - set(asked)

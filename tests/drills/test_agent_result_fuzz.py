@@ -1,4 +1,4 @@
-"""Drill: agent results of any shape never raise (issue 16 item 3; hypothesis, bounded examples).
+"""Drill: agent results of any shape never raise (hypothesis, bounded examples).
 
 The agent writes its result object itself, so it can be any JSON value, or not JSON at all.
 Hypothesis' recursive JSON strategy (nesting, every JSON type where a number is expected, ints far

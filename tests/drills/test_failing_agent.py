@@ -1,4 +1,4 @@
-"""Drill: an agent that fails every rollout fails the run, loudly, and trains nothing (issue 16 item 1).
+"""Drill: an agent that fails every rollout fails the run, loudly, and trains nothing.
 
 The whole local stack (moto's engine with the real ASL and handlers, the gateway, the ACR emulator in
 front of real toolkit agents, the SageMaker simulator), one small run per class of failing agent:

@@ -1,4 +1,4 @@
-"""Drills of overlapped steps (``max_staleness: 1``, issue 17) through the whole training loop: moto's
+"""Drills of overlapped steps (``max_staleness: 1``) through the whole training loop: moto's
 Step Functions engine runs the real ASL (its Parallel state "Train this step while rolling out the
 next") with the real handlers in-process, the SageMaker simulator counts every optimizer step it
 applies and injects latency and faults, and a loopback agent plays ACR.

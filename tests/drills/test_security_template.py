@@ -1,4 +1,4 @@
-"""Security items of issue 8 that tests/infra/test_stack_template.py does not already pin: payload logging
+"""Security items that tests/infra/test_stack_template.py does not already pin: payload logging
 is off by default (no execution data in the state machine's logs, no Lambda logs its event), and
 no function's environment carries a credential. (Encryption, TLS-only, public access block, no
 wildcard resource where a narrower one exists and cdk-nag are asserted there.)"""

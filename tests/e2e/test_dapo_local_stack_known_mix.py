@@ -1,4 +1,4 @@
-"""DAPO through the local stack with a known mix of prompts (issue 7, "Done when").
+"""DAPO through the local stack with a known mix of prompts (what DAPO's dynamic sampling must do).
 
 The real state machine on moto, the real handlers, the gateway, the ACR emulator in front of
 `local.agents.scripted_reward_agent` (rewards fixed by the dataset: always solved, never solved,

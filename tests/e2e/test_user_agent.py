@@ -40,6 +40,16 @@ SCORING = '''def score(payload, answer):
 '''
 
 
+@pytest.fixture
+def outside():
+    """A folder of the system's temporary directory, outside the repository (not pytest's numbered tmp_path,
+    which another pytest process on the same machine may clean up while a long run still uses it)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="stepwise-user-agent-") as folder:
+        yield Path(folder)
+
+
 def _project(tmp_path: Path) -> Path:
     """The user's project: the agent, its helper, a toy dataset and a config, none of them in the repository."""
     from prepare_datasets.prepare_toy import write_rows
@@ -65,8 +75,8 @@ def _stepwise(project: Path, *args: str, timeout: float = 1100) -> subprocess.Co
 
 @pytest.mark.e2e
 @pytest.mark.timeout(1200)  # a subprocess run: about 60 s on an idle 2-core machine, minutes on a loaded one
-def test_run_local_trains_a_users_own_agent_from_a_folder_outside_the_repository(tmp_path):
-    project = _project(tmp_path)
+def test_run_local_trains_a_users_own_agent_from_a_folder_outside_the_repository(outside):
+    project = _project(outside)
     run = _stepwise(project, "run-local", "run.json", "--agent", "agent.py", "--run-id", "mine", "--no-progress",
                     "--mirror-s3", "--out", "runs")
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -82,10 +92,10 @@ def test_run_local_trains_a_users_own_agent_from_a_folder_outside_the_repository
     assert sent["agent_runtime_arn"].endswith(":runtime/user_agent-local")
 
 
-def test_the_agent_is_a_module_of_the_current_directory_or_a_file_and_a_broken_one_is_named(tmp_path):
+def test_the_agent_is_a_module_of_the_current_directory_or_a_file_and_a_broken_one_is_named(outside):
     """``--agent agent:app`` imports from the directory run-local starts in (as ``python -m`` does); a file that
     does not exist, or an app that does not import, is refused before anything starts."""
-    project = _project(tmp_path)
+    project = _project(outside)
     probe = ("import sys; sys.path.insert(0, ''); from local.agents.serve import load_app; "
              "print(type(load_app(sys.argv[1])).__name__)")
     for spec in ("agent:app", "agent", str(project / "agent.py"), "./agent.py:app"):

@@ -1,4 +1,4 @@
-"""DAPO in the handlers, on moto + the SageMaker simulator (issue 7): Clip-Higher on the wire,
+"""DAPO in the handlers, on moto + the SageMaker simulator: Clip-Higher on the wire,
 data checks before billing, opt-in overlong shaping, the dataset cursor across epochs, and the
 final eval the reference skipped (last step skipped for having no datums), for GRPO and DAPO."""
 

@@ -117,7 +117,7 @@ def _names(states: dict[str, Any]) -> list[str]:
 
 
 def test_overlapped_step_is_a_parallel_of_training_and_the_next_steps_rollouts() -> None:
-    """max_staleness 1 (issue 17): one Parallel state, visible in the console graph, trains and rebinds
+    """max_staleness 1: one Parallel state, visible in the console graph, trains and rebinds
     this step while the next step's first generation batch rolls out; failures take the stop path."""
     states = load_asl()["States"]
     names = _names(states)

@@ -1,4 +1,4 @@
-"""The synthesized CDK stack: the resources the pipeline needs, wired as DESIGN.md section 2 says.
+"""The synthesized CDK stack: the resources the pipeline needs, wired as docs/architecture.md shows.
 
 One synthesis per test session (``tests/support/stack.py``): the default app (with cdk-nag) and one with
 every context value set, to check the scoped IAM.

@@ -1,4 +1,4 @@
-"""The simulator's tiny model really learns through the unmodified SDK (issue 20): LoRA adapters of
+"""The simulator's tiny model really learns through the unmodified SDK: LoRA adapters of
 the session's ``LoraConfig`` on every projection, the unembedding included, zero-initialised so
 that an untrained session is the base model bit for bit."""
 
@@ -13,7 +13,7 @@ from local.simulator import TOY_RECIPE
 from sagemaker.train.training_session import AdamParams, Datum, ModelInput, TensorData
 
 
-#: One fixed 131-byte sentence; the datum is it three times over (403 target tokens), as in issue 20.
+#: One fixed 131-byte sentence; the datum is it three times over (403 target tokens).
 SENTENCE = (
     "The quick brown fox jumps over the lazy dog, then naps in the warm afternoon sun "
     "while seven curious sparrows argue about breadcrumbs."
@@ -32,7 +32,7 @@ def _toy_lora_client(svc):
 
 
 def test_cross_entropy_on_one_sequence_halves_its_loss_within_40_steps(sim, svc):
-    # Before issue 20 (frozen unembedding behind a LayerNorm) the loss plateaued at ~0.54 of
+    # Before the LoRA adapters (frozen unembedding behind a LayerNorm) the loss plateaued at ~0.54 of
     # its first value, 5.2-5.5 nats per token (uniform over the bytes is ln 256 = 5.55), at every
     # learning rate from 1e-4 to 1e-2.
     tc = _toy_lora_client(svc)

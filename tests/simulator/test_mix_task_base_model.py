@@ -1,5 +1,5 @@
 """The difficulty mix the mix task promises (``prepare_datasets/prepare_mix.py``), measured on the
-simulator's base model through the SDK (issue 20)."""
+simulator's base model through the SDK."""
 
 from __future__ import annotations
 

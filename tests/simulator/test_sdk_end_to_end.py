@@ -1,4 +1,4 @@
-"""The unmodified SDK against the simulator: issue 3's "Done when" acceptance test."""
+"""The unmodified SDK against the simulator: the simulator's acceptance test."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ overlong shaping, TraceRecord -> datum conversion, and replay of captured gatewa
 
 No AWS, no network, no torch: every function here is importable and testable on its own.
 Each module's docstrings cite the reference they follow (agentcore_rl_toolkit 0.2.0's
-`backends/experimental/sagemaker/`, the DAPO paper arXiv:2503.14476, shared/seeds/002).
+`backends/experimental/sagemaker/`, the DAPO paper arXiv:2503.14476, the toolkit's `train_dapo.py` proposal).
 """
 
 from .advantages import compute_grpo_advantages

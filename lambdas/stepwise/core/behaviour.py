@@ -14,7 +14,7 @@ Two pure functions:
   canonical form for both the OpenAI and the Anthropic protocol).
 - `behaviour_metrics` turns the per-rollout summaries of a step into slash-namespaced metrics
   (STYLE.md): means per rollout, fractions per turn, rollout duration percentiles and the
-  status counts (``ok``, ``error``, ``timeout``; CONTRACTS.md item 3).
+  status counts (``ok``, ``error``, ``timeout``; docs/internals.md, rollout records).
 
 The other per-step signals live beside what they describe: reward mean, std, min and max in
 `stepwise.core.rewards.reward_metrics`, the fraction of zero-advantage groups in
@@ -31,7 +31,7 @@ import numpy as np
 
 __all__ = ["ROLLOUT_STATUSES", "rollout_behaviour", "behaviour_metrics"]
 
-#: Rollout record status values (CONTRACTS.md item 3); each gets a ``rollouts/num_{status}`` count.
+#: Rollout record status values (docs/internals.md, rollout records); each gets a ``rollouts/num_{status}`` count.
 ROLLOUT_STATUSES = ("ok", "error", "timeout")
 
 

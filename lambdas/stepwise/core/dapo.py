@@ -5,7 +5,7 @@ Sources:
   arXiv:2503.14476. Dynamic sampling: sec. 3.2 (eq. 11's constraint
   ``0 < |{o_i : is_equivalent(a, o_i)}| < G``: keep only groups whose rewards differ, over-sample
   until the batch is full). Overlong reward shaping: sec. 3.4, eq. 13.
-- The `train_dapo.py` proposal for this toolkit (shared/seeds/002): each step rolls out
+- The `train_dapo.py` proposal for this toolkit: each step rolls out
   generation batches of ``batch_size`` prompts and keeps informative groups until
   ``batch_size`` are kept; ``max_num_gen_batches`` caps it, and hitting the cap saves a
   checkpoint and stops.

@@ -5,7 +5,7 @@ and client tokens fixed before anything is sent, :func:`plan_training_ops`). A h
 the phase (`stepwise.aws.sagemaker.drive`): it (re)submits what is planned, polls what is submitted,
 and, when every operation succeeded, applies the phase's transition (:func:`complete_phase`).
 Re-running a handler with the same input is therefore harmless: a re-sent training operation
-carries the same (sequenceNumber, clientToken) and the runtime applies it once (DESIGN.md section 6).
+carries the same (sequenceNumber, clientToken) and the runtime applies it once (docs/internals.md).
 
 Phases and transitions (reference `train_grpo.py` step: forward_backward, optim_step, then
 ``save_weights_and_get_sampling_client`` = saveWeights + loadWeightsForSampling):

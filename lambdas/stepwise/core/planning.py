@@ -2,8 +2,8 @@
 
 PlanStep (`stepwise.handlers.plan`) applies :func:`decide` as one conditional read-modify-write of
 state.json and writes the generation batch's items (:func:`build_items`). Order of checks,
-following the reference loop (`train_grpo.py`) with the DAPO proposal (shared/seeds/002) and
-DESIGN.md section 8:
+following the reference loop (`train_grpo.py`) with the toolkit's DAPO proposal (`train_dapo.py`) and
+the fixes docs/migration.md lists:
 
 1. the baseline eval at step 0, before the first optimizer step (``eval_before_train``, on by
    default when there is an eval dataset), once: a resume that rewinds to step 0 keeps it

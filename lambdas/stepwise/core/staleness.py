@@ -3,7 +3,7 @@
 With ``max_staleness`` 0 (the reference loop, `train_grpo.py`) a step rolls out on policy version
 ``v`` and trains on it, so its datums are exactly on-policy. With 1, the rollouts of step ``n+1``
 sample on version ``v`` while step ``n`` trains and rebinds to ``v+1`` (one Parallel state,
-DESIGN.md section 9); step ``n+1`` then updates version ``v+1`` with datums sampled on ``v``. The
+docs/operating.md, overlapped steps); step ``n+1`` then updates version ``v+1`` with datums sampled on ``v``. The
 datums carry the sampling logprobs (`stepwise.core.datums`: the reference's ``logprobs`` loss
 input), so the ``importance_sampling``, ``ppo`` and ``cispo`` losses weight each token by
 ``exp(logprob_now - logprob_sampled)`` and correct for the lag; one version of lag is the

@@ -4,7 +4,7 @@ The adapters call ``backend.generate(prompt_ids=, sampling_params=, session_id=)
 resolve the request's session record (training session name + sampler model package ARN)
 to a toolkit ``SageMakerSdkBackend`` over a ``SamplingClient`` constructed directly with
 no ``ServiceClient`` (such a client has no finalizer that stops the session when it is
-garbage-collected; see FINDINGS.md), cached per (region, session, ARN).
+garbage-collected: the SDK's ``_session_handle``), cached per (region, session, ARN).
 
 Seeds: the gateway computes each turn's seed (`stepwise.core.seeding.turn_seed`) and
 `SessionSamplerBackend` hands it to the backend as ``sampling_params["seed"]``. The toolkit's

@@ -1,6 +1,6 @@
 """Init: validate everything, then create (or adopt) the training session; write config.json and state.json.
 
-Order matters (DESIGN.md section 6): config, dataset (>= batch_size rows with a payload column),
+Order matters (refuse before billing, README): config, dataset (>= batch_size rows with a payload column),
 eval dataset and bucket are all checked *before* CreateTrainingSession, so bad input never starts
 a billed session. The run is claimed in state.json (``IfNoneMatch``) before the session is
 created, and the session name is derived from the run id, so a retried Init adopts the session

@@ -1,6 +1,6 @@
 """StartRollout, OnRolloutResult and FinishRollout: one rollout child of the Distributed Map.
 
-DESIGN.md section 4. StartRollout opens the gateway session (``sessions/{sid}.json``), stores the
+docs/architecture.md. StartRollout opens the gateway session (``sessions/{sid}.json``), stores the
 task token keyed by sid *before* invoking the agent (a fast result cannot race it), then calls
 ``InvokeAgentRuntime`` with ``runtimeSessionId = sid`` and ``_rollout`` (the toolkit's
 ``exp_id``/``input_id``/``s3_bucket`` plus ``base_url``, ``model_id``, ``api_key = sid`` and the
