@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import socket
 import sys
 
@@ -35,7 +36,6 @@ def load_app(spec: str):
     """
     target, attr = split_spec(spec)
     if target.endswith(".py"):
-        import importlib.util
         import os
 
         path = os.path.abspath(target)

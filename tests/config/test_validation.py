@@ -119,6 +119,7 @@ BAD_VALUES = [
     ("temperature", -0.1, "greater than or equal to 0"),
     ("epochs", 0, "greater than or equal to 1"),
     ("save_every", -2, "greater than or equal to -1"),
+    ("accept_eula", "yes", "valid boolean"),
     ("loss", "grpo", "'ppo', 'importance_sampling' or 'cispo'"),
     ("clip_low_threshold", 1.5, "between 0 and 1"),
     ("clip_high_threshold", 0.5, "between 1 and 10"),
