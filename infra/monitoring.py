@@ -51,6 +51,12 @@ STALENESS_MEAN = "staleness/mean"
 STALENESS_MAX = "staleness/max"
 SESSION_BUSY = "time/session_busy"
 SESSION_IDLE = "time/session_idle"
+#: The cost ledger (stepwise.core.ledger.close_step): the run's total and the step's cost in USD, by
+#: part, and the training session's hours so far (emitted by Rebind, or ComputeAdvantages for a skipped step).
+COST_TOTAL = "cost/total_usd"
+COST_STEP = "cost/step_usd"
+COST_PARTS = ("cost/session_usd", "cost/agent_usd", "cost/lambda_usd", "cost/step_functions_usd", "cost/s3_usd")
+SESSION_HOURS = "cost/session_hours"
 #: Published by this stack's metric filter on FinishRollout's logs (no run dimension: alarmable).
 FAILED_ROLLOUTS = "rollouts/failed"
 #: FinishRollout's Powertools log messages for a rollout that failed or whose reward was zeroed
@@ -218,6 +224,14 @@ class Monitoring(Construct):
                            left=[per_run(TIME_TRAIN, "Average"), per_run(TIME_TRAIN, "Maximum")],
                            right=[functions[n].metric_duration(statistic="p95") for n in ("SubmitTrain", "PollOperation", "Rebind") if n in functions],
                            width=6),
+        )
+        # What the run has cost so far and what each step cost, by part (the cost ledger), beside the
+        # training session's hours: what the budget limits (max_cost_usd, max_session_hours) bound.
+        self.dashboard.add_widgets(
+            cw.GraphWidget(title="Cost so far (USD, left) and training session-hours (right), per run",
+                           left=[per_run(COST_TOTAL, "Maximum")], right=[per_run(SESSION_HOURS, "Maximum")], width=12),
+            cw.GraphWidget(title="Cost per step by part (USD): session, agent, Lambda, Step Functions, S3",
+                           left=[per_run(name, "Sum") for name in COST_PARTS], stacked=True, width=12),
         )
         self.dashboard.add_widgets(
             cw.GraphWidget(title="Executions", left=[state_machine.metric_started(), state_machine.metric_succeeded(),

@@ -117,6 +117,7 @@ class StepwiseStack(Stack):
                                sweep_function=fns["SweepSessions"], sweep_minutes=settings.sweep_minutes, topic=topic)
         if topic is not None:
             topic.grant_publish(fns["SweepSessions"])
+            topic.grant_publish(fns["PlanStep"])  # budget warnings (stepwise.core.stopping.record_checks)
         self.monitoring = Monitoring(
             self, "Monitoring",
             state_machine=state_machine,
@@ -158,9 +159,12 @@ class StepwiseStack(Stack):
         sessions.grant_lifecycle(fns["Init"])
         storage.grant_data_read_write(fns["Init"])
         agents.grant_lookup(fns["Init"])
-        # PlanStep reads its execution's history length before each step (continue-as-new on a budget).
+        # PlanStep reads its execution's history before each step (its length: continue-as-new on a
+        # budget; its new events: the cost ledger's state transitions), as StopSession, Cleanup and
+        # ContinueRun do for an execution's last transitions.
         storage.grant_data_read(fns["PlanStep"])
-        loop.grant_read_history(fns["PlanStep"])
+        for name in ("PlanStep", "StopSession", "Cleanup", "ContinueRun"):
+            loop.grant_read_history(fns[name])
         agents.grant_invoke(fns["StartRollout"])
         for name in ("StartRollout", "OnRolloutResult", "FinishRollout"):
             storage.grant_session_records(fns[name])

@@ -93,12 +93,12 @@ def upload_datasets(cfg: dict[str, Any], *, s3: Any, bucket: str, run_id: str, c
 
 
 def planned_steps(config: Any, s3: Any, bucket: str, run_cfg: dict[str, Any]) -> int | None:
-    """The run's train steps (steps per epoch of the uploaded train set x epochs), for the
-    progress bar's total; None when the dataset cannot be read."""
+    """The run's train steps (steps per epoch of the uploaded train set x epochs, at most ``max_steps``),
+    for the progress bar's total and the cost estimate; None when the dataset cannot be read."""
     try:
         from stepwise.datasets import load_payloads
 
         rows = len(load_payloads(run_cfg["dataset_path"], s3_client=s3))
-        return config.steps_per_epoch(rows) * config.epochs
+        return config.total_steps(rows)
     except Exception:
         return None

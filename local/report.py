@@ -137,6 +137,63 @@ def s3_requests_per_rollout(counts: dict[str, int], rollouts: int) -> dict[str, 
     return out
 
 
+#: The cost model's assumptions for a local run (`stepwise_cli.cost.Assumptions`): the local stack's own
+#: timings, measured on a 2-core machine with nothing else running (a toy step of ~5 s), and its
+#: ``STEPWISE_POLL_SECONDS`` (1) and ``STEPWISE_INLINE_WAIT_SECONDS`` (10). A loaded machine takes longer;
+#: the run's end prints the ledger against this estimate.
+def _local_assumptions() -> Any:
+    from stepwise_cli.cost import Assumptions
+
+    return Assumptions(turns_per_rollout=1.0, seconds_per_turn=0.4, rollout_seconds=3.0, train_seconds=1.0,
+                       rebind_seconds=0.3, orchestration_seconds=1.0, poll_seconds=1.0, inline_wait_seconds=10.0,
+                       agent_overhead_seconds=0.5, session_start_seconds=15.0,
+                       handler_seconds={"PlanStep": 0.1, "StartRollout": 0.3, "OnRolloutResult": 0.05,
+                                        "FinishRollout": 1.1, "ComputeAdvantages": 0.5, "RecordEval": 0.2})
+
+
+LOCAL_ASSUMPTIONS = _local_assumptions()
+
+
+def ledger_check(ledger: dict[str, Any], *, invocations: list[Any], memory_mb: dict[str, int],
+                 sim_sessions: dict[str, dict[str, Any]], session_names: list[str],
+                 acr: dict[str, Any] | None) -> dict[str, Any]:
+    """The run's cost ledger (``state.json``'s ``ledger``) beside what the local stack counted itself:
+    Lambda seconds per function (the engine's dispatcher: each invocation's handler time, ``memory_mb``
+    to turn the ledger's GB-seconds back into seconds), the training sessions' seconds (the simulator's
+    own: creation to stop request, `local.simulator.SimulatorHandle.session_seconds`) and the ACR
+    sessions' (the emulator's ``session_counters``, when it keeps them). Each figure
+    ``{"ledger", "local", "difference"}``; the gateway (another process) has no local figure."""
+    usage = ledger.get("usage") or {}
+    out: dict[str, Any] = {"lambda_seconds": {}}
+    local_seconds: dict[str, float] = {}
+    local_count: dict[str, int] = {}
+    for inv in invocations:
+        name = inv.function_name.rsplit("-", 1)[-1]
+        local_seconds[name] = local_seconds.get(name, 0.0) + inv.seconds
+        local_count[name] = local_count.get(name, 0) + 1
+    for name in sorted(set(usage.get("lambda_gb_seconds", {})) | set(local_seconds)):
+        gb_s = usage.get("lambda_gb_seconds", {}).get(name, 0.0)
+        mb = memory_mb.get(name) or 1
+        got = gb_s * 1024 / mb
+        row: dict[str, Any] = {"ledger": round(got, 3), "requests": usage.get("lambda_requests", {}).get(name, 0)}
+        if name in local_seconds:
+            row.update(local=round(local_seconds[name], 3), local_requests=local_count[name],
+                       difference=round(got - local_seconds[name], 3))
+        out["lambda_seconds"][name] = row
+    sessions = [sim_sessions[n] for n in session_names if n in sim_sessions]
+    mark_closed = float(ledger.get("sessions_closed_seconds") or 0.0)
+    served = sum(float(s.get("seconds") or 0.0) for s in sessions)
+    out["training_session_seconds"] = {"ledger": round(mark_closed, 3), "local": round(served, 3),
+                                       "difference": round(mark_closed - served, 3), "sessions": len(sessions)}
+    if acr is not None and "session_seconds" in acr:
+        got = float(usage.get("acr_session_seconds") or 0.0)
+        out["acr_session_seconds"] = {"ledger": round(got, 3), "local": round(float(acr["session_seconds"]), 3),
+                                      "difference": round(got - float(acr["session_seconds"]), 3),
+                                      "ledger_sessions": usage.get("acr_sessions"),
+                                      "local_sessions": acr.get("sessions_started")}
+    return out
+
+
 def mirror_run_objects(s3: Any, bucket: str, run_id: str, target: Path) -> int:
     """Copy ``runs/{run_id}/`` and ``rollout-results/{run_id}/`` to ``target``; returns the object count."""
     count = 0
@@ -167,11 +224,24 @@ def report(result: RunResult) -> str:
         lines.append("per step (s): " + ", ".join(f"{k} {v:.2f}" for k, v in per.items()))
     if result.session_status:
         lines.append(f"training session: {result.session_status}")
+    final = _ledger_final(result.run_dir)
+    if final.get("line"):
+        lines.append(final["line"])
+    if final.get("estimate_line"):
+        lines.append(final["estimate_line"])
     if result.failure:
         lines.append(f"FAILED in state {result.failure.state!r}: {result.failure.error}")
         if result.failure.cause:
             lines.append(f"cause: {result.failure.cause[:2000]}")
     return "\n".join(lines)
+
+
+def _ledger_final(run_dir: Path) -> dict[str, Any]:
+    """The cost ledger's final report (``state.json`` ``ledger.final``; {} when absent)."""
+    try:
+        return dict((json.loads((run_dir / "state.json").read_text()).get("ledger") or {}).get("final") or {})
+    except (OSError, ValueError):
+        return {}
 
 
 def _checkpoints(run_dir: Path) -> list[dict[str, Any]]:

@@ -47,6 +47,8 @@ from pathlib import Path
 from typing import Any
 
 from local.datasets import planned_steps, upload_datasets
+from local.report import LOCAL_ASSUMPTIONS
+from stepwise_cli.cost import put_estimate
 from local.report import (
     RunResult,
     failure_from_history,
@@ -358,9 +360,11 @@ def _run(stack: LocalStack, config: Any, cfg: dict[str, Any], config_path: Path,
             # the SDK's default (sagemaker-{region}-{account}) asks STS on a hard-wired endpoint
             run_cfg["s3_output_path"] = f"s3://{bucket}/checkpoints/{run_id}/"
         (run_dir / "config.json").write_text(json.dumps(run_cfg, indent=2))
+        total = planned_steps(config, s3, bucket, run_cfg)
+        # the run's cost estimate (as `stepwise start` writes it), at the local stack's timings
+        put_estimate(s3, bucket, run_id, config, total, LOCAL_ASSUMPTIONS)
         sfn = stack.moto.client("stepfunctions")
         sfn.start_execution(stateMachineArn=stack.resources.state_machine_arn, name=run_id, input=json.dumps(run_cfg))
-        total = planned_steps(config, s3, bucket, run_cfg)
         follower = LocalFollower(stack, run_id, run_dir, total, progress, responses_per_prompt=config.responses_per_prompt)
         deadline = None if timeout is None else time.monotonic() + timeout
         while desc is None:
@@ -436,6 +440,10 @@ def _finish(stack: LocalStack, follower: LocalFollower | None, desc: dict[str, A
                 (run_dir / ("state.json" if key.endswith("state.json") else "run_config.json")).write_bytes(body)
             except Exception:
                 pass
+        try:
+            timing["ledger_check"] = _ledger_check(stack, run_dir)
+        except Exception:
+            log.exception("comparing the cost ledger with the local stack's counts")
         if mirror_s3:
             mirror_run_objects(s3, stack.bucket, run_id, run_dir / "s3")
     if stack.simulator is not None:
@@ -455,6 +463,23 @@ def _finish(stack: LocalStack, follower: LocalFollower | None, desc: dict[str, A
     (run_dir / "timing.json").write_text(json.dumps(timing, indent=2))
     (run_dir / "result.json").write_text(json.dumps(asdict(result), indent=2, default=str))
     return result
+
+
+def _ledger_check(stack: LocalStack, run_dir: Path) -> dict[str, Any]:
+    """`local.report.ledger_check` of the run's ledger against this stack's dispatcher, simulator and
+    ACR emulator."""
+    from stepwise.functions import FUNCTIONS, GATEWAY_FUNCTION
+
+    from local.report import ledger_check
+
+    state = json.loads((run_dir / "state.json").read_text())
+    sim = stack.simulator
+    sim_sessions = sim.state().get("session_seconds", {}) if hasattr(sim, "state") else sim.session_seconds()
+    names = sorted(sim_sessions)  # run-local's simulator serves this run only (a resume adds sessions)
+    acr = stack.acr.session_counters() if stack.acr is not None and hasattr(stack.acr, "session_counters") else None
+    return ledger_check(state.get("ledger") or {}, invocations=stack.moto.dispatcher.invocations,
+                        memory_mb={f.name: f.memory_mb for f in (*FUNCTIONS, GATEWAY_FUNCTION)},
+                        sim_sessions=sim_sessions, session_names=names, acr=acr)
 
 
 def _jsonable(obj: Any) -> Any:

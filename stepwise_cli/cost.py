@@ -1,26 +1,28 @@
-"""The per-step cost model of the serverless pipeline: Lambda, Step Functions, S3 requests.
+"""The cost model: what a training step, and a whole run, is projected to cost before it starts.
 
-What one training step costs *in this stack* (not the SageMaker training session, the ACR
-agent, or the model's tokens -- those are billed by their own services, see docs/operating.md),
-and how many **session-hours** a step keeps the training session, sequential (``max_staleness`` 0)
-and overlapped (1), from the step's rollout, training and rebind times (`session_per_step`):
+Parts, named as the run's cost ledger names them (`stepwise.core.ledger`), priced from the one price
+table (`stepwise.core.prices`, dated ``PRICES_AS_OF``, region ``REGION``):
 
-- **Lambda**: GB-seconds (memory from `stepwise.functions`, durations from `Assumptions`) and
-  requests, per rollout (StartRollout, OnRolloutResult, FinishRollout, the gateway once per
-  LLM call) and per step (PlanStep, ComputeAdvantages, SubmitTrain, PollOperation, Rebind);
-- **Step Functions** (Standard): state transitions, counted by walking the deployed ASL
-  (`state_machine/training_loop.asl.json`) along a training step's path, plus each rollout
-  child's states and the Wait/Poll loops the training and rebind operations take;
-- **S3**: PUT-class (PUT, COPY, POST, LIST) and GET-class requests, counted from what the
-  handlers and the gateway do per rollout, per LLM call and per step (constants below).
+- **session**: the SageMaker training session's hours per step (`session_per_step`: sequential at
+  ``max_staleness`` 0, overlapped at 1, from the step's rollout, training and rebind times), priced
+  by the config's ``session_usd_per_hour`` (unset: hours only);
+- **agent**: the ACR sessions of the step's rollouts, each ``Assumptions.agent_seconds`` long, at the
+  config's ``acr_vcpus`` and ``acr_memory_gb``;
+- the stack's own **lambda** (GB-seconds, memory from `stepwise.functions`, durations from
+  `Assumptions`, and requests, per rollout: StartRollout, OnRolloutResult, FinishRollout, the gateway
+  once per LLM call; per step: PlanStep, ComputeAdvantages, SubmitTrain, PollOperation, Rebind),
+  **step_functions** (Standard state transitions, counted by walking the deployed ASL
+  ``state_machine/training_loop.asl.json`` along a training step's path, plus each rollout child's
+  states and the Wait/Poll loops the training and rebind operations take) and **s3** (PUT-class and
+  GET-class requests, counted from what the handlers and the gateway do per rollout, per LLM call and
+  per step: constants below).
 
 Eval batches (``eval_max_prompts`` rollouts every ``eval_every`` steps) are spread over the steps.
 DAPO's extra generation batches multiply the rollout part (``Assumptions.gen_batches_per_step``;
-the cap ``max_num_gen_batches`` gives the upper bound).
-
-Prices are AWS public list prices for us-east-1 (x86 Lambda, Step Functions Standard, S3
-Standard) as published on the AWS pricing pages on `PRICES_AS_OF`; they were not re-checked
-online from this machine. Free tiers are ignored. Check your region's prices.
+the cap ``max_num_gen_batches`` gives the upper bound). The whole run (`estimate` with
+``total_steps``) is the steps plus the start-up: the session's ``session_start_seconds`` before the
+first step. `estimate_record` is what a run keeps of it (``stepwise start`` writes it beside the
+run's uploads; StopSession compares the ledger with it at the end). Free tiers are ignored.
 """
 
 from __future__ import annotations
@@ -29,20 +31,11 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from stepwise.core import prices
+from stepwise.core.prices import PRICES_AS_OF, REGION
+
 if TYPE_CHECKING:
     from stepwise.config import RunConfig
-
-# ---------------------------------------------------------------------------- prices (us-east-1)
-
-PRICES_AS_OF = "2025-06"
-#: Lambda x86: USD per GB-second of duration, and per request.
-LAMBDA_USD_PER_GB_SECOND = 0.0000166667
-LAMBDA_USD_PER_REQUEST = 0.20 / 1_000_000
-#: Step Functions Standard workflows: USD per state transition ($0.025 per 1,000).
-SFN_USD_PER_TRANSITION = 0.025 / 1_000
-#: S3 Standard: PUT, COPY, POST, LIST requests ($0.005 per 1,000); GET, SELECT and others ($0.0004 per 1,000).
-S3_USD_PER_PUT_CLASS = 0.005 / 1_000
-S3_USD_PER_GET_CLASS = 0.0004 / 1_000
 
 # ---------------------------------------------------------------------------- S3 requests (from the handlers)
 
@@ -112,6 +105,10 @@ class Assumptions:
         orchestration_seconds: the rest of a step's wall time (PlanStep, ComputeAdvantages, state
             transitions, Map start), seconds.
         poll_seconds / inline_wait_seconds: ``STEPWISE_POLL_SECONDS`` / ``STEPWISE_INLINE_WAIT_SECONDS``.
+        agent_seconds: one rollout's ACR session, seconds (None = its LLM calls, ``turns_per_rollout x
+            seconds_per_turn``, plus ``agent_overhead_seconds`` to start and write the result).
+        session_start_seconds: the training session's seconds before the first step (creation, waiting
+            for Running, Init, the baseline eval), counted once per run.
         handler_seconds: mean duration per invocation of each handler, seconds.
     """
 
@@ -124,6 +121,9 @@ class Assumptions:
     orchestration_seconds: float = 5.0
     poll_seconds: float = 10.0
     inline_wait_seconds: float = 5.0
+    agent_seconds: float | None = None
+    agent_overhead_seconds: float = 2.0
+    session_start_seconds: float = 300.0
     handler_seconds: dict[str, float] = field(default_factory=lambda: {
         "PlanStep": 0.5, "StartRollout": 0.5, "OnRolloutResult": 0.15, "FinishRollout": 0.6,
         "ComputeAdvantages": 2.0, "RecordEval": 1.0,
@@ -155,13 +155,13 @@ class Usage:
         self.s3_get_class += times * requests.get("get", 0)
         return self
 
-    def dollars(self) -> dict[str, float]:
-        """USD per service at the list prices above, and ``total``."""
+    def dollars(self, architecture: str = "x86_64") -> dict[str, float]:
+        """USD per service of the stack at `stepwise.core.prices`, and ``total``."""
         out = {
-            "lambda_duration": self.lambda_gb_seconds * LAMBDA_USD_PER_GB_SECOND,
-            "lambda_requests": self.lambda_requests * LAMBDA_USD_PER_REQUEST,
-            "step_functions": self.state_transitions * SFN_USD_PER_TRANSITION,
-            "s3_requests": self.s3_put_class * S3_USD_PER_PUT_CLASS + self.s3_get_class * S3_USD_PER_GET_CLASS,
+            "lambda_duration": self.lambda_gb_seconds * prices.LAMBDA_USD_PER_GB_SECOND[architecture],
+            "lambda_requests": self.lambda_requests * prices.LAMBDA_USD_PER_REQUEST,
+            "step_functions": self.state_transitions * prices.SFN_USD_PER_TRANSITION,
+            "s3_requests": self.s3_put_class * prices.S3_USD_PER_PUT_CLASS + self.s3_get_class * prices.S3_USD_PER_GET_CLASS,
         }
         out["total"] = sum(out.values())
         return out
@@ -302,9 +302,12 @@ def estimate(cfg: RunConfig, a: Assumptions | None = None, *, total_steps: int |
 
     Returns a dict: ``assumptions``, ``rollouts_per_step``, ``usage_per_step`` (`Usage` fields),
     ``session_per_step`` (`session_per_step` at max_staleness "0" and "1"), ``max_staleness``,
-    ``usd_per_step`` (per service and total), ``usd_per_step_upper`` (DAPO at the generation-batch
-    cap; equal to the estimate for GRPO), ``total_steps`` and ``usd_per_run`` (when known),
-    ``prices_as_of``.
+    ``usd_per_step`` (the stack's, per service and total), ``usd_per_step_upper`` (DAPO at the
+    generation-batch cap; equal to the estimate for GRPO), ``parts_per_step`` (USD by ledger part:
+    ``session`` when the config prices it, ``agent``, ``lambda``, ``step_functions``, ``s3``, ``stack``,
+    ``total``, and ``session_hours``), ``prices_as_of``, ``region``; with ``total_steps`` also
+    ``total_steps``, ``usd_per_run`` (the stack's) and ``run`` (the whole run by part, start-up included:
+    `run_totals`).
     """
     a = a or Assumptions()
     counts = asl_step_counts(asl)
@@ -344,19 +347,89 @@ def estimate(cfg: RunConfig, a: Assumptions | None = None, *, total_steps: int |
     gen = a.gen_batches_per_step if cfg.algorithm == "dapo" else 1.0
     per_step = step(gen)
     upper = step(float(cfg.max_num_gen_batches)) if cfg.algorithm == "dapo" else per_step
+    sessions = {str(m): session_per_step(cfg, a, m, gen) for m in (0, 1)}
+    eval_rollouts = ((cfg.eval_max_prompts or cfg.batch_size) * cfg.eval_group_size / cfg.eval_every
+                     if cfg.has_evals and cfg.eval_every > 0 else 0.0)
     out: dict[str, Any] = {
-        "assumptions": {**asdict(a), "turns_per_rollout": turns},
+        "assumptions": {**asdict(a), "turns_per_rollout": turns, "agent_seconds": agent_seconds(a, turns)},
         "rollouts_per_step": rollouts_per_batch * gen,
         "transition_counts": counts,
         "usage_per_step": asdict(per_step),
         "usd_per_step": per_step.dollars(),
         "usd_per_step_upper": upper.dollars(),
+        "parts_per_step": parts(cfg, per_step, sessions[str(min(cfg.max_staleness, 1))]["session_hours"],
+                                (rollouts_per_batch * gen + eval_rollouts) * agent_seconds(a, turns)),
         "prices_as_of": PRICES_AS_OF,
+        "region": REGION,
         # both modes, whatever the config says: what overlapping would save (or does)
-        "session_per_step": {str(m): session_per_step(cfg, a, m, gen) for m in (0, 1)},
+        "session_per_step": sessions,
         "max_staleness": cfg.max_staleness,
     }
     if total_steps is not None:
         out["total_steps"] = total_steps
         out["usd_per_run"] = {k: v * total_steps for k, v in out["usd_per_step"].items()}
+        out["run"] = run_totals(cfg, out["parts_per_step"], total_steps, a)
     return out
+
+
+def agent_seconds(a: Assumptions, turns: float) -> float:
+    """One rollout's ACR session, seconds (`Assumptions.agent_seconds`)."""
+    return a.agent_seconds if a.agent_seconds is not None else turns * a.seconds_per_turn + a.agent_overhead_seconds
+
+
+def parts(cfg: RunConfig, stack: Usage, session_hours: float, acr_session_seconds: float) -> dict[str, float]:
+    """USD by ledger part (`stepwise.core.ledger.PARTS`) of a step: the stack's ``stack`` usage, the
+    training session's ``session_hours`` and the ACR sessions' ``acr_session_seconds``; plus ``stack``,
+    ``total`` and ``session_hours``. ``session`` only when the config has ``session_usd_per_hour``."""
+    usd = stack.dollars()
+    out: dict[str, float] = {}
+    if cfg.session_usd_per_hour is not None:
+        out["session"] = session_hours * cfg.session_usd_per_hour
+    out["agent"] = acr_session_seconds / 3600 * (cfg.acr_vcpus * prices.ACR_USD_PER_VCPU_HOUR
+                                                 + cfg.acr_memory_gb * prices.ACR_USD_PER_GB_HOUR)
+    out["lambda"] = usd["lambda_duration"] + usd["lambda_requests"]
+    out["step_functions"] = usd["step_functions"]
+    out["s3"] = usd["s3_requests"]
+    out["stack"] = out["lambda"] + out["step_functions"] + out["s3"]
+    out["total"] = out.get("session", 0.0) + out["agent"] + out["stack"]
+    out["session_hours"] = session_hours
+    return out
+
+
+def run_totals(cfg: RunConfig, per_step: dict[str, float], steps: int, a: Assumptions) -> dict[str, float]:
+    """The whole run by part: ``steps`` x ``per_step``, plus the start-up's session time
+    (``Assumptions.session_start_seconds``, priced like the rest of the session)."""
+    out = {k: v * steps for k, v in per_step.items()}
+    start_hours = a.session_start_seconds / 3600
+    out["session_hours"] += start_hours
+    if "session" in out and cfg.session_usd_per_hour is not None:
+        out["session"] += start_hours * cfg.session_usd_per_hour
+        out["total"] += start_hours * cfg.session_usd_per_hour
+    out["steps"] = steps
+    return out
+
+
+def estimate_record(est: dict[str, Any]) -> dict[str, Any]:
+    """What a run keeps of its estimate (``datasets/{run_id}/estimate.json``; `stepwise.core.ledger.
+    compare_with_estimate` reads ``per_step``): the per-step parts, the run's totals when known, the
+    assumptions and the prices' date and region."""
+    out = {"per_step": est["parts_per_step"], "assumptions": est["assumptions"], "prices_as_of": est["prices_as_of"],
+           "region": est["region"], "rollouts_per_step": est["rollouts_per_step"]}
+    if "run" in est:
+        out["run"] = est["run"]
+    return out
+
+
+def put_estimate(s3: Any, bucket: str, run_id: str, cfg: RunConfig, total_steps: int | None,
+                 a: Assumptions | None = None) -> dict[str, Any]:
+    """Estimate the run (`estimate`) and write what it keeps of it (`estimate_record`) to
+    ``datasets/{run_id}/estimate.json`` (`stepwise.layout.estimate_key`), beside the run's uploads;
+    StopSession compares the ledger with it at the run's end. Returns the estimate."""
+    import json
+
+    from stepwise.layout import estimate_key
+
+    est = estimate(cfg, a, total_steps=total_steps)
+    s3.put_object(Bucket=bucket, Key=estimate_key(run_id), Body=json.dumps(estimate_record(est)).encode(),
+                  ContentType="application/json")
+    return est

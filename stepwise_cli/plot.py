@@ -1,4 +1,5 @@
-"""The run's plot: mean training reward and eval accuracy per step, and the behaviour metrics.
+"""The run's plot: mean training reward and eval accuracy per step (with the cost ledger's running
+total on a second axis), and the behaviour metrics.
 
 One figure for `stepwise watch --plot` and `stepwise run-local`'s ``reward.png``
 (`plot_run`). The series drawn are stored in the PNG's text chunk ``stepwise-curves``
@@ -42,16 +43,23 @@ def behaviour_curves(steps: dict[int, dict[str, Any]]) -> dict[str, list[tuple[i
     return out
 
 
+def cost_curve(steps: dict[int, dict[str, Any]]) -> list[tuple[int, float]]:
+    """The cost ledger's running total (``cost/total_usd``, USD) at the end of each step that reports it."""
+    return [(s, v) for s in sorted(steps) if (v := metric(steps[s], "cost/total_usd")) is not None]
+
+
 def write_plot(path: Path, rewards: list[tuple[int, float]], evals: list[tuple[int, float]], title: str,
-               behaviour: dict[str, list[tuple[int, float]]] | None = None) -> Path:
+               behaviour: dict[str, list[tuple[int, float]]] | None = None,
+               cost: list[tuple[int, float]] | None = None) -> Path:
     """A PNG of mean training reward per step (line) and eval accuracy (squares; step 0 is the
-    baseline before training), and, given ``behaviour`` (`behaviour_curves`), a second panel of
+    baseline before training), with ``cost`` (`cost_curve`: the run's total USD after each step)
+    dotted on a right-hand axis, and, given ``behaviour`` (`behaviour_curves`), a second panel of
     the behaviour metrics per step: per-rollout amounts and seconds on the left (symlog), fractions
     on the right.
 
     The series drawn are read back from the figure's lines and stored as JSON in the PNG text
     chunk ``stepwise-curves``: ``{"reward": [[step, value], ...], "eval_accuracy": [...],
-    "behaviour": {summary key: [[step, value], ...]}}``.
+    "cost_total_usd": [...], "behaviour": {summary key: [[step, value], ...]}}``.
     """
     import matplotlib
 
@@ -70,8 +78,17 @@ def write_plot(path: Path, rewards: list[tuple[int, float]], evals: list[tuple[i
         drawn["eval_accuracy"] = line.get_xydata().tolist()
     ax.set_ylabel("reward / accuracy")
     ax.grid(alpha=0.3)
-    if rewards or evals:
-        ax.legend()
+    handles = ax.get_lines()
+    if cost:
+        usd_axis = ax.twinx()
+        (line,) = usd_axis.plot([s for s, _ in cost], [v for _, v in cost], ":", color="C3",
+                                label="cost so far (USD, right)")
+        usd_axis.set_ylabel("USD (cost ledger)")
+        usd_axis.set_ylim(bottom=0)
+        drawn["cost_total_usd"] = line.get_xydata().tolist()
+        handles = [*handles, line]
+    if handles:
+        ax.legend(handles=handles, loc="upper left")
     ax.set_title(title)
     if two:
         drawn["behaviour"] = {}
@@ -105,7 +122,7 @@ def write_plot(path: Path, rewards: list[tuple[int, float]], evals: list[tuple[i
 
 
 def plot_run(path: Path, steps: dict[int, dict[str, Any]], evals: dict[int, dict[str, Any]], title: str) -> Path:
-    """`write_plot` of a run's step and eval summaries (``{step: summary}``): its `curves` and
-    its `behaviour_curves`."""
+    """`write_plot` of a run's step and eval summaries (``{step: summary}``): its `curves`, its
+    `behaviour_curves` and its `cost_curve`."""
     rewards, accuracies = curves(steps, evals)
-    return write_plot(path, rewards, accuracies, title, behaviour_curves(steps))
+    return write_plot(path, rewards, accuracies, title, behaviour_curves(steps), cost_curve(steps))

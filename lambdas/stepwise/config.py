@@ -315,12 +315,51 @@ class RunConfig(BaseModel):
                     "to train on), naming what the rollouts reported, instead of billing steps that train nothing",
     )
 
+    # --- Cost ledger: what the ledger prices that AWS's price table cannot (stepwise.core.ledger) ---
+    session_usd_per_hour: float | None = Field(
+        None, gt=0, le=10_000,
+        description="USD per hour of the training session (its instance's price); the ledger prices the session's "
+        "seconds from its creation to its stop, waits included. None = the ledger counts session-hours only",
+    )
+    acr_vcpus: float = Field(
+        1.0, ge=0, le=64,
+        description="vCPUs the agent keeps busy per ACR session-second: AgentCore Runtime bills the CPU a session "
+        "actively uses (not its waits on the LLM), so 1.0 is an upper bound for one busy core",
+    )
+    acr_memory_gb: float = Field(
+        2.0, ge=0, le=256,
+        description="GB of memory billed per ACR session-second (AgentCore Runtime bills a session's peak memory "
+        "for its lifetime)",
+    )
+
     # --- Budget limits (stepwise.core.stopping: checked before each step; the run ends gracefully) ---
     max_steps: int | None = Field(
         None, ge=1,
         description="end the run after this many steps (skipped steps count), gracefully: final eval if "
         "configured, final checkpoint, session stopped, SUCCEEDED with the limit as the stop reason; None = "
         "until the epochs are done",
+    )
+    max_cost_usd: float | None = Field(
+        None, gt=0,
+        description="end the run gracefully before a step that would take the cost ledger's total (session, agent "
+        "and stack) past this many USD, projected from the costliest of the last steps; needs "
+        "session_usd_per_hour. None = no limit",
+    )
+    max_session_hours: float | None = Field(
+        None, gt=0,
+        description="end the run gracefully before a step that would take the training sessions' hours (from "
+        "creation, waits included, every session of the run) past this, projected from the last steps. None = "
+        "no limit",
+    )
+    max_run_hours: float | None = Field(
+        None, gt=0,
+        description="end the run gracefully before a step that would end past this many wall-clock hours since "
+        "the run started, projected from the last steps. None = no limit",
+    )
+    budget_warning_fraction: float = Field(
+        0.8, gt=0, le=1,
+        description="warn (log, SNS notification when the stack has a topic, stepwise watch) once a budget "
+        "limit's projection reaches this fraction of it",
     )
 
     # --- Dataset ---
@@ -543,6 +582,14 @@ class RunConfig(BaseModel):
             raise ValueError(f"must be < max_tokens_per_rollout ({cap}), the L_max of overlong shaping")
         if v and info.data.get("algorithm", "dapo") != "dapo":
             raise ValueError("overlong shaping applies only to algorithm 'dapo'; set algorithm 'dapo' or use 0")
+        return v
+
+    @field_validator("max_cost_usd")
+    @classmethod
+    def _cost_needs_session_price(cls, v: float | None, info: ValidationInfo) -> float | None:
+        if v is not None and info.data.get("session_usd_per_hour", 0) is None:
+            raise ValueError("needs session_usd_per_hour: the training session is most of a run's cost, and the "
+                             "ledger cannot price it without its hourly price")
         return v
 
     @field_validator("dataset_path")

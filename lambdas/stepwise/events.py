@@ -57,6 +57,7 @@ class StartEvent(_Event):
     run: RunRef
     batch: BatchRef
     item: BatchItem
+    retry_count: int = 0  # $$.State.RetryCount: the attempts before this one (the child's transitions)
 
 
 class FinishEvent(_Event):
@@ -65,8 +66,9 @@ class FinishEvent(_Event):
     run: RunRef
     batch: BatchRef
     item: BatchItem
-    result: dict[str, Any] | None = None  # SendTaskSuccess output {"sid", "result_key", "session"?}
+    result: dict[str, Any] | None = None  # SendTaskSuccess output {"sid", "result_key", "session"?, "usage"?}
     error: dict[str, Any] | None = None  # Catch output {"Error", "Cause"}
+    retry_count: int = 0  # $$.State.RetryCount: the attempts before this one (the child's transitions)
 
 
 class StopEvent(_Event):

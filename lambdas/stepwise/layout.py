@@ -20,6 +20,7 @@ Layout (docs/internals.md, "S3 layout")::
     sessions/{sid}.json                                     gateway session record (+ the rollout's task token)
     rollout-results/{run_id}/{input_id}/{sid}.json          written by the agent (toolkit result key)
     datasets/{run_id}/{file name}                           local dataset files the operator uploaded (CLI, local stack)
+    datasets/{run_id}/estimate.json                         the run's cost estimate (CLI, local stack), for the end's comparison
     sagemaker-output/                                       the training sessions' default output path
 
 The key functions accept ``"*"`` for an id, which gives the IAM resource pattern of that key
@@ -187,6 +188,13 @@ def upload_key(run_id: str, name: str) -> str:
     """``datasets/{run_id}/{name}``: a local file the operator's run reads (a dataset, or a
     tokenizer file under ``name = "tokenizer/{file}"``), uploaded by the CLI or the local stack."""
     return f"{DATASETS_PREFIX}{run_id}/{name}"
+
+
+def estimate_key(run_id: str) -> str:
+    """``datasets/{run_id}/estimate.json``: the run's cost estimate (`stepwise.core.costmodel`), written by
+    ``stepwise start`` (and the local stack) beside the files it uploads; StopSession compares the
+    ledger with it at the run's end."""
+    return upload_key(run_id, "estimate.json")
 
 
 def upload_tokenizer_prefix(run_id: str) -> str:

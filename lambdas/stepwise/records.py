@@ -10,6 +10,8 @@ are types"). Where each lives in the bucket: `stepwise.layout`.
 - `SessionRecord` (``sessions/{sid}.json``): what one rollout's agent may do with the gateway.
 - `CapturedTurn` (``runs/{run_id}/sessions/{sid}/turns/{key}.json``): one answered LLM call.
 - `RolloutRecord` (``.../rollouts/{sid}.json``): a finished rollout's reward, status and TraceRecords.
+- `Usage`, `Ledger` (``RunState.ledger``), `CostMark`, `StepCost`: the cost ledger's measurements
+  (carried in the records above) and its cumulative totals.
 
 Records read back from S3 are validated with these models; the pure core (`stepwise.core`)
 still takes plain mappings where it must survive records of any shape (hostile-input tests).
@@ -37,6 +39,115 @@ CheckpointReason = Literal["", "save_every", "final", "weights_at_end", "sampler
 
 #: A finished rollout's status: ``ok`` (the agent's result was read), ``error``, ``timeout``.
 RolloutStatus = Literal["ok", "error", "timeout"]
+
+
+# ---------------------------------------------------------------------------- cost ledger
+
+
+class Usage(BaseModel):
+    """Billable units some part of a run used, measured where the work happened (`stepwise.metering`):
+    each Lambda invocation measures its own duration and configured memory, S3 requests are counted
+    as they are made, state transitions are read from the executions' histories and paths, ACR
+    session-seconds from each rollout's session. Carried in records already written (session
+    records, captured turns, rollout records, ``state.json``) and summed into `Ledger.usage`.
+
+    Units: GB-seconds (configured memory in GB x seconds of duration) and requests per function
+    (logical name, `stepwise.functions`); counts; seconds. ``acr_vcpu_seconds`` and ``acr_gb_seconds``
+    are the session-seconds times the run's ``acr_vcpus`` / ``acr_memory_gb``, reckoned when each
+    ACR session ends.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    lambda_gb_seconds: dict[str, float] = Field(default_factory=dict)
+    lambda_requests: dict[str, int] = Field(default_factory=dict)
+    state_transitions: int = 0
+    s3_put_class: int = 0
+    s3_get_class: int = 0
+    acr_sessions: int = 0
+    acr_session_seconds: float = 0.0
+    acr_vcpu_seconds: float = 0.0
+    acr_gb_seconds: float = 0.0
+
+    def add(self, other: "Usage | None") -> "Usage":
+        """Add ``other`` into this usage (in place); returns self."""
+        if other is None:
+            return self
+        for name, value in other.lambda_gb_seconds.items():
+            self.lambda_gb_seconds[name] = self.lambda_gb_seconds.get(name, 0.0) + value
+        for name, n in other.lambda_requests.items():
+            self.lambda_requests[name] = self.lambda_requests.get(name, 0) + n
+        for f in ("state_transitions", "s3_put_class", "s3_get_class", "acr_sessions", "acr_session_seconds",
+                  "acr_vcpu_seconds", "acr_gb_seconds"):
+            setattr(self, f, getattr(self, f) + getattr(other, f))
+        return self
+
+    def minus(self, other: "Usage") -> "Usage":
+        """A new usage: this one less ``other`` (a step's part of two cumulative figures)."""
+        out = Usage(
+            lambda_gb_seconds={k: v - other.lambda_gb_seconds.get(k, 0.0) for k, v in self.lambda_gb_seconds.items()},
+            lambda_requests={k: v - other.lambda_requests.get(k, 0) for k, v in self.lambda_requests.items()},
+        )
+        for f in ("state_transitions", "s3_put_class", "s3_get_class", "acr_sessions", "acr_session_seconds",
+                  "acr_vcpu_seconds", "acr_gb_seconds"):
+            setattr(out, f, getattr(self, f) - getattr(other, f))
+        return out
+
+    def is_empty(self) -> bool:
+        return self == Usage()
+
+
+class CostMark(BaseModel):
+    """The ledger's totals at a step boundary (the first step's start, then each step's end)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    at: float  # epoch seconds
+    session_seconds: float = 0.0
+    usage: Usage = Field(default_factory=Usage)
+
+
+class StepCost(BaseModel):
+    """What one step cost, from one boundary to the next (the budget limits project from these)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    step: int
+    usd: float
+    session_seconds: float
+    wall_seconds: float
+
+
+class Ledger(BaseModel):
+    """``RunState.ledger``: what the run has used so far, cumulative over every execution of the run
+    (continue-as-new, ``stepwise resume``: never reset). Priced by `stepwise.core.ledger`.
+
+    ``sessions_closed_seconds`` are the seconds of training sessions already stopped (a resume
+    opens a new one); the current session's are counted from ``RunState.session_created_at`` (its
+    CreationTime) until it stops. ``history_segment`` / ``history_event``: the parent execution's
+    history has been counted up to that event id of that segment (event ids restart with each
+    execution). ``checks``: the budget limits' figures at the last step start
+    (`stepwise.core.stopping.budget_checks`); ``warned``: limits whose warning was given;
+    ``estimate``: the cost estimate the run started with (`stepwise.core.costmodel`), ``final``:
+    the ledger against it at the run's end.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    usage: Usage = Field(default_factory=Usage)
+    sessions_closed_seconds: float = 0.0
+    run_started_at: float | None = None
+    mark: CostMark | None = None
+    recent_steps: list[StepCost] = Field(default_factory=list)
+    history_segment: int = -1
+    history_event: int = 0
+    checks: dict[str, dict[str, float]] = Field(default_factory=dict)
+    warned: list[str] = Field(default_factory=list)
+    estimate: dict[str, Any] | None = None
+    final: dict[str, Any] | None = None
+    #: Only on a projection (`stepwise.core.stopping.projected_state`): steps still to finish before
+    #: the step the rules are asked about. Never written.
+    pending_steps: int = Field(0, exclude=True)
 
 
 # ---------------------------------------------------------------------------- run state
@@ -177,6 +288,7 @@ class RunState(BaseModel):
     final_weights_done: bool = False
     finished: bool = False
     session_stopped: bool = False
+    ledger: Ledger = Field(default_factory=Ledger)  # the run's cost ledger (stepwise.core.ledger)
 
 
 # ---------------------------------------------------------------------------- state machine payloads
@@ -282,6 +394,9 @@ class SessionRecord(BaseModel):
     #: The rollout's seed (`stepwise.core.seeding.rollout_seed`); each turn samples with
     #: `turn_seed(sampling_seed, turn index)`. None = unseeded samples.
     sampling_seed: int | None = None
+    #: StartRollout's measurement of itself and what its container carried (`stepwise.metering`);
+    #: FinishRollout adds it to the rollout record. The gateway never serves it.
+    usage: Usage | None = None
 
     def resolved_tokenizer_prefix(self) -> str:
         """The S3 prefix of the run's cached tokenizer (`stepwise.layout.tokenizer_prefix` by default)."""
@@ -307,6 +422,7 @@ class CapturedTurn(BaseModel):
     sampler_model_package_arn: str = ""
     policy_version: int = 0
     completed_at: float = 0.0
+    usage: Usage | None = None  # the gateway's measurement of the request that answered the turn (and carried ones)
 
 
 # ---------------------------------------------------------------------------- rollouts
@@ -339,6 +455,7 @@ class RolloutRecord(BaseModel):
     tool_calls: int = 0
     duration_s: float | None = None
     policy_version: int | None = None  # the policy the rollout sampled with (None: written before it was recorded)
+    usage: Usage | None = None  # what the rollout used: its handlers, gateway turns, child transitions, ACR session
     records: list[dict[str, Any]] = Field(default_factory=list)
 
 

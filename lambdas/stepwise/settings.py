@@ -60,7 +60,7 @@ class Settings:
         turn_grace_seconds: FinishRollout's wait between closing a session and listing its turns
             (``STEPWISE_TURN_GRACE_SECONDS``, >= 0, default 1).
         default_s3_output_path: the sessions' default output path (``STEPWISE_DEFAULT_S3_OUTPUT_PATH``).
-        notification_topic_arn: the SNS topic the session sweeper reports to
+        notification_topic_arn: the SNS topic the session sweeper and budget warnings report to
             (``STEPWISE_NOTIFICATION_TOPIC_ARN``, the stack's ``notificationTopicArn``; '' = none).
         region: ``AWS_REGION`` (else ``AWS_DEFAULT_REGION``).
         endpoints: the ``AWS_ENDPOINT_URL*`` overrides, as ``((name, url), ...)``.

@@ -93,6 +93,11 @@ class SimulatorHandle:
     def session_statuses(self) -> dict[str, str]:
         return self.simulator.session_statuses()
 
+    def session_seconds(self) -> dict[str, dict[str, float | None]]:
+        """Per session: ``created``, ``stop_requested``, ``ended`` and the ``seconds`` it served (creation
+        to the stop request; `local.simulator.service.Simulator.session_seconds`)."""
+        return self.simulator.session_seconds()
+
     # -------------------------------------------------------------- drills
 
     def inject_fault(self, fault: Fault | str) -> None:

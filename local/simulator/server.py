@@ -5,8 +5,8 @@
   model (``/v1/training-sessions/{trainingSessionName}/operations[/{operationId}]`` and
   ``.../sampling-operations[/{operationId}]``).
 * ``/_simulator/state`` (GET) and ``/_simulator/faults`` (POST ``{"faults": [...],
-  "latency": {...}, "clear": bool}``): counters, sessions and fault control for drills run
-  from another process.
+  "latency": {...}, "clear": bool}``): counters, sessions (their statuses and the seconds each
+  served, ``session_seconds``) and fault control for drills run from another process.
 
 Errors carry the botocore error code in ``__type`` and ``x-amzn-ErrorType``.
 Signatures are not checked.
@@ -106,7 +106,8 @@ class _Handler(BaseHTTPRequestHandler):
         if method == "GET" and path == "/_simulator/state":
             self._send(
                 200,
-                {"counters": sim.counters, "sessions": sim.session_statuses(), "running_sessions": sim.running_sessions(), **sim.faults.describe()},
+                {"counters": sim.counters, "sessions": sim.session_statuses(), "running_sessions": sim.running_sessions(),
+                 "session_seconds": sim.session_seconds(), **sim.faults.describe()},
                 "application/json",
             )
             return

@@ -210,6 +210,23 @@ class Simulator:
         with self._lock:
             return {name: self._refresh(s).status for name, s in self._sessions.items()}
 
+    def session_seconds(self) -> dict[str, dict[str, float | None]]:
+        """What each session served, for the cost ledger's tests: ``created`` (its CreationTime),
+        ``stop_requested`` (StopTrainingSession; None while it runs), ``ended`` (its EndTime: Stopped or
+        Failed; None before) and ``seconds`` from creation to the stop request (to now while it runs):
+        the seconds a run's ledger counts for it. The ``Stopping`` time after a stop request is
+        ``session_stop_seconds`` (0 by default)."""
+        now = time.time()
+        with self._lock:
+            sessions = [self._refresh(s) for s in self._sessions.values()]
+        out: dict[str, dict[str, float | None]] = {}
+        for s in sessions:
+            requested = None if s.stop_at is None else s.stop_at - self.session_stop_seconds
+            end = requested if requested is not None else (s.end_time if s.end_time is not None else now)
+            out[s.name] = {"created": s.created, "stop_requested": requested, "ended": s.end_time,
+                           "seconds": max(0.0, end - s.created)}
+        return out
+
     def running_sessions(self) -> list[str]:
         """Names of sessions not yet stopped (Created, Scheduled or Running)."""
         return sorted(name for name, status in self.session_statuses().items() if status in _ACTIVE)

@@ -1,10 +1,12 @@
-"""`stepwise cost CONFIG.json`: estimate what the stack's own services cost per step and per run.
+"""`stepwise cost CONFIG.json`: estimate what a run costs per step and in all: the training session,
+the ACR agent and the stack's own services.
 
-The model is `stepwise_cli.cost` (Lambda GB-seconds and requests, Step Functions transitions read
-off the deployed ASL, S3 requests), at list prices dated `stepwise_cli.cost.PRICES_AS_OF`. Not
-included: the SageMaker training session, the ACR agent runtime, CloudWatch, data transfer.
-The run total needs the number of steps: ``--steps``, or the train dataset's rows when
-``dataset_path`` is a local file (or ``--check-datasets`` for an ``s3://`` one).
+The model is `stepwise_cli.cost` (session-hours per step; ACR session-seconds per rollout; Lambda
+GB-seconds and requests, Step Functions transitions read off the deployed ASL, S3 requests), at the
+prices of `stepwise.core.prices` (dated, with their region) and the config's ``session_usd_per_hour``,
+``acr_vcpus`` and ``acr_memory_gb``: the same table the run's cost ledger prices with. Not included:
+CloudWatch, data transfer. The run total needs the number of steps: ``--steps``, or the train
+dataset's rows when ``dataset_path`` is a local file (or ``--check-datasets`` for an ``s3://`` one).
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ ASSUMPTION_FLAGS = (
     ("train_seconds", "seconds the session takes per training step"),
     ("rollout_seconds", "wall seconds of one generation batch's rollouts"),
     ("rebind_seconds", "seconds of load_weights_for_sampling per step"),
+    ("orchestration_seconds", "the rest of a step's wall time (planning, advantages, transitions)"),
+    ("session_start_seconds", "seconds of training session before the first step"),
+    ("agent_overhead_seconds", "ACR session seconds of a rollout besides its LLM calls"),
 )
 
 
@@ -45,8 +50,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(f"--{name.replace('_', '-')}", type=float, default=default,
                             help=f"{help_text} (default {default:g})")
     parser.add_argument("--session-usd-per-hour", type=float, default=None,
-                        help="the training session's price per hour, to turn session-hours into dollars (no default: "
-                             "it depends on the instance)")
+                        help="the training session's price per hour, to turn session-hours into dollars (default: the "
+                             "config's session_usd_per_hour; it depends on the instance)")
     parser.add_argument("--json", action="store_true", help="print the estimate as JSON")
 
 
@@ -86,8 +91,9 @@ def format_estimate(est: dict[str, Any]) -> str:
         lines.append(f"run of {est['total_steps']} steps: ${est['usd_per_run']['total']:.4f}")
     else:
         lines.append("run total: pass --steps N (or use a local dataset file) to get it")
-    lines.append(f"list prices us-east-1 as of {est['prices_as_of']}; not included: the SageMaker training "
-                 "session, the ACR agent runtime, CloudWatch, data transfer")
+    lines.append(f"list prices {est['region']} as of {est['prices_as_of']} (stepwise.core.prices); not included "
+                 "here: CloudWatch, data transfer")
+    lines.extend(format_parts(est))
     lines.append(f"training session per step ({a['rollout_seconds']:g} s of rollouts, {a['train_seconds']:g} s of "
                  f"training, {a['rebind_seconds']:g} s of rebind, {a['orchestration_seconds']:g} s of orchestration):")
     price = est.get("session_usd_per_hour")
@@ -100,6 +106,24 @@ def format_estimate(est: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def format_parts(est: dict[str, Any]) -> list[str]:
+    """The estimate by ledger part (session, agent, stack), per step and for the whole run."""
+    from stepwise.core.ledger import usd
+
+    def row(name: str, p: dict[str, Any]) -> str:
+        session = (f"session {usd(p['session'])} ({p['session_hours']:.3f} h)" if "session" in p
+                   else f"session {p['session_hours']:.3f} h (no session_usd_per_hour: not priced)")
+        return f"  {name:<14} {usd(p['total']):>10}: {session}, agent {usd(p['agent'])}, stack {usd(p['stack'])}"
+
+    a = est["assumptions"]
+    lines = [f"with the training session and the agent ({a['agent_seconds']:g} s of ACR session per rollout; "
+             f"the session billed for each step's whole wall time):", row("per step", est["parts_per_step"])]
+    if "run" in est:
+        lines.append(row(f"run ({est['run']['steps']} steps)", est["run"])
+                     + f" (start-up: {a['session_start_seconds']:g} s of session)")
+    return lines
+
+
 def run(args: argparse.Namespace) -> int:
     from stepwise.config import ConfigError, load_run_config
     from stepwise_cli.cost import Assumptions, estimate
@@ -110,8 +134,10 @@ def run(args: argparse.Namespace) -> int:
         print(str(e), file=sys.stderr)
         return EXIT_USAGE
     a = Assumptions(**{name: getattr(args, name) for name, _ in ASSUMPTION_FLAGS})
+    if args.session_usd_per_hour is not None:  # the flag stands in for (or overrides) the config's field
+        cfg = cfg.model_copy(update={"session_usd_per_hour": args.session_usd_per_hour})
     est = estimate(cfg, a, total_steps=total_steps(cfg, args))
-    if args.session_usd_per_hour is not None:
-        est["session_usd_per_hour"] = args.session_usd_per_hour
+    if cfg.session_usd_per_hour is not None:
+        est["session_usd_per_hour"] = cfg.session_usd_per_hour
     print(json.dumps(est, indent=2) if args.json else format_estimate(est))
     return EXIT_OK

@@ -144,15 +144,21 @@ def start(args: argparse.Namespace) -> dict[str, Any]:
 
     # Init would refuse it (stepwise.core.preflight); say so before uploading anything.
     errors = region_errors(cfg, StackScope(region=dep.info.region, bucket=dep.bucket)) if dep.info.region else []
-    errors += check_datasets(cfg, s3_client=dep.s3)[1]
+    rows, dataset_errors = check_datasets(cfg, s3_client=dep.s3)
+    errors += dataset_errors
     if errors:
         raise ConfigError(errors, args.config)
     rewritten, uploaded = upload_inputs(raw, s3=dep.s3, bucket=dep.bucket, run_id=run_id)
     load_run_config(rewritten)  # still valid with s3:// paths
+    # the run's cost estimate, kept beside its uploads: the ledger is compared with it at the end
+    from stepwise_cli.cost import put_estimate
+
+    est = put_estimate(dep.s3, dep.bucket, run_id, cfg, cfg.total_steps(rows["dataset_path"]) if "dataset_path" in rows else None)
     resp = dep.sfn.start_execution(stateMachineArn=dep.state_machine_arn, name=run_id, input=json.dumps(rewritten))
     arn = resp["executionArn"]
     return {"run_id": run_id, "execution_arn": arn, "console_url": console_url(arn), "uploaded": uploaded,
-            "config_region": cfg.region or dep.info.region, "stack_region": dep.info.region}
+            "config_region": cfg.region or dep.info.region, "stack_region": dep.info.region,
+            "estimate": est.get("run") or est["parts_per_step"]}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -177,5 +183,12 @@ def run(args: argparse.Namespace) -> int:
     for uri in out["uploaded"]:
         print(f"uploaded {uri}")
     print(f"started run {out['run_id']}")
+    est = out["estimate"]
+    from stepwise.core.ledger import usd
+
+    print(f"estimated {usd(est['total'])} and {est['session_hours']:.2f} session-hours"
+          + (f" for {est['steps']} steps" if "steps" in est else " per step")
+          + ("" if "session" in est else " (the session not priced: no session_usd_per_hour)")
+          + "; `stepwise cost` explains it")
     print("\n".join(execution_lines(out["run_id"], out["execution_arn"])))
     return EXIT_OK if out["execution_arn"] else EXIT_FAILED

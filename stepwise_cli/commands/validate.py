@@ -106,6 +106,30 @@ def _format_summary(summary: dict[str, Any]) -> str:
     return "\n".join(f"  {k:<{width}}  {json.dumps(v) if isinstance(v, dict) else v}" for k, v in summary.items())
 
 
+def projection(cfg: RunConfig, total_steps: int | None) -> dict[str, Any]:
+    """The cost model's projection (`stepwise_cli.cost.estimate` at its default assumptions, from the price
+    table the run's ledger uses): per step, and for the whole run when its steps are known."""
+    from stepwise.core.ledger import usd
+    from stepwise_cli.cost import estimate
+
+    est = estimate(cfg, total_steps=total_steps)
+    per = est["parts_per_step"]
+    out: dict[str, Any] = {"projected_usd_per_step": usd(per["total"]),
+                           "projected_session_hours_per_step": round(per["session_hours"], 4)}
+    if "run" in est:
+        out["projected_usd"] = usd(est["run"]["total"])
+        out["projected_session_hours"] = round(est["run"]["session_hours"], 3)
+    if cfg.session_usd_per_hour is None:
+        out["projected_usd_excludes"] = "the training session (no session_usd_per_hour)"
+    limits = {"max_cost_usd": (cfg.max_cost_usd, per["total"]),
+              "max_session_hours": (cfg.max_session_hours, per["session_hours"])}
+    for name, (limit, each) in limits.items():
+        if limit is not None and each > 0 and (total_steps is None or limit < each * total_steps):
+            out[f"{name}_ends_run_after"] = f"about {int(limit // each)} step(s) (projected)"
+    out["projection_assumptions"] = "stepwise cost's defaults; `stepwise cost CONFIG` shows and changes them"
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     warnings: list[str] = []
     try:
@@ -147,6 +171,7 @@ def run(args: argparse.Namespace) -> int:
         eval_rows = [v for k, v in rows.items() if k.startswith("eval_")]
         summary["eval_prompts"] = sum(min(n, cfg.eval_max_prompts) if cfg.eval_max_prompts > 0 else n for n in eval_rows)
         summary["eval_rollouts"] = summary["eval_prompts"] * cfg.eval_group_size
+    summary.update(projection(cfg, summary.get("total_steps")))
     if args.json:
         print(json.dumps({"ok": True, "warnings": warnings, "summary": summary}, indent=2))
     else:

@@ -15,10 +15,12 @@ GRPO: every group) of ``batch_size``; ``zeroed`` = rollouts whose reward was for
 time between two step summaries. Then the behaviour columns (`BEHAVIOUR_COLUMNS`): turns, tool
 calls and sampled tokens per rollout, rollout duration p50 / p95 (s), the fractions of truncated
 and ill-formed turns, the fraction of zero-advantage groups, and ``err/to`` = rollouts with
-status ``error`` / ``timeout``. Eval results print as their own lines. The status line
+status ``error`` / ``timeout``; then the cost ledger's ``step_usd`` (``cost/step_usd``), ``total_usd``
+(``cost/total_usd``) and ``sess_h`` (the run's session-hours). Eval results print as their own lines,
+and a budget limit's warning (``ledger.warned`` in ``state.json``) as a line of its own. The status line
 changes when the execution, its current state or the run's phase changes. When the run ends it
-prints every checkpoint (step, kind, reason, model package ARN) and ends with the final weights'
-model package ARN and how to sample or deploy them.
+prints every checkpoint (step, kind, reason, model package ARN), the final weights' model package
+ARN and how to sample or deploy them, and what the run cost (the ledger against its estimate).
 
 ``--plot`` writes a PNG (matplotlib, Agg) of mean training reward per step and eval accuracy,
 with a second panel of the behaviour metrics per step, refreshed as summaries arrive: the plot of
@@ -84,7 +86,15 @@ _BEHAVIOUR_WIDTH = 8
 #: The behaviour columns after ``step_s``: the `BEHAVIOUR_METRICS` that have a column title.
 BEHAVIOUR_COLUMNS = tuple(m for m in BEHAVIOUR_METRICS if m.title)
 HEADER = (f"{'step':>5}  {'reward':>7}  {'kept':>7}  {'datums':>6}  {'zeroed':>9}  {'step_s':>7}"
-          + "".join(f"  {m.title:>{_BEHAVIOUR_WIDTH}}" for m in BEHAVIOUR_COLUMNS) + f"  {'err/to':>7}")
+          + "".join(f"  {m.title:>{_BEHAVIOUR_WIDTH}}" for m in BEHAVIOUR_COLUMNS) + f"  {'err/to':>7}"
+          + f"  {'step_usd':>9}  {'total_usd':>9}  {'sess_h':>7}")
+
+
+def usd_cell(value: float | None) -> str:
+    """A dollar figure of the cost ledger (``-`` when the summary has none)."""
+    from stepwise.core.ledger import usd
+
+    return "-" if value is None else usd(value)
 
 
 def kept_groups(summary: dict[str, Any], cfg: dict[str, Any] | None) -> float | None:
@@ -111,10 +121,31 @@ def step_line(step: int, summary: dict[str, Any], cfg: dict[str, Any] | None, wa
     line += "".join(f"  {fmt(metric(summary, m.key), m.spec):>{_BEHAVIOUR_WIDTH}}" for m in BEHAVIOUR_COLUMNS)
     errors, timeouts = metric(summary, "rollouts/num_error"), metric(summary, "rollouts/num_timeout")
     line += f"  {'-' if errors is None or timeouts is None else f'{errors:g}/{timeouts:g}':>7}"
+    line += (f"  {usd_cell(metric(summary, 'cost/step_usd')):>9}  {usd_cell(metric(summary, 'cost/total_usd')):>9}"
+             f"  {fmt(metric(summary, 'cost/session_hours'), '.3f'):>7}")
     decision = summary.get("decision")
     if decision and decision != "train":
         line += f"  ({decision})"
     return line
+
+
+def budget_warnings(state: dict[str, Any]) -> list[str]:
+    """One line per budget limit the run has warned about (``state.json``'s ``ledger.warned``), with the
+    figures of its last check (``ledger.checks``, `stepwise.core.stopping.budget_checks`)."""
+    from stepwise.core.stopping import BUDGETS
+
+    led = state.get("ledger") or {}
+    out = []
+    for name in led.get("warned") or []:
+        check = (led.get("checks") or {}).get(name)
+        if not check or not check.get("limit"):
+            out.append(f"{name}: its projection reached the warning fraction")
+            continue
+        unit = BUDGETS.get(name, "")
+        share = check["projected"] / check["limit"]
+        out.append(f"{name}: {check['spent']:.4g} {unit} spent, {check['projected']:.4g} projected after the next "
+                   f"step, {share:.0%} of the limit {check['limit']:g}")
+    return out
 
 
 def eval_when(step: int) -> str:
@@ -150,6 +181,7 @@ class Watcher(RunFollower):
         self._printed_header = False
         self._seen: set[tuple[str, int]] = set()
         self._warned: set[tuple[str, int, str]] = set()
+        self._budget_warned: set[str] = set()
 
     def _print(self, text: str) -> None:
         print(text, file=self.out, flush=True)
@@ -187,6 +219,10 @@ class Watcher(RunFollower):
             parts.append(f"step {state.get('step')} epoch {state.get('epoch')} phase {state.get('phase')}")
             if state.get("stop_reason"):
                 parts.append(f"stop reason: {state['stop_reason']}")
+            for line in budget_warnings(state):
+                if line not in self._budget_warned:
+                    self._budget_warned.add(line)
+                    self._print(f"  budget warning: {line}")
         self._status(" | ".join(parts))
         return desc
 
@@ -260,4 +296,8 @@ def report_end(desc: dict[str, Any], watcher: Watcher) -> int:
         print(f"  resume it: stepwise resume {watcher.run_id}")
         return EXIT_FAILED
     print("\n".join(lines))  # ends with the final weights' model package ARN and how to use it
+    final = ((run_state(watcher.dep, watcher.run_id) or {}).get("ledger") or {}).get("final") or {}
+    for key in ("line", "estimate_line"):
+        if final.get(key):
+            print(f"  {final[key]}")
     return EXIT_OK

@@ -94,7 +94,7 @@ def test_cost_command(tmp_path, capsys):
     assert est["usd_per_run"]["total"] == pytest.approx(6 * est["usd_per_step"]["total"])
     assert main(["cost", str(cfg), "--steps", "100"]) == 0
     out = capsys.readouterr().out
-    assert "run of 100 steps" in out and "not included: the SageMaker training session" in out
+    assert "run of 100 steps" in out and "run (100 steps)" in out and "no session_usd_per_hour" in out
 
 
 def test_session_hours_per_step_in_both_modes():

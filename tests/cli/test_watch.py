@@ -18,7 +18,8 @@ SUMMARIES = {
         "behaviour/turns_per_rollout": 1.0, "rollouts/num_error": 1.0, "rollouts/num_timeout": 0.0},
     1: {"sampler/mean_reward": 0.25, "sampler/num_rollouts": 8.0, "sampler/zeroed_rollouts": 0.0,
         "sampler/num_datums": 6, "time/rollout": 2.0, "decision": "train",
-        "behaviour/turns_per_rollout": 2.0, "rollouts/num_error": 1.0, "rollouts/num_timeout": 1.0},
+        "behaviour/turns_per_rollout": 2.0, "rollouts/num_error": 1.0, "rollouts/num_timeout": 1.0,
+        "cost/step_usd": 0.0123, "cost/total_usd": 1.5, "cost/session_hours": 0.25},
     2: {"sampler/mean_reward": 0.0, "sampler/num_rollouts": 8.0, "sampler/zeroed_rollouts": 8.0,
         "sampler/num_datums": 0, "decision": "skip"},
 }
@@ -39,8 +40,12 @@ def test_watch_follows_to_the_end_and_writes_plot_and_metrics(moto_dep, tmp_path
                                        input=json.dumps({"wait": 1}))["executionArn"]
     ckpt = "arn:aws:sagemaker:us-east-1:123456789012:model-package/g/1"
     sampler = "arn:aws:sagemaker:us-east-1:123456789012:model-package/g/4"
+    ledger = {"warned": ["max_cost_usd"],
+              "checks": {"max_cost_usd": {"limit": 2.0, "spent": 1.5, "next_step": 0.2, "steps": 1.0, "projected": 1.7}},
+              "final": {"line": "this run cost $1.61: session $1.50 (0.250 h), agent $0.0100, stack $0.1000",
+                        "estimate_line": "estimated $1.40 for 3 steps; the ledger says $1.61: +$0.2100 (+15%)"}}
     _seed(moto_dep, "w", arn, step=3, finished=True, sampler_model_package_arn=sampler, policy_version=2,
-          checkpoints=[{"step": 3, "kind": "state", "reason": "final", "model_package_arn": ckpt}])
+          checkpoints=[{"step": 3, "kind": "state", "reason": "final", "model_package_arn": ckpt}], ledger=ledger)
     png, jsonl = tmp_path / "curves.png", tmp_path / "metrics.jsonl"
     code = main(["watch", "w", "--interval", "0.2", "--timeout", "30", "--plot", str(png), "--metrics", str(jsonl),
                  *moto_dep.flags])
@@ -52,6 +57,9 @@ def test_watch_follows_to_the_end_and_writes_plot_and_metrics(moto_dep, tmp_path
     assert [int(r.split()[0]) for r in rows] == [0, 1, 2]
     assert rows[0].split()[1:6] == ["0.125", "2/2", "8", "1/8", "4.5"]  # reward, kept, datums, zeroed, rollout+train s
     assert rows[2].endswith("(skip)")
+    assert rows[1].split()[-3:] == ["$0.0123", "$1.50", "0.250"]  # the cost ledger: step, total, session-hours
+    assert lines.count("  budget warning: max_cost_usd: 1.5 USD spent, 1.7 projected after the next step, 85% of "
+                       "the limit 2") == 1
     assert "eval after step 2 (final): accuracy 0.500 on 4 prompts, 1 failed rollouts" in out
     assert any(x.startswith("-- w RUNNING") for x in lines)
     end = lines.index(next(x for x in lines if x.startswith("run w SUCCEEDED")))
@@ -60,13 +68,15 @@ def test_watch_follows_to_the_end_and_writes_plot_and_metrics(moto_dep, tmp_path
     assert lines[end + 1:end + 3] == [f"  checkpoint: step 3 state (final): {ckpt}",
                                       f"  final weights: step 3 weights (sampler): {sampler}"]
     assert lines[end + 3].startswith("    sample it: ServiceClient(region='us-east-1'") and sampler in lines[end + 3]
-    assert lines[-1].startswith("    deploy it: it is a model package version") and len(lines) == end + 5
+    assert lines[end + 4].startswith("    deploy it: it is a model package version")
+    assert lines[end + 5:] == ["  " + ledger["final"]["line"], "  " + ledger["final"]["estimate_line"]]
 
     metrics = [json.loads(x) for x in jsonl.read_text().splitlines()]
     assert [(m["kind"], m["step"]) for m in metrics] == [("train", 0), ("train", 1), ("train", 2), ("eval", 2)]
     drawn = json.loads(Image.open(png).text[CURVES_KEY])
     assert drawn["reward"] == [[m["step"], m["sampler/mean_reward"]] for m in metrics if m["kind"] == "train"]
     assert drawn["eval_accuracy"] == [[m["step"], m["eval/accuracy"]] for m in metrics if m["kind"] == "eval"]
+    assert drawn["cost_total_usd"] == [[1, 1.5]]  # the cost ledger's total, on the right-hand axis
     # the second panel: behaviour per step, as reported (and the derived share of failed rollouts)
     assert drawn["behaviour"] == {"behaviour/turns_per_rollout": [[0, 1.0], [1, 2.0]],
                                   "rollouts/failed_fraction": [[0, 0.125], [1, 0.25]]}
@@ -111,7 +121,7 @@ def test_watch_prints_a_tracking_failure_of_a_step(moto_dep, capsys):
 
 def test_step_line_without_config_or_timings():
     line = step_line(7, {"sampler/mean_reward": 0.5, "sampling/kept_groups": 3.0}, None, 12.25)
-    assert line.split() == ["7", "0.500", "3", "-", "-", "12.2"] + ["-"] * 10  # no behaviour metrics: dashes
+    assert line.split() == ["7", "0.500", "3", "-", "-", "12.2"] + ["-"] * 13  # no behaviour or cost metrics: dashes
 
 
 def test_step_line_shows_the_behaviour_columns_under_their_titles():

@@ -2,7 +2,8 @@
 gateway process, the ACR emulator with the toy agent, and the SageMaker simulator.
 
 Asserts on what the run leaves in S3 (state, summaries, rollout records, datums), on the
-optimizer steps the simulator applied, and that the training session ends Stopped -- on a
+optimizer steps the simulator applied, on the budget limit that ends it (``max_steps``) and the cost
+ledger against the local stack's own counts, and that the training session ends Stopped -- on a
 successful run and on one whose training session never starts.
 """
 
@@ -24,7 +25,9 @@ pytestmark = pytest.mark.e2e
 SMALL = {
     "batch_size": 4,
     "responses_per_prompt": 8,
-    "max_prompts": 8,  # 2 steps
+    "max_prompts": 12,  # 3 steps of data ...
+    "max_steps": 2,  # ... of which the budget limit lets 2 run
+    "session_usd_per_hour": 5.0,
     "eval_every": 2,
     "eval_max_prompts": 4,
     "save_every": 1,
@@ -47,6 +50,26 @@ def test_toy_run_trains_two_steps_and_stops_the_session(tmp_path, caplog):
     assert state["step"] == 2 and state["finished"] is True
     assert state["session_stopped"] is True
     assert state["checkpoints"], "a checkpoint was saved"
+    # max_steps ended it, gracefully (final eval, final checkpoint, session stopped, SUCCEEDED)
+    assert state["stop_reason"] == "max_steps: 2 steps done, limit 2"
+    assert state["checkpoints"][-1]["reason"] == "final" and state["checkpoints"][-1]["step"] == 2
+
+    # The cost ledger agrees with what the local stack counted itself (local.report.ledger_check): the
+    # simulator's session seconds, the dispatcher's invocations and their handler time.
+    check = result.timing["ledger_check"]
+    sessions = check["training_session_seconds"]
+    assert sessions["sessions"] == 1 and abs(sessions["difference"]) < 0.5, sessions
+    for name, row in check["lambda_seconds"].items():
+        if name == "Gateway":  # another process: no local figure, one request per captured turn
+            assert row["requests"] >= 64
+            continue
+        assert row["requests"] == row["local_requests"], (name, row)
+        # the dispatcher's time also holds the hand-off to a worker process; the ledger misses the
+        # last invocations' tails (after their last write)
+        assert 0.5 * row["local"] - 0.5 <= row["ledger"] <= row["local"] + 0.05, (name, row)
+    final = state["ledger"]["final"]
+    assert final["usage"]["acr_sessions"] >= 64 and final["usd"]["session"] > 0
+    assert final["line"].startswith("this run cost $") and final["estimate_line"].startswith("estimated $")
 
     summaries = [_json(s3 / "steps" / str(step) / "summary.json") for step in (0, 1)]
     for summary in summaries:

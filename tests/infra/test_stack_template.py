@@ -542,6 +542,20 @@ def test_dashboard_graphs_the_staleness_and_session_time_the_handlers_emit(defau
     assert graphed == {"staleness/mean", "staleness/max", "time/session_busy", "time/session_idle"}, graphed
 
 
+def test_dashboard_graphs_the_cost_ledger_the_handlers_emit(default_app):
+    from stepwise.core import ledger
+    from tests.support.planning import cfg, state
+
+    _, template = default_app
+    (dash,) = resources(template, "AWS::CloudWatch::Dashboard").values()
+    body = json.dumps(dash["Properties"]["DashboardBody"])
+    s = state(session_created_at=1.0)
+    emitted = set(ledger.close_step(s, cfg(session_usd_per_hour=1.0), 10.0, 0))
+    graphed = {name for name in emitted if name in body}
+    assert graphed == {"cost/total_usd", "cost/session_hours", "cost/session_usd", "cost/agent_usd", "cost/lambda_usd",
+                       "cost/step_functions_usd", "cost/s3_usd"}, graphed
+
+
 def test_alarms_for_stalled_runs_and_rollout_failures(default_app):
     _, template = default_app
     alarms = [a["Properties"] for a in resources(template, "AWS::CloudWatch::Alarm").values()]

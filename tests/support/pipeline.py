@@ -242,6 +242,7 @@ class FakeAgent:
         self.invocations: list[dict] = []
         self.throttle = 0
         self.write_results = True
+        self.result_delay = 0.0  # seconds each rollout takes before its result is written (its ACR session)
         self.visible_at_invoke: dict[str, dict[str, bool]] = {}
         self._seen: set[str] = set()
         self._lock = threading.Lock()
@@ -264,6 +265,8 @@ class FakeAgent:
     def finish(self, body: dict, sid: str) -> None:
         if not self.write_results:
             return
+        if self.result_delay:
+            time.sleep(self.result_delay)
         ro = body["_rollout"]
         run_id = ro["exp_id"].split("/", 1)[1]
         s3 = boto3.client("s3")

@@ -15,6 +15,7 @@ import boto3
 from botocore.exceptions import ClientError
 from pydantic import BaseModel
 
+from stepwise import metering
 from stepwise.layout import RUNS_PREFIX, BULK_TAGGING, state_key
 from stepwise.records import RunState
 
@@ -51,7 +52,7 @@ class RunStore:
             from stepwise.aws.clients import client_config
 
             s3 = boto3.client("s3", config=client_config())
-        self.s3 = s3
+        self.s3 = metering.install_s3_counter(s3)
 
     # -- plain objects
 
@@ -126,10 +127,17 @@ class RunStore:
     # -- run state
 
     def create_state(self, state: RunState) -> str:
-        """First write of state.json; raises RunOwnedElsewhere if the run already exists."""
+        """First write of state.json; raises RunOwnedElsewhere if the run already exists. The
+        invocation's measurements so far ride in it (`stepwise.metering`: the cost ledger)."""
+        ride = metering.ride(state.run_id)
+        first = state.model_copy(deep=True)
+        first.ledger.usage.add(ride.usage)
         try:
-            return self.put_json(state_key(state.run_id), state.model_dump(), if_none_match=True)
+            etag = self.put_json(state_key(state.run_id), first.model_dump(), if_none_match=True)
+            ride.commit()
+            return etag
         except ClientError as e:
+            ride.cancel()
             if _precondition_failed(e):
                 existing = self.read_state(state.run_id)[0]
                 raise RunOwnedElsewhere(
@@ -159,20 +167,29 @@ class RunStore:
         ``change`` mutates the state in place; it is re-applied to a fresh read when another
         writer got in between, so it must be a pure function of the state it is given.
 
+        Every write carries this container's measurements of the run into ``state.ledger`` (added
+        before ``change`` sees the state; `stepwise.metering`: the cost ledger).
+
         Raises:
             RunOwnedElsewhere: ``execution_arn`` is given and is not the state's owner.
             StateConflict: still conflicting after ``attempts`` reads.
         """
-        for _ in range(attempts):
-            state, etag = self.read_state(run_id)
-            check_owner(state, execution_arn)
-            change(state)
-            try:
-                self.put_json(state_key(run_id), state.model_dump(), if_match=etag)
-                return state
-            except ClientError as e:
-                if not _precondition_failed(e):
-                    raise
+        ride = metering.ride(run_id)
+        try:
+            for _ in range(attempts):
+                state, etag = self.read_state(run_id)
+                check_owner(state, execution_arn)
+                state.ledger.usage.add(ride.usage)
+                change(state)
+                try:
+                    self.put_json(state_key(run_id), state.model_dump(), if_match=etag)
+                    ride.commit()
+                    return state
+                except ClientError as e:
+                    if not _precondition_failed(e):
+                        raise
+        finally:
+            ride.cancel()  # no-op once committed
         raise StateConflict(f"state.json of run {run_id!r} kept changing under us ({attempts} attempts)")
 
     def owned_state(self, run_id: str, execution_arn: str | None) -> RunState:

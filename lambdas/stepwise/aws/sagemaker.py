@@ -271,7 +271,7 @@ def drive(rs: RunStore, rt: Any, cfg: RunConfig, run_id: str, execution_arn: str
                 elif refused and op.operation_id is None:
                     check_submit_wait(op, refused=refused, now=now(), timeout_s=cfg.train_op_timeout)
             if advance_pending(rt, s, timeout_s=cfg.train_op_timeout, now=now(), refusals=poll_refusals):
-                results.update(complete_phase(s, now=now))
+                results.update(complete_phase(s, now=now, cfg=cfg))
                 results["_completed"] = True
 
         state = rs.update_state(run_id, change, execution_arn=execution_arn)
@@ -396,6 +396,19 @@ def describe_session(cp: Any, session_name: str) -> tuple[str, str]:
     detail = resp.get("TrainingSessionDetail", resp)
     reason = detail.get("ErrorDetails") or detail.get("ErrorMessage") or detail.get("FailureReason") or ""
     return str(detail.get("TrainingSessionStatus", "")), str(reason)
+
+
+def creation_time(cp: Any, session_name: str) -> float | None:
+    """The session's own CreationTime (epoch seconds) from DescribeTrainingSession, or None when the
+    service does not say (or does not know the session). The cost ledger counts session-seconds from it."""
+    try:
+        detail = cp.describe_training_session(TrainingSessionName=session_name).get("TrainingSessionDetail") or {}
+    except ClientError:
+        return None
+    created = detail.get("CreationTime")
+    if created is None:
+        return None
+    return created.timestamp() if hasattr(created, "timestamp") else float(created)
 
 
 def stop_session(cfg: RunConfig, session_name: str) -> bool:

@@ -1,6 +1,7 @@
 """Step Functions from the handlers: resuming a rollout's task (SendTaskSuccess), the execution's
-history length (PlanStep's history budget), continue-as-new (ContinueRun's StartExecution) and an
-execution's status (the session sweeper).
+history (its length for PlanStep's history budget, its new events for the cost ledger's state
+transitions), continue-as-new (ContinueRun's StartExecution) and an execution's status (the session
+sweeper).
 
 Every call takes the client, so the caller decides which one (one per container and environment:
 `stepwise.handlers._common.Dependencies`).
@@ -35,6 +36,35 @@ def history_length(sfn: Any, execution_arn: str) -> int | None:
     except (sfn.exceptions.ExecutionDoesNotExist, sfn.exceptions.InvalidArn):
         return None
     return max((int(e["id"]) for e in events), default=0)
+
+
+#: Events read per GetExecutionHistory page (the API's maximum).
+HISTORY_PAGE = 1000
+
+
+def history_since(sfn: Any, execution_arn: str, after_event: int, *, max_pages: int = 25) -> tuple[int | None, list[dict[str, Any]]]:
+    """``(newest event id, the events newer than after_event)`` of the execution's history, read newest
+    first (GetExecutionHistory, ``reverseOrder``, pages of `HISTORY_PAGE`) until an event at or before
+    ``after_event`` (0 = the whole history, at most ``max_pages`` pages: 25,000 events, a Standard
+    execution's limit). One call when fewer than 1,000 events are new. ``(None, [])`` when Step
+    Functions does not know the execution (a handler invoked outside one); other errors raise."""
+    events: list[dict[str, Any]] = []
+    token = None
+    for _ in range(max_pages):
+        kwargs: dict[str, Any] = {"executionArn": execution_arn, "reverseOrder": True, "maxResults": HISTORY_PAGE}
+        if token:
+            kwargs["nextToken"] = token
+        try:
+            page = sfn.get_execution_history(**kwargs)
+        except (sfn.exceptions.ExecutionDoesNotExist, sfn.exceptions.InvalidArn):
+            return None, []
+        fresh = [e for e in page.get("events", []) if int(e["id"]) > after_event]
+        events.extend(fresh)
+        token = page.get("nextToken")
+        if not token or len(fresh) < len(page.get("events", [])):
+            break
+    newest = max((int(e["id"]) for e in events), default=after_event or None)
+    return newest, events
 
 
 def start_execution(sfn: Any, state_machine_arn: str, name: str, body: dict[str, Any]) -> str:

@@ -28,11 +28,15 @@ import re
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from stepwise.core import ledger
 from stepwise.core.operations import forward_backward_metrics, saved_state_arn, saved_weights_arn
 from stepwise.core.staleness import session_time_metrics
 from stepwise.records import Checkpoint, PendingOperation, RunState
+
+if TYPE_CHECKING:
+    from stepwise.config import RunConfig
 
 #: Namespace of the deterministic client tokens (uuid5).
 CLIENT_TOKEN_NAMESPACE = uuid.UUID("6f0b6c1e-5d0a-4f4e-9a51-5e8f3b1f2c7d")
@@ -156,9 +160,11 @@ def _saved_weights(state: RunState) -> str:
 # ---------------------------------------------------------------------------- completion
 
 
-def complete_phase(state: RunState, *, now: Callable[[], float] = time.time) -> dict[str, Any]:
+def complete_phase(state: RunState, *, now: Callable[[], float] = time.time, cfg: RunConfig | None = None) -> dict[str, Any]:
     """Apply the transition of a phase whose operations all succeeded; returns metrics to report
     (``train/*``, ``optim/*`` and ``time/train`` seconds since the first submit, by ``now``).
+    With ``cfg``, a rebind also ends the step in the cost ledger (`stepwise.core.ledger.close_step`:
+    its ``cost/*`` and ``budget/*`` keys join ``state.step_metrics``).
 
     Raises:
         PhaseMismatch: the run is idle (no operations to complete).
@@ -195,6 +201,9 @@ def complete_phase(state: RunState, *, now: Callable[[], float] = time.time) -> 
                     train_started_at=state.train_started_at, rebound_at=rebound,
                     previous_end=max(marks) if marks else None))
             state.last_rebound_at = rebound
+            if cfg is not None:
+                state.step_metrics.update(ledger.close_step(state, cfg, rebound, state.step))
+                state.step_metrics.update(ledger.check_metrics(state))
             state.train_started_at = None
             state.policy_version += 1
             state.step += 1

@@ -45,7 +45,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from stepwise.core import stopping
+from stepwise.core import ledger, stopping
 from stepwise.core.evals import eval_batch_rows, eval_sets_of
 from stepwise.core.phases import PhaseMismatch, plan_checkpoint
 from stepwise.core.staleness import roll_out_ahead_blocker
@@ -74,6 +74,9 @@ class Decision:
     rows: list[int] = field(default_factory=list)
     responses_per_prompt: int = 1
     final: bool = False
+    #: Budget warnings given at this step's start (`stepwise.core.stopping.record_checks`): PlanStep
+    #: logs them and notifies the stack's topic.
+    warnings: list[str] = field(default_factory=list)
 
 
 def prompts_used(rows: int, limit: int) -> int:
@@ -128,6 +131,14 @@ def decide(state: RunState, cfg: RunConfig, history_events: int | None = None, *
         PhaseMismatch: the run is driving operations (not idle, no checkpoint planned).
         NoTrainingSignal: the run ends without one optimizer step, its last steps empty.
     """
+    warnings: list[str] = []
+    d = _decide(state, cfg, history_events, now, warnings)
+    d.warnings = warnings
+    return d
+
+
+def _decide(state: RunState, cfg: RunConfig, history_events: int | None, now: Callable[[], float],
+            warnings: list[str]) -> Decision:
     if state.current_batch is not None:
         return _batch_decision(state.current_batch)  # a retried PlanStep re-plans the same batch
     if state.phase == "checkpoint":
@@ -163,7 +174,9 @@ def decide(state: RunState, cfg: RunConfig, history_events: int | None = None, *
             state.epoch += 1
             state.cursor = 0
         if state.stop_reason is None and state.epoch < cfg.epochs:
-            state.stop_reason = stopping.stop_reason(state, cfg, now())
+            t = now()
+            state.stop_reason = stopping.stop_reason(state, cfg, t)
+            warnings.extend(stopping.record_checks(state, cfg, t))
         if state.stop_reason is not None or state.epoch >= cfg.epochs:
             if state.empty_steps and state.policy_version == 0:
                 # Shorter than max_consecutive_empty_steps, but the same verdict: it trained nothing.
@@ -189,6 +202,7 @@ def decide(state: RunState, cfg: RunConfig, history_events: int | None = None, *
             return Decision("continue", f"steps_per_execution {cfg.steps_per_execution}")
         state.step_cursor_start = state.cursor
         state.step_started_at = now()
+        ledger.open_first_step(state, state.step_started_at)
         if history_events is not None:
             state.step_start_event = history_events
             state.step_start_event_step = state.step
@@ -200,7 +214,7 @@ def decide(state: RunState, cfg: RunConfig, history_events: int | None = None, *
         else:
             state.stop_reason = "dataset exhausted during dynamic sampling"
             state.generation_batch = 0
-            return decide(state, cfg, history_events, now=now)
+            return _decide(state, cfg, history_events, now, warnings)
     d = Decision("rollout", "generation batch", "train", state.step, state.generation_batch,
                  list(range(state.cursor, state.cursor + bs)), cfg.responses_per_prompt)
     state.cursor += bs

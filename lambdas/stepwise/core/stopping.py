@@ -63,8 +63,106 @@ def max_steps_rule(state: RunState, cfg: RunConfig, now: float) -> str | None:
     return f"max_steps: {state.step} steps done, limit {cfg.max_steps}"
 
 
+# ---------------------------------------------------------------------------- budget limits
+
+#: The budget limits that project the next step from the ledger (`stepwise.core.ledger`): config
+#: field -> unit shown in messages.
+BUDGETS = {"max_cost_usd": "USD", "max_session_hours": "session-hours", "max_run_hours": "hours"}
+
+
+def budget_checks(state: RunState, cfg: RunConfig, now: float) -> dict[str, dict[str, float]]:
+    """Each budget limit the config sets, with the figures its rule judges: ``limit``, ``spent`` by
+    ``now``, ``next_step`` (one step projected: the largest of the last steps',
+    `stepwise.core.ledger.step_projection`; 0 before a step has ended), ``steps`` (how many steps the
+    projection adds: 1, or 2 in a projection made while the current step still trains) and
+    ``projected`` = ``spent + steps x next_step``.
+
+    - ``max_cost_usd``: the ledger's total in USD (session, agent and stack);
+    - ``max_session_hours``: the training sessions' hours, waits included;
+    - ``max_run_hours``: wall-clock hours since the run started (``ledger.run_started_at``).
+    """
+    from stepwise.core import ledger
+
+    limits = {"max_cost_usd": cfg.max_cost_usd, "max_session_hours": cfg.max_session_hours,
+              "max_run_hours": cfg.max_run_hours}
+    if all(v is None for v in limits.values()):
+        return {}
+    per = ledger.step_projection(state)
+    steps = 1 + state.ledger.pending_steps
+    out: dict[str, dict[str, float]] = {}
+    for name, limit in limits.items():
+        if limit is None:
+            continue
+        if name == "max_cost_usd":
+            spent, nxt = ledger.totals(state, cfg, now)["total"], per.usd if per else 0.0
+        elif name == "max_session_hours":
+            spent, nxt = ledger.session_seconds(state, now) / 3600, per.session_seconds / 3600 if per else 0.0
+        else:
+            started = state.ledger.run_started_at or state.session_created_at or now
+            spent, nxt = max(0.0, now - started) / 3600, per.wall_seconds / 3600 if per else 0.0
+        out[name] = {"limit": float(limit), "spent": spent, "next_step": nxt, "steps": float(steps),
+                     "projected": spent + steps * nxt}
+    return out
+
+
+def _figure(value: float, unit: str, scale: float) -> str:
+    """``value`` in ``unit``, every figure of one message at the precision its limit (``scale``) needs."""
+    if unit == "USD":
+        return f"${value:,.4f}" if scale < 100 else f"${value:,.2f}"
+    return f"{value:.4f} {unit}" if scale < 100 else f"{value:,.2f} {unit}"
+
+
+def describe_check(name: str, check: dict[str, float], n_recent: int) -> str:
+    """``"$4.1200 spent, the next step projected at $0.6100 each (the largest of the last 3 step(s)): $4.7300
+    against the limit $4.5000"``: a budget check's figures in words."""
+    unit, scale = BUDGETS[name], check["limit"]
+    steps = int(check["steps"])
+    nxt = "the next step" if steps == 1 else f"the next {steps} steps"
+    basis = f"the largest of the last {n_recent} step(s)" if n_recent else "no step has ended yet"
+    return (f"{_figure(check['spent'], unit, scale)} spent, {nxt} projected at {_figure(check['next_step'], unit, scale)} "
+            f"each ({basis}): {_figure(check['projected'], unit, scale)} against the limit "
+            f"{_figure(check['limit'], unit, scale)}")
+
+
+def _budget_rule(name: str) -> StopRule:
+    def rule(state: RunState, cfg: RunConfig, now: float) -> str | None:
+        check = budget_checks(state, cfg, now).get(name)
+        if check is None or check["projected"] <= check["limit"]:
+            return None
+        n = len(state.ledger.recent_steps)
+        return f"{name}: {describe_check(name, check, n)} (the run would pass it)"
+
+    rule.__name__ = rule.__qualname__ = f"{name}_rule"
+    rule.__doc__ = f"``{name}``: stop before a step whose projection (`budget_checks`) would pass the limit."
+    return rule
+
+
+max_cost_usd_rule = _budget_rule("max_cost_usd")
+max_session_hours_rule = _budget_rule("max_session_hours")
+max_run_hours_rule = _budget_rule("max_run_hours")
+
+
+def record_checks(state: RunState, cfg: RunConfig, now: float) -> list[str]:
+    """At a step's start: keep the budget checks' figures in ``state.ledger.checks`` (the step summary,
+    ``stepwise watch``) and return a warning for each limit whose projection reached
+    ``budget_warning_fraction`` of it for the first time (remembered in ``state.ledger.warned``, so
+    each limit warns once per run). Mutates ``state``."""
+    checks = budget_checks(state, cfg, now)
+    state.ledger.checks = checks
+    out = []
+    n = len(state.ledger.recent_steps)
+    for name, check in checks.items():
+        if name in state.ledger.warned or check["projected"] < cfg.budget_warning_fraction * check["limit"]:
+            continue
+        state.ledger.warned.append(name)
+        share = check["projected"] / check["limit"] if check["limit"] else 0.0
+        out.append(f"{name} at {share:.0%} of its limit after step {state.step} "
+                   f"(budget_warning_fraction {cfg.budget_warning_fraction:g}): {describe_check(name, check, n)}")
+    return out
+
+
 #: The rules, asked in this order; the first answer stops the run.
-RULES: tuple[StopRule, ...] = (max_steps_rule,)
+RULES: tuple[StopRule, ...] = (max_steps_rule, max_cost_usd_rule, max_session_hours_rule, max_run_hours_rule)
 
 
 def stop_reason(state: RunState, cfg: RunConfig, now: float, rules: tuple[StopRule, ...] | None = None) -> str | None:
@@ -88,8 +186,11 @@ def stop_reason(state: RunState, cfg: RunConfig, now: float, rules: tuple[StopRu
 
 def projected_state(state: RunState, next_step: int) -> RunState:
     """``state`` as it will be when step ``next_step`` starts (a copy; ``state`` is not changed), for
-    `plan_ahead`, which runs while step ``next_step - 1`` trains: ``step`` is ``next_step``."""
-    return state.model_copy(update={"step": next_step}, deep=True)
+    `plan_ahead`, which runs while step ``next_step - 1`` trains: ``step`` is ``next_step``, and the
+    budget limits add the steps still to end before it (``ledger.pending_steps``) to their projection."""
+    out = state.model_copy(update={"step": next_step}, deep=True)
+    out.ledger.pending_steps = max(0, next_step - state.step)
+    return out
 
 
 def ahead_reason(state: RunState, cfg: RunConfig, now: float, next_step: int,

@@ -39,7 +39,9 @@ from botocore.exceptions import ClientError, ParamValidationError
 from agentcore_rl_toolkit.rollout_gateway.adapters.anthropic import AnthropicAdapter
 from agentcore_rl_toolkit.rollout_gateway.adapters.common import sid_from_bearer
 from agentcore_rl_toolkit.rollout_gateway.adapters.openai import OpenAIAdapter
+from stepwise import metering
 from stepwise.core.seeding import turn_seed
+from stepwise.functions import GATEWAY_FUNCTION
 from stepwise.layout import session_key, turns_prefix
 from stepwise.records import SessionRecord
 
@@ -85,6 +87,9 @@ class GatewaySettings:
     bucket: str
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     sampler_cache_size: int = 8
+    #: The function's configured memory (``AWS_LAMBDA_FUNCTION_MEMORY_SIZE``, which Lambda sets; else
+    #: the registry's, `stepwise.functions.GATEWAY_FUNCTION`): what each turn request is billed at.
+    memory_mb: int = GATEWAY_FUNCTION.memory_mb
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> GatewaySettings:
@@ -96,6 +101,7 @@ class GatewaySettings:
             bucket=bucket,
             max_body_bytes=int(env.get("STEPWISE_GATEWAY_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES)),
             sampler_cache_size=int(env.get("STEPWISE_GATEWAY_SAMPLER_CACHE", 8)),
+            memory_mb=int(env.get("AWS_LAMBDA_FUNCTION_MEMORY_SIZE") or GATEWAY_FUNCTION.memory_mb),
         )
 
 
@@ -112,6 +118,7 @@ class RequestScope:
     seed: int | None = None  # the sampler seed of this turn (None = unseeded)
     sample_seconds: float = 0.0
     samples: int = 0
+    ride: Any = None  # the cost ledger's measurement riding in the turn (stepwise.metering.Ride)
 
 
 @dataclasses.dataclass
@@ -299,6 +306,7 @@ def build_app(
 
         # aiohttp serves many turns at once; each S3 call runs on a worker thread
         s3 = boto3.client("s3", config=client_config())
+    metering.install_s3_counter(s3)  # the cost ledger counts the gateway's S3 requests per turn
     directory = SessionDirectory(s3, settings.bucket)
     renderers = RunRenderers(tokenizer_loader or S3TokenizerLoader(s3, settings.bucket))
     recorder = S3TurnRecorder(s3, settings.bucket, current_scope, record_for=lambda sid: directory.record(sid))
@@ -367,11 +375,18 @@ def build_app(
         protocol = TURN_ROUTES.get(request.path) if request.method == "POST" else None
         if protocol is None:
             return await handler(request)
+        # Each turn request is one Lambda invocation: it measures itself for the run's cost ledger
+        # (stepwise.metering); the turn it captures carries the measurement.
+        with metering.measuring(GATEWAY_FUNCTION.name, settings.memory_mb):
+            return await serve_turn(request, handler, protocol)
+
+    async def serve_turn(request: web.Request, handler, protocol: Protocol):
         t0 = time.perf_counter()
         admitted = await admit(request, protocol)
         if isinstance(admitted, web.StreamResponse):
             return admitted
         sid, record, seed = admitted
+        metering.bind_run(record.run_id)
         with logger.append_context_keys(run_id=record.run_id, sid=sid_digest(sid), step=record.step,
                                         policy_version=record.policy_version):
             try:
@@ -393,7 +408,11 @@ def build_app(
                 written = sum(len(p.body) for p in scope.pending)
                 try:
                     await _uncancellable(recorder.flush(scope.pending))
+                    if scope.ride is not None:
+                        scope.ride.commit()
                 except Exception:
+                    if scope.ride is not None:
+                        scope.ride.cancel()
                     logger.exception("turn capture failed")
                     if not response.prepared:  # not streamed yet: fail the turn, the agent retries
                         return error_response(protocol, 500, "api_error", "turn capture failed; retry")

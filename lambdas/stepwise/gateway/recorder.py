@@ -17,6 +17,7 @@ from typing import Any
 
 from agentcore_rl_toolkit.rollout_gateway.trajectory import TurnRecord
 
+from stepwise import metering
 from stepwise.records import CapturedTurn, SessionRecord
 
 from .session import sid_digest, turn_key
@@ -108,6 +109,11 @@ class S3TurnRecorder:
             record=record,
             completed_at=now_ns / 1e9,
         )
+        if scope is not None and scope.sid == sid:
+            # The request's measurement so far (and what this process carries for the run) rides in the
+            # turn, for the cost ledger; the middleware commits it once the turn is written.
+            scope.ride = metering.ride(record.run_id)
+            body.usage = scope.ride.usage
         pending = PendingTurn(
             key=turn_key(record.run_id, sid, completed_at_ns=now_ns, output_tokens=len(turn.output_ids)),
             body=body.model_dump_json().encode(),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,6 +23,7 @@ from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.metrics import MetricUnit
 from pydantic import BaseModel
 
+from stepwise import metering
 from stepwise import settings as settings_
 from stepwise.aws.runstore import RunStore
 from stepwise.layout import config_key, eval_summary_key, summary_key
@@ -151,6 +153,33 @@ def now() -> float:
 
 # ---------------------------------------------------------------------------- entrypoints
 
+
+@functools.lru_cache(maxsize=64)
+def _spec_name(handler: Callable[..., Any]) -> str | None:
+    from stepwise.functions import FUNCTIONS
+
+    for spec in FUNCTIONS:
+        module_name, _, attr = spec.handler.rpartition(".")
+        module = sys.modules.get(module_name)
+        if module is not None and getattr(module, attr, None) is handler:
+            return spec.name
+    return None
+
+
+def function_name(handler: Callable[..., Any], context: Any) -> str:
+    """The logical name (`stepwise.functions.FunctionSpec.name`) of the function whose entrypoint is
+    ``handler``, else the context's ``function_name`` (a handler outside the registry)."""
+    return _spec_name(handler) or str(getattr(context, "function_name", "") or "unknown")
+
+
+def memory_mb(context: Any) -> int:
+    """The invocation's configured memory (the Lambda context's ``memory_limit_in_mb``; 0 without one)."""
+    try:
+        return int(getattr(context, "memory_limit_in_mb", 0) or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
 E = TypeVar("E", bound=BaseModel)
 
 
@@ -173,17 +202,22 @@ def entrypoint(model: type[E], fn: Callable[[E], dict[str, Any]], *,
 
     @logger.inject_lambda_context(clear_state=True)
     def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-        if not transient_retry:
-            return fn(model.model_validate(event))
+        # The invocation measures itself for the run's cost ledger (stepwise.metering): its duration at
+        # its configured memory, one request, its S3 requests.
+        token = metering.begin(function_name(handler, context), memory_mb(context))
         try:
             return fn(model.model_validate(event))
         except Exception as e:
+            if not transient_retry:
+                raise
             from stepwise.aws.sagemaker import describe_error, is_transient
 
             if is_transient(e):
                 logger.warning("transient service error: the state machine retries", extra={"error": describe_error(e)})
                 raise TransientServiceError(describe_error(e)) from e
             raise
+        finally:
+            metering.end(token)
 
     handler.__name__ = handler.__qualname__ = f"{fn.__name__}_handler"
     handler.__doc__ = fn.__doc__
@@ -205,6 +239,7 @@ def redact(text: str, sid: str | None) -> str:
 
 def bind(run_id: str | None = None, step: int | None = None, sid: str | None = None) -> None:
     """Append correlation keys to every log line of this invocation (``sid`` as its digest, see `redact`)."""
+    metering.bind_run(run_id)
     keys = {k: v for k, v in (("run_id", run_id), ("step", step), ("sid", redact(sid, sid) if sid else None))
             if v is not None}
     if keys:

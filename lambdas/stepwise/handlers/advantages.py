@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from stepwise.core import ledger
 from stepwise.core.operations import datum_chunks
 from stepwise.core.planning import NoTrainingSignal
 from stepwise.core.steps import (  # noqa: F401  (RolloutsFailed, RolloutsMissing: the errors this handler raises)
@@ -102,6 +103,7 @@ def compute(event: BatchEvent) -> dict[str, Any]:
     _check_batch(state, batch)
     cfg = run_config(run.run_id)
     batches = load_step_batches(run.run_id, batch, cfg, state.current_batch)
+    batch_usage = ledger.batch_usage(batches[-1])  # the generation batch just rolled out (the cost ledger)
     outcome = compute_step(batches, cfg, policy_version=state.policy_version, where=f"step {batch.step}")
     status, train_groups, rollouts = outcome.status, outcome.train_groups, outcome.rollouts
     sampling = {k: v for k, v in outcome.metrics.items() if k.startswith("sampling/")}
@@ -135,6 +137,9 @@ def compute(event: BatchEvent) -> dict[str, Any]:
         _check_batch(s, batch)
         s.current_batch = None
         s.last_decision = {"batch": batch.model_dump(), "result": result}
+        s.ledger.usage.add(batch_usage)
+        if decision in ("skip", "cap_reached"):  # the step ends here (a trained step ends at its Rebind)
+            ledger.close_step(s, cfg, at, batch.step)
         if decision == "train":
             s.datum_chunks = chunk_sizes
             s.kept_groups = len(train_groups)
@@ -151,9 +156,16 @@ def compute(event: BatchEvent) -> dict[str, Any]:
             s.empty_steps += 1
             s.empty_steps_report = f"step {batch.step}'s {len(rollouts)} rollouts: {rollout_report(rollouts)}"
 
+    at = now()
     if decision in ("skip", "cap_reached"):
         reason = {"stop_reason": cap_reason} if decision == "cap_reached" else {}
-        write_summary(run.run_id, batch.step, metrics_ | {"decision": decision} | reason)
+        # the step's cost as the state will close it (from the state read above: the write below adds
+        # this invocation's own measurement too, so the summary's figure can be a few ms of Lambda short)
+        preview = state.model_copy(deep=True)
+        preview.ledger.usage.add(batch_usage)
+        cost = ledger.close_step(preview, cfg, at, batch.step) | ledger.check_metrics(preview)
+        write_summary(run.run_id, batch.step, metrics_ | cost | {"decision": decision} | reason)
+        metrics_.update(cost)  # emitted below with the step's other metrics
     if decision in ("train", "skip", "cap_reached"):
         emit({k: v for k, v in metrics_.items() if k not in ("step", "epoch")}, run_id=run.run_id)
     if decision == "skip" and state.empty_steps + 1 >= cfg.max_consecutive_empty_steps:
@@ -193,6 +205,7 @@ def record_eval(event: BatchEvent) -> dict[str, Any]:
     rollouts = load_rollouts(run.run_id, batch)
     check_complete(rollouts, batch, state.current_batch)
     check_not_all_failed(rollouts, batch)
+    batch_usage = ledger.batch_usage(rollouts)  # the eval batch's rollouts (the cost ledger)
     payloads = rs.get_json(prompts_key(run.run_id, batch.step, batch.generation_batch, "eval"))
     summary, results = summarize_eval(
         [EvalRollout(r.input_id, r.row, r.member, float(r.reward), r.status) for r in rollouts],
@@ -204,6 +217,7 @@ def record_eval(event: BatchEvent) -> dict[str, Any]:
     def change(s: RunState) -> None:
         _check_batch(s, batch)
         s.current_batch = None
+        s.ledger.usage.add(batch_usage)
         s.last_eval_step = batch.step
         s.eval_steps = sorted({*s.eval_steps, batch.step})
         if batch.final:

@@ -26,7 +26,7 @@ from stepwise.events import InitEvent
 from stepwise.executions import resolve_run
 from stepwise.handlers._common import bind, entrypoint, logger, now, poll_seconds, run_config, settings, store
 from stepwise.layout import config_key, dataset_index_key, dataset_shard_key, tokenizer_prefix
-from stepwise.records import Checkpoint, EvalSetRows, RunState
+from stepwise.records import Checkpoint, EvalSetRows, Ledger, RunState
 
 if TYPE_CHECKING:
     from stepwise.config import RunConfig
@@ -81,7 +81,23 @@ def resume(rs: RunStore, run_id: str, execution_arn: str, state: RunState) -> Ru
             "checkpoint": ckpt.model_package_arn if ckpt else None})
     if state.session_status == "Creating":  # also a retried Init: CreateTrainingSession adopts by name
         sagemaker.create_session(cfg, state.training_session_name, run_id)
+        state = session_clock(rs, run_id, execution_arn, cfg, state.training_session_name)
     return state
+
+
+def session_clock(rs: RunStore, run_id: str, execution_arn: str, cfg: RunConfig, session_name: str,
+                  status: str | None = None) -> RunState:
+    """Record the new session's own CreationTime as ``session_created_at`` (the cost ledger counts its
+    seconds from it; Init's clock stood in until now) and, when given, its ``status``; one state write."""
+    created_at = sagemaker.creation_time(sagemaker.control_plane(cfg.region), session_name)
+
+    def change(s: RunState) -> None:
+        if created_at is not None and s.training_session_name == session_name and not s.session_stopped:
+            s.session_created_at = created_at
+        if status is not None:
+            s.session_status = status
+
+    return rs.update_state(run_id, change, execution_arn=execution_arn)
 
 
 def refuse_on_this_stack(cfg: RunConfig, rs: RunStore, execution_arn: str = "") -> RunConfig:
@@ -248,6 +264,7 @@ def initialize(event: InitEvent) -> dict[str, Any]:
                 eval_sets=eval_sets,
                 eval_only=cfg.eval_only,
                 resume_loaded=not (cfg.resume_from_model_package or cfg.eval_model_package_arn),
+                ledger=Ledger(run_started_at=now()),  # the cost ledger; max_run_hours counts from here
             )
         )
     created = sagemaker.create_session(cfg, session_name, run_id)
@@ -257,10 +274,9 @@ def initialize(event: InitEvent) -> dict[str, Any]:
     # A session that is already Running (warm capacity, the local simulator) needs no Wait state;
     # a resumed one still goes through PollSession, which loads the checkpoint.
     status, _ = sagemaker.describe_session(sagemaker.control_plane(cfg.region), session_name)
-    if status == sagemaker.RUNNING and not (cfg.resume_from_model_package or cfg.eval_model_package_arn):
-        rs.update_state(run_id, lambda s: setattr(s, "session_status", status), execution_arn=event.execution_arn)
-        return _output(run_id, event.execution_arn, ready=True)
-    return _output(run_id, event.execution_arn, ready=False)
+    ready = status == sagemaker.RUNNING and not (cfg.resume_from_model_package or cfg.eval_model_package_arn)
+    session_clock(rs, run_id, event.execution_arn, cfg, session_name, status if ready else None)
+    return _output(run_id, event.execution_arn, ready=ready)
 
 
 handler = entrypoint(InitEvent, initialize, transient_retry=True)

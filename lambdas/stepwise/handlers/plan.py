@@ -3,7 +3,9 @@
 The decision is `stepwise.core.planning.decide`, a pure function of (state, config) that this
 handler applies as one conditional read-modify-write of state.json; then it writes the batch's
 ``prompts.json`` and Map ``items.json`` and hands the state machine a `stepwise.records.BatchRef`.
-The execution's history length (one GetExecutionHistory call) feeds the planner's history budget.
+The execution's history (one GetExecutionHistory call, newest first) feeds the planner's history
+budget (its length) and the cost ledger (the state transitions not counted yet); budget warnings the
+planner gives are logged and published to the stack's notification topic.
 Inside the overlapped step's Parallel state (``max_staleness`` 1) the event names ``ahead_of_step``
 and the handler plans the next step's first generation batch instead
 (`stepwise.core.planning.plan_ahead`), on the sampler of the moment, or answers ``action: "none"``.
@@ -15,9 +17,10 @@ import math
 from typing import Any
 
 from stepwise.aws import task_tokens
+from stepwise.core.ledger import count_parent_history, history_after
 from stepwise.core.planning import Decision, build_items, decide, map_concurrency, plan_ahead
 from stepwise.events import PlanEvent, RunEvent
-from stepwise.handlers._common import bind, dependencies, entrypoint, logger, run_config, sfn_client, store
+from stepwise.handlers._common import bind, dependencies, entrypoint, logger, run_config, settings, sfn_client, store
 from stepwise.layout import dataset_index_key, items_key, prompts_key
 from stepwise.records import BatchRef, RunState, SamplerPolicy
 
@@ -67,14 +70,36 @@ def eval_payloads(run_id: str, state: RunState, cfg: Any, rows: list[int]) -> di
     return out
 
 
-def history_length(execution_arn: str) -> int | None:
-    """`stepwise.aws.task_tokens.history_length` of this execution (None, logged, when Step
-    Functions does not know it: a handler invoked outside one, as in handler tests)."""
-    events = task_tokens.history_length(sfn_client(), execution_arn)
-    if events is None:
+def history_since(execution_arn: str, after_event: int) -> tuple[int | None, list[dict[str, Any]]]:
+    """`stepwise.aws.task_tokens.history_since` of this execution: its length (the newest event id:
+    the history budget) and the events the cost ledger has not counted yet; ``(None, [])``, logged,
+    when Step Functions does not know it (a handler invoked outside one, as in handler tests)."""
+    newest, events = task_tokens.history_since(sfn_client(), execution_arn, after_event)
+    if newest is None:
         logger.warning("execution unknown to Step Functions: no history budget check",
                        extra={"execution_arn": execution_arn})
-    return events
+    return newest, events
+
+
+def counted_up_to(run_id: str, execution_arn: str) -> int:
+    """The newest event of this execution the cost ledger has counted: remembered by this container
+    from its last PlanStep of the execution (a warm container reads no state for it), else read from
+    ``state.json``. A stale figure only makes `history_since` read events the ledger then skips."""
+    cached = dependencies().cache.get(("history_counted", run_id, execution_arn))
+    if cached is not None:
+        return int(cached)
+    return history_after(store().read_state(run_id)[0])
+
+
+def notify_warnings(run_id: str, warnings: list[str]) -> None:
+    """Budget warnings (`stepwise.core.stopping.record_checks`): logged, and published to the stack's
+    notification topic when it has one (`stepwise.aws.notify`; a failure to publish is logged)."""
+    from stepwise.aws import notify
+
+    for text in warnings:
+        logger.warning("budget warning", extra={"warning": text})
+        notify.publish(settings().notification_topic_arn, subject=f"Stepwise run {run_id}: budget warning",
+                       message=f"Run {run_id}: {text}")
 
 
 def plan(event: RunEvent) -> dict[str, Any]:
@@ -85,12 +110,15 @@ def plan(event: RunEvent) -> dict[str, Any]:
     decision: list[Decision | None] = []
     reason: list[str] = []
     ahead = event.ahead_of_step if isinstance(event, PlanEvent) else None
-    history_events = None if ahead is not None else history_length(run.execution_arn)
+    history_events, new_events = None, []
+    if ahead is None:  # the parent's history: its length (budget) and the transitions the ledger counts
+        history_events, new_events = history_since(run.execution_arn, counted_up_to(run.run_id, run.execution_arn))
 
     def change(state: RunState) -> None:
         decision.clear()
         reason.clear()
         if ahead is None:
+            count_parent_history(state, history_events, new_events)
             decision.append(decide(state, cfg, history_events))
         else:
             d, why = plan_ahead(state, cfg, ahead)
@@ -99,8 +127,12 @@ def plan(event: RunEvent) -> dict[str, Any]:
 
     # one conditional write; retried on a conflict with the training branch's writes (pure change)
     state = rs.update_state(run.run_id, change, execution_arn=run.execution_arn)
+    if ahead is None:
+        dependencies().cache[("history_counted", run.run_id, run.execution_arn)] = history_after(state)
     d = decision[0]
     bind(run_id=run.run_id, step=state.step)
+    if d is not None and d.warnings:
+        notify_warnings(run.run_id, d.warnings)
     if d is None:
         out = {"action": "none", "reason": reason[0], "step": state.step, "ahead_of_step": ahead}
         logger.info("nothing to roll out ahead", extra=out)

@@ -17,7 +17,9 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from stepwise import metering
 from stepwise.aws import agentcore, task_tokens
+from stepwise.core.ledger import acr_usage, task_transitions
 from stepwise.events import FinishEvent, S3Notification, StartEvent
 from stepwise.handlers._common import (
     bind,
@@ -43,7 +45,7 @@ from stepwise.layout import (
     tokenizer_prefix,
     turns_prefix,
 )
-from stepwise.records import BatchRef, RolloutRecord, SamplerPolicy, SessionRecord
+from stepwise.records import BatchRef, RolloutRecord, SamplerPolicy, SessionRecord, Usage
 
 if TYPE_CHECKING:
     from stepwise.config import RunConfig
@@ -143,8 +145,13 @@ def start(event: StartEvent) -> dict[str, Any]:
                 {"sid": sid, "input_id": item.input_id, "started_at": now()}, bulk=True)
     record = session_record(cfg, run.run_id, batch, sid, item.input_id, item.i)
     # The task token rides in the session record (one PUT fewer than an object of its own), written
-    # before the invoke, so the fastest result finds it. The gateway never serves the record.
-    rs.put_json(session_key(sid), {**record.model_dump(), TASK_TOKEN_FIELD: event.task_token})
+    # before the invoke, so the fastest result finds it. The gateway never serves the record. So does
+    # this invocation's measurement for the cost ledger (FinishRollout adds it to the rollout record),
+    # with the Start rollout state's transitions (entered once, retried retry_count times).
+    with metering.riding(run.run_id) as usage:
+        usage.state_transitions += task_transitions(event.retry_count)
+        rs.put_json(session_key(sid), {**record.model_dump(), TASK_TOKEN_FIELD: event.task_token,
+                                       "usage": usage.model_dump()})
     payload = _prompts(prompts_key(run.run_id, batch.step, batch.generation_batch, batch.kind))[item.input_id]
     body = rollout_payload(payload, run_id=run.run_id, input_id=item.input_id, bucket=rs.bucket, sid=sid,
                            gateway_url=settings().gateway_url, model_id=cfg.base_model_arn,
@@ -195,16 +202,34 @@ def on_result(event: S3Notification) -> dict[str, Any]:
         output: dict[str, Any] = {"sid": sid, "result_key": key}
         if record is not None:
             output["session"] = record
+        # This invocation's measurement rides to FinishRollout in the task's output (the cost ledger).
+        ride = metering.ride(run_id)
+        if not ride.usage.is_empty():
+            output["usage"] = ride.usage.model_dump()
         gone = task_tokens.send_result(sfn, token, output)
         if gone is None:
+            ride.commit()
             resumed += 1
         else:
+            ride.cancel()
             logger.info("result arrived after its task ended (duplicate or late)", extra={"key": redact(key, sid), "why": gone})
             ignored += 1
     return {"resumed": resumed, "ignored": ignored}
 
 
 # ---------------------------------------------------------------------------- finish
+
+
+def _usage_of(raw: Any) -> Usage | None:
+    """A measurement carried in a record (`stepwise.records.Usage`), or None when absent or not one
+    (a record of an older release; the agent can write turns' neighbours, never these records)."""
+    if not isinstance(raw, dict):
+        return None
+    try:
+        return Usage.model_validate(raw)
+    except ValueError:
+        logger.warning("a carried usage measurement is malformed; left out of the ledger")
+        return None
 
 
 def _load_turns(rs: Any, run_id: str, sid: str) -> list[dict[str, Any]]:
@@ -273,6 +298,11 @@ def finish(event: FinishEvent) -> dict[str, Any]:
     records: list[Any] = []
     behaviour = rollout_behaviour([])
     duration_s = None
+    # What the rollout used, for the cost ledger: the Finish rollout state's transitions, the agent's
+    # result object (a PUT the agent made into the run bucket), then below StartRollout's and
+    # OnRolloutResult's measurements, the gateway's per turn, the ACR session, and this invocation's.
+    usage = Usage(state_transitions=task_transitions(event.retry_count), s3_put_class=1 if event.result is not None else 0)
+    usage.add(_usage_of((event.result or {}).get("usage")))
     # The policy it sampled with: the gateway session's (what every turn used), else the batch's.
     policy_version = batch.policy.policy_version if batch.policy is not None else None
     if sid is not None:
@@ -281,22 +311,29 @@ def finish(event: FinishEvent) -> dict[str, Any]:
             policy_version = session["policy_version"]
         if isinstance(session.get("started_at"), (int, float)):
             duration_s = max(0.0, now() - float(session["started_at"]))  # before the grace wait below
+        cfg = run_config(run.run_id)
+        usage.add(_usage_of(session.get("usage")))
+        if duration_s is not None:  # the agent's ACR session: from the invoke to its end here
+            usage.add(acr_usage(duration_s, cfg))
         time.sleep(turn_grace_seconds())
         turns = _load_turns(rs, run.run_id, sid)
+        for turn in turns:
+            usage.add(_usage_of(turn.get("usage") if isinstance(turn, dict) else None))
         behaviour = rollout_behaviour(turns)
-        cfg = run_config(run.run_id)
         # The reference keeps records with tokens only (rollout.py run_one_rollout).
         records = [r for r in replay_turns(sid, turns, reward, max_context_tokens=cfg.max_context_tokens) if r.token_ids]
-    rollout = RolloutRecord(
-        sid=sid, i=item.i, input_id=item.input_id, row=item.row, member=item.member,
-        kind=batch.kind, step=batch.step, generation_batch=batch.generation_batch,
-        reward=reward, reward_reason=reason, status=status, error=error,
-        **behaviour,  # num_turns, sampled_tokens, truncated_turns, ill_formed_turns, tool_calls
-        duration_s=duration_s, policy_version=policy_version, records=[record_to_json(r) for r in records],
-    )
     key_sid = sid or f"unstarted-{item.i}"
-    rs.put_json(rollout_key(run.run_id, batch.step, batch.generation_batch, key_sid, batch.kind), rollout.model_dump(),
-                bulk=True)
+    with metering.riding(run.run_id) as own:
+        rollout = RolloutRecord(
+            sid=sid, i=item.i, input_id=item.input_id, row=item.row, member=item.member,
+            kind=batch.kind, step=batch.step, generation_batch=batch.generation_batch,
+            reward=reward, reward_reason=reason, status=status, error=error,
+            **behaviour,  # num_turns, sampled_tokens, truncated_turns, ill_formed_turns, tool_calls
+            duration_s=duration_s, policy_version=policy_version, usage=usage.add(own),
+            records=[record_to_json(r) for r in records],
+        )
+        rs.put_json(rollout_key(run.run_id, batch.step, batch.generation_batch, key_sid, batch.kind),
+                    rollout.model_dump(), bulk=True)
     return {"sid": key_sid, "reward": reward, "status": status, "records": len(records)}
 
 

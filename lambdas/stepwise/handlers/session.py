@@ -21,6 +21,8 @@ from typing import Any
 
 from stepwise.aws import sagemaker, task_tokens, tracking
 from stepwise.aws.runstore import RunNotFound, RunOwnedElsewhere
+from stepwise.core import ledger
+from stepwise.core.ledger import count_parent_history, history_after
 from stepwise.core.operations import weights_usage
 from stepwise.core.phases import final_weights, plan_eval_weights, plan_resume
 from stepwise.core.sweeping import may_stop_session
@@ -28,7 +30,12 @@ from stepwise.events import ContinueEvent, ExecutionStatusChange, RunEvent, Stop
 from stepwise.executions import ABNORMAL_END_STATUSES, continuation_name, execution_arn_of, resolve_run
 from stepwise.handlers._common import (bind, drive, entrypoint, logger, now, poll_seconds, run_config, settings,
                                        sfn_client, store)
+from stepwise.layout import estimate_key
 from stepwise.records import RunState
+
+#: States an execution enters after StopSession or ContinueRun read its history: the Succeed state
+#: ("Training finished", "Handed over to the next execution"); the catch-all's Fail state likewise.
+TAIL_TRANSITIONS = 1
 
 
 class SessionStartTimeout(TimeoutError):
@@ -104,22 +111,38 @@ def stop_owned_session(execution_arn: str, execution_name: str, execution_input:
         # continue-as-new: the successor failed before taking the run over (its Init); nobody else would stop it
         logger.warning("the run's successor stops the session it never took over", extra={"owner": state.owner_execution_arn})
     cfg = run_config(run_id)
+    created = None if state.session_stopped else sagemaker.creation_time(sagemaker.control_plane(cfg.region),
+                                                                         state.training_session_name)
     sagemaker.stop_session(cfg, state.training_session_name)
+    stopped_at = now()
+    # the execution's last transitions: its history since PlanStep counted it, and the state after this one
+    newest, events = task_tokens.history_since(sfn_client(), execution_arn, history_after(state))
+    estimate = rs.get_json_or(estimate_key(run_id)) if reason == "finished" else None
 
     def mark(s: RunState) -> None:
         if not may_stop_session(s, execution_arn):
             raise RunOwnedElsewhere(f"run {run_id!r} was taken over by {s.owner_execution_arn} while {execution_arn} stopped it")
+        if created is not None and not s.session_stopped:
+            s.session_created_at = created  # the session's own clock for its final seconds
+        ledger.close_session(s, stopped_at)
+        if newest is not None:
+            count_parent_history(s, newest, events)
+            s.ledger.usage.state_transitions += TAIL_TRANSITIONS
         s.session_stopped = True
         s.session_status = "Stopping"
         if reason == "finished":
             s.finished = True
         elif s.stop_reason is None:
             s.stop_reason = reason
+        s.ledger.final = ledger.final_report(s, cfg, stopped_at, estimate)
 
     state = rs.update_state(run_id, mark, execution_arn=None)  # the owner, or its successor (checked in mark)
-    logger.info("training session stopped", extra={"training_session_name": state.training_session_name, "reason": reason})
+    cost = state.ledger.final or {}
+    logger.info("training session stopped", extra={"training_session_name": state.training_session_name, "reason": reason,
+                                                   "cost": cost.get("line")})
     tracking.finish_run(cfg, run_id, _tracking_status(reason))
-    out = {"stopped": True, "training_session_name": state.training_session_name, **weights_report(state, cfg.region)}
+    out = {"stopped": True, "training_session_name": state.training_session_name, **weights_report(state, cfg.region),
+           "cost": cost}
     if state.eval_only:
         out["eval"] = eval_report(run_id, state)
     return out
@@ -183,13 +206,22 @@ def continue_run(event: ContinueEvent) -> dict[str, Any]:
     run = event.run
     state = rs.owned_state(run.run_id, run.execution_arn)
     bind(run_id=run.run_id, step=state.step)
+    # the state transitions of this execution not counted yet (and the hand-over state after this one)
+    newest, events = task_tokens.history_since(sfn_client(), run.execution_arn, history_after(state))
     segment = state.segment + 1
     name = continuation_name(run.run_id, segment)
     body = {"continuation": {"run_id": run.run_id, "parent_execution_arn": run.execution_arn, "segment": segment}}
     # Write-ahead: the successor may stop the session before it takes the run over (its Init could
     # fail first), and the sweeper leaves the session to it while it runs.
     successor = execution_arn_of(event.state_machine_arn, name)
-    rs.update_state(run.run_id, lambda s: setattr(s, "successor_execution_arn", successor), execution_arn=run.execution_arn)
+
+    def hand_over(s: RunState) -> None:
+        s.successor_execution_arn = successor
+        if newest is not None:
+            count_parent_history(s, newest, events)
+            s.ledger.usage.state_transitions += TAIL_TRANSITIONS
+
+    rs.update_state(run.run_id, hand_over, execution_arn=run.execution_arn)
     arn = task_tokens.start_execution(sfn_client(), event.state_machine_arn, name, body)
     logger.info("continued as a new execution", extra={"next_execution": arn, "segment": segment})
     return {"execution_arn": arn, "name": name}

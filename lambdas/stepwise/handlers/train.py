@@ -72,9 +72,11 @@ def rebind(event: RunEvent) -> dict[str, Any]:
         summary = dict(state.step_metrics, decision="train", policy_version=state.policy_version,
                        sampler_model_package_arn=state.sampler_model_package_arn)
         write_summary(run.run_id, state.step - 1, summary)
-        # the session's busy/idle split is known only now (`stepwise.core.staleness.session_time_metrics`)
+        # the session's busy/idle split and the step's cost are known only now
+        # (`stepwise.core.staleness.session_time_metrics`, `stepwise.core.ledger.close_step`)
         _report_train(run.run_id, state.step - 1, {k: v for k, v in state.step_metrics.items()
-                                                   if k in ("time/session_busy", "time/session_idle", "time/step_wall")})
+                                                   if k in ("time/session_busy", "time/session_idle", "time/step_wall")
+                                                   or k.startswith(("cost/", "budget/"))})
         logger.info("sampler rebound", extra={"policy_version": state.policy_version})
     return _result(done, step=state.step, policy_version=state.policy_version)
 
