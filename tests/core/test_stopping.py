@@ -68,7 +68,7 @@ def test_a_rule_answering_a_failure_like_reason_is_refused():
 
 def test_nothing_is_rolled_out_ahead_of_a_step_the_limit_ends():
     c = cfg(batch_size=2, responses_per_prompt=2, max_staleness=1, max_steps=2)
-    s = state(dataset_rows=20)
+    s = state(dataset_rows=20, sampler_model_package_arn="arn:aws:sagemaker:us-east-1:123456789012:model-package/g/1")
     decide(s, c)
     s.current_batch = None
     d, why = plan_ahead(s, c, 0)  # step 1 may run: planned
@@ -147,6 +147,7 @@ def test_session_and_wall_clock_hours_project_the_longest_recent_step():
 def test_a_projection_made_while_the_step_trains_adds_that_steps_cost_too():
     c = cfg(batch_size=2, max_staleness=1, max_cost_usd=1.0, session_usd_per_hour=1e-9)
     s = _spent_state(step_usd=[0.3], spent_usd=0.45)
+    s.sampler_model_package_arn = "arn:aws:sagemaker:us-east-1:123456789012:model-package/g/1"
     assert stopping.ahead_reason(s, c, 1000.0, s.step) is None  # rebound: one step to go, 0.75
     reason = stopping.ahead_reason(s, c, 1000.0, s.step + 1)  # still training: two steps, 1.05
     assert reason is not None and "the next 2 steps projected" in reason and "$1.0500" in reason
