@@ -36,7 +36,10 @@ GPU_PREFIXES = ("nvidia-", "cuda-", "triton")
 def gpu_requirements(requires_dist: list[str]) -> list[str]:
     """The GPU libraries among a torch wheel's ``Requires-Dist`` that apply on this interpreter and platform
     (markers evaluated here, extras not requested)."""
-    from packaging.requirements import Requirement
+    try:
+        from packaging.requirements import Requirement
+    except ImportError:  # a fresh venv has only pip, which vendors packaging
+        from pip._vendor.packaging.requirements import Requirement
 
     out = []
     for line in requires_dist:

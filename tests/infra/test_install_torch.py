@@ -50,3 +50,21 @@ def test_this_environment_has_no_gpu_library():
 
     gpu = sorted(d.metadata["Name"] for d in distributions() if d.metadata["Name"].lower().startswith(("nvidia-", "cuda-")))
     assert gpu == []
+
+
+
+def test_the_script_reads_requirements_in_a_fresh_venv_that_has_only_pip(tmp_path):
+    """`make install-local` runs it in a new venv, where pip is all there is (the fresh-clone walk found it
+    importing `packaging`, which only pip vendors there)."""
+    import subprocess
+    import sys
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    assert subprocess.run([python, "-c", "import packaging"], capture_output=True).returncode != 0
+    probe = ("import importlib.util, sys; spec = importlib.util.spec_from_file_location('t', sys.argv[1]); "
+             "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); "
+             "print(m.gpu_requirements(['nvidia-x; python_version >= \"3\"', 'filelock']))")
+    out = subprocess.run([python, "-c", probe, str(ROOT / "scripts" / "install_torch.py")], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "['nvidia-x']", out.stderr
