@@ -27,7 +27,7 @@ from infra.session_role import SessionRole
 from infra.settings import SettingsError, StackSettings
 from infra.state_machine import TrainingLoop
 from infra.storage import Storage
-from stepwise.layout import RESULTS_PREFIX
+from stepwise.layout import RESULTS_PREFIX, RUNS_PREFIX, SUMMARY_NAME
 from stepwise.stackinfo import region_of_arn
 
 #: Stack output keys (the CLI finds the deployment by these; docs/internals.md "Stack outputs").
@@ -110,6 +110,12 @@ class StepwiseStack(Stack):
             s3n.LambdaDestination(fns["OnRolloutResult"]),
             s3.NotificationKeyFilter(prefix=RESULTS_PREFIX),
         )
+        # Summaries (steps, evals, the run's end) -> Track: MLflow, W&B and the report page, beside the loop.
+        bucket.add_event_notification(
+            s3.EventType.OBJECT_CREATED,
+            s3n.LambdaDestination(fns["Track"]),
+            s3.NotificationKeyFilter(prefix=RUNS_PREFIX, suffix=SUMMARY_NAME),
+        )
 
         topic = (sns.Topic.from_topic_arn(self, "NotificationTopic", settings.notification_topic_arn)
                  if settings.notification_topic_arn else None)
@@ -186,10 +192,9 @@ class StepwiseStack(Stack):
         # The session sweeper: this stack's active sessions, its runs' states (above), their executions.
         sessions.grant_sweep(fns["SweepSessions"])
         loop.grant_describe_executions(fns["SweepSessions"])
-        # The functions that publish summaries (handlers' write_summary) or end the MLflow run
-        # (stop_owned_session) may log to the tracking servers.
-        for name in ("ComputeAdvantages", "RecordEval", "Rebind", "StopSession", "Cleanup"):
-            tracking.grant_tracking(fns[name])
+        # Track logs every summary to MLflow (and W&B) and ends the runs, beside the loop; no function
+        # of the loop logs anything.
+        tracking.grant_tracking(fns["Track"])
         # The gateway: session records, tokenizers and captured turns, and the sampler.
         storage.grant_gateway_objects(gateway)
         sessions.grant_sampling_operations(gateway)

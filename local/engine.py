@@ -41,7 +41,7 @@ from botocore.config import Config
 
 from local._proc import restore_env
 from local.limits import LimitMonitor, MemoryMeasure, default_measure, process_monitor
-from stepwise.layout import RESULTS_PREFIX, key_kind
+from stepwise.layout import RESULTS_PREFIX, RUNS_PREFIX, SUMMARY_NAME, key_kind
 
 log = logging.getLogger(__name__)
 
@@ -958,25 +958,32 @@ def create_functions(moto: MotoServer, *, prefix: str = "stepwise-local") -> dic
     return arns
 
 
-def create_bucket(moto: MotoServer, bucket: str, *, result_function_arn: str | None) -> None:
-    """The run bucket, with the ObjectCreated notification on ``rollout-results/`` -> OnRolloutResult."""
+def create_bucket(moto: MotoServer, bucket: str, *, result_function_arn: str | None,
+                  track_function_arn: str | None = None) -> None:
+    """The run bucket, with the stack's ObjectCreated notifications: ``rollout-results/`` ->
+    OnRolloutResult, and (when given) ``runs/`` + suffix ``summary.json`` -> Track."""
     s3 = moto.client("s3")
     with contextlib.suppress(s3.exceptions.BucketAlreadyOwnedByYou):
         s3.create_bucket(Bucket=bucket)
+    configs = []
     if result_function_arn:
-        s3.put_bucket_notification_configuration(
-            Bucket=bucket,
-            NotificationConfiguration={
-                "LambdaFunctionConfigurations": [
-                    {
-                        "Id": "rollout-results",
-                        "LambdaFunctionArn": result_function_arn,
-                        "Events": ["s3:ObjectCreated:*"],
-                        "Filter": {"Key": {"FilterRules": [{"Name": "prefix", "Value": RESULTS_PREFIX}]}},
-                    }
-                ]
-            },
-        )
+        configs.append({
+            "Id": "rollout-results",
+            "LambdaFunctionArn": result_function_arn,
+            "Events": ["s3:ObjectCreated:*"],
+            "Filter": {"Key": {"FilterRules": [{"Name": "prefix", "Value": RESULTS_PREFIX}]}},
+        })
+    if track_function_arn:
+        configs.append({
+            "Id": "summaries",
+            "LambdaFunctionArn": track_function_arn,
+            "Events": ["s3:ObjectCreated:*"],
+            "Filter": {"Key": {"FilterRules": [{"Name": "prefix", "Value": RUNS_PREFIX},
+                                               {"Name": "suffix", "Value": SUMMARY_NAME}]}},
+        })
+    if configs:
+        s3.put_bucket_notification_configuration(Bucket=bucket,
+                                                 NotificationConfiguration={"LambdaFunctionConfigurations": configs})
 
 
 def create_state_machine(moto: MotoServer, name: str, definition: str) -> str:

@@ -54,6 +54,7 @@ class RunResult:
     simulator_counters: dict[str, Any]
     session_status: str | None
     executions: list[str]
+    report: Path | None = None
 
 
 _TRAIN_STATES = ("Submit training step", "Wait for training step", "Check training step", "Training step done?",
@@ -196,9 +197,13 @@ def ledger_check(ledger: dict[str, Any], *, invocations: list[Any], memory_mb: d
 
 def mirror_run_objects(s3: Any, bucket: str, run_id: str, target: Path) -> int:
     """Copy ``runs/{run_id}/`` and ``rollout-results/{run_id}/`` to ``target``; returns the object count."""
+def mirror_run_objects(s3: Any, bucket: str, run_id: str, target: Path, *, results: bool = True) -> int:
+    """Copy ``runs/{run_id}/`` (config, state, summaries, rollout records, captured turns, datums, the
+    tokenizer, the report) and, with ``results``, the agents' ``rollout-results/{run_id}/`` to ``target``
+    (laid out as the bucket); returns the object count."""
     count = 0
     paginator = s3.get_paginator("list_objects_v2")
-    for prefix in (layout.run_prefix(run_id), layout.results_prefix(run_id)):
+    for prefix in (layout.run_prefix(run_id), *((layout.results_prefix(run_id),) if results else ())):
         for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
             for obj in page.get("Contents", []):
                 path = target / obj["Key"]
@@ -229,6 +234,8 @@ def report(result: RunResult) -> str:
         lines.append(final["line"])
     if final.get("estimate_line"):
         lines.append(final["estimate_line"])
+    if result.report:
+        lines.append(f"report: {result.report}  (rollouts: stepwise rollouts {result.run_dir})")
     if result.failure:
         lines.append(f"FAILED in state {result.failure.state!r}: {result.failure.error}")
         if result.failure.cause:

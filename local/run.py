@@ -95,6 +95,10 @@ def user_agent_spec(agent: str, cwd: Path | None = None) -> str:
             raise FileNotFoundError(f"--agent {agent!r}: no file {path}")
         return f"{path}:{attr}"
     return f"{target}:{attr}"
+#: Seconds the end of a run waits for asynchronous invocations still running (Track's last pages).
+DRAIN_SECONDS = 60.0
+#: The report page in the run folder (the Track function's page, copied as the run goes).
+REPORT_FILE = "report.html"
 
 
 # --------------------------------------------------------------------------------------
@@ -139,6 +143,14 @@ class LocalFollower(RunFollower):
         for kind, step in self.refresh(full=full):
             self._record(kind, step, (self.cache.steps if kind == "steps" else self.cache.evals)[step])
 
+    def copy_report(self) -> None:
+        """The run's report page as the Track function last wrote it -> ``{run_dir}/report.html``."""
+        try:
+            body = self.dep.s3.get_object(Bucket=self.dep.bucket, Key=layout.report_key(self.run_id))["Body"].read()
+        except Exception:  # not written yet
+            return
+        (self.run_dir / REPORT_FILE).write_bytes(body)
+
     def _record(self, kind: str, step: int, summary: dict[str, Any]) -> None:
         target = self.run_dir / kind / str(step)
         target.mkdir(parents=True, exist_ok=True)
@@ -146,6 +158,7 @@ class LocalFollower(RunFollower):
         if (kind, step) in self._seen:  # a summary extended later: its copy is updated, nothing more
             return
         self._seen.add((kind, step))
+        self.copy_report()  # the page of the step before: Track renders this one beside the loop
         line = {"kind": "train" if kind == "steps" else "eval", "step": step,
                 "time": datetime.now(timezone.utc).isoformat(), **flatten(summary)}
         with (self.run_dir / "metrics.jsonl").open("a") as fh:
@@ -265,8 +278,8 @@ def run_local(config_path: Path, *, run_id: str | None = None, out_root: Path = 
     ``agent``: the user's own agent app (``MODULE[:ATTR]`` or ``PATH.py[:ATTR]``, `user_agent_spec`), served
     as the run's agent runtime (the config's ``agent_runtime_arn`` becomes `USER_AGENT_ARN`).
 
-    ``mirror_s3`` copies every object under ``runs/{run_id}/`` (and the run's rollout
-    results) into ``{run_dir}/s3/`` before moto stops, for inspection and tests.
+    Every object under ``runs/{run_id}/`` (rollout records, captured turns, summaries, the report) is
+    copied into ``{run_dir}/s3/`` before moto stops; ``mirror_s3`` adds the agents' rollout results.
     ``quiet`` sends the handlers' output (Powertools logs, EMF lines) to
     ``{run_dir}/logs/lambdas.log``; the gateway and agents always log under ``logs/``.
 
@@ -397,6 +410,7 @@ def _finish(stack: LocalStack, follower: LocalFollower | None, desc: dict[str, A
     failure = None
     timing: dict[str, Any] = {}
     session_status = None
+    report_path = None
     counters: dict[str, Any] = {}
     if stack.moto is not None and stack.resources is not None and follower is not None:
         sfn = stack.moto.client("stepfunctions")
@@ -409,7 +423,9 @@ def _finish(stack: LocalStack, follower: LocalFollower | None, desc: dict[str, A
             run_sweeper(stack)
         except Exception:
             log.exception("SweepSessions")
-        stack.moto.dispatcher.drain(timeout=10)
+        # The asynchronous invocations still running: the last results, and Track publishing the last
+        # summaries and the run's end (the report page's final state).
+        stack.moto.dispatcher.drain(timeout=DRAIN_SECONDS)
         try:
             follower.record_new(full=True)
         except Exception:
@@ -444,8 +460,13 @@ def _finish(stack: LocalStack, follower: LocalFollower | None, desc: dict[str, A
             timing["ledger_check"] = _ledger_check(stack, run_dir)
         except Exception:
             log.exception("comparing the cost ledger with the local stack's counts")
-        if mirror_s3:
-            mirror_run_objects(s3, stack.bucket, run_id, run_dir / "s3")
+        # The run's objects outlive the stack in the run folder (`stepwise rollouts runs-local/RUN_ID`
+        # and `stepwise report` read them there); the agents' raw results only with --mirror-s3.
+        t0 = time.monotonic()
+        timing["mirror"] = {"objects": mirror_run_objects(s3, stack.bucket, run_id, run_dir / "s3", results=mirror_s3),
+                            "seconds": 0.0}
+        timing["mirror"]["seconds"] = round(time.monotonic() - t0, 2)
+        report_path = write_local_report(run_dir, run_id)
     if stack.simulator is not None:
         counters = dict(getattr(stack.simulator, "counters", {}) or {})
     summaries, eval_summaries = (follower.summaries, follower.evals) if follower else ({}, {})
@@ -458,7 +479,7 @@ def _finish(stack: LocalStack, follower: LocalFollower | None, desc: dict[str, A
         steps=len(steps), rewards=[r for _, r in rewards],
         evals=[{"step": s, "accuracy": a} for s, a in evals], failure=failure, timing=timing,
         simulator_counters=_jsonable(counters), session_status=session_status,
-        executions=follower.executions if follower else [],
+        executions=follower.executions if follower else [], report=report_path,
     )
     (run_dir / "timing.json").write_text(json.dumps(timing, indent=2))
     (run_dir / "result.json").write_text(json.dumps(asdict(result), indent=2, default=str))
@@ -480,6 +501,25 @@ def _ledger_check(stack: LocalStack, run_dir: Path) -> dict[str, Any]:
     return ledger_check(state.get("ledger") or {}, invocations=stack.moto.dispatcher.invocations,
                         memory_mb={f.name: f.memory_mb for f in (*FUNCTIONS, GATEWAY_FUNCTION)},
                         sim_sessions=sim_sessions, session_names=names, acr=acr)
+def write_local_report(run_dir: Path, run_id: str) -> Path | None:
+    """``{run_dir}/report.html``: the page the Track function wrote last (in the folder's copy of the
+    bucket), else one rebuilt from the run's objects there (`stepwise report RUN_FOLDER` does the
+    same); None when neither can be made (the failure is logged)."""
+    target = run_dir / REPORT_FILE
+    page = run_dir / "s3" / layout.report_key(run_id)
+    try:
+        if page.is_file():
+            shutil.copyfile(page, target)
+        else:
+            from stepwise import runview
+            from stepwise_cli.sources import DirStore
+
+            target.write_text(runview.rebuild_page(DirStore(run_dir / "s3"), run_id, updated_at="end of run-local"),
+                              encoding="utf-8")
+        return target
+    except Exception:
+        log.exception("writing the report page")
+        return None
 
 
 def _jsonable(obj: Any) -> Any:
@@ -505,7 +545,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="override a config field, e.g. --set batch_size=4 (value parsed as JSON)")
     parser.add_argument("--acr-fault", action="append", default=[], metavar="KIND=N",
                         help="inject ACR faults: throttle, invoke_error, drop_result, malformed_result, error_result")
-    parser.add_argument("--mirror-s3", action="store_true", help="copy the run's S3 objects into the run folder")
+    parser.add_argument("--mirror-s3", action="store_true",
+                        help="also copy the agents' result objects (rollout-results/) into the run folder "
+                             "(the run's own objects under runs/ are always kept in RUN_FOLDER/s3/)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log the handlers' INFO lines")
 
 

@@ -210,7 +210,7 @@ def create_resources(moto: Any, bucket: str, *, state_machine_name: str = "stepw
     from state_machine.definition import render_definition
 
     arns = engine.create_functions(moto)
-    engine.create_bucket(moto, bucket, result_function_arn=arns["OnRolloutResult"])
+    engine.create_bucket(moto, bucket, result_function_arn=arns["OnRolloutResult"], track_function_arn=arns["Track"])
     definition = render_definition(local_substitutions(arns, bucket))
     sm_arn = engine.create_state_machine(moto, state_machine_name, definition)
     return engine.LocalResources(bucket=bucket, state_machine_arn=sm_arn, function_arns=arns, definition=definition)

@@ -24,6 +24,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "stop": ("stepwise_cli.commands.stop", "stop a run's execution and make sure its training session stops"),
     "resume": ("stepwise_cli.commands.resume", "continue a failed or stopped run from its saved state"),
     "runs": ("stepwise_cli.commands.runs", "recent runs with status and last metrics"),
+    "report": ("stepwise_cli.commands.report", "the run's report page: a presigned URL, a download, or a local run's rebuilt report.html"),
+    "rollouts": ("stepwise_cli.commands.rollouts", "a step's rollouts by group (reward, advantage, status), or one rollout's conversation"),
     "cost": ("stepwise_cli.commands.cost", "estimate the stack's Lambda, Step Functions and S3 cost per step and per run"),
     "simulator": ("local.simulator.cli", "run the SageMaker Training Sessions simulator (tiny model) on a loopback port"),
     "run-local": ("local.run", "run a whole training run on this machine (moto, simulator, gateway, ACR emulator)"),

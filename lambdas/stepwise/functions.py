@@ -49,6 +49,7 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
     FunctionSpec("StopSession", "stepwise.handlers.session.stop_handler", 512, 120, "Stop the training session (every terminal path)"),
     FunctionSpec("Cleanup", "stepwise.handlers.session.cleanup_handler", 512, 120, "EventBridge: execution aborted/timed out/failed -> stop the session"),
     FunctionSpec("SweepSessions", "stepwise.handlers.sweeper.handler", 512, 300, "Every few minutes: stop the training sessions of this stack that no execution drives"),
+    FunctionSpec("Track", "stepwise.handlers.track.handler", 2048, 300, "S3 summary notification -> MLflow, W&B and the run report page (off the training loop)"),
 )
 
 #: The function of the gateway image (``lambdas/Dockerfile.gateway``), not the handler image. It

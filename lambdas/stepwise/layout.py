@@ -13,6 +13,9 @@ Layout (docs/internals.md, "S3 layout")::
     runs/{run_id}/steps/{step}/gen{g}/rollouts/{sid}.json   rollout record (reward, status, TraceRecords)
     runs/{run_id}/steps/{step}/datums/{chunk:04d}.json      forward_backward datum chunks
     runs/{run_id}/steps/{step}/summary.json                 the step's metrics
+    runs/{run_id}/summary.json                              the run's end: status, reason, checkpoints (StopSession, Cleanup)
+    runs/{run_id}/report/index.html                         the run report page (the Track function)
+    runs/{run_id}/report/{steps|evals}/{step}.json          a step's sample table and tracking warnings (never overwritten)
     runs/{run_id}/evals/{step}/...                          eval generation batches (same shape as gen{g})
     runs/{run_id}/evals/{step}/results.json                 every prompt's eval rollouts (EvalResults), beside summary.json
     runs/{run_id}/sessions/{sid}/task_token.json            task token of a rollout started before it moved into sessions/{sid}.json
@@ -138,6 +141,47 @@ def eval_results_key(run_id: str, step: int) -> str:
     return step_summary_key(run_id, "evals", step).removesuffix("summary.json") + "results.json"
 
 
+def run_summary_key(run_id: str) -> str:
+    """``runs/{run_id}/summary.json``: how the run ended (StopSession and Cleanup write it; its S3
+    notification, like a step summary's, runs the Track function)."""
+    return run_prefix(run_id) + SUMMARY_NAME
+
+
+#: Every summary's object name: the step, eval and run summaries end with it (the Track function's
+#: S3 notification filter is prefix `RUNS_PREFIX`, suffix `SUMMARY_NAME`).
+SUMMARY_NAME = "summary.json"
+
+
+def parse_summary_key(key: str) -> tuple[str, str, int | None] | None:
+    """``(run_id, kind, step)`` of a summary key: kind ``train`` (``runs/{run_id}/steps/{step}/summary.json``),
+    ``eval`` (``.../evals/{step}/summary.json``) or ``run`` (``runs/{run_id}/summary.json``, step None);
+    None for any other key (URL-decoded keys only)."""
+    parts = key.split("/")
+    if parts[0] + "/" != RUNS_PREFIX or parts[-1] != SUMMARY_NAME or not all(parts):
+        return None
+    if len(parts) == 3:
+        return parts[1], "run", None
+    if len(parts) == 5 and parts[2] in SUMMARY_FOLDERS and parts[3].isdigit() and parts[3].isascii():
+        return parts[1], "train" if parts[2] == "steps" else "eval", int(parts[3])
+    return None
+
+
+def report_prefix(run_id: str) -> str:
+    """``runs/{run_id}/report/``: the report page and the per-step sample tables it is built from."""
+    return run_prefix(run_id) + "report/"
+
+
+def report_key(run_id: str) -> str:
+    """The run report page (one self-contained HTML page, rewritten after every step)."""
+    return report_prefix(run_id) + "index.html"
+
+
+def report_table_key(run_id: str, kind: str, step: int) -> str:
+    """One step's (``kind="train"``) or eval's (``"eval"``) sample table and tracking warnings:
+    written once by the Track function, never overwritten (its presence marks the step published)."""
+    return report_prefix(run_id) + f"{'steps' if kind == 'train' else 'evals'}/{step}.json"
+
+
 def session_key(sid: str) -> str:
     """The gateway session record (flat: the gateway knows only the sid)."""
     return f"{SESSIONS_PREFIX}{sid}.json"
@@ -223,6 +267,7 @@ KEY_KINDS: tuple[tuple[re.Pattern[str], str], ...] = tuple((re.compile(rx), kind
     (r"/prompts\.json$", "prompts"),
     (r"/items\.json$", "items"),
     (r"/datums/", "datums"),
+    (f"^{_pattern(report_prefix(_ID))}", "report"),
     (r"/summary\.json$", "summary"),
     (r"/evals/[^/]+/results\.json$", "eval_results"),
     (f"^{_pattern(tokenizer_prefix(_ID))}", "tokenizer"),

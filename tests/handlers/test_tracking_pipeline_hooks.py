@@ -1,4 +1,5 @@
-"""The pipeline publishes every step and eval summary to S3 and, when configured, to MLflow."""
+"""What `stepwise.aws.tracking` asks of an MLflow tracking server is what the stack grants (the Track
+function logs every summary: tests/handlers/test_track.py)."""
 
 from __future__ import annotations
 
@@ -37,59 +38,6 @@ def run(tmp_path, monkeypatch):
         with _common.use_dependencies(_common.Dependencies.of(settings.current(), s3=s3)):
             yield cfg, s3
     tracking._RUNS.clear()
-
-
-def test_write_summary_lands_in_s3_and_mlflow(run):
-    cfg, s3 = run
-    _common.write_summary("run-7", 0, {"step": 0, "eval/accuracy": 0.125, "eval/n": 10}, kind="eval")  # baseline
-    _common.write_summary("run-7", 0, {"step": 0, "sampler/mean_reward": 0.25, "decision": "train",
-                                       "behaviour/turns_per_rollout": 1.5, "rollouts/num_timeout": 1.0})
-    _common.write_summary("run-7", 1, {"step": 1, "sampler/mean_reward": 0.75, "decision": "train"})
-    _common.write_summary("run-7", 1, {"step": 1, "eval/accuracy": 0.5, "eval/n": 10}, kind="eval")
-
-    body = json.loads(s3.get_object(Bucket=BUCKET, Key=summary_key("run-7", 1))["Body"].read())
-    assert body["sampler/mean_reward"] == 0.75
-    assert json.loads(s3.get_object(Bucket=BUCKET, Key=eval_summary_key("run-7", 1))["Body"].read())["eval/n"] == 10
-
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=cfg.mlflow_tracking_uri)
-    mlflow_id = tracking.mlflow_run_id(cfg, "run-7", client=client)
-    rewards = sorted((m.step, m.value) for m in client.get_metric_history(mlflow_id, "sampler/mean_reward"))
-    assert rewards == [(0, 0.25), (1, 0.75)]
-    assert sorted((m.step, m.value) for m in client.get_metric_history(mlflow_id, "eval/accuracy")) == [
-        (0, 0.125), (1, 0.5)]  # the eval before training is the curve's first point
-    for key, value in (("behaviour/turns_per_rollout", 1.5), ("rollouts/num_timeout", 1.0)):
-        assert [(m.step, m.value) for m in client.get_metric_history(mlflow_id, key)] == [(0, value)]
-
-
-def test_a_tracking_failure_is_a_warning_in_the_summary_not_a_silent_gap(run, tmp_path):
-    cfg, s3 = run
-    blocker = tmp_path / "not-a-directory"
-    blocker.write_text("MLflow cannot make its store under a file")
-    broken = cfg.model_copy(update={"mlflow_tracking_uri": f"file:{blocker / 'mlruns'}"})
-    s3.put_object(Bucket=BUCKET, Key=config_key("run-8"), Body=broken.model_dump_json())
-
-    _common.write_summary("run-8", 3, {"step": 3, "sampler/mean_reward": 0.5, "decision": "train"})  # does not raise
-
-    body = json.loads(s3.get_object(Bucket=BUCKET, Key=summary_key("run-8", 3))["Body"].read())
-    assert body["sampler/mean_reward"] == 0.5
-    warning = body[tracking.WARNING_KEY]
-    assert warning.startswith(f"MLflow tracking to {broken.mlflow_tracking_uri} failed at train step 3: ")
-    assert tracking.WARNING_KEY not in tracking.numeric_metrics(body)  # never logged as a metric
-    # a working store: no warning key at all
-    _common.write_summary("run-7", 3, {"step": 3, "sampler/mean_reward": 0.5})
-    assert tracking.WARNING_KEY not in json.loads(s3.get_object(Bucket=BUCKET, Key=summary_key("run-7", 3))["Body"].read())
-
-
-@pytest.mark.parametrize(("reason", "status"), [
-    ("finished", "FINISHED"),
-    ("execution ABORTED", "KILLED"),
-    ("execution TIMED_OUT", "FAILED"),
-    ("failed: States.TaskFailed", "FAILED"),
-])
-def test_stop_reason_maps_to_the_mlflow_run_status(reason, status):
-    assert session._tracking_status(reason) == status
 
 
 def test_the_stacks_mlflow_grant_is_what_tracking_asks_of_a_tracking_server(run, monkeypatch):

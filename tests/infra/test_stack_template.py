@@ -192,15 +192,27 @@ def test_gateway_has_a_public_streaming_function_url(default_app):
     assert template["Outputs"]["GatewayUrl"]["Value"]["Fn::GetAtt"][1] == "FunctionUrl"
 
 
-def test_agent_results_notify_on_rollout_result_by_prefix(default_app):
+def test_agent_results_notify_on_rollout_result_and_summaries_notify_track(default_app):
     _, template = default_app
     (notif,) = resources(template, "Custom::S3BucketNotifications").values()
-    (cfg,) = notif["Properties"]["NotificationConfiguration"]["LambdaFunctionConfigurations"]
-    assert cfg["Events"] == ["s3:ObjectCreated:*"]
+    cfg, summaries = notif["Properties"]["NotificationConfiguration"]["LambdaFunctionConfigurations"]
+    assert cfg["Events"] == summaries["Events"] == ["s3:ObjectCreated:*"]
     assert cfg["Filter"]["Key"]["FilterRules"] == [{"Name": "prefix", "Value": "rollout-results/"}]
     by_cmd = functions_by_command(template)
     on_result = by_cmd[_spec("OnRolloutResult").handler][0]
     assert cfg["LambdaFunctionArn"] == {"Fn::GetAtt": [on_result, "Arn"]}
+    # every step, eval and run summary, and nothing else the run writes, runs Track (off the loop)
+    rules = {r["Name"].lower(): r["Value"] for r in summaries["Filter"]["Key"]["FilterRules"]}
+    assert rules == {"prefix": "runs/", "suffix": "summary.json"}
+    assert summaries["LambdaFunctionArn"] == {"Fn::GetAtt": [by_cmd[_spec("Track").handler][0], "Arn"]}
+    from stepwise import layout
+
+    def notified(key):
+        return key.startswith(rules["prefix"]) and key.endswith(rules["suffix"])
+
+    assert all(notified(k) for k in (layout.summary_key("r", 3), layout.eval_summary_key("r", 0), layout.run_summary_key("r")))
+    assert not any(notified(k) for k in (layout.report_key("r"), layout.report_table_key("r", "train", 3),
+                                         layout.state_key("r"), layout.rollout_key("r", 3, 0, "sid")))
 
 
 def test_abnormal_execution_ends_run_cleanup(default_app):
@@ -434,8 +446,8 @@ def test_a_tracking_server_is_granted_to_every_function_that_logs(default_app, s
     granted = {n: [s for s in stmts if any(a.startswith("sagemaker-mlflow:") for a in actions_of([s]))]
                for n, stmts in by_function.items()}
     apps = {n: [s for s in stmts if "sagemaker:CallMlflowAppApi" in actions_of([s])] for n, stmts in by_function.items()}
-    # write_summary (ComputeAdvantages, RecordEval, Rebind) and finish_run (StopSession, Cleanup)
-    loggers = {"ComputeAdvantages", "RecordEval", "Rebind", "StopSession", "Cleanup"}
+    # Track logs every summary and ends the runs (beside the loop); no function of the loop logs
+    loggers = {"Track"}
     assert {n for n, v in granted.items() if v} == loggers == {n for n, v in apps.items() if v}
     for name in loggers:
         for st in granted[name]:

@@ -96,8 +96,18 @@ class RunStore:
         )
         return resp["ETag"]
 
-    def put_bytes(self, key: str, body: bytes) -> None:
-        self.s3.put_object(Bucket=self.bucket, Key=key, Body=body)
+    def put_bytes(self, key: str, body: bytes, *, content_type: str | None = None) -> None:
+        kwargs = {"ContentType": content_type} if content_type else {}
+        self.s3.put_object(Bucket=self.bucket, Key=key, Body=body, **kwargs)
+
+    def get_bytes(self, key: str) -> bytes:
+        """The object's bytes. Raises KeyError(key) when absent."""
+        try:
+            return self.s3.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                raise KeyError(key) from None
+            raise
 
     def exists(self, key: str) -> bool:
         try:

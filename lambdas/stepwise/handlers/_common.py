@@ -277,18 +277,12 @@ def drive(run_id: str, execution_arn: str, phases: tuple[Phase, ...]) -> tuple[R
 
 
 def write_summary(run_id: str, step: int, summary: dict[str, Any], *, kind: str = "train") -> None:
-    """Publish a step (``kind="train"``) or eval (``kind="eval"``) summary to MLflow, then to S3.
+    """Write a step (``kind="train"``) or eval (``kind="eval"``) summary to
+    ``runs/{run_id}/steps/{step}/summary.json`` or ``runs/{run_id}/evals/{step}/summary.json``.
 
-    The one place summaries are published: `stepwise.aws.tracking.summary_warning` (nothing unless
-    the config names an MLflow tracking server; never raises), then
-    ``runs/{run_id}/steps/{step}/summary.json`` or ``runs/{run_id}/evals/{step}/summary.json``,
-    which carries a tracking failure's text under ``tracking.WARNING_KEY`` (``stepwise watch``
-    prints it), so metrics that never reached MLflow are not a silent gap.
+    The one place summaries are published. Nothing else happens on the training loop's path: the
+    object's S3 notification runs the Track function (`stepwise.handlers.track`), which logs it to
+    MLflow and W&B and renders the run's report page beside the loop.
     """
-    from stepwise.aws import tracking
-
-    warning = tracking.summary_warning(run_config(run_id), run_id, step, summary, kind=kind)
-    if warning:
-        summary = {**summary, tracking.WARNING_KEY: warning}
     key = summary_key(run_id, step) if kind == "train" else eval_summary_key(run_id, step)
     store().put_json(key, summary)

@@ -7,7 +7,9 @@
 - StopSession: every terminal path of the state machine (success and the catch-all). Stops only
   a session this execution owns, or the session of the run it was started to continue
   (continue-as-new) and has not taken over yet (`stepwise.core.sweeping.may_stop_session`), so a
-  refused second execution cannot stop the owner's session.
+  refused second execution cannot stop the owner's session; then writes the run's end
+  (``runs/{run_id}/summary.json``: status, reason, checkpoints, final weights), whose notification
+  runs the Track function.
 - Cleanup: EventBridge "Step Functions Execution Status Change" (ABORTED / TIMED_OUT / FAILED),
   where no Catch runs; same ownership rule.
 - ContinueRun: start the next execution of the run (continue-as-new; moto's engine cannot run the
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from stepwise.aws import sagemaker, task_tokens, tracking
+from stepwise.aws import sagemaker, task_tokens
 from stepwise.aws.runstore import RunNotFound, RunOwnedElsewhere
 from stepwise.core import ledger
 from stepwise.core.ledger import count_parent_history, history_after
@@ -30,7 +32,7 @@ from stepwise.events import ContinueEvent, ExecutionStatusChange, RunEvent, Stop
 from stepwise.executions import ABNORMAL_END_STATUSES, continuation_name, execution_arn_of, resolve_run
 from stepwise.handlers._common import (bind, drive, entrypoint, logger, now, poll_seconds, run_config, settings,
                                        sfn_client, store)
-from stepwise.layout import estimate_key
+from stepwise.layout import estimate_key, run_summary_key
 from stepwise.records import RunState
 
 #: States an execution enters after StopSession or ContinueRun read its history: the Succeed state
@@ -86,7 +88,7 @@ def poll_session(event: RunEvent) -> dict[str, Any]:
 
 
 def _tracking_status(reason: str) -> str:
-    """The MLflow run status for a stop reason: finished, stopped by the user, or failed."""
+    """The run's end status (MLflow's run statuses) for a stop reason: finished, stopped by the user, or failed."""
     if reason == "finished":
         return "FINISHED"
     if reason == "execution ABORTED":
@@ -140,11 +142,16 @@ def stop_owned_session(execution_arn: str, execution_name: str, execution_input:
     cost = state.ledger.final or {}
     logger.info("training session stopped", extra={"training_session_name": state.training_session_name, "reason": reason,
                                                    "cost": cost.get("line")})
-    tracking.finish_run(cfg, run_id, _tracking_status(reason))
-    out = {"stopped": True, "training_session_name": state.training_session_name, **weights_report(state, cfg.region),
-           "cost": cost}
+    report = weights_report(state, cfg.region)
+    out = {"stopped": True, "training_session_name": state.training_session_name, **report, "cost": cost}
     if state.eval_only:
         out["eval"] = eval_report(run_id, state)
+    # The run's end: its S3 notification runs Track, which ends the MLflow and W&B runs and
+    # renders the report page's last state (off this path).
+    rs.put_json(run_summary_key(run_id), {
+        "status": _tracking_status(reason), "reason": reason if reason != "finished" else (state.stop_reason or "finished"),
+        "execution_arn": execution_arn, "step": state.step, "policy_version": state.policy_version,
+        "ended_at": now(), **{k: v for k, v in out.items() if k not in ("stopped", "training_session_name")}})
     return out
 
 

@@ -1,0 +1,75 @@
+"""`stepwise report RUN`: the run's report page (one self-contained HTML file).
+
+On the deployed stack the Track function keeps the page at ``runs/{run_id}/report/index.html``
+(`stepwise.layout.report_key`), rewritten after every step: by default this prints a presigned URL
+of it (``--expires`` seconds, default 3600; the page needs no network once opened);
+``--download PATH`` saves it instead. For a local run folder (``runs-local/RUN_ID``) it rebuilds
+``runs-local/RUN_ID/report.html`` from the run's objects the folder keeps (``--out`` to write it
+elsewhere). ``--rebuild`` rebuilds a deployed run's page from its objects here, into ``--out``
+(default ``RUN_ID-report.html``): for a run older than the Track function, or to check it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from datetime import datetime, timezone
+from pathlib import Path
+
+from stepwise import layout, runview
+from stepwise_cli.commands._runs import EXIT_OK, CommandError, add_stack_arguments, fail
+from stepwise_cli.sources import open_run
+
+#: The report page's name in a local run folder.
+LOCAL_REPORT = "report.html"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run", help="run id (deployed stack) or a local run folder (runs-local/RUN_ID)")
+    parser.add_argument("--download", type=Path, metavar="PATH", help="deployed run: save the page here")
+    parser.add_argument("--expires", type=int, default=3600, help="deployed run: URL lifetime in seconds (default 3600)")
+    parser.add_argument("--rebuild", action="store_true", help="rebuild the page here from the run's objects")
+    parser.add_argument("--out", type=Path, help="where a rebuilt page goes (local run: RUN/report.html)")
+    add_stack_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except CommandError as e:
+        return fail(str(e))
+
+
+def _run(args: argparse.Namespace) -> int:
+    source = open_run(args.run, args)
+    if source.folder is not None or args.rebuild:
+        out = args.out or (source.folder / LOCAL_REPORT if source.folder is not None
+                           else Path(f"{source.run_id}-report.html"))
+        stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+        page = runview.rebuild_page(source.store, source.run_id, updated_at=f"{stamp} (rebuilt by stepwise report)")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(page, encoding="utf-8")
+        print(f"report of run {source.run_id}: {out} ({len(page.encode()) / 1024:.0f} KiB)")
+        return EXIT_OK
+    dep = source.deployment
+    assert dep is not None
+    key = layout.report_key(source.run_id)
+    if source.store.get_json_or(layout.state_key(source.run_id)) is None or not _exists(dep, key):
+        raise CommandError(f"run {source.run_id} has no report page yet (s3://{dep.bucket}/{key}): the Track "
+                           "function writes it after the first step; `stepwise report RUN --rebuild` builds it here")
+    if args.download:
+        args.download.parent.mkdir(parents=True, exist_ok=True)
+        args.download.write_bytes(source.store.get_bytes(key))
+        print(f"report of run {source.run_id}: {args.download}")
+        return EXIT_OK
+    url = dep.s3.generate_presigned_url("get_object", Params={"Bucket": dep.bucket, "Key": key},
+                                        ExpiresIn=max(1, min(args.expires, 7 * 24 * 3600)))
+    print(url)
+    return EXIT_OK
+
+
+def _exists(dep, key: str) -> bool:
+    try:
+        dep.s3.head_object(Bucket=dep.bucket, Key=key)
+        return True
+    except Exception:
+        return False

@@ -1,0 +1,70 @@
+"""`stepwise rollouts`: a step's groups with rewards and advantages, and one rollout's conversation
+with its trained span, read the same way from the deployed stack's bucket (moto) and from a local run
+folder (the copy `stepwise run-local` keeps)."""
+
+from __future__ import annotations
+
+import json
+
+from local.report import mirror_run_objects
+from stepwise.core.advantages import compute_grpo_advantages
+from stepwise_cli.main import main
+from tests.support.runs import sid_of, write_to_s3
+
+RUN = "inspect-me"
+
+
+def _json(capsys, *argv):
+    assert main(["rollouts", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_a_step_shows_its_groups_with_rewards_advantages_and_causes(moto_dep, capsys):
+    write_to_s3(moto_dep.s3, moto_dep.bucket, RUN)
+    assert main(["rollouts", RUN, "--step", "0", *moto_dep.flags]) == 0
+    text = capsys.readouterr().out
+    assert "run inspect-me, train step 0: 4 rollouts in 2 groups" in text
+    assert "group 0 s0p0 (gen 0): mean 0.500, std 0.500, informative" in text
+    assert "+1.000" in text and "-1.000" in text
+    assert "States.Timeout: no result in 120 s" in text and "no reward in the result" in text
+
+    out = _json(capsys, RUN, "--step", "0", *moto_dep.flags)
+    g0 = out["groups"][0]
+    assert [r["reward"] for r in g0["rollouts"]] == [1.0, 0.0]
+    assert [r["advantage"] for r in g0["rollouts"]] == compute_grpo_advantages([1.0, 0.0])
+    assert g0["rollouts"][1]["status"] == "timeout" and g0["rollouts"][0]["policy_version"] == 0
+    assert [g["input_id"] for g in _json(capsys, RUN, "--step", "1", "--worst", "-n", "1", *moto_dep.flags)["groups"]] == ["s1p1"]
+    assert _json(capsys, RUN, *moto_dep.flags)["step"] == 1  # the newest step by default
+    evals = _json(capsys, RUN, "--eval", *moto_dep.flags)
+    assert evals["kind"] == "eval" and all(r["advantage"] is None for g in evals["groups"] for r in g["rollouts"])
+
+
+def test_show_prints_the_conversation_and_marks_the_trained_span(moto_dep, capsys):
+    write_to_s3(moto_dep.s3, moto_dep.bucket, RUN)
+    sid = sid_of(1, "train", 0)
+    assert main(["rollouts", RUN, "--step", "1", "--show", sid[:6], "--color", "never", *moto_dep.flags]) == 0
+    text = capsys.readouterr().out
+    for line in ("[system]", "  You are a calculator agent.", "[user]", "[assistant · turn 1 · trained",
+                 '  -> tool call calculator({"expression": "6*7"}) id=call_1', "[tool · result of call_1]",
+                 "[assistant · turn 2 · trained"):
+        assert line in text, line
+    # decoded with the run's tokenizer: the tool result is in the record but masked, the answer trained
+    assert "⟪42<|im_end|>⟫" in text and "⟪<tool_call>" in text
+    assert "\n<|im_start|>tool\n42<|im_end|>\n<|im_start|>assistant\n⟪" in text
+    shown = _json(capsys, RUN, "--step", "1", "--show", sid, *moto_dep.flags)
+    assert shown["tokenizer"] is True and shown["rollout"]["advantage"] == compute_grpo_advantages([1.0, 1.0])[0]
+    spans = shown["records"][0]
+    assert [s["trained"] for s in spans if s["region"] == "response"] == [True, False, True]
+    assert main(["rollouts", RUN, "--step", "1", "--show", "nope", *moto_dep.flags]) == 1
+
+
+def test_a_local_run_folder_reads_the_same_as_the_bucket(moto_dep, capsys, tmp_path):
+    write_to_s3(moto_dep.s3, moto_dep.bucket, RUN)
+    folder = tmp_path / RUN
+    mirror_run_objects(moto_dep.s3, moto_dep.bucket, RUN, folder / "s3", results=False)
+    for argv in (["--step", "0"], ["--step", "1", "--show", sid_of(1, "train", 3)], ["--eval"]):
+        deployed = _json(capsys, RUN, *argv, *moto_dep.flags)
+        local = _json(capsys, str(folder), *argv)
+        assert deployed.pop("source").startswith("s3://") and local.pop("source") == str(folder)
+        assert local == deployed
+    assert main(["rollouts", str(tmp_path)]) == 1  # a folder that is not a run folder
