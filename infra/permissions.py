@@ -186,22 +186,17 @@ class AgentRuntimes:
 
 
 class TrackingServers:
-    """SageMaker managed MLflow: the tracking servers and MLflow apps runs log to
-    (``mlflowTrackingServerArns``; none: no grant). Every function that logs to MLflow gets its grant
-    here (`grant_tracking`), so a new one inherits both kinds."""
+    """Where runs are tracked: the SageMaker managed MLflow tracking servers and MLflow apps runs log to
+    (``mlflowTrackingServerArns``) and the Secrets Manager secret of the W&B API key
+    (``wandbApiKeySecretArn``); none configured: no grant. The function that logs (Track) gets its grant
+    here (`grant_tracking`), so a new one inherits every kind."""
 
-    def __init__(self, arns: tuple[str, ...] = ()) -> None:
+    def __init__(self, arns: tuple[str, ...] = (), wandb_secret_arn: str = "") -> None:
         self.arns = arns
-        self.servers = [a for a in arns if ":mlflow-tracking-server/" in a]
-        self.apps = [a for a in arns if ":mlflow-app/" in a]
-
-    def grant_tracking(self, role: iam.IGrantable) -> None:
-        """Log params and metrics, end runs: :data:`MLFLOW_ACTIONS` on the tracking servers, and
-        :data:`MLFLOW_APP_ACTIONS` on the apps; nothing when none is configured."""
-        if self.servers:
-            add_statements(role, iam.PolicyStatement(actions=list(MLFLOW_ACTIONS), resources=self.servers))
-        if self.apps:
-            add_statements(role, iam.PolicyStatement(actions=list(MLFLOW_APP_ACTIONS), resources=self.apps))
+    """Where runs are tracked: the SageMaker managed MLflow tracking servers and MLflow apps runs log to
+    (``mlflowTrackingServerArns``) and the Secrets Manager secret of the W&B API key
+    (``wandbApiKeySecretArn``); none configured: no grant. The function that logs (Track) gets its grant
+    here (`grant_tracking`), so a new one inherits every kind."""
 
 
 def add_statements(role: iam.IGrantable, *statements: iam.PolicyStatement) -> None:

@@ -24,6 +24,8 @@ KMS_KEY_ARN_RE = re.compile(r"^arn:aws[a-z\-]*:kms:[a-z0-9\-]+:\d{12}:key/(mrk-)
 #: MLflow app (``sagemaker:CallMlflowAppApi`` on ``mlflow-app/ID``).
 MLFLOW_SERVER_ARN_RE = re.compile(
     r"^arn:aws[a-z\-]*:sagemaker:[a-z0-9\-]+:\d{12}:(?:mlflow-tracking-server|mlflow-app)/[A-Za-z0-9\-]+\Z", re.A)
+#: A Secrets Manager secret's full ARN (name plus the 6-character suffix Secrets Manager appends).
+SECRET_ARN_RE = re.compile(r"^arn:aws[a-z\-]*:secretsmanager:[a-z0-9\-]+:\d{12}:secret:[A-Za-z0-9/_+=.@\-]+-[A-Za-z0-9]{6}\Z", re.A)
 #: S3 bucket naming rules (general purpose buckets): 3-63 of lowercase letters, digits, dots, hyphens.
 BUCKET_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]\Z", re.A)
 #: Lambda's reserved concurrency cannot exceed the account's concurrency quota (1,000 by default).
@@ -79,6 +81,11 @@ class StackSettings:
         sweep_minutes: minutes between two runs of the session sweeper (context ``sweepMinutes``,
             1-60, default 5): it stops training sessions of this stack whose executions ended without
             stopping them (EventBridge's execution events, which run Cleanup, are best-effort).
+        wandb_api_key_secret_arn: the Secrets Manager secret holding the W&B API key (context
+            ``wandbApiKeySecretArn``, the secret's full ARN; its value the key, or JSON with one
+            string field). The Track function gets ``secretsmanager:GetSecretValue`` on it and
+            ``STEPWISE_WANDB_API_KEY_SECRET_ARN``. '' = none (runs naming ``wandb_project`` then get
+            a W&B warning in each step's report table, never a failed step).
         gateway_reserved_concurrency: reserved concurrency of the gateway function (context
             ``gatewayReservedConcurrency``), so rollouts cannot starve the account's other
             functions (and the handlers cannot starve the gateway). None = unreserved.
@@ -108,6 +115,7 @@ class StackSettings:
     kms_key_arn: str = ""
     mlflow_tracking_server_arns: tuple[str, ...] = ()
     sweep_minutes: int = 5
+    wandb_api_key_secret_arn: str = ""
     gateway_reserved_concurrency: int | None = None
     # --- what a first run needs (off by default: each adds resources to the account) and the loop's timing ---
     session_start_timeout_seconds: int | None = None
@@ -142,6 +150,8 @@ class StackSettings:
                                               "arn:aws:sagemaker:REGION:ACCOUNT:mlflow-tracking-server/NAME or "
                                               "arn:aws:sagemaker:REGION:ACCOUNT:mlflow-app/ID"),
             sweep_minutes=_int(get("sweepMinutes"), "sweepMinutes", d.sweep_minutes, 1, 60),
+            wandb_api_key_secret_arn=_one_arn(get("wandbApiKeySecretArn"), "wandbApiKeySecretArn", SECRET_ARN_RE,
+                                              "arn:aws:secretsmanager:REGION:ACCOUNT:secret:NAME-AbCdEf (the full ARN)"),
             gateway_reserved_concurrency=(None if get("gatewayReservedConcurrency") in (None, "") else _int(
                 get("gatewayReservedConcurrency"), "gatewayReservedConcurrency", 0, 1, MAX_RESERVED_CONCURRENCY)),
             session_start_timeout_seconds=_optional_int(get("sessionStartTimeoutSeconds"), "sessionStartTimeoutSeconds",
@@ -153,13 +163,16 @@ class StackSettings:
 
     def function_environment(self) -> dict[str, str]:
         """The handler functions' variables these settings set (only those given): the session-start
-        timeout, the poll interval and the notification topic (the session sweeper reports to it)
-        (`stepwise.settings`)."""
-        from stepwise.settings import ENV_NOTIFICATION_TOPIC_ARN, ENV_POLL_SECONDS, ENV_SESSION_START_TIMEOUT
+        timeout, the poll interval, the notification topic (the session sweeper reports to it) and the
+        W&B key's secret (`stepwise.settings`)."""
+        from stepwise.settings import (ENV_NOTIFICATION_TOPIC_ARN, ENV_POLL_SECONDS, ENV_SESSION_START_TIMEOUT,
+                                       ENV_WANDB_API_KEY_SECRET)
 
         env = {}
         if self.notification_topic_arn:
             env[ENV_NOTIFICATION_TOPIC_ARN] = self.notification_topic_arn
+        if self.wandb_api_key_secret_arn:
+            env[ENV_WANDB_API_KEY_SECRET] = self.wandb_api_key_secret_arn
         if self.session_start_timeout_seconds is not None:
             env[ENV_SESSION_START_TIMEOUT] = str(self.session_start_timeout_seconds)
         if self.poll_seconds is not None:

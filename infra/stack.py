@@ -158,7 +158,7 @@ class StepwiseStack(Stack):
         storage, loop, fns, gateway = self.storage, self.training_loop, self.functions.functions, self.gateway.function
         sessions = TrainingSessions(self, sagemaker_role_arns=sagemaker_role_arns, kms_key_arn=settings.kms_key_arn)
         agents = AgentRuntimes(self, agent_runtime_arns)
-        tracking = TrackingServers(settings.mlflow_tracking_server_arns)
+        tracking = TrackingServers(settings.mlflow_tracking_server_arns, settings.wandb_api_key_secret_arn)
         for fn in fns.values():  # every handler reads and writes the run's state
             storage.grant_run_state(fn)
         # Init looks the agent runtime up before any session (stepwise.core.preflight): the runtimes StartRollout may invoke.
@@ -203,7 +203,8 @@ class StepwiseStack(Stack):
 def context_arn_regions(settings: StackSettings) -> dict[str, set[str]]:
     """Region -> the context keys whose ARNs name it (runtimes, topic, KMS key, tracking servers)."""
     named = {"agentRuntimeArns": settings.agent_runtime_arns, "notificationTopicArn": (settings.notification_topic_arn,),
-             "kmsKeyArn": (settings.kms_key_arn,), "mlflowTrackingServerArns": settings.mlflow_tracking_server_arns}
+             "kmsKeyArn": (settings.kms_key_arn,), "mlflowTrackingServerArns": settings.mlflow_tracking_server_arns,
+             "wandbApiKeySecretArn": (settings.wandb_api_key_secret_arn,)}
     out: dict[str, set[str]] = {}
     for key, arns in named.items():
         for arn in arns:

@@ -361,6 +361,9 @@ def _run(stack: LocalStack, config: Any, cfg: dict[str, Any], config_path: Path,
     desc: dict[str, Any] | None = None
     interrupted = False
     try:
+        # W&B (a config naming wandb_project) logs offline into the run folder unless told otherwise.
+        stack.set_env({"WANDB_MODE": os.environ.get("WANDB_MODE") or "offline",
+                       "WANDB_DIR": os.environ.get("WANDB_DIR") or str(run_dir.resolve()), "WANDB_SILENT": "true"})
         stack.start(tps_limit=config.acr_tps_limit, simulator_options=simulator_options, acr_faults=acr_faults,
                     log_dir=log_dir, agents=agents)
         for arn, spec in (agents or {}).items():  # the user's agent: a clear error now, not every rollout failing

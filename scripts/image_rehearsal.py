@@ -225,20 +225,21 @@ def invoke_representative_handlers(runner: Runner) -> None:
     from tests.support.pipeline import FakeAgent, Stack, execution_arn, run_ref
 
     from stepwise.functions import by_name
-    from stepwise.layout import result_key
+    from stepwise.layout import result_key, run_summary_key, summary_key
 
     stack = Stack()
     agent = FakeAgent()
     try:
         env = {"AWS_ENDPOINT_URL_BEDROCK_AGENTCORE": agent.url}
-        # one step, then the run ends: PlanStep plans the final save_state
-        config = stack.config(max_prompts=2, epochs=1)
+        # one step, then the run ends: PlanStep plans the final save_state; Track logs it to W&B (offline)
+        config = stack.config(max_prompts=2, epochs=1, wandb_project="stepwise-rehearsal")
+        wandb_env = {**env, "WANDB_MODE": "offline", "WANDB_DIR": tempfile.mkdtemp(prefix="stepwise-rehearsal-wandb-")}
         run_id = f"rehearsal-{int(time.time())}"
         run = run_ref(run_id)
 
         def call(name: str, *events: Any) -> list[Any]:
             t0 = time.perf_counter()
-            outs = runner.invoke(by_name(name), list(events), env=env)
+            outs = runner.invoke(by_name(name), list(events), env=wandb_env if name == "Track" else env)
             row = runner.rows[name]
             say(f"invoke: {name:18s} x{len(events)}  {time.perf_counter() - t0:5.1f} s wall, first invocation "
                 f"{row['first_invoke_s']:.2f} s, peak RSS {row['invoke_rss_mb']:.0f} MB of {row['memory_mb']} MB")
@@ -283,6 +284,12 @@ def invoke_representative_handlers(runner: Runner) -> None:
         op = until_done("Rebind", "Rebind")
         if op.get("policy_version") != 1:
             raise RehearsalFailed(f"after one step the policy version is {op.get('policy_version')}, expected 1")
+        # the step summary's S3 notification: sample table, W&B (offline), report page
+        (tracked,) = call("Track", {"Records": [{"eventSource": "aws:s3", "eventName": "ObjectCreated:Put", "s3": {
+            "bucket": {"name": stack.bucket}, "object": {"key": urllib.parse.quote_plus(summary_key(run_id, 0))}}}]})
+        published = tracked["published"]
+        if len(published) != 1 or published[0].get("warnings") or not published[0].get("report_bytes"):
+            raise RehearsalFailed(f"Track did not publish step 0 cleanly: {tracked}")
         (plan,) = call("PlanStep", {"run": run})
         if plan["action"] != "checkpoint":
             raise RehearsalFailed(f"after the last step PlanStep planned {plan}, not the final checkpoint")
@@ -299,6 +306,10 @@ def invoke_representative_handlers(runner: Runner) -> None:
                                                  "status": "ABORTED", "input": json.dumps(config)}})
         if not cleaned.get("stopped"):
             raise RehearsalFailed(f"Cleanup of an aborted execution stopped nothing: {cleaned}")
+        (ended,) = call("Track", {"Records": [{"eventSource": "aws:s3", "eventName": "ObjectCreated:Put", "s3": {
+            "bucket": {"name": stack.bucket}, "object": {"key": urllib.parse.quote_plus(run_summary_key(run_id))}}}]})
+        if not ended["published"] or not ended["published"][0].get("report_bytes"):
+            raise RehearsalFailed(f"Track did not publish the run's end: {ended}")
         say(f"invoke: a one-step run on moto + simulator: {len(items)} rollouts (results {notified}), "
             f"advantages {adv}, final checkpoint, {plan['action']}: {plan['reason']}, session stopped: {stopped}")
     finally:

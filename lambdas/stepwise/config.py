@@ -10,7 +10,6 @@ Reference fields dropped because they cannot apply serverless:
 - ``gateway_port``: the gateway is a Lambda Function URL (locally, a port chosen at start).
 - ``history_mode``: only ``"tree"`` is supported; the gateway is replayed from captured turns
   per rollout, and ``"linear"`` reuse of served ids needs the in-memory history of one process.
-- ``wandb_project`` / ``wandb_run_name``: metrics go to CloudWatch (EMF) and S3.
 - ``rollout_log_path``: per-rollout records are written under ``runs/{run_id}/steps/``.
 
 A config naming any of these (the reference's ``config.yaml.example`` does) loads: the key is
@@ -75,8 +74,6 @@ CLIPPED_LOSSES = ("ppo", "cispo")
 DROPPED_FIELDS: dict[str, str] = {
     "gateway_port": "the gateway is a Lambda Function URL; there is no port to choose",
     "history_mode": "only 'tree' is supported (turns are replayed per rollout, one record per trajectory-tree leaf)",
-    "wandb_project": "metrics go to CloudWatch and S3; W&B is not supported (MLflow is: mlflow_tracking_uri)",
-    "wandb_run_name": "metrics go to CloudWatch and S3; W&B is not supported (MLflow is: mlflow_tracking_uri)",
     "rollout_log_path": "rollout records are written to S3 under runs/{run_id}/steps/",
 }
 
@@ -429,6 +426,15 @@ class RunConfig(BaseModel):
     mlflow_experiment_name: str = Field(
         "stepwise", min_length=1, max_length=500, description="MLflow experiment the run is logged under"
     )
+    # --- Weights & Biases (the reference's wandb_project / wandb_run_name, plus the entity) ---
+    wandb_project: str = Field(
+        "", max_length=128,
+        description="W&B project every step's metrics, evals and sample table are logged to (one W&B run per "
+        "run, resumed across executions; the API key comes from the secret the stack names, context "
+        "wandbApiKeySecretArn); '' = off. W&B limits: 128 characters, none of / \\ # ? % :",
+    )
+    wandb_run_name: str = Field("", max_length=128, description="the W&B run's display name; '' = the run id")
+    wandb_entity: str = Field("", max_length=128, description="W&B entity (team or user); '' = the API key's default")
 
     # ------------------------------------------------------------------ field checks
 
@@ -691,6 +697,15 @@ class RunConfig(BaseModel):
         if v and info.data.get("eval_only") is False:
             raise ValueError("applies to eval-only runs (eval_only true); to train on from a checkpoint use "
                              "resume_from_model_package")
+        return v
+
+    @field_validator("wandb_project", "wandb_entity")
+    @classmethod
+    def _wandb_name(cls, v: str) -> str:
+        # W&B refuses project names with these (wandb/sdk/wandb_settings.py, Settings.validate_project)
+        bad = sorted(set(v) & set("/\\#?%:"))
+        if bad:
+            raise ValueError(f"must not contain {' '.join(bad)} (W&B refuses / \\ # ? % : in names)")
         return v
 
     @field_validator("mlflow_tracking_uri")

@@ -24,6 +24,8 @@ ENV_SESSION_START_TIMEOUT = "STEPWISE_SESSION_START_TIMEOUT"
 ENV_TURN_GRACE_SECONDS = "STEPWISE_TURN_GRACE_SECONDS"
 ENV_DEFAULT_S3_OUTPUT_PATH = "STEPWISE_DEFAULT_S3_OUTPUT_PATH"
 ENV_NOTIFICATION_TOPIC_ARN = "STEPWISE_NOTIFICATION_TOPIC_ARN"
+#: The Secrets Manager secret (ARN) holding the W&B API key (CDK context ``wandbApiKeySecretArn``; Track only).
+ENV_WANDB_API_KEY_SECRET = "STEPWISE_WANDB_API_KEY_SECRET_ARN"
 ENV_REGION = "AWS_REGION"
 ENV_SERVICE = "POWERTOOLS_SERVICE_NAME"
 ENV_METRICS_NAMESPACE = "POWERTOOLS_METRICS_NAMESPACE"
@@ -35,7 +37,7 @@ ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_U
 
 _NAMES = (ENV_BUCKET, ENV_GATEWAY_URL, ENV_DATA_BUCKETS, ENV_AGENT_RUNTIME_ARNS, ENV_POLL_SECONDS,
           ENV_INLINE_WAIT_SECONDS, ENV_SESSION_START_TIMEOUT, ENV_TURN_GRACE_SECONDS, ENV_DEFAULT_S3_OUTPUT_PATH,
-          ENV_NOTIFICATION_TOPIC_ARN, ENV_REGION, "AWS_DEFAULT_REGION", *ENDPOINT_VARIABLES)
+          ENV_NOTIFICATION_TOPIC_ARN, ENV_WANDB_API_KEY_SECRET, ENV_REGION, "AWS_DEFAULT_REGION", *ENDPOINT_VARIABLES)
 
 
 def _split(value: str) -> tuple[str, ...]:
@@ -62,6 +64,9 @@ class Settings:
         default_s3_output_path: the sessions' default output path (``STEPWISE_DEFAULT_S3_OUTPUT_PATH``).
         notification_topic_arn: the SNS topic the session sweeper and budget warnings report to
             (``STEPWISE_NOTIFICATION_TOPIC_ARN``, the stack's ``notificationTopicArn``; '' = none).
+        wandb_api_key_secret: the Secrets Manager secret ARN of the W&B API key
+            (``STEPWISE_WANDB_API_KEY_SECRET_ARN``; '' = none: W&B logs only where ``WANDB_API_KEY`` or
+            ``WANDB_MODE=offline`` is set, e.g. the local stack).
         region: ``AWS_REGION`` (else ``AWS_DEFAULT_REGION``).
         endpoints: the ``AWS_ENDPOINT_URL*`` overrides, as ``((name, url), ...)``.
     """
@@ -76,6 +81,7 @@ class Settings:
     turn_grace_seconds: float = 1.0
     default_s3_output_path: str = ""
     notification_topic_arn: str = ""
+    wandb_api_key_secret: str = ""
     region: str = ""
     endpoints: tuple[tuple[str, str], ...] = ()
 
@@ -100,6 +106,7 @@ class Settings:
             turn_grace_seconds=max(0.0, number(ENV_TURN_GRACE_SECONDS, "1", float)),
             default_s3_output_path=env.get(ENV_DEFAULT_S3_OUTPUT_PATH, ""),
             notification_topic_arn=env.get(ENV_NOTIFICATION_TOPIC_ARN, ""),
+            wandb_api_key_secret=env.get(ENV_WANDB_API_KEY_SECRET, ""),
             region=env.get(ENV_REGION, "") or env.get("AWS_DEFAULT_REGION", ""),
             endpoints=tuple((n, env[n]) for n in ENDPOINT_VARIABLES if env.get(n)),
         )

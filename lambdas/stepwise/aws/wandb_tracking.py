@@ -1,20 +1,166 @@
-"""Optional Weights & Biases tracking (filled in below)."""
+"""Optional Weights & Biases tracking: every step's and eval's metrics and sample table, one W&B run per run.
+
+On when the run config sets ``wandb_project`` (the reference loop's field, `train_grpo.py`'s
+``wandb.init(project=config.wandb_project, name=config.wandb_run_name)``), with ``wandb_run_name``
+(default: the run id) and ``wandb_entity``. Called only by the Track function, beside the training
+loop, once per step or eval summary and once at the run's end.
+
+One run, however many executions: Lambdas are stateless, so every call opens the W&B run with
+``wandb.init(id=wandb_run_id(run_id), resume="allow")`` (a deterministic id, the run id itself), logs,
+and finishes it; a continue-as-new execution or a `stepwise resume` logs into the same W&B run. Steps
+are logged against the metric ``step`` (``define_metric("*", step_metric="step")``), so an eval logged
+after the next step's summary, or a step re-logged after a resume, lands at its own step instead of
+being dropped as out of order.
+
+What is logged per summary: its finite numbers (the summary's own slash-namespaced names, as MLflow
+gets them: `stepwise.aws.tracking.numeric_metrics`), ``step``, and the step's sample table as a
+``wandb.Table`` under ``samples/train`` or ``samples/eval`` (one row per rollout of the best, worst and
+mixed group: reward, advantage, status, reason, turns, the conversation and the trained text).
+
+The API key: ``wandb.Settings(api_key=...)`` from the Secrets Manager secret the stack names
+(``STEPWISE_WANDB_API_KEY_SECRET_ARN``, CDK context ``wandbApiKeySecretArn``; `stepwise.aws.secrets`);
+without one, W&B's own ``WANDB_API_KEY`` / ``WANDB_MODE`` apply (the local stack sets
+``WANDB_MODE=offline`` and ``WANDB_DIR`` to the run folder). W&B writes only under ``/tmp`` here
+(``WANDB_DIR``, ``WANDB_CACHE_DIR``, ``WANDB_CONFIG_DIR``, ``WANDB_DATA_DIR`` default there: a Lambda's
+only writable place).
+
+A failure is never silent and never fails a step: `step_warning` returns it as one line of text,
+which Track keeps with the step's sample table and shows on the report page (as MLflow's).
+"""
 
 from __future__ import annotations
 
+import logging
+import os
+import tempfile
+import threading
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from stepwise.config import RunConfig
 
+log = logging.getLogger(__name__)
+
+#: Where W&B keeps its files when the environment does not say (a Lambda may write only /tmp).
+WANDB_ROOT = os.path.join(tempfile.gettempdir(), "wandb")
+#: wandb's global state (``wandb.run``) is per process: one W&B run open at a time in a process
+#: (the local stack runs several Track invocations on threads of one worker process).
+_LOCK = threading.Lock()
+#: Sample table columns (one row per rollout of the step's sampled groups).
+TABLE_COLUMNS = ["step", "kind", "group_label", "group", "member", "sid", "reward", "advantage", "status",
+                 "reason", "policy_version", "turns", "tool_calls", "conversation", "trained_text"]
+
 
 def enabled(cfg: RunConfig) -> bool:
+    """Whether the run config asks for W&B (``wandb_project`` set)."""
     return bool(getattr(cfg, "wandb_project", ""))
 
 
-def step_warning(cfg: RunConfig, run_id: str, kind: str, step: int, summary: Any, table: Any) -> str | None:
-    return None
+def wandb_run_id(run_id: str) -> str:
+    """The W&B run id of a Stepwise run: the run id itself (letters, digits, ``_`` and ``-``, none of
+    the characters W&B reserves), so every execution and resume of the run logs into one W&B run."""
+    return run_id
 
 
-def finish(cfg: RunConfig, run_id: str, status: str, ended: Any = None) -> str | None:
-    return None
+def table_rows(table: Mapping[str, Any]) -> list[list[Any]]:
+    """A sample table (`stepwise.core.report.sample_table`) as `TABLE_COLUMNS` rows."""
+    rows = []
+    for g in table.get("groups") or []:
+        for r in g.get("rollouts") or []:
+            convo = "\n".join(f"[{m.get('role')}] {m.get('content', '')}" for m in r.get("messages") or [])
+            trained = "".join(s.get("text") or "" for spans in r.get("records") or [] for s in spans if s.get("trained"))
+            rows.append([table.get("step"), table.get("kind"), g.get("label"), g.get("input_id"), r.get("member"),
+                         r.get("sid"), r.get("reward"), r.get("advantage"), r.get("status"), r.get("cause") or "",
+                         r.get("policy_version"), r.get("num_turns"), r.get("tool_calls"), convo, trained])
+    return rows
+
+
+def _api_key() -> str | None:
+    from stepwise import settings
+
+    arn = settings.current().wandb_api_key_secret
+    if not arn:
+        return None
+    from stepwise.aws.secrets import secret_string
+
+    return secret_string(arn)
+
+
+def _open(cfg: RunConfig, run_id: str, part: str) -> Any:
+    """``wandb.init`` of the run's W&B run; ``part`` names this call's local folder (``train3``,
+    ``eval10``, ``end``: W&B names it by the second it started, which two calls can share)."""
+    import wandb
+
+    for var, sub in (("WANDB_DIR", ""), ("WANDB_CACHE_DIR", "cache"), ("WANDB_CONFIG_DIR", "config"),
+                     ("WANDB_DATA_DIR", "data"), ("WANDB_ARTIFACT_DIR", "artifacts")):
+        os.environ.setdefault(var, os.path.join(WANDB_ROOT, sub))
+    os.makedirs(os.environ["WANDB_DIR"], exist_ok=True)
+    extra: dict[str, Any] = {}
+    key = _api_key()
+    if key:
+        extra["api_key"] = key
+    run = wandb.init(
+        project=cfg.wandb_project, entity=cfg.wandb_entity or None, id=wandb_run_id(run_id),
+        name=cfg.wandb_run_name or run_id, resume="allow", dir=os.environ["WANDB_DIR"],
+        config=cfg.model_dump(mode="json"), tags=["stepwise", cfg.algorithm],
+        settings=wandb.Settings(console="off", silent=True, x_disable_stats=True, x_disable_meta=True,
+                                x_disable_machine_info=True, save_code=False, x_sync_dir_suffix=part, **extra))
+    run.define_metric("step")
+    run.define_metric("*", step_metric="step")
+    return run
+
+
+def log_step(cfg: RunConfig, run_id: str, kind: str, step: int, summary: Mapping[str, Any],
+             table: Mapping[str, Any] | None = None) -> str | None:
+    """Log a step (``kind="train"``) or eval (``"eval"``) summary and its sample table at ``step``;
+    returns the W&B run id, None when W&B is off. Raises what W&B raises."""
+    if not enabled(cfg):
+        return None
+    import wandb
+
+    from stepwise.aws.tracking import numeric_metrics
+
+    row: dict[str, Any] = {"step": int(step), **numeric_metrics(summary)}
+    if table is not None:
+        row[f"samples/{kind}"] = wandb.Table(columns=TABLE_COLUMNS, data=table_rows(table))
+    with _LOCK:
+        run = _open(cfg, run_id, f"{kind}{int(step)}")
+        try:
+            run.log(row)
+        finally:
+            run.finish()
+    return wandb_run_id(run_id)
+
+
+def step_warning(cfg: RunConfig, run_id: str, kind: str, step: int, summary: Mapping[str, Any],
+                 table: Mapping[str, Any] | None = None) -> str | None:
+    """`log_step`; a failure comes back as one line of text naming the project and the error, else None."""
+    try:
+        log_step(cfg, run_id, kind, step, summary, table)
+        return None
+    except Exception as e:
+        text = (f"W&B tracking to project {cfg.wandb_project} failed at {kind} step {step}: "
+                f"{type(e).__name__}: {e}")
+        log.warning("%s", text[:2000])
+        return text[:1000]
+
+
+def finish(cfg: RunConfig, run_id: str, status: str, ended: Mapping[str, Any] | None = None) -> str | None:
+    """Mark the W&B run's end: ``stop_status`` and ``stop_reason`` in its summary, exit code 0 for
+    FINISHED, 1 otherwise. Returns a failure's text (logged), None on success or when off."""
+    if not enabled(cfg):
+        return None
+    try:
+        with _LOCK:
+            run = _open(cfg, run_id, "end")
+            try:
+                run.summary["stop_status"] = status
+                run.summary["stop_reason"] = str((ended or {}).get("reason") or "")
+            finally:
+                run.finish(exit_code=0 if status == "FINISHED" else 1)
+        return None
+    except Exception as e:
+        text = f"W&B tracking to project {cfg.wandb_project} could not end run {run_id}: {type(e).__name__}: {e}"
+        log.warning("%s", text[:2000])
+        return text[:1000]
