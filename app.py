@@ -4,8 +4,8 @@
 Context values (``-c key=value``; all optional, see docs/deploy.md and ``infra.settings``):
 stackName, agentRuntimeArns, sagemakerRoleArns, agentRoleArns, notificationTopicArn,
 bulkRetentionDays, stallMinutes, rolloutFailureRateAlarm, logRetentionDays, destroyOnDelete,
-dataBuckets, kmsKeyArn, mlflowTrackingServerArns, sweepMinutes, gatewayReservedConcurrency, sessionStartTimeoutSeconds,
-pollSeconds, createSageMakerRole, deployMathAgent.
+dataBuckets, kmsKeyArn, mlflowTrackingServerArns, wandbApiKeySecretArn, sweepMinutes, gatewayReservedConcurrency,
+sessionStartTimeoutSeconds, pollSeconds, createSageMakerRole, deployMathAgent.
 """
 
 from __future__ import annotations

@@ -182,6 +182,7 @@ class Watcher(RunFollower):
         self._seen: set[tuple[str, int]] = set()
         self._warned: set[tuple[str, int, str]] = set()
         self._budget_warned: set[str] = set()
+        self._unpublished: list[tuple[str, int]] = []  # steps whose report table (Track) is not read yet
 
     def _print(self, text: str) -> None:
         print(text, file=self.out, flush=True)
@@ -206,6 +207,7 @@ class Watcher(RunFollower):
                 self._print(eval_line(step, self.cache.evals[step]))
             self._seen.add((kind, step))
             self._warn(kind, step)
+            self._unpublished.append((kind, step))
         if newest is None:
             self._status(f"run {self.run_id}: no execution yet")
             return None
@@ -224,6 +226,7 @@ class Watcher(RunFollower):
                     self._budget_warned.add(line)
                     self._print(f"  budget warning: {line}")
         self._status(" | ".join(parts))
+        self._published_warnings()
         return desc
 
     def _warn(self, kind: str, step: int) -> None:
@@ -233,6 +236,23 @@ class Watcher(RunFollower):
         if warning and (kind, step, warning) not in self._warned:
             self._warned.add((kind, step, warning))
             self._print(f"  warning: {warning}")
+
+    def _published_warnings(self, newest: int = 4) -> None:
+        """Print the tracking warnings (MLflow, W&B) the Track function kept with each step's report
+        table, once it has published the step; reads the ``newest`` unpublished steps' tables only."""
+        from stepwise_cli.commands._runs import get_json
+
+        for kind, step in list(self._unpublished[-newest:]):
+            table = get_json(self.dep.s3, self.dep.bucket,
+                             layout.report_table_key(self.run_id, "train" if kind == "steps" else "eval", step))
+            if table is None:
+                continue
+            self._unpublished.remove((kind, step))
+            for warning in table.get("warnings") or []:
+                if (kind, step, warning) not in self._warned:
+                    self._warned.add((kind, step, warning))
+                    self._print(f"  warning ({'eval' if kind == 'evals' else 'step'} {step}): {warning}")
+        del self._unpublished[:-4 * newest]  # long gone: never published (no Track), stop asking
 
     def _status(self, line: str) -> None:
         if line != self._status_line:

@@ -57,13 +57,13 @@ def test_json_summary_without_datasets(tmp_path, capsys):
 
 def test_every_error_at_once_exit_2(tmp_path, capsys):
     cfg = write(tmp_path, "run.json", {**BASE, "dataset_path": "x.jsonl", "batch_size": 0, "loss": "grpo",
-                                       "wandb_project": "p", "tempreature": 0.5})
+                                       "gateway_port": 8000, "tempreature": 0.5})
     assert main(["validate", cfg]) == 2
     err = capsys.readouterr().err
     assert "3 error(s)" in err
     for fragment in ["batch_size: Input should be greater than or equal to 1 (got 0)",
                      "loss: Input should be 'ppo', 'importance_sampling' or 'cispo' (got 'grpo')",
-                     "warning: wandb_project: ignored, metrics go to CloudWatch",  # a reference field: warned, not an error
+                     "warning: gateway_port: ignored, the gateway is a Lambda Function URL",  # a reference field: warned, not an error
                      "tempreature: unknown field (got 0.5); did you mean 'temperature'?"]:
         assert fragment in err
 

@@ -119,6 +119,19 @@ def test_watch_prints_a_tracking_failure_of_a_step(moto_dep, capsys):
     assert sum("warning:" in x for x in lines) == 1
 
 
+def test_watch_prints_the_warnings_track_kept_with_a_steps_report_table(moto_dep, capsys):
+    from stepwise.layout import report_table_key
+
+    arn = moto_dep.sfn.start_execution(stateMachineArn=moto_dep.state_machine_arn, name="t", input="{}")["executionArn"]
+    _seed(moto_dep, "t", arn, step=3)
+    text = "W&B tracking to project p failed at train step 2: CommError: network"
+    moto_dep.put_json(report_table_key("t", "train", 2), {"kind": "train", "step": 2, "warnings": [text]})
+    moto_dep.put_json(report_table_key("t", "train", 1), {"kind": "train", "step": 1, "warnings": []})
+    assert main(["watch", "t", "--once", *moto_dep.flags]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [x for x in lines if "warning" in x] == [f"  warning (step 2): {text}"]
+
+
 def test_step_line_without_config_or_timings():
     line = step_line(7, {"sampler/mean_reward": 0.5, "sampling/kept_groups": 3.0}, None, 12.25)
     assert line.split() == ["7", "0.500", "3", "-", "-", "12.2"] + ["-"] * 13  # no behaviour or cost metrics: dashes

@@ -41,6 +41,7 @@ def test_arn_lists_accept_commas_json_and_lists_and_drop_duplicates():
         ("kmsKeyArn", "arn:aws:kms:us-west-2:111122223333:alias/mine", "arn:aws:kms:REGION:ACCOUNT:key/KEY_ID"),
         ("mlflowTrackingServerArns", "http://mlflow:5000", "mlflow-tracking-server/NAME"),
         ("gatewayReservedConcurrency", "0", "gatewayReservedConcurrency: 0 is outside"),
+        ("wandbApiKeySecretArn", "arn:aws:secretsmanager:us-west-2:111122223333:secret:wandb", "the full ARN"),
         ("gatewayReservedConcurrency", "many", "not an integer"),
     ],
 )

@@ -124,7 +124,7 @@ def recorded_calls():
     moto = stack.moto
     agent = FakeAgent()
     try:
-        _arns, sm_arn = stack.deploy(agent, PREFIX, name="iam-coverage")
+        _arns, sm_arn = stack.deploy(agent, PREFIX, name="iam-coverage", track=True)
         rows = [{"prompt": f"p{i}", "answer": str(i)} for i in range(4)]
         config = stack.config(
             dataset_path=stack.put_dataset("datasets/iam/train.jsonl", rows),
@@ -158,6 +158,7 @@ def recorded_calls():
                              {"input": config, "execution_arn": orphan_arn, "execution_name": orphan}, "RequestResponse")
         swept, error = moto.dispatcher.call(engine.local_function_name(PREFIX, "SweepSessions"), {}, "RequestResponse")
         assert error is None and orphan in swept.decode(), swept
+        moto.dispatcher.drain(timeout=120)  # Track publishing the summaries and the run's end
         yield calls
     finally:
         botocore.client.BaseClient._make_api_call = original_api
@@ -169,7 +170,7 @@ def recorded_calls():
 def test_the_run_exercised_most_functions(recorded_calls):
     seen = {fn for fn, *_ in recorded_calls}
     assert {"Init", "PollSession", "PlanStep", "StartRollout", "OnRolloutResult", "FinishRollout",
-            "ComputeAdvantages", "SubmitTrain", "Rebind", "ContinueRun", "StopSession", "Cleanup", "SweepSessions"} <= seen
+            "ComputeAdvantages", "SubmitTrain", "Rebind", "ContinueRun", "StopSession", "Cleanup", "SweepSessions", "Track"} <= seen
 
 
 def test_every_call_a_handler_made_is_allowed_by_its_role(recorded_calls):

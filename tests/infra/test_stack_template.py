@@ -176,7 +176,11 @@ def test_every_function_is_granted_more_than_its_logs_and_the_run_state(scoped_a
 
     by_function = _role_statements_by_function(template)
     assert set(by_function) == {s.name for s in FUNCTIONS} | {GATEWAY_FUNCTION.name}
-    missing = [name for name, sts in by_function.items() if not any(map(beyond_logs_and_run_state, sts))]
+    # ComputeAdvantages and RecordEval read rollout records and write datums and summaries, all under
+    # runs/: their summaries reach MLflow and W&B through Track, so they need nothing more.
+    run_state_only = {"ComputeAdvantages", "RecordEval"}
+    missing = [name for name, sts in by_function.items()
+               if not any(map(beyond_logs_and_run_state, sts)) and name not in run_state_only]
     assert not missing, f"{missing} hold only their logs and the run state: grant them what they call in StepwiseStack._grant"
 
 
@@ -455,6 +459,20 @@ def test_a_tracking_server_is_granted_to_every_function_that_logs(default_app, s
         for st in apps[name]:
             assert actions_of([st]) == set(MLFLOW_APP_ACTIONS) and st["Resource"] == MLFLOW_APP, name
     assert "sagemaker-mlflow" not in json.dumps(default_app[1]) and "CallMlflowAppApi" not in json.dumps(default_app[1])
+
+
+def test_the_wandb_key_secret_is_readable_by_track_alone(default_app, scoped_app):
+    from stepwise.settings import ENV_WANDB_API_KEY_SECRET
+    from tests.support.stack import WANDB_SECRET
+
+    granted = {n: [s for s in stmts if "secretsmanager:GetSecretValue" in actions_of([s])]
+               for n, stmts in _role_statements_by_function(scoped_app[1]).items()}
+    assert {n for n, v in granted.items() if v} == {"Track"}
+    (st,) = granted["Track"]
+    assert actions_of([st]) == {"secretsmanager:GetSecretValue"} and st["Resource"] == WANDB_SECRET
+    for _, props in functions_by_command(scoped_app[1]).values():
+        assert props["Environment"]["Variables"][ENV_WANDB_API_KEY_SECRET] == WANDB_SECRET
+    assert "secretsmanager" not in json.dumps(default_app[1])
 
 
 def test_data_buckets_are_granted_and_named_in_the_environment(default_app, scoped_app):

@@ -63,10 +63,12 @@ class Stack:
             pass
         # The handlers' dependencies follow the environment just set (a new moto endpoint: new clients).
 
-    def deploy(self, agent: FakeAgent, prefix: str, name: str | None = None) -> tuple[dict[str, str], str]:
+    def deploy(self, agent: FakeAgent, prefix: str, name: str | None = None, *,
+               track: bool = False) -> tuple[dict[str, str], str]:
         """Deploy as `stepwise run-local` does: the stack's functions (local names from ``prefix``),
-        the bucket's ObjectCreated notification on ``rollout-results/`` -> OnRolloutResult, and the
-        state machine ``name`` (default ``prefix``) with the real ASL; ``agent`` plays ACR.
+        the bucket's ObjectCreated notification on ``rollout-results/`` -> OnRolloutResult (and, with
+        ``track``, summaries -> Track: most drills leave the report page out), and the state machine
+        ``name`` (default ``prefix``) with the real ASL; ``agent`` plays ACR.
         Returns (function ARNs by spec name, state machine ARN)."""
         from infra.definition import substitutions
         from local import engine
@@ -74,7 +76,8 @@ class Stack:
 
         self.mp.setenv("AWS_ENDPOINT_URL_BEDROCK_AGENTCORE", agent.url)
         arns = engine.create_functions(self.moto, prefix=prefix)
-        engine.create_bucket(self.moto, self.bucket, result_function_arn=arns["OnRolloutResult"])
+        engine.create_bucket(self.moto, self.bucket, result_function_arn=arns["OnRolloutResult"],
+                             track_function_arn=arns["Track"] if track else None)
         definition = render_definition(substitutions(function_arns=arns, bucket_name=self.bucket))
         return arns, engine.create_state_machine(self.moto, name or prefix, definition)
 

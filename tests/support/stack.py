@@ -26,6 +26,7 @@ KMS_KEY = f"arn:aws:kms:{REGION}:{ACCOUNT}:key/1234abcd-12ab-34cd-56ef-123456789
 MLFLOW_SERVER = f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:mlflow-tracking-server/stepwise"
 MLFLOW_APP = f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:mlflow-app/app-0123456789ab"
 DATA_BUCKETS = ("my-datasets", "my-session-outputs")
+WANDB_SECRET = f"arn:aws:secretsmanager:{REGION}:{ACCOUNT}:secret:stepwise/wandb-AbC123"
 GATEWAY_CONCURRENCY = 200
 
 #: Every context value the stack accepts, set.
@@ -33,7 +34,7 @@ SCOPED_CONTEXT: dict[str, Any] = {
     "agentRuntimeArns": RUNTIME, "sagemakerRoleArns": SM_ROLE, "agentRoleArns": AGENT_ROLE,
     "notificationTopicArn": TOPIC, "stackName": "StepwiseScoped", "kmsKeyArn": KMS_KEY,
     "mlflowTrackingServerArns": f"{MLFLOW_SERVER},{MLFLOW_APP}", "dataBuckets": ",".join(DATA_BUCKETS),
-    "gatewayReservedConcurrency": str(GATEWAY_CONCURRENCY),
+    "gatewayReservedConcurrency": str(GATEWAY_CONCURRENCY), "wandbApiKeySecretArn": WANDB_SECRET,
     "sessionStartTimeoutSeconds": "3600", "pollSeconds": "30", "createSageMakerRole": "true", "deployMathAgent": "true",
 }
 

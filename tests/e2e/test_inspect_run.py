@@ -1,0 +1,102 @@
+"""A finished toy run, read as a person reads it: `stepwise rollouts` (local folder and the deployed-stack
+code path on moto), the report page in a real browser, and the W&B run offline, across continue-as-new.
+
+One run of 20 steps (4 prompts x 4 responses, continuing as new every 8 steps: 3 executions) through the
+local stack with ``wandb_project`` set (run-local logs W&B offline into the run folder).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from local.run import run_local
+from stepwise.core.advantages import compute_grpo_advantages
+from stepwise_cli.main import main
+from tests.support.browser import Browser, chromium_path
+from tests.support.wandb_reader import history
+
+ROOT = Path(__file__).resolve().parents[2]
+TOY = ROOT / "examples" / "toy.json"
+ARTIFACTS = ROOT / "artifacts"
+RUN = "e2e-inspect"
+STEPS = 20
+
+pytestmark = pytest.mark.e2e
+
+OVERRIDES = {"batch_size": 4, "responses_per_prompt": 4, "max_prompts": 4 * STEPS, "eval_every": 10,
+             "eval_max_prompts": 4, "save_every": 10, "steps_per_execution": 8, "acr_tps_limit": 32,
+             "wandb_project": "stepwise-e2e", "wandb_run_name": "toy"}
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs")
+    result = run_local(TOY, run_id=RUN, out_root=out, progress=False, overrides=OVERRIDES, timeout=900, quiet=True)
+    assert result.status == "SUCCEEDED", result.failure
+    return result
+
+
+def _json(capsys, *argv):
+    assert main(["rollouts", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_rollouts_show_groups_and_a_conversation_on_the_local_folder_and_through_the_bucket(finished, capsys, moto_dep):
+    folder = finished.run_dir
+    out = _json(capsys, str(folder), "--step", "5", "--informative", "-n", "1")
+    (group,) = out["groups"]
+    rewards = [r["reward"] for r in group["rollouts"]]
+    assert len(rewards) == 4 and [r["advantage"] for r in group["rollouts"]] == pytest.approx(compute_grpo_advantages(rewards))
+    sid = group["rollouts"][0]["sid"]
+    shown = _json(capsys, str(folder), "--step", "5", "--show", sid[:10])
+    assert [m["role"] for m in shown["messages"]] == ["system", "user", "assistant"]
+    assert shown["messages"][-1]["trained"] is True and shown["tokenizer"] is True
+    trained = [s for s in shown["records"][0] if s["trained"]]
+    assert trained and trained[-1]["text"].endswith("<|im_end|>")
+    assert shown["records"][0][0]["region"] == "prompt" and "What digit comes after" in shown["records"][0][0]["text"]
+
+    # the deployed-stack code path: the same objects in a bucket, read through S3 (moto)
+    for path in (folder / "s3").rglob("*"):
+        if path.is_file():
+            moto_dep.s3.put_object(Bucket=moto_dep.bucket, Key=path.relative_to(folder / "s3").as_posix(),
+                                   Body=path.read_bytes())
+    for argv in (["--step", "5", "--informative", "-n", "1"], ["--step", "5", "--show", sid]):
+        local = _json(capsys, str(folder), *argv)
+        deployed = _json(capsys, RUN, *argv, *moto_dep.flags)
+        local.pop("source"), deployed.pop("source")
+        assert deployed == local
+
+
+def test_the_report_page_is_kept_in_the_run_folder_and_draws_in_a_browser(finished):
+    page = finished.run_dir / "report.html"
+    assert finished.report == page
+    text = page.read_text()
+    assert all(f'id="train-{s}"' in text for s in range(STEPS)) and 'id="eval-20"' in text
+    lambdas = finished.timing["lambdas"]
+    assert lambdas["Track"]["errors"] == 0 and lambdas["Track"]["count"] >= STEPS + 3 + 1  # steps, evals, the end
+    if chromium_path() is None:
+        pytest.skip("chromium is not installed (.ci/run installs it)")
+    with Browser(width=1280, height=1500) as b:
+        b.open(page.as_uri())
+        assert b.js("document.getElementById('run-status').textContent") == "FINISHED"
+        points = b.js("document.querySelector('g[id=\"curve-sampler/mean_reward\"] path').getAttribute('d').split('L').length")
+        assert points == STEPS
+        assert b.js("document.querySelectorAll('section.step').length") == STEPS + 3
+        b.click("#train-19 details.rollout summary")
+        assert b.js("[...document.querySelectorAll('#train-19 details.rollout')][0].querySelectorAll('.msg').length") == 3
+        assert b.js("document.querySelector('#train-19 details.rollout mark.trained').checkVisibility()") is True
+        b.screenshot(ARTIFACTS / "report-page-toy-run.png")
+        assert b.console_errors() == []
+
+
+def test_one_wandb_run_holds_every_step_and_sample_table_across_continue_as_new(finished):
+    assert len(finished.executions) == 3  # steps 0-7, 8-15, 16-19
+    ids, rows, exits = history(finished.run_dir, RUN)
+    assert ids == {RUN}
+    assert sorted(r["step"] for r in rows if "sampler/mean_reward" in r) == list(range(STEPS))
+    assert sorted(r["step"] for r in rows if r.get("samples/train._type") == "table-file") == list(range(STEPS))
+    assert sorted(r["step"] for r in rows if "eval/accuracy" in r) == [0, 10, 20]
+    assert exits and all(code == 0 for code in exits)
