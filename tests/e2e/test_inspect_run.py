@@ -24,7 +24,8 @@ ARTIFACTS = ROOT / "artifacts"
 RUN = "e2e-inspect"
 STEPS = 20
 
-pytestmark = pytest.mark.e2e
+# ~2 minutes on an idle 2-core machine; the bounds leave room for a loaded one
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
 OVERRIDES = {"batch_size": 4, "responses_per_prompt": 4, "max_prompts": 4 * STEPS, "eval_every": 10,
              "eval_max_prompts": 4, "save_every": 10, "steps_per_execution": 8, "acr_tps_limit": 32,
@@ -34,7 +35,7 @@ OVERRIDES = {"batch_size": 4, "responses_per_prompt": 4, "max_prompts": 4 * STEP
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     out = tmp_path_factory.mktemp("runs")
-    result = run_local(TOY, run_id=RUN, out_root=out, progress=False, overrides=OVERRIDES, timeout=900, quiet=True)
+    result = run_local(TOY, run_id=RUN, out_root=out, progress=False, overrides=OVERRIDES, timeout=1500, quiet=True)
     assert result.status == "SUCCEEDED", result.failure
     return result
 

@@ -20,6 +20,7 @@ from aws_cdk import assertions  # noqa: E402
 from infra.definition import synthesized_definition, synthesized_substitutions  # noqa: E402
 from tests.support.stack import (  # noqa: E402
     AGENT_ROLE, DATA_BUCKETS, GATEWAY_CONCURRENCY, KMS_KEY, MLFLOW_APP, MLFLOW_SERVER, REGION, RUNTIME, SCOPED_CONTEXT, SM_ROLE,
+    WANDB_SECRET,
     TOPIC, resolve, synthesized,
 )
 from state_machine.definition import load_definition, placeholders, render_definition  # noqa: E402
@@ -501,7 +502,7 @@ def test_no_arn_has_a_literal_partition(default_app, scoped_app):
         literal = {a.replace(',"', '"') for a in re.findall(r'"arn:aws[a-z\-]*:[^"]*"', text)}  # "A,": a joined list
         # the only literal ARNs are the context values this test gave (the user's own resources)
         assert literal <= {json.dumps(a) for a in (RUNTIME, f"{RUNTIME}/runtime-endpoint/*", SM_ROLE, AGENT_ROLE, TOPIC,
-                                                    KMS_KEY, MLFLOW_SERVER, MLFLOW_APP)}, literal
+                                                    KMS_KEY, MLFLOW_SERVER, MLFLOW_APP, WANDB_SECRET)}, literal
     assert "arn:aws" not in json.dumps(default_app[1])
 
 
