@@ -171,6 +171,9 @@ BAD_VALUES = [
     ("mlflow_tracking_uri", "mlflow.example.com", "SageMaker MLflow ARN"),
     ("mlflow_tracking_uri", "arn:aws:sagemaker:us-east-1:123456789012:model-package/x/1", "http(s):// URL"),
     ("mlflow_experiment_name", "", "at least 1 character"),
+    ("wandb_project", "team/project", "must not contain /"),
+    ("wandb_entity", "a:b", "must not contain :"),
+    ("wandb_run_name", 7, "valid string"),
     ("vpc_config", {"subnets": [], "security_group_ids": ["sg-1"]}, "at least 1 item"),
 ]
 
