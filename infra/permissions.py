@@ -193,10 +193,21 @@ class TrackingServers:
 
     def __init__(self, arns: tuple[str, ...] = (), wandb_secret_arn: str = "") -> None:
         self.arns = arns
-    """Where runs are tracked: the SageMaker managed MLflow tracking servers and MLflow apps runs log to
-    (``mlflowTrackingServerArns``) and the Secrets Manager secret of the W&B API key
-    (``wandbApiKeySecretArn``); none configured: no grant. The function that logs (Track) gets its grant
-    here (`grant_tracking`), so a new one inherits every kind."""
+        self.servers = [a for a in arns if ":mlflow-tracking-server/" in a]
+        self.apps = [a for a in arns if ":mlflow-app/" in a]
+        self.wandb_secret_arn = wandb_secret_arn
+
+    def grant_tracking(self, role: iam.IGrantable) -> None:
+        """Log params and metrics, end runs: :data:`MLFLOW_ACTIONS` on the tracking servers,
+        :data:`MLFLOW_APP_ACTIONS` on the apps, and read the W&B API key (``secretsmanager:GetSecretValue``
+        on that one secret); nothing for what is not configured."""
+        if self.servers:
+            add_statements(role, iam.PolicyStatement(actions=list(MLFLOW_ACTIONS), resources=self.servers))
+        if self.apps:
+            add_statements(role, iam.PolicyStatement(actions=list(MLFLOW_APP_ACTIONS), resources=self.apps))
+        if self.wandb_secret_arn:
+            add_statements(role, iam.PolicyStatement(actions=["secretsmanager:GetSecretValue"],
+                                                     resources=[self.wandb_secret_arn]))
 
 
 def add_statements(role: iam.IGrantable, *statements: iam.PolicyStatement) -> None:
