@@ -95,6 +95,8 @@ def user_agent_spec(agent: str, cwd: Path | None = None) -> str:
             raise FileNotFoundError(f"--agent {agent!r}: no file {path}")
         return f"{path}:{attr}"
     return f"{target}:{attr}"
+
+
 #: Seconds the end of a run waits for asynchronous invocations still running (Track's last pages).
 DRAIN_SECONDS = 60.0
 #: The report page in the run folder (the Track function's page, copied as the run goes).

@@ -5,7 +5,7 @@ No driver download (test tools' own browser downloads fail here): Chromium is st
 ``DevToolsActivePort`` file it writes there, and the page target is driven over its websocket with
 the ``websockets`` client (synchronous API): navigate, evaluate JavaScript, click with real mouse
 events (``Input.dispatchMouseEvent``), collect console errors and uncaught exceptions, take a PNG
-screenshot. Flags: the ones that work offline on these machines (FINDINGS.md, the environment notes):
+screenshot. Flags: the ones that work offline on a machine without a network:
 ``--headless --no-sandbox --disable-gpu --disable-background-networking ...``.
 
 ``.ci/run`` installs Chromium (``apt-get install -y chromium``) before the tests; `chromium_path`
