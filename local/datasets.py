@@ -32,6 +32,15 @@ def _gen_mix(rows: int, seed: int) -> Callable[[Path], None]:
     return gen
 
 
+def _gen_two_turn(rows: int, seed: int) -> Callable[[Path], None]:
+    def gen(path: Path) -> None:
+        from prepare_datasets.prepare_two_turn import write_rows
+
+        write_rows(path, rows, seed)
+
+    return gen
+
+
 def _gen_gsm8k(split: str) -> Callable[[Path], None]:
     def gen(path: Path) -> None:
         from prepare_datasets.prepare_gsm8k import gsm8k_rows, source_file, write_rows
@@ -46,6 +55,8 @@ DATASET_GENERATORS: dict[str, Callable[[Path], None]] = {
     "toy_train.jsonl": _gen_toy(rows=200, seed=0),
     "toy_eval.jsonl": _gen_toy(rows=10, seed=1),
     "toy_small.jsonl": _gen_toy(rows=40, seed=2),
+    "two_turn_train.jsonl": _gen_two_turn(rows=200, seed=0),
+    "two_turn_eval.jsonl": _gen_two_turn(rows=10, seed=1),
     "mix_train.jsonl": _gen_mix(rows=240, seed=0),
     "mix_eval.jsonl": _gen_mix(rows=30, seed=1),
     "gsm8k_test.jsonl": _gen_gsm8k("test"),

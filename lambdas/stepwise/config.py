@@ -236,6 +236,22 @@ class RunConfig(BaseModel):
         "grpo", description="grpo: train on every group; dapo: dynamic sampling keeps only groups whose rewards differ"
     )
     batch_size: int = Field(32, ge=1, description="prompts (groups) per optimizer step")
+    # --- credit assignment: advantage estimator and reward granularity (stepwise.core.advantages) ---
+    advantage_estimator: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp_baseline", "per_turn_rloo"] = Field(
+        "grpo",
+        description="grpo: (r - group mean) / group std (the reference's); dr_grpo: r - group mean (Dr. GRPO, "
+        "arXiv:2503.20783); rloo: r - mean of the other members (arXiv:2402.14740); reinforce_pp_baseline: r - "
+        "group mean, whitened over the batch (REINFORCE++, arXiv:2501.03262); per_turn_rloo: each LLM turn gets "
+        "its reward-to-go minus the other members' at that turn (needs reward_granularity per_turn). A group whose "
+        "rewards are all equal gets zero advantages under every estimator",
+    )
+    reward_granularity: Literal["trajectory", "per_turn"] = Field(
+        "trajectory",
+        description="trajectory: the agent's reward is one number (a list's last element, as the reference); "
+        "per_turn: the agent's 'rewards' is one reward per LLM turn (a list, or an object {turn index: reward}; "
+        "docs/agent-contract.md), a rollout's reward is their sum, and a list of the wrong length zeroes the "
+        "rollout with a reason",
+    )
     responses_per_prompt: int = Field(
         4, ge=2, le=limits.NUM_SAMPLES.hi,
         description="group size; a group of 1 has zero advantage; at most the service's SampleConfig.numSamples; "
@@ -580,6 +596,18 @@ class RunConfig(BaseModel):
             )
         return v
 
+    @field_validator("reward_granularity")
+    @classmethod
+    def _granularity(cls, v: str, info: ValidationInfo) -> str:
+        from stepwise.core.advantages import PER_TURN_ESTIMATORS
+
+        estimator = info.data.get("advantage_estimator")
+        if estimator in PER_TURN_ESTIMATORS and v != "per_turn":
+            raise ValueError(f"advantage_estimator {estimator!r} gives each LLM turn its own advantage from per-turn "
+                             "rewards: set reward_granularity 'per_turn' (and return one reward per turn), or choose "
+                             "a trajectory estimator (grpo, dr_grpo, rloo, reinforce_pp_baseline)")
+        return v
+
     @field_validator("overlong_buffer_len")
     @classmethod
     def _overlong(cls, v: int, info: ValidationInfo) -> int:
@@ -801,6 +829,8 @@ class RunConfig(BaseModel):
         rollouts = self.batch_size * self.responses_per_prompt
         out: dict[str, Any] = {
             "algorithm": self.algorithm,
+            "advantage_estimator": self.advantage_estimator,
+            "reward_granularity": self.reward_granularity,
             "loss": self.loss,
             "base_model": self.base_model_arn,
             "agent_runtime_arn": self.agent_runtime_arn,

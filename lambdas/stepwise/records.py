@@ -457,6 +457,12 @@ class RolloutRecord(BaseModel):
     policy_version: int | None = None  # the policy the rollout sampled with (None: written before it was recorded)
     usage: Usage | None = None  # what the rollout used: its handlers, gateway turns, child transitions, ACR session
     records: list[dict[str, Any]] = Field(default_factory=list)
+    # Per-turn rewards (reward_granularity per_turn): one reward per LLM turn, in the order the gateway
+    # recorded the turns (`stepwise.core.rewards.extract_turn_rewards`; ``reward`` is their sum), and
+    # per record of ``records`` the spans of its response region each turn produced:
+    # ``[turn, start, end]`` in loss-mask positions (`stepwise.core.replay.replay_session`).
+    turn_rewards: list[float] | None = None
+    turn_spans: list[list[list[int]]] | None = None
 
 
 # ---------------------------------------------------------------------------- evals

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stepwise.core.advantages import advantage_metrics, compute_grpo_advantages
+from stepwise.core.advantages import advantage_metrics, carries_no_signal, compute_grpo_advantages
 
 
 def test_hand_computed_group():
@@ -35,7 +35,12 @@ def test_equals_the_reference(rewards):
         compute_grpo_advantages as reference,
     )
 
-    assert compute_grpo_advantages(rewards) == reference(rewards)
+    if carries_no_signal(rewards):
+        # The all-equal rule: exact zeros, where the reference leaves the mean's rounding residue.
+        assert compute_grpo_advantages(rewards) == [0.0] * len(rewards)
+        assert reference(rewards) == pytest.approx([0.0] * len(rewards), abs=1e-12)
+    else:
+        assert compute_grpo_advantages(rewards) == reference(rewards)
 
 
 def test_metrics():
@@ -50,7 +55,7 @@ def test_zero_groups_fraction_counts_every_all_equal_group_not_only_exact_zeros(
     # [0.1] * 3 centers to ~1.4e-17, not 0.0: the old count (advantages exactly 0.0) missed it.
     rewards_P = [[0.1, 0.1, 0.1], [0.7] * 5, [1.0, 0.0], [1 / 3] * 6]
     advantages_P = [compute_grpo_advantages(r) for r in rewards_P]
-    assert any(abs(a) > 0 for a in advantages_P[0])  # the floating-point residue the metric must see through
+    assert advantages_P[0] == [0.0, 0.0, 0.0]  # exact zeros (the reference leaves a ~1e-17 residue)
     assert advantage_metrics(advantages_P, rewards_P)["advantages/zero_groups_fraction"] == 3 / 4
     with pytest.raises(ValueError, match="groups"):
         advantage_metrics(advantages_P, rewards_P[:2])

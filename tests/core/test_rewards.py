@@ -95,3 +95,54 @@ def test_any_accepted_rewards_give_finite_advantages_and_metrics():
         assert all(math.isfinite(m) for m in reward_metrics(rewards).values())
 
     check()
+
+
+# ---------------------------------------------------------------------------- per-turn rewards
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from stepwise.core.rewards import MAX_ABS_REWARD, extract_turn_rewards  # noqa: E402
+
+
+@pytest.mark.parametrize(("result", "turns", "expected"), [
+    ({"rewards": [1, 0, 0.5]}, 3, [1.0, 0.0, 0.5]),             # one per turn
+    ({"rewards": {"0": 1, "-1": 2}}, 3, [1.0, 0.0, 2.0]),       # a mapping; -1 = the last turn
+    ({"rewards": {"1": 0.5}}, 2, [0.0, 0.5]),
+    ({"rewards": 0.7}, 2, [0.0, 0.7]),                          # one number: the last turn's
+    ({"reward": 0.7}, 1, [0.7]),
+    ({"rewards": []}, 0, []),
+])
+def test_per_turn_rewards_align_with_the_turns(result, turns, expected):
+    assert extract_turn_rewards(result, turns) == (expected, None)
+
+
+@pytest.mark.parametrize(("result", "turns", "fragment"), [
+    ({"rewards": [1, 0]}, 3, "returned 2 rewards for 3 LLM turn(s)"),
+    ({"rewards": [1, 0, 0, 0]}, 3, "returned 4 rewards for 3 LLM turn(s)"),
+    ({"rewards": {"3": 1}}, 3, "key '3' is not a turn index in [-3, 3)"),
+    ({"rewards": {"first": 1}}, 3, "key 'first' is not a turn index"),
+    ({"rewards": {"0": 1, "-2": 1}}, 2, "keys '0' and '-2' both name turn 0"),
+    ({"rewards": [1, "x"]}, 2, "non-numeric rewards[1]"),
+    ({"rewards": {"0": float("nan")}}, 1, "non-finite"),
+    ({"rewards": 1.0}, 0, "no captured LLM turn to carry it"),
+    ({"rewards": [MAX_ABS_REWARD, MAX_ABS_REWARD]}, 2, "absolute sum beyond"),
+    ({"status_code": 500, "rewards": [1.0]}, 1, "status_code=500"),
+    (None, 2, "no result"),
+])
+def test_a_mismatch_zeroes_the_rollout_with_a_reason(result, turns, fragment):
+    rewards, why = extract_turn_rewards(result, turns)
+    assert rewards == [0.0] * turns and why is not None and fragment in why, why
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+                           lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=3), inner,
+                                                                                       max_size=4), max_leaves=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(rewards=json_values, turns=st.integers(0, 6))
+def test_per_turn_extraction_never_raises_and_always_aligns(rewards, turns):
+    out, why = extract_turn_rewards({"rewards": rewards}, turns)
+    assert len(out) == turns and all(math.isfinite(r) for r in out)
+    assert why is None or out == [0.0] * turns

@@ -32,13 +32,18 @@ G = TypeVar("G")
 Status = Literal["ready", "need_more", "cap_reached"]
 
 
-def is_informative_group(rewards_G: Sequence[float]) -> bool:
+def is_informative_group(rewards_G: Sequence[Any]) -> bool:
     """True when the group's rewards are not all equal (DAPO eq. 11's constraint).
 
-    An all-equal group has all-zero GRPO advantages, so it contributes no gradient. Exact
-    equality, as the seed (``len(set(rewards)) > 1``); a group of fewer than 2 is never informative.
+    The negation of `stepwise.core.advantages.carries_no_signal`, the one test the estimators (exact
+    zero advantages) and ``advantages/zero_groups_fraction`` use too: exact equality, as the seed
+    (``len(set(rewards)) > 1``); a group of fewer than 2 is never informative. With per-turn rewards
+    (one list per member), a group is informative when some turn index's reward-to-go differs
+    between members.
     """
-    return len(rewards_G) >= 2 and any(r != rewards_G[0] for r in rewards_G[1:])
+    from stepwise.core.advantages import carries_no_signal
+
+    return not carries_no_signal(rewards_G)
 
 
 def _default_rewards_of(group: Any) -> Sequence[float]:

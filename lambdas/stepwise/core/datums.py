@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from agentcore_rl_toolkit.backends.experimental.sagemaker.datum import trace_record_to_datum
 from agentcore_rl_toolkit.rollout_gateway import TraceRecord
 
-__all__ = ["trace_record_to_datum", "group_to_datums"]
+__all__ = ["trace_record_to_datum", "trace_record_to_turn_datum", "group_to_datums", "group_to_turn_datums"]
 
 
 def group_to_datums(records_G: Sequence[Sequence[TraceRecord]], advantages_G: Sequence[float]) -> list[dict]:
@@ -38,6 +38,63 @@ def group_to_datums(records_G: Sequence[Sequence[TraceRecord]], advantages_G: Se
     for records, advantage in zip(records_G, advantages_G, strict=True):
         for record in records:
             datum = trace_record_to_datum(record, advantage)
+            if datum is not None:
+                datums.append(datum)
+    return datums
+
+
+def trace_record_to_turn_datum(record: TraceRecord, turn_spans: Sequence[Sequence[int]],
+                               advantages_T: Sequence[float]) -> dict | None:
+    """The reference datum of ``record``, with each LLM turn's tokens carrying that turn's advantage.
+
+    Built by the reference's ``trace_record_to_datum`` (advantage 1.0, so its ``advantages`` are the
+    loss mask), whose ``advantages`` then become, per response position j, ``loss_mask[j] *
+    advantages_T[turn(j)]`` (zero-padded over the prompt like every other tensor). With every turn's
+    advantage equal to ``a`` the datum equals ``trace_record_to_datum(record, a)``.
+
+    Args:
+        record: one TraceRecord (a trajectory-tree leaf's sample; it may hold several turns).
+        turn_spans: ``[turn, start, end]`` of the record's response region (loss-mask positions)
+            each turn produced (`stepwise.core.replay.replay_session`).
+        advantages_T: the rollout's advantage per LLM turn; a span whose turn has none gets 0.0.
+
+    Returns:
+        The datum, or ``None`` where the reference gives none (no loss-mask token, no prompt token).
+    """
+    datum = trace_record_to_datum(record, 1.0)
+    if datum is None:
+        return None
+    per_position = [0.0] * len(record.loss_mask)
+    for turn, start, end in turn_spans:
+        advantage = float(advantages_T[turn]) if 0 <= turn < len(advantages_T) else 0.0
+        per_position[start:end] = [advantage] * (end - start)
+    pad = len(record.token_ids) - len(record.loss_mask) - 1
+    datum["lossFnInputs"]["advantages"]["data"] = [0.0] * pad + [
+        float(m) * a for m, a in zip(record.loss_mask, per_position, strict=True)]
+    return datum
+
+
+def group_to_turn_datums(records_G: Sequence[Sequence[TraceRecord]], turn_spans_G: Sequence[Sequence[Sequence]],
+                         advantages_GT: Sequence[Sequence[float]]) -> list[dict]:
+    """All datums of one group with per-turn advantages, in member order, dropping ``None``.
+
+    Args:
+        records_G: per member, its TraceRecords.
+        turn_spans_G: per member, per record, its ``[turn, start, end]`` spans.
+        advantages_GT: per member, one advantage per LLM turn.
+
+    Raises:
+        ValueError: the three differ in members, or a member's spans do not match its records.
+    """
+    if not len(records_G) == len(turn_spans_G) == len(advantages_GT):
+        raise ValueError(f"records_G has {len(records_G)} members, turn_spans_G {len(turn_spans_G)}, "
+                         f"advantages_GT {len(advantages_GT)}")
+    datums: list[dict] = []
+    for records, spans, advantages_T in zip(records_G, turn_spans_G, advantages_GT, strict=True):
+        if len(spans) != len(records):
+            raise ValueError(f"a member has {len(records)} records but spans for {len(spans)}")
+        for record, record_spans in zip(records, spans, strict=True):
+            datum = trace_record_to_turn_datum(record, record_spans, advantages_T)
             if datum is not None:
                 datums.append(datum)
     return datums

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["agent_failure", "extract_reward", "preview", "reward_metrics"]
+__all__ = ["agent_failure", "extract_reward", "extract_turn_rewards", "preview", "reward_metrics"]
 
 
 def preview(value: Any, limit: int = 80) -> str:
@@ -122,6 +122,78 @@ def extract_reward(result: dict[str, Any] | None) -> tuple[float, str | None]:
     if reward is None:
         return 0.0, why
     return reward, None
+
+
+def _turn_index(key: Any, num_turns: int) -> int | None:
+    """A mapping key as a turn index in ``[0, num_turns)`` (negative counts from the end), else None."""
+    if isinstance(key, bool):
+        return None
+    try:
+        i = int(key) if isinstance(key, (int, str)) else None
+    except ValueError:
+        return None
+    if i is None or not -num_turns <= i < num_turns:
+        return None
+    return i % num_turns
+
+
+def extract_turn_rewards(result: dict[str, Any] | None, num_turns: int) -> tuple[list[float], str | None]:
+    """The rollout's per-turn rewards (``reward_granularity: per_turn``), aligned with its LLM turns.
+
+    The contract (docs/agent-contract.md): ``rewards`` is either a list with one reward per LLM
+    turn, in the order the gateway recorded the turns (the order the calls completed), or an object
+    mapping turn indices to rewards (``{"0": 1.0, "-1": 0.5}``: keys 0-based, negative counts from
+    the last turn, unnamed turns get 0.0). A single number (``rewards`` or ``reward``) is the last
+    turn's reward. ``num_turns`` is how many LLM turns the gateway captured.
+
+    Returns:
+        ``(rewards_T, reason)``: ``num_turns`` floats, and ``None``; or, when the result does not give
+        usable per-turn rewards, ``num_turns`` zeros and why (a zeroed rollout): every reason
+        `extract_reward` gives, a list whose length is not ``num_turns``, a key that is not a turn
+        index, two keys naming one turn, a non-numeric or non-finite value, a number with no turn to
+        carry it, or rewards whose absolute sum passes +-`MAX_ABS_REWARD`. Never raises.
+    """
+    zeros = [0.0] * max(0, int(num_turns))
+    rewards = result.get("rewards", result.get("reward")) if isinstance(result, dict) else None
+    if not isinstance(rewards, (list, dict)) or _status_error(result) is not None:  # type: ignore[arg-type]
+        scalar, why = extract_reward(result)
+        if why is not None:
+            return zeros, why
+        rewards = scalar
+    if isinstance(rewards, list):
+        if len(rewards) != num_turns:
+            return zeros, (f"per-turn rewards: the agent returned {len(rewards)} rewards for {num_turns} LLM turn(s) "
+                           "(one per turn, or a {turn index: reward} object)")
+        values = rewards
+        out: list[float] = []
+        for t, value in enumerate(values):
+            reward, bad = _as_float(value, f"rewards[{t}]")
+            if reward is None:
+                return zeros, f"per-turn rewards: {bad}"
+            out.append(reward)
+    elif isinstance(rewards, dict):
+        out = list(zeros)
+        seen: dict[int, Any] = {}
+        for key, value in rewards.items():
+            t = _turn_index(key, num_turns)
+            if t is None:
+                return zeros, (f"per-turn rewards: key {preview(key, 40)!r} is not a turn index in "
+                               f"[-{num_turns}, {num_turns}) ({num_turns} LLM turn(s))")
+            if t in seen:
+                return zeros, f"per-turn rewards: keys {preview(seen[t], 40)!r} and {preview(key, 40)!r} both name turn {t}"
+            seen[t] = key
+            reward, bad = _as_float(value, f"rewards[{preview(key, 40)!r}]")
+            if reward is None:
+                return zeros, f"per-turn rewards: {bad}"
+            out[t] = reward
+    else:  # one number: the last turn's reward
+        if num_turns < 1:
+            return zeros, "per-turn rewards: a reward but no captured LLM turn to carry it"
+        out = [0.0] * (num_turns - 1) + [float(rewards)]
+    if math.fsum(abs(r) for r in out) > MAX_ABS_REWARD:
+        return zeros, (f"per-turn rewards: absolute sum beyond +-{MAX_ABS_REWARD:g} (a group's reward-to-go "
+                       "statistics would overflow)")
+    return out, None
 
 
 def reward_metrics(rewards: list[float], zeroed_reasons: list[str | None] | None = None) -> dict[str, float]:

@@ -9,8 +9,9 @@ batches, calls `compute_step`, and writes what it returns. Following the referen
 - GRPO: every group of the batch; DAPO: informative groups accumulated over the step's generation
   batches until ``batch_size`` are kept (`stepwise.core.dapo.decide_generation_batch`), with the
   optional overlong shaping added to each reward first (`shaped_reward`) (`select_groups`);
-- advantages per group (`stepwise.core.advantages.compute_grpo_advantages`), then one datum per
-  TraceRecord (`stepwise.core.datums.group_to_datums`) (`datums_for`);
+- advantages per group from the config's ``advantage_estimator``
+  (`stepwise.core.advantages.compute_advantages`), then one datum per TraceRecord
+  (`stepwise.core.datums.group_to_datums`; per-turn advantages: `group_to_turn_datums`) (`datums_for`);
 - before any datum, every trained rollout must have sampled on a policy at most ``max_staleness``
   versions older than the one the update applies to (`stepwise.core.staleness.check_staleness`).
 
@@ -41,10 +42,12 @@ __all__ = [
     "check_not_all_failed",
     "compute_step",
     "datums_for",
+    "estimator_rewards",
     "group_rollouts",
     "rollout_report",
     "select_groups",
     "shaped_reward",
+    "shaped_turn_rewards",
 ]
 
 
@@ -116,7 +119,10 @@ def check_complete(rollouts: list[RolloutRecord], batch: BatchRef, planned: Plan
 @dataclass
 class Group:
     """One prompt's rollouts: ``rewards_G``, ``records_G`` (TraceRecords per member) and
-    ``rollouts_G`` (each member's rollout record without its TraceRecords: status, behaviour counts)."""
+    ``rollouts_G`` (each member's rollout record without its TraceRecords: status, behaviour counts).
+    With per-turn rewards also ``turn_rewards_G`` (per member, one reward per LLM turn) and
+    ``turn_spans_G`` (per member, per record, its ``[turn, start, end]`` spans); ``rewards_G`` then
+    holds each member's return (the sum of its per-turn rewards)."""
 
     input_id: str
     rewards_G: list[float] = field(default_factory=list)
@@ -124,17 +130,32 @@ class Group:
     rollouts_G: list[RolloutRecord] = field(default_factory=list)
     empty: int = 0
     zeroed: list[str | None] = field(default_factory=list)
+    turn_rewards_G: list[list[float]] = field(default_factory=list)
+    turn_spans_G: list[list[list[list[int]]]] = field(default_factory=list)
 
 
 def shaped_reward(rollout: RolloutRecord, cfg: RunConfig) -> float:
     """The reward, plus DAPO's overlong penalty when ``algorithm == "dapo"`` and a buffer is set."""
-    reward = float(rollout.reward)
+    return float(rollout.reward) + _overlong(rollout, cfg)
+
+
+def _overlong(rollout: RolloutRecord, cfg: RunConfig) -> float:
     if cfg.algorithm == "dapo" and cfg.overlong_buffer_len > 0:
         from stepwise.core.dapo import overlong_penalty
 
-        reward += overlong_penalty(int(rollout.sampled_tokens), max_len=cfg.max_tokens_per_rollout,
-                                   buffer_len=cfg.overlong_buffer_len, penalty_factor=cfg.overlong_penalty_factor)
-    return reward
+        return overlong_penalty(int(rollout.sampled_tokens), max_len=cfg.max_tokens_per_rollout,
+                                buffer_len=cfg.overlong_buffer_len, penalty_factor=cfg.overlong_penalty_factor)
+    return 0.0
+
+
+def shaped_turn_rewards(rollout: RolloutRecord, cfg: RunConfig) -> list[float]:
+    """Per-turn rewards (``turn_rewards``, none for a rollout recorded without), DAPO's overlong
+    penalty added to the last turn's (the turn that ran long)."""
+    rewards_T = [float(r) for r in rollout.turn_rewards or []]
+    penalty = _overlong(rollout, cfg)
+    if rewards_T and penalty:
+        rewards_T[-1] += penalty
+    return rewards_T
 
 
 def group_rollouts(rollouts: list[RolloutRecord], cfg: RunConfig) -> list[Group]:
@@ -142,30 +163,52 @@ def group_rollouts(rollouts: list[RolloutRecord], cfg: RunConfig) -> list[Group]
     from stepwise.core.datums import trace_record_to_datum
     from stepwise.core.replay import record_from_json
 
+    per_turn = cfg.reward_granularity == "per_turn"
     groups: dict[str, Group] = {}
     for r in sorted(rollouts, key=lambda r: (r.i, r.member)):
         g = groups.setdefault(r.input_id, Group(r.input_id))
         g.rewards_G.append(shaped_reward(r, cfg))
         records = [record_from_json(x) for x in r.records]
         g.records_G.append(records)
-        g.rollouts_G.append(r.model_copy(update={"records": []}))
+        g.rollouts_G.append(r.model_copy(update={"records": [], "turn_spans": None}))
         # empty = no trainable datum (the reference's rule: no loss-mask token or no prompt token)
         g.empty += 0 if any(trace_record_to_datum(rec, 0.0) is not None for rec in records) else 1
         g.zeroed.append(r.reward_reason)
+        if per_turn:
+            g.turn_rewards_G.append(shaped_turn_rewards(r, cfg))
+            g.turn_spans_G.append(list(r.turn_spans) if r.turn_spans is not None else [[] for _ in records])
     return list(groups.values())
 
 
-def datums_for(groups: list[Group]) -> tuple[list[dict[str, Any]], list[list[float]]]:
-    """``(datums, advantages_P)``: GRPO advantages per group, then one datum per TraceRecord."""
-    from stepwise.core.advantages import compute_grpo_advantages
-    from stepwise.core.datums import group_to_datums
+def estimator_rewards(group: Group, cfg: RunConfig) -> list:
+    """What the estimator, the no-signal test (``advantages/zero_groups_fraction``) and DAPO's filter
+    all read of a group, so the three agree: per-turn rewards under a per-turn estimator (a group
+    carries a signal when some turn index's reward-to-go differs between members), else ``rewards_G``
+    (with ``reward_granularity: per_turn``, each member's return)."""
+    from stepwise.core.advantages import PER_TURN_ESTIMATORS
 
+    if cfg.reward_granularity == "per_turn" and cfg.advantage_estimator in PER_TURN_ESTIMATORS:
+        return group.turn_rewards_G
+    return group.rewards_G
+
+
+def datums_for(groups: list[Group], cfg: RunConfig | None = None) -> tuple[list[dict[str, Any]], list[list]]:
+    """``(datums, advantages_P)``: the config's estimator's advantages for the groups
+    (`stepwise.core.advantages.compute_advantages`; GRPO without a config), then one datum per
+    TraceRecord: every token of a rollout gets its advantage, or, with a per-turn estimator, each
+    turn's tokens get that turn's (`stepwise.core.datums.group_to_turn_datums`)."""
+    from stepwise.core.advantages import PER_TURN_ESTIMATORS, compute_advantages
+    from stepwise.core.datums import group_to_datums, group_to_turn_datums
+
+    estimator = cfg.advantage_estimator if cfg is not None else "grpo"
+    rewards_P = [estimator_rewards(g, cfg) if cfg is not None else g.rewards_G for g in groups]
+    advantages_P = compute_advantages(estimator, rewards_P)
     datums: list[dict[str, Any]] = []
-    advantages_P: list[list[float]] = []
-    for g in groups:
-        advantages_G = compute_grpo_advantages(g.rewards_G)
-        advantages_P.append(advantages_G)
-        datums.extend(group_to_datums(g.records_G, advantages_G))
+    for g, advantages_G in zip(groups, advantages_P, strict=True):
+        if estimator in PER_TURN_ESTIMATORS:
+            datums.extend(group_to_turn_datums(g.records_G, g.turn_spans_G, advantages_G))
+        else:
+            datums.extend(group_to_datums(g.records_G, advantages_G))
     return datums, advantages_P
 
 
@@ -196,7 +239,7 @@ def select_groups(batches: Sequence[Sequence[RolloutRecord]], cfg: RunConfig
         everything.extend(new)
         decision = decide_generation_batch(kept, new, batch_size=cfg.batch_size, gen_batches_used=g + 1,
                                            max_num_gen_batches=cfg.max_num_gen_batches,
-                                           rewards_of=lambda grp: grp.rewards_G)
+                                           rewards_of=lambda grp: estimator_rewards(grp, cfg))
         kept = list(decision.keep)
     assert decision is not None
     metrics_ = sampling_metrics(gen_batches=len(batches), groups_rolled_out=len(everything),
@@ -260,8 +303,8 @@ def compute_step(batches: Sequence[Sequence[RolloutRecord]], cfg: RunConfig, *, 
     sampled_versions = [r.policy_version for g in train_groups for r in g.rollouts_G]
     check_staleness(sampled_versions, policy_version, cfg.max_staleness, where=where)
     outcome.train_metrics.update(staleness_metrics(sampled_versions, policy_version))
-    datums, advantages_P = datums_for(train_groups)
+    datums, advantages_P = datums_for(train_groups, cfg)
     outcome.train_metrics["sampler/num_datums"] = len(datums)
-    outcome.train_metrics.update(advantage_metrics(advantages_P, [g.rewards_G for g in train_groups]))
+    outcome.train_metrics.update(advantage_metrics(advantages_P, [estimator_rewards(g, cfg) for g in train_groups]))
     outcome.datums = datums
     return outcome

@@ -13,6 +13,7 @@ on timeout or error), closes the session (with that record: no second read), rep
 from __future__ import annotations
 
 import json
+import math
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -102,8 +103,10 @@ def session_record(cfg: RunConfig, run_id: str, batch: BatchRef, sid: str, input
 
 
 def rollout_payload(payload: dict[str, Any], *, run_id: str, input_id: str, bucket: str, sid: str,
-                    gateway_url: str, model_id: str, sampling: dict[str, Any]) -> dict[str, Any]:
-    """The agent's invocation payload: the dataset row plus ``_rollout`` (toolkit ``RolloutConfig`` fields)."""
+                    gateway_url: str, model_id: str, sampling: dict[str, Any],
+                    reward_granularity: str = "trajectory") -> dict[str, Any]:
+    """The agent's invocation payload: the dataset row plus ``_rollout`` (toolkit ``RolloutConfig`` fields,
+    and ``reward_granularity``: the reward shape the run reads, docs/agent-contract.md)."""
     return {
         **payload,
         "_rollout": {
@@ -114,6 +117,7 @@ def rollout_payload(payload: dict[str, Any], *, run_id: str, input_id: str, buck
             "model_id": model_id,
             "api_key": sid,
             "sampling_params": {"temperature": sampling["temperature"], "max_tokens": sampling["max_new_tokens"]},
+            "reward_granularity": reward_granularity,
         },
     }
 
@@ -155,7 +159,7 @@ def start(event: StartEvent) -> dict[str, Any]:
     payload = _prompts(prompts_key(run.run_id, batch.step, batch.generation_batch, batch.kind))[item.input_id]
     body = rollout_payload(payload, run_id=run.run_id, input_id=item.input_id, bucket=rs.bucket, sid=sid,
                            gateway_url=settings().gateway_url, model_id=cfg.base_model_arn,
-                           sampling=record.sampling_defaults)
+                           sampling=record.sampling_defaults, reward_granularity=cfg.reward_granularity)
     status_code = agentcore.invoke(cfg.agent_runtime_arn, cfg.region, session_id=sid, payload=json.dumps(body).encode())
     logger.info("rollout started", extra={"input_id": item.input_id, "status_code": status_code})
     return {"sid": sid}
@@ -255,8 +259,8 @@ def _close_session(rs: Any, sid: str, known: Any = None) -> dict[str, Any] | Non
 
 def finish(event: FinishEvent) -> dict[str, Any]:
     from stepwise.core.behaviour import rollout_behaviour
-    from stepwise.core.replay import record_to_json, replay_turns
-    from stepwise.core.rewards import agent_failure, extract_reward, preview
+    from stepwise.core.replay import record_to_json, replay_session
+    from stepwise.core.rewards import agent_failure, extract_reward, extract_turn_rewards, preview
 
     rs = store()
     run, batch, item = event.run, event.batch, event.item
@@ -290,12 +294,17 @@ def finish(event: FinishEvent) -> dict[str, Any]:
                 # The toolkit saved the agent's exception (status_code 500): a failed rollout, not a zero reward.
                 status, error = "error", failure
     reward, reason = extract_reward(result_obj if status == "ok" else None)
+    per_turn = run_config(run.run_id).reward_granularity == "per_turn"
+    if per_turn and status == "ok":
+        reason = None  # read below against the captured turns (extract_turn_rewards)
     if status != "ok":
         reason = f"{status}: {error['error']}: {preview(error['cause'], 200)}" if error else status
         logger.warning("rollout did not complete; reward 0.0", extra={"status": status, "error": redact(json.dumps(error), sid)})
     elif reason:
         logger.warning("reward zeroed", extra={"reason": reason})
     records: list[Any] = []
+    turn_rewards: list[float] | None = None
+    turn_spans: list[Any] | None = None
     behaviour = rollout_behaviour([])
     duration_s = None
     # What the rollout used, for the cost ledger: the Finish rollout state's transitions, the agent's
@@ -320,8 +329,22 @@ def finish(event: FinishEvent) -> dict[str, Any]:
         for turn in turns:
             usage.add(_usage_of(turn.get("usage") if isinstance(turn, dict) else None))
         behaviour = rollout_behaviour(turns)
+        replay = replay_session(sid, turns, reward, max_context_tokens=cfg.max_context_tokens)
         # The reference keeps records with tokens only (rollout.py run_one_rollout).
-        records = [r for r in replay_turns(sid, turns, reward, max_context_tokens=cfg.max_context_tokens) if r.token_ids]
+        kept = [i for i, r in enumerate(replay.records) if r.token_ids]
+        records = [replay.records[i] for i in kept]
+        if per_turn:
+            # One reward per LLM turn the gateway recorded; a mismatch zeroes the rollout with its reason.
+            turn_rewards, why = extract_turn_rewards(result_obj if status == "ok" else None, replay.num_turns)
+            turn_spans = [replay.turn_spans[i] for i in kept]
+            if status == "ok":
+                reward, reason = math.fsum(turn_rewards), why
+                if why is not None:
+                    logger.warning("reward zeroed", extra={"reason": why})
+            for r in records:
+                r.reward = reward
+    elif per_turn and status == "ok":  # no session: no captured turn to carry a reward
+        reward, reason = 0.0, "per-turn rewards: no gateway session, so no LLM turn"
     key_sid = sid or f"unstarted-{item.i}"
     with metering.riding(run.run_id) as own:
         rollout = RolloutRecord(
@@ -330,7 +353,7 @@ def finish(event: FinishEvent) -> dict[str, Any]:
             reward=reward, reward_reason=reason, status=status, error=error,
             **behaviour,  # num_turns, sampled_tokens, truncated_turns, ill_formed_turns, tool_calls
             duration_s=duration_s, policy_version=policy_version, usage=usage.add(own),
-            records=[record_to_json(r) for r in records],
+            records=[record_to_json(r) for r in records], turn_rewards=turn_rewards, turn_spans=turn_spans,
         )
         rs.put_json(rollout_key(run.run_id, batch.step, batch.generation_batch, key_sid, batch.kind),
                     rollout.model_dump(), bulk=True)
