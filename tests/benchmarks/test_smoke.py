@@ -198,3 +198,20 @@ def test_cpu_monitor_charges_a_child_s_cpu_to_its_role_within_the_window() -> No
     per_step = reference_vs_pipeline.cpu_per_step(cpu, [t0, (t0 + t1) / 2, t1])
     assert per_step["simulator"] == pytest.approx(busy["simulator"] / 2, abs=0.01)
     assert reference_vs_pipeline.cpu_per_step(None, [t0, t1]) == {}
+
+
+def test_credit_two_turn_counts_steps_to_the_threshold_and_reprints_a_result(tmp_path: Path, capsys) -> None:
+    from benchmarks import credit_two_turn
+
+    assert credit_two_turn.steps_to([0.2, 0.5, 0.9, 0.8, 0.95], 0.8, 2) == 4
+    assert credit_two_turn.steps_to([0.2, 0.9], 0.8, 2) is None
+    runs = [{"arm": "per_turn", "seed": 0, "rewards": [0.3, 0.9, 0.9]},
+            {"arm": "trajectory", "seed": 0, "rewards": [0.3, 0.4, 0.5]}]
+    table = credit_two_turn.summarize(runs, 0.8, 2, [1, 3])
+    assert "| per_turn | s0: 3 | 3.0 | 0.30 | 0.90 |" in table and "| trajectory | s0: never (3) | 4.0 |" in table
+    result = tmp_path / "r.json"
+    result.write_text(json.dumps({"runs": runs, "threshold": 0.8, "window": 2}))
+    assert credit_two_turn.main(["--report", str(result), "--at-steps", "1,3"]) == 0
+    assert "s0: never (3)" in capsys.readouterr().out
+    config = json.loads((REPO / "examples" / "two_turn.json").read_text())
+    assert (config["advantage_estimator"], config["reward_granularity"]) == ("per_turn_rloo", "per_turn")

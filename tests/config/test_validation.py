@@ -109,6 +109,8 @@ BAD_VALUES = [
     ("max_turns_per_rollout", 0, "greater than or equal to 1"),
     ("max_tokens_per_rollout", 0, "greater than or equal to 1"),
     ("algorithm", "ppo", "'grpo' or 'dapo'"),
+    ("advantage_estimator", "gae", "'grpo', 'dr_grpo', 'rloo', 'reinforce_pp_baseline' or 'per_turn_rloo'"),
+    ("reward_granularity", "per_step", "'trajectory' or 'per_turn'"),
     ("batch_size", 0, "greater than or equal to 1"),
     ("batch_size", "32", "valid integer"),
     ("batch_size", True, "valid integer"),
@@ -192,6 +194,13 @@ def test_bad_value_is_rejected_naming_field_value_and_accepted(field, value, fra
 
 def test_every_field_is_covered_by_a_bad_value_case():
     assert {f for f, _, _ in BAD_VALUES} == set(RunConfig.model_fields)
+
+
+def test_a_per_turn_estimator_needs_per_turn_rewards():
+    errs = errors_for(advantage_estimator="per_turn_rloo")
+    assert len(errs) == 1 and errs[0].startswith("reward_granularity") and "set reward_granularity 'per_turn'" in errs[0]
+    assert load_run_config({**VALID, "advantage_estimator": "per_turn_rloo", "reward_granularity": "per_turn"})
+    assert load_run_config({**VALID, "advantage_estimator": "rloo", "reward_granularity": "per_turn"})
 
 
 def test_clip_thresholds_only_with_ppo_or_cispo():
