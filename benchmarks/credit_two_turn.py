@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threshold", type=float, default=0.8, help="train reward to reach (mean over --window steps)")
     p.add_argument("--window", type=int, default=2, help="consecutive steps averaged for --threshold")
     p.add_argument("--at-steps", default="5,10,15,20")
-    p.add_argument("--timeout", type=float, default=2400)
+    p.add_argument("--timeout", type=float, default=5400, help="seconds per run (a loaded 2-core machine needs ~40 min for 20 steps)")
     p.add_argument("--set", dest="extra", action="append", default=[], metavar="FIELD=JSON",
                    help="override a config field in every arm (after the arm's own)")
     p.add_argument("--report", type=Path, help="run nothing: re-print the table of an earlier result file")

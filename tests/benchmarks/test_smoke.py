@@ -215,3 +215,4 @@ def test_credit_two_turn_counts_steps_to_the_threshold_and_reprints_a_result(tmp
     assert "s0: never (3)" in capsys.readouterr().out
     config = json.loads((REPO / "examples" / "two_turn.json").read_text())
     assert (config["advantage_estimator"], config["reward_granularity"]) == ("per_turn_rloo", "per_turn")
+
