@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from aws_cdk import ArnFormat, Stack
 from aws_cdk import aws_iam as iam
+from cdk_nag import NagSuppressions
 from constructs import Construct
 
 from infra.permissions import PUBLIC_HUB, add_statements
@@ -62,6 +63,20 @@ class SessionRole(Construct):
             add_statements(self.role, iam.PolicyStatement(
                 actions=["kms:GenerateDataKey", "kms:Decrypt", "kms:DescribeKey"], resources=[kms_key_arn],
                 conditions={"StringEquals": {"kms:ViaService": f"s3.{stack.region}.{stack.url_suffix}"}}))
+
+        NagSuppressions.add_resource_suppressions(self.role, [
+            {"id": "AwsSolutions-IAM5",
+             "reason": "A training session writes its checkpoints under a path named per run (sagemaker-output/RUN/, or "
+                       "a run's s3_output_path in the dataBuckets); base models are read from the AWS-owned "
+                       "SageMakerPublicHub by a name chosen per run; each checkpoint is a new model package version in "
+                       "a group the run config names.",
+             "appliesTo": [{"regex": "/^Resource::<StorageBucket[0-9A-F]+\\.Arn>\\/sagemaker-output\\/\\*$/"},
+                           {"regex": "/^Resource::arn:<AWS::Partition>:s3:::[a-z0-9.\\-]+\\/\\*$/"},
+                           {"regex": "/^Resource::arn:<AWS::Partition>:sagemaker:<AWS::Region>:aws:hub-content\\/"
+                                     "SageMakerPublicHub\\/\\*$/"},
+                           {"regex": "/^Resource::arn:<AWS::Partition>:sagemaker:<AWS::Region>:<AWS::AccountId>:"
+                                     "model-package(-group)?\\/\\*$/"}]},
+        ], apply_to_children=True)
 
     @property
     def role_arn(self) -> str:

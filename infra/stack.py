@@ -276,7 +276,9 @@ def _suppress_stack_level(stack: Stack, settings: StackSettings) -> None:
             "id": "AwsSolutions-IAM5",
             "reason": "InvokeAgentRuntime also authorizes the runtime's endpoint (runtime/ID/runtime-endpoint/NAME); "
                       "scoped to the configured runtimes.",
-            "appliesTo": [{"regex": "/^Resource::arn:.*:bedrock-agentcore:.*:runtime\\/.*\\/runtime-endpoint\\/\\*$/"}],
+            "appliesTo": [{"regex": "/^Resource::arn:.*:bedrock-agentcore:.*:runtime\\/.*\\/runtime-endpoint\\/\\*$/"},
+                          # the example math agent's runtime (deployMathAgent) joins the allow-list by its ARN attribute
+                          {"regex": "/^Resource::<MathAgentRuntime[0-9A-F]+\\.AgentRuntimeArn>\\/runtime-endpoint\\/\\*$/"}],
         })
     if not settings.sagemaker_role_arns and not settings.create_sagemaker_role:
         fallbacks.append({
