@@ -39,10 +39,11 @@ def _json(path: Path):
     return json.loads(path.read_text())
 
 
+@pytest.mark.timeout(600)  # about 90 s on an idle 2-core machine; 325 s at a load average of 20
 def test_toy_run_trains_two_steps_and_stops_the_session(tmp_path, caplog):
     caplog.set_level(logging.WARNING, logger="urllib3.connectionpool")
     result = run_local(TOY, run_id="e2e-toy", out_root=tmp_path, progress=False, overrides=SMALL,
-                       mirror_s3=True, timeout=240, quiet=True)
+                       mirror_s3=True, timeout=540, quiet=True)
     assert result.status == "SUCCEEDED", result.failure
     s3 = result.run_dir / "s3" / "runs" / "e2e-toy"
 
@@ -62,6 +63,8 @@ def test_toy_run_trains_two_steps_and_stops_the_session(tmp_path, caplog):
     for name, row in check["lambda_seconds"].items():
         if name == "Gateway":  # another process: no local figure, one request per captured turn
             assert row["requests"] >= 64
+            continue
+        if name == "SweepSessions":  # the stack's sweeper, invoked after the run: it works for no one run
             continue
         assert row["requests"] == row["local_requests"], (name, row)
         # the dispatcher's time also holds the hand-off to a worker process; the ledger misses the
