@@ -55,8 +55,13 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
 #: The function of the gateway image (``lambdas/Dockerfile.gateway``), not the handler image. It
 #: has no Lambda handler: its ENTRYPOINT ``python3.13 -m stepwise.gateway`` runs ``handler`` (the web
 #: server's ``main``) and the Lambda Web Adapter extension forwards invocations to that server.
+#: Memory: the gateway is billed for every second a turn waits on the sampler (most of a step's stack
+#: cost), so it gets what a turn needs, not more: 1,024 MB. Measured (``benchmarks/gateway_memory.py
+#: --image``: the image's CPython 3.13 and locked wheels, streamed turns one at a time as one Lambda
+#: environment serves them): 87 MB ready, 239 MB peak with the tiny model's tokenizer; a production
+#: tokenizer adds ~100-200 MB. (2,048 MB before: twice the cost per turn.)
 GATEWAY_FUNCTION = FunctionSpec(
-    "Gateway", "stepwise.gateway.server.main", 2048, 900, "The agent's LLM endpoint: render, sample, capture turns"
+    "Gateway", "stepwise.gateway.server.main", 1024, 900, "The agent's LLM endpoint: render, sample, capture turns"
 )
 
 

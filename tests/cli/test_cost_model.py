@@ -48,9 +48,9 @@ def test_rollout_part_scales_with_rollouts_and_turns():
     extra = 4 * 2  # 8 more rollouts
     for k in ("lambda_gb_seconds", "lambda_requests", "state_transitions", "s3_put_class", "s3_get_class"):
         assert big["usage_per_step"][k] == pytest.approx(small["usage_per_step"][k] + extra * getattr(one, k))
-    # per rollout: 3 handlers + 2 gateway calls; the gateway's GB-s = 2048 MB x 5 s per call
+    # per rollout: 3 handlers + 2 gateway calls; the gateway's GB-s = 1024 MB x 5 s per call
     assert one.lambda_requests == 5
-    assert one.lambda_gb_seconds == pytest.approx(0.5 * 0.5 + 0.25 * 0.15 + 1.0 * 0.6 + 2 * 2.0 * 5.0)
+    assert one.lambda_gb_seconds == pytest.approx(0.5 * 0.5 + 0.25 * 0.15 + 1.0 * 0.6 + 2 * 1.0 * 5.0)
     assert one.state_transitions == counts["rollout_child"]
 
 
