@@ -99,13 +99,31 @@ def rewards_of(cfg: Mapping[str, Any]) -> Callable[[Mapping[str, Any]], float] |
     return shaped
 
 
+def turn_rewards_of(cfg: Mapping[str, Any]) -> Callable[[Mapping[str, Any]], list[float]] | None:
+    """A member's per-turn rewards as a per-turn estimator sees them (`stepwise.core.steps.shaped_turn_rewards`:
+    DAPO's overlong penalty on the last turn), or None when the run's estimator reads returns."""
+    from stepwise.core.advantages import PER_TURN_ESTIMATORS
+
+    if cfg.get("advantage_estimator") not in PER_TURN_ESTIMATORS:
+        return None
+    shaped = rewards_of(cfg)
+
+    def per_turn(r: Mapping[str, Any]) -> list[float]:
+        rewards_T = [float(x) for x in r.get("turn_rewards") or [] if isinstance(x, (int, float))]
+        if rewards_T and shaped is not None:
+            rewards_T[-1] += shaped(r) - float(r.get("reward") or 0.0)
+        return rewards_T
+    return per_turn
+
+
 def step_groups(store: Store, run_id: str, step: int, kind: str = "train",
                 cfg: Mapping[str, Any] | None = None,
                 rollouts: list[dict[str, Any]] | None = None) -> list[GroupView]:
     """The step's groups with rewards and advantages (`stepwise.core.rollouts.group_views`)."""
     cfg = run_config(store, run_id) if cfg is None else cfg
     rollouts = step_rollouts(store, run_id, step, kind) if rollouts is None else rollouts
-    return group_views(rollouts, train=kind == "train", rewards_of=rewards_of(cfg))
+    return group_views(rollouts, train=kind == "train", rewards_of=rewards_of(cfg),
+                       estimator=str(cfg.get("advantage_estimator") or "grpo"), turn_rewards_of=turn_rewards_of(cfg))
 
 
 def rollout_turns(store: Store, run_id: str, sid: str) -> list[dict[str, Any]]:

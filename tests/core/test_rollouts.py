@@ -9,7 +9,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stepwise.core.advantages import compute_grpo_advantages
+from stepwise.core.advantages import compute_advantages, compute_grpo_advantages
 from stepwise.core.replay import record_to_json, replay_turns
 from stepwise.core.rollouts import (
     conversation,
@@ -55,6 +55,30 @@ def test_eval_rollouts_have_no_advantage_and_shaped_rewards_reach_the_estimator(
     assert all(r.advantage is None for g in group_views(STEP, train=False) for r in g.rollouts)
     shaped = group_views(STEP, rewards_of=lambda r: r["reward"] - 0.25 * (r["member"] == 0))
     assert shaped[1].rewards_G == [0.75, 1.0, 1.0] and shaped[1].informative  # the penalty made p1 informative
+
+
+def test_advantages_are_the_runs_estimator_over_the_whole_step():
+    """The view shows what ComputeAdvantages trained with: the run's estimator, over every group at
+    once (reinforce_pp_baseline normalizes over the batch, so one group alone would differ)."""
+    for estimator in ("rloo", "dr_grpo", "reinforce_pp_baseline"):
+        groups = group_views(STEP, estimator=estimator)
+        expected = compute_advantages(estimator, [g.rewards_G for g in groups])
+        assert [g.advantages_G for g in groups] == expected
+        assert [[r.advantage for r in g.rollouts] for g in groups] == expected
+    assert group_views(STEP, estimator="rloo")[0].advantages_G != compute_grpo_advantages([1.0, 0.0, 0.0])
+
+
+def test_a_per_turn_estimator_shows_each_turns_advantage_and_reads_turn_rewards_for_its_signal():
+    turns = {0: [1.0, 0.0], 1: [0.0, 1.0], 2: [0.0, 0.0]}  # p0: same returns for members 0 and 1
+    step = [dict(r, turn_rewards=turns[r["member"]], reward=sum(turns[r["member"]])) for r in STEP[:3]]
+    (g,) = group_views(step, estimator="per_turn_rloo", turn_rewards_of=lambda r: r["turn_rewards"])
+    expected = compute_advantages("per_turn_rloo", [[turns[m] for m in range(3)]])[0]
+    assert [r.turn_advantages for r in g.rollouts] == expected
+    assert [r.advantage for r in g.rollouts] == [a[0] for a in expected]
+    assert g.informative
+    same = [dict(r, turn_rewards=[0.5, 0.5]) for r in step]
+    (flat,) = group_views(same, estimator="per_turn_rloo", turn_rewards_of=lambda r: r["turn_rewards"])
+    assert not flat.informative and all(a == 0.0 for r in flat.rollouts for a in r.turn_advantages)
 
 
 def test_generation_batches_are_separate_groups():

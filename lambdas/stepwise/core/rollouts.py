@@ -7,9 +7,10 @@ record of any shape is shown rather than refused (`stepwise.records.RolloutRecor
 - `group_views(rollouts, ...)`: rollout records -> groups (the responses to one prompt, in item
   order, as ComputeAdvantages groups them) with each member's reward, why it was zeroed, its
   advantage, status and cause, policy version, duration, turns, tool calls and sampled tokens.
-  Advantages come from the same estimator ComputeAdvantages applies (GRPO,
-  `stepwise.core.advantages.compute_grpo_advantages`, on the rewards DAPO's overlong shaping
-  already applied when the caller passes ``rewards_of``); eval batches have none.
+  Advantages come from the estimator ComputeAdvantages applies (the run's ``advantage_estimator``
+  through `stepwise.core.advantages.compute_advantages`, over the whole step at once since some
+  estimators normalize over the batch, on the rewards DAPO's overlong shaping already applied when
+  the caller passes ``rewards_of``); eval batches have none.
 - `pick_groups(groups, which, n)`: the best, worst or most informative groups (highest reward
   spread: the groups whose advantages are not all zero, the ones a step learns from);
   `sample_groups` the best, worst and a mixed one, for a report.
@@ -34,7 +35,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from stepwise.core.advantages import compute_grpo_advantages, is_all_equal_group
+from stepwise.core.advantages import PER_TURN_ESTIMATORS, carries_no_signal, compute_advantages
 from stepwise.core.rewards import preview
 
 __all__ = [
@@ -52,7 +53,9 @@ Pick = Literal["best", "worst", "informative", "all"]
 class RolloutView:
     """One rollout as a row: what it scored, why, what it did and what it was trained with.
 
-    ``advantage`` is None for eval rollouts (never trained); ``cause`` names the error of a failed
+    ``advantage`` is None for eval rollouts (never trained); with a per-turn estimator it is the first
+    turn's (the whole rollout's return against the group's baseline) and ``turn_advantages`` holds
+    one per LLM turn; ``cause`` names the error of a failed
     rollout (``error: cause``) or the reason its reward was zeroed; ``duration_s`` is None when it
     never started; ``reward`` is the agent's reward (0.0 on any failure)."""
 
@@ -74,6 +77,7 @@ class RolloutView:
     sampled_tokens: int
     truncated_turns: int
     ill_formed_turns: int
+    turn_advantages: list[float] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -82,13 +86,16 @@ class RolloutView:
 @dataclass
 class GroupView:
     """One prompt's rollouts (``responses_per_prompt`` members, in member order) with the rewards
-    the estimator saw (``rewards_G``, shaped) and its ``advantages_G`` (empty for evals)."""
+    the estimator saw (``rewards_G``, shaped returns) and its ``advantages_G`` (empty for evals; with a
+    per-turn estimator one list per member), and ``signal_G``, what the no-signal test reads (``rewards_G``,
+    or the per-turn rewards under a per-turn estimator)."""
 
     input_id: str
     generation_batch: int
     rollouts: list[RolloutView] = field(default_factory=list)
     rewards_G: list[float] = field(default_factory=list)
-    advantages_G: list[float] = field(default_factory=list)
+    advantages_G: list = field(default_factory=list)
+    signal_G: list = field(default_factory=list)
 
     @property
     def mean_reward(self) -> float:
@@ -106,9 +113,9 @@ class GroupView:
 
     @property
     def informative(self) -> bool:
-        """The group carries a learning signal: its rewards are not all equal
-        (`stepwise.core.advantages.is_all_equal_group`)."""
-        return not is_all_equal_group(self.rewards_G)
+        """The group carries a learning signal (`stepwise.core.advantages.carries_no_signal`, the test
+        the estimators, ``advantages/zero_groups_fraction`` and DAPO's filter share)."""
+        return not carries_no_signal(self.signal_G or self.rewards_G)
 
     def to_json(self) -> dict[str, Any]:
         return {"input_id": self.input_id, "generation_batch": self.generation_batch,
@@ -137,7 +144,10 @@ def failure_cause(rollout: Mapping[str, Any], limit: int = 300) -> str | None:
     return preview(reason, limit) if reason else None
 
 
-def _view(r: Mapping[str, Any], advantage: float | None) -> RolloutView:
+def _view(r: Mapping[str, Any], advantage: Any) -> RolloutView:
+    turn_advantages = [float(a) for a in advantage] if isinstance(advantage, (list, tuple)) else None
+    if turn_advantages is not None:
+        advantage = turn_advantages[0] if turn_advantages else 0.0
     return RolloutView(
         sid=r.get("sid") if isinstance(r.get("sid"), str) else None,
         i=_int(r.get("i")), member=_int(r.get("member")), input_id=str(r.get("input_id", "")),
@@ -148,13 +158,14 @@ def _view(r: Mapping[str, Any], advantage: float | None) -> RolloutView:
         duration_s=_float(r.get("duration_s"), None),
         num_turns=_int(r.get("num_turns")), tool_calls=_int(r.get("tool_calls")),
         sampled_tokens=_int(r.get("sampled_tokens")), truncated_turns=_int(r.get("truncated_turns")),
-        ill_formed_turns=_int(r.get("ill_formed_turns")),
+        ill_formed_turns=_int(r.get("ill_formed_turns")), turn_advantages=turn_advantages,
     )
 
 
 def group_views(rollouts: Iterable[Mapping[str, Any]], *, train: bool = True,
                 rewards_of: Callable[[Mapping[str, Any]], float] | None = None,
-                advantages_of: Callable[[Sequence[float]], list[float]] = compute_grpo_advantages) -> list[GroupView]:
+                estimator: str = "grpo",
+                turn_rewards_of: Callable[[Mapping[str, Any]], list[float]] | None = None) -> list[GroupView]:
     """Rollout records -> groups, as ComputeAdvantages forms them: one group per (generation
     batch, ``input_id``), groups in item order, members in member order.
 
@@ -163,22 +174,36 @@ def group_views(rollouts: Iterable[Mapping[str, Any]], *, train: bool = True,
         train: a training batch (advantages computed) or an eval batch (``advantage`` None).
         rewards_of: the reward the estimator sees (default: the record's ``reward``; DAPO's
             overlong shaping adds its penalty here).
-        advantages_of: ``rewards_G -> advantages_G``, the run's estimator (default GRPO).
+        estimator: the run's ``advantage_estimator`` (`stepwise.core.advantages.ESTIMATORS`); its
+            advantages are computed over all the groups at once, as ComputeAdvantages does.
+        turn_rewards_of: a member's per-turn rewards, for a per-turn estimator (the run reads
+            ``reward_granularity: per_turn``); None = the estimator sees ``rewards_G``.
 
     Returns:
         The groups; a group's ``rewards_G`` and ``advantages_G`` align with its ``rollouts``.
+
+    Raises:
+        ValueError: an unknown estimator, or a per-turn estimator without ``turn_rewards_of``.
     """
     ordered = sorted(rollouts, key=lambda r: (_int(r.get("generation_batch")), _int(r.get("i")), _int(r.get("member"))))
     groups: dict[tuple[int, str], list[Mapping[str, Any]]] = {}
     for r in ordered:
         groups.setdefault((_int(r.get("generation_batch")), str(r.get("input_id", ""))), []).append(r)
-    out: list[GroupView] = []
-    for (gen, input_id), members in groups.items():
+    per_turn = estimator in PER_TURN_ESTIMATORS
+    if per_turn and turn_rewards_of is None:
+        raise ValueError(f"estimator {estimator!r} reads per-turn rewards: pass turn_rewards_of")
+    keyed = []
+    for key, members in groups.items():
         members.sort(key=lambda r: (_int(r.get("member")), _int(r.get("i"))))
         rewards_G = [float(rewards_of(r)) if rewards_of else (_float(r.get("reward")) or 0.0) for r in members]
-        advantages_G = list(advantages_of(rewards_G)) if train else []
+        signal_G = [list(turn_rewards_of(r)) for r in members] if per_turn and turn_rewards_of else rewards_G
+        keyed.append((key, members, rewards_G, signal_G))
+    advantages_P = compute_advantages(estimator, [k[3] for k in keyed]) if train and keyed else [[] for _ in keyed]
+    out: list[GroupView] = []
+    for ((gen, input_id), members, rewards_G, signal_G), advantages_G in zip(keyed, advantages_P, strict=True):
+        advantages_G = list(advantages_G) if train else []
         views = [_view(r, advantages_G[k] if train else None) for k, r in enumerate(members)]
-        out.append(GroupView(input_id, gen, views, rewards_G, advantages_G))
+        out.append(GroupView(input_id, gen, views, rewards_G, advantages_G, signal_G))
     return out
 
 
