@@ -63,7 +63,11 @@ class SimulatorProcess:
         self.env: dict[str, str] = {}
         deadline = time.monotonic() + timeout
         assert self.proc.stdout is not None
-        while time.monotonic() < deadline:
+        # The deadline bounds the wait for the first line only: the simulator prints its URL, its
+        # environment and the Ctrl-C line at once, so once it speaks the rest follows (a machine so
+        # loaded that the first line came late must not cut the environment off: without it the
+        # handlers would ask the real SageMaker endpoints).
+        while self.url or time.monotonic() < deadline:
             line = self.proc.stdout.readline()
             if not line:
                 raise RuntimeError(f"simulator exited (code {self.proc.poll()}) before serving")
@@ -75,9 +79,9 @@ class SimulatorProcess:
                 self.env[m.group(1)] = m.group(2).strip("'\"")
             if "Ctrl-C" in line:
                 break
-        if not self.url:
+        if not self.url or "AWS_ENDPOINT_URL_SAGEMAKER" not in self.env:
             self.stop()
-            raise RuntimeError("simulator did not report its URL")
+            raise RuntimeError(f"simulator did not report its URL and environment (url {self.url!r}, env {self.env})")
         for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "AWS_REGION"):
             self.env.pop(key, None)  # credentials and region stay the runner's
 
