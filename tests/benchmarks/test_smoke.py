@@ -216,3 +216,26 @@ def test_credit_two_turn_counts_steps_to_the_threshold_and_reprints_a_result(tmp
     config = json.loads((REPO / "examples" / "two_turn.json").read_text())
     assert (config["advantage_estimator"], config["reward_granularity"]) == ("per_turn_rloo", "per_turn")
 
+
+
+def test_ledger_overhead_measures_the_ledgers_cpu_and_bytes(tmp_path: Path) -> None:
+    from benchmarks import ledger_overhead
+
+    timing = tmp_path / "timing.json"
+    timing.write_text(json.dumps({"lambdas": {"FinishRollout": {"count": 64}, "PlanStep": {"count": 2}},
+                                  "s3_requests": {"total": 900, "by_kind": {"PUT state": 12}}}))
+    out = ledger_overhead.main(["--timing", str(timing), "--steps", "2", "--out", str(tmp_path)])
+    m, per = out["measured"], out["per_step"]
+    assert 0 < m["seconds_per_invocation"] < 0.05 and m["seconds_per_s3_request"] < 0.01
+    assert m["usage_bytes"]["rollout record"] > m["usage_bytes"]["turn or session record"] > 100
+    assert m["state_bytes"]["ledger"] > 1000  # the ledger of a 2-step run in state.json
+    assert per["invocations"] == 66 and per["cpu_seconds_per_step"] > 0
+
+
+def test_gateway_memory_reads_a_processs_resident_and_peak_memory() -> None:
+    import os
+
+    from benchmarks.gateway_memory import proc_memory_mb
+
+    mem = proc_memory_mb(os.getpid())
+    assert 10 < mem["rss"] <= mem["peak"]
