@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from stepwise.aws import notifications, sagemaker, task_tokens
+from stepwise.aws import notify, sagemaker, task_tokens
 from stepwise.aws.runstore import RunNotFound
 from stepwise.core.sweeping import SweepConflict, mark_swept, run_of_session, sweep_verdict
 from stepwise.events import SweepEvent
@@ -90,17 +90,12 @@ def sweep(event: SweepEvent) -> dict[str, Any]:
         stopped.append({"session": name, "run_id": run_id, "reason": verdict.reason})
         logger.warning(SWEPT_MESSAGE, extra={"training_session_name": name, "run_id": run_id, "reason": verdict.reason})
         emit({"sessions/swept": 1}, run_id=run_id)
-    if stopped and s.notification_topic_arn:
-        import boto3
-
-        from stepwise.aws.clients import client_config
-
+    if stopped:  # to the stack's topic, when it has one (best effort: never fails the sweep)
         lines = [f"- {x['session']} (run {x['run_id']}): {x['reason']}" for x in stopped]
-        notifications.publish(
-            boto3.client("sns", config=client_config()), s.notification_topic_arn,
-            f"Stepwise stopped {len(stopped)} training session(s) no execution was driving",
-            "The session sweeper stopped these training sessions (their executions ended without stopping "
-            "them; `stepwise resume RUN` continues a run from its newest checkpoint):\n" + "\n".join(lines))
+        notify.publish(
+            s.notification_topic_arn, subject=f"Stepwise stopped {len(stopped)} training session(s) no execution was driving",
+            message="The session sweeper stopped these training sessions (their executions ended without stopping "
+                    "them; `stepwise resume RUN` continues a run from its newest checkpoint):\n" + "\n".join(lines))
     out = {"stopped": stopped, "left": left, "errors": errors}
     logger.info("sessions swept", extra={"stopped": len(stopped), "left": len(left), "errors": len(errors)})
     if errors:
