@@ -104,7 +104,9 @@ class InvocationRecord:
     """One dispatched invocation (kept for tests and the run's timing split).
 
     ``error`` is the ``errorType`` of a failed invocation (``Lambda.Unknown`` when it broke its
-    function's limit); ``peak_mb`` is its measured memory growth (`local.limits`).
+    function's limit); ``peak_mb`` is its measured memory growth (`local.limits`); ``seconds`` is the
+    dispatch's wall time, ``handler_seconds`` the handler's own (what Lambda would bill; the cost
+    ledger's check compares with it).
     """
 
     function_name: str
@@ -113,6 +115,7 @@ class InvocationRecord:
     seconds: float
     error: str | None
     peak_mb: float = 0.0
+    handler_seconds: float = 0.0  # the handler's own run (in its worker), without the dispatch around it
 
 
 def run_handler(function_name: str, handler: Handler, event: Any, ctx: LambdaContext,
@@ -200,11 +203,13 @@ class LambdaDispatcher:
         if self.workers is not None and reg is not None and reg.handler_path and reg.handler is None:
             context = {"function_name": function_name, "memory_limit_in_mb": reg.memory_mb,
                        "invoked_function_arn": reg.arn, "timeout_s": reg.timeout_s}
-            payload, kind, peak = self.workers.call(reg.handler_path, event, context, reg.timeout_s)
+            payload, kind, peak, handler_seconds = self.workers.call(reg.handler_path, event, context, reg.timeout_s)
         else:
             reg, handler = self._resolve(function_name)
             ctx = LambdaContext(function_name, reg.memory_mb, reg.arn, reg.timeout_s)
+            t_handler = time.monotonic()
             payload, kind, peak = run_handler(function_name, handler, event, ctx, self._monitor())
+            handler_seconds = time.monotonic() - t_handler
         error = None
         if kind:
             try:
@@ -213,7 +218,7 @@ class LambdaDispatcher:
                 error = kind
         with self._lock:
             self.invocations.append(InvocationRecord(function_name, invocation_type, started,
-                                                     time.monotonic() - t0, error, peak))
+                                                     time.monotonic() - t0, error, peak, handler_seconds))
         return payload, kind
 
     def invoke_from_moto(self, function_name: str, body: Any, request_headers: Any, response_headers: Any) -> bytes:

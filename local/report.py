@@ -159,8 +159,8 @@ def ledger_check(ledger: dict[str, Any], *, invocations: list[Any], memory_mb: d
                  sim_sessions: dict[str, dict[str, Any]], session_names: list[str],
                  acr: dict[str, Any] | None) -> dict[str, Any]:
     """The run's cost ledger (``state.json``'s ``ledger``) beside what the local stack counted itself:
-    Lambda seconds per function (the engine's dispatcher: each invocation's handler time, ``memory_mb``
-    to turn the ledger's GB-seconds back into seconds), the training sessions' seconds (the simulator's
+    Lambda seconds per function (the engine's dispatcher: each invocation's own handler time,
+    ``InvocationRecord.handler_seconds``; ``memory_mb`` turns the ledger's GB-seconds back into seconds), the training sessions' seconds (the simulator's
     own: creation to stop request, `local.simulator.SimulatorHandle.session_seconds`) and the ACR
     sessions' (the emulator's ``session_counters``, when it keeps them). Each figure
     ``{"ledger", "local", "difference"}``; the gateway (another process) has no local figure."""
@@ -170,7 +170,8 @@ def ledger_check(ledger: dict[str, Any], *, invocations: list[Any], memory_mb: d
     local_count: dict[str, int] = {}
     for inv in invocations:
         name = inv.function_name.rsplit("-", 1)[-1]
-        local_seconds[name] = local_seconds.get(name, 0.0) + inv.seconds
+        # the handler's own time where the dispatcher has it (workers), else the dispatch's
+        local_seconds[name] = local_seconds.get(name, 0.0) + (getattr(inv, "handler_seconds", 0.0) or inv.seconds)
         local_count[name] = local_count.get(name, 0) + 1
     for name in sorted(set(usage.get("lambda_gb_seconds", {})) | set(local_seconds)):
         gb_s = usage.get("lambda_gb_seconds", {}).get(name, 0.0)

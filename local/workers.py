@@ -24,6 +24,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
@@ -86,9 +87,10 @@ class WorkerPool:
         self.procs.append(proc)
 
     def call(self, handler_path: str, event: Any, context: dict[str, Any],
-             timeout_s: float) -> tuple[bytes, str | None, float]:
+             timeout_s: float) -> tuple[bytes, str | None, float, float]:
         """Run ``handler_path`` on ``event`` in a worker; returns (payload bytes, error kind or None,
-        measured peak MB), as `local.engine.run_handler` does in-process (limits included)."""
+        measured peak MB, the handler's own seconds in the worker), as `local.engine.run_handler` does
+        in-process (limits included)."""
         self.wait()
         with self._lock:
             port = self.ports[next(self._next)]
@@ -99,7 +101,8 @@ class WorkerPool:
             conn.request("POST", "/invoke", body=body, headers={"Content-Type": "application/json"})
             resp = conn.getresponse()
             error = resp.getheader("X-Function-Error") or None
-            return resp.read(), error, float(resp.getheader("X-Peak-MB") or 0.0)
+            return (resp.read(), error, float(resp.getheader("X-Peak-MB") or 0.0),
+                    float(resp.getheader("X-Handler-Seconds") or 0.0))
         finally:
             conn.close()
 
@@ -141,11 +144,14 @@ class _Invoke(BaseHTTPRequestHandler):
         _apply_env(req.get("env") or {})
         c = req["context"]
         ctx = LambdaContext(c["function_name"], c["memory_limit_in_mb"], c["invoked_function_arn"], c["timeout_s"])
+        t0 = time.monotonic()
         payload, error, peak = run_handler(c["function_name"], _handler(req["handler"]), req["event"], ctx)
+        seconds = time.monotonic() - t0  # the invocation itself, as Lambda would bill it (no hand-off)
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(payload)))
         self.send_header("X-Peak-MB", f"{peak:.1f}")
+        self.send_header("X-Handler-Seconds", f"{seconds:.6f}")
         if error:
             self.send_header("X-Function-Error", error)
         self.end_headers()

@@ -392,6 +392,9 @@ def test_a_worker_process_enforces_the_limits_of_the_handlers_it_runs(monkeypatc
     assert "function slow has timeout_s 1" in json.loads(slow)["errorMessage"]
     assert [r.error for r in d.invocations] == [None, "Lambda.Unknown", "Lambda.Unknown"]
     assert d.invocations[1].peak_mb >= 60  # the worker's figure, sent back with the payload
+    # and the handler's own seconds in the worker (the cost ledger's check), within the dispatch's
+    assert 0 < d.invocations[0].handler_seconds <= d.invocations[0].seconds
+    assert 1.0 <= d.invocations[2].handler_seconds <= d.invocations[2].seconds  # stopped at its timeout_s
 
 
 def test_json_paths_are_parsed_once_while_the_server_runs():
