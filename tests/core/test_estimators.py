@@ -255,7 +255,7 @@ def test_per_turn_rloo_is_unbiased_when_the_policy_decides_when_to_stop():
 
 def test_the_turn_index_normalisation_the_rfc_warns_about_is_biased():
     """The check above can fail: MT-GRPO-style per-turn-index baselines summed over a trajectory's own
-    remaining turns (verl RFC 7244's "natural" construction) are biased on the same MDP."""
+    remaining turns (the verl per-turn RFC's "natural" construction) are biased on the same MDP."""
 
     def turn_index_sum(G):
         k = len(G)

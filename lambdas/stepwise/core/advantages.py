@@ -237,11 +237,11 @@ def compute_per_turn_rloo_advantages(rewards_G: Sequence[Sequence[float]]) -> li
         A_{i,t} = G_{i,t} - b_{i,t}                 for t < T_i
 
     Why this construction: verl's RFC "Per-turn reward support for multi-turn RL: a turn-level
-    baseline that stays unbiased under variable turn counts" (verl-project/verl, GitHub issue 7244)
-    shows that normalizing rewards per turn index and summing the normalized terms over a
-    trajectory's remaining turns (MT-GRPO style, Wei et al. 2025) subtracts a baseline with one term
-    per remaining turn of the trajectory's *own* length: an action-dependent baseline, biased whenever
-    the policy decides when to stop (a hidden ``-E[R_intermediate]`` per extra turn). Here the
+    baseline that stays unbiased under variable turn counts" (a request for comments posted to the
+    verl project, verl-project/verl) shows that normalizing rewards per turn index and summing the
+    normalized terms over a trajectory's remaining turns (MT-GRPO style, Wei et al. 2025) subtracts a
+    baseline with one term per remaining turn of the trajectory's *own* length: an action-dependent
+    baseline, biased whenever the policy decides when to stop (a hidden ``-E[R_intermediate]`` per extra turn). Here the
     baseline of turn t is one term, built only from the *other* members of the group (independent
     samples of the same prompt), so it depends neither on member i's actions nor on when it stopped:
     ``E[grad log pi(a_{i,t}) b_{i,t}] = 0`` and the estimator is unbiased. Turn 0 is RLOO on the
