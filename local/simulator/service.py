@@ -47,13 +47,15 @@ BASE_MODEL_NAME = "stepwise-tiny"
 BASE_MODEL_VERSION = "1.0.0"
 #: The same tiny model published as a *gated* hub model (its document says ``GatedBucket``, as the hub marks
 #: models whose license must be accepted): CreateTrainingSession refuses it without ``ModelConfig.AcceptEula``,
-#: so the refusal before billing has a drill. Its published id is the assets folder spelled with a trailing
-#: ``/.`` (the same files; the SDK's catalogue needs one id per model).
+#: so the refusal before billing has a drill. Its published id is its own folder, ``tiny-model-gated`` beside the
+#: assets: a symlink to the same files (tracked; made on start when ``STEPWISE_TINY_MODEL_DIR`` points elsewhere).
+#: The SDK's catalogue needs one id per model, and a listing shows two models, not one folder spelled twice.
 GATED_MODEL_NAME = "stepwise-tiny-gated"
+GATED_MODEL_DIR = ASSETS_DIR.with_name(f"{ASSETS_DIR.name}-gated")
 #: Hub content name -> (display name, gated, published id): the models this simulator serves.
 HUB_MODELS: dict[str, tuple[str, bool, str]] = {
     BASE_MODEL_NAME: ("Stepwise tiny byte-level LM (simulator)", False, str(ASSETS_DIR)),
-    GATED_MODEL_NAME: ("Stepwise tiny byte-level LM, gated: accept its EULA (simulator)", True, f"{ASSETS_DIR}/."),
+    GATED_MODEL_NAME: ("Stepwise tiny byte-level LM, gated: accept its EULA (simulator)", True, str(GATED_MODEL_DIR)),
 }
 PUBLIC_HUB = "SageMakerPublicHub"
 TRAINING_CAPABILITY_KEYWORD = "@capability:training_session"
@@ -181,6 +183,8 @@ class Simulator:
         self._samplers: collections.OrderedDict[str, engine.Sampler] = collections.OrderedDict()
         self._sampler_lock = threading.Lock()
         self._base = engine.base_model()
+        if not GATED_MODEL_DIR.exists():  # the tracked link is beside the shipped assets only
+            GATED_MODEL_DIR.symlink_to(ASSETS_DIR.name, target_is_directory=True)
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(str(ASSETS_DIR))

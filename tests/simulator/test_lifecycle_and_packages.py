@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -70,8 +71,14 @@ def test_session_goes_created_running_stopping_stopped_then_deletes(sim, slow_tr
 
 def test_base_model_is_listed_and_unknown_base_models_are_refused(sim):
     svc = ServiceClient(role_arn=sim.role_arn, model_package_group_arn=sim.model_package_group_arn, s3_output_path=sim.s3_output_path)
+    from local.simulator.service import GATED_MODEL_DIR
+    from local.simulator.model import ASSETS_DIR
+
     listed = svc.list_base_models()
-    assert len(listed) == 1 and listed[0].endswith("tiny-model")
+    # The hub serves the tiny model and its gated copy (the accept_eula drill), each under its own folder:
+    # no id is another's folder spelled differently (a listing a person reads shows two models, each once).
+    assert listed == sorted([str(ASSETS_DIR), str(GATED_MODEL_DIR)], key=str.lower)
+    assert len({os.path.normpath(p) for p in listed}) == len(listed)
     with pytest.raises(ValueError, match="Could not resolve base model"):
         svc.create_lora_training_client(base_model="no-such-model")
     assert sim.running_sessions() == []
