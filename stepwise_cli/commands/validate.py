@@ -101,7 +101,32 @@ def check_aws(cfg: RunConfig, args: argparse.Namespace) -> tuple["StackScope", l
     return scope, refusals(cfg, scope, probes(dep.s3))
 
 
+def _compact_projection(summary: dict[str, Any]) -> dict[str, Any]:
+    """The summary with `projection`'s keys merged into at most three lines for the text form (one screen):
+    ``projected_step`` (USD and session-hours per step, and the assumptions), ``projected_run`` (the whole
+    run's, and what the USD excludes) and ``projected_limits`` (the budget limits that would end the run
+    early). Every value is kept; ``--json`` keeps the keys of `projection` apart."""
+    out = {k: v for k, v in summary.items() if not (k.startswith("projected") or k.endswith("_ends_run_after")
+                                                     or k == "projection_assumptions")}
+    excludes = summary.get("projected_usd_excludes")
+    step = f"{summary['projected_usd_per_step']}, {summary['projected_session_hours_per_step']} session-hours"
+    if "projected_usd" in summary:
+        out["projected_step"] = step
+        run = f"{summary['projected_usd']}, {summary['projected_session_hours']} session-hours"
+        out["projected_run"] = run + (f"; excludes {excludes}" if excludes else "")
+    else:
+        out["projected_step"] = step + (f"; excludes {excludes}" if excludes else "")
+    limits = [f"{k.removesuffix('_ends_run_after')} ends the run after {v}" for k, v in summary.items()
+              if k.endswith("_ends_run_after")]
+    if limits:
+        out["projected_limits"] = "; ".join(limits)
+    out["projected_step"] += f" ({summary['projection_assumptions']})"
+    return out
+
+
 def _format_summary(summary: dict[str, Any]) -> str:
+    if "projected_usd_per_step" in summary:
+        summary = _compact_projection(summary)
     width = max(len(k) for k in summary)
     return "\n".join(f"  {k:<{width}}  {json.dumps(v) if isinstance(v, dict) else v}" for k, v in summary.items())
 

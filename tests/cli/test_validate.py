@@ -44,6 +44,10 @@ def test_ok_with_dataset_summary(tmp_path, capsys):
     lines = dict(line.split(None, 1) for line in out.splitlines()[1:])
     assert lines["rollouts_per_step"] == "8" and lines["steps_per_epoch"] == "2" and lines["total_steps"] == "6"
     assert lines["eval_prompts"] == "3"
+    # the cost projection in three lines at most, every figure kept (--json keeps its keys apart)
+    assert lines["projected_step"].startswith("$") and "session-hours" in lines["projected_step"]
+    assert "stepwise cost CONFIG" in lines["projected_step"]
+    assert "session-hours; excludes the training session" in lines["projected_run"]
     assert len(out.splitlines()) < 25  # one screen
 
 
