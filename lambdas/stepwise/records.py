@@ -480,6 +480,7 @@ class EvalPrompt(BaseModel):
     row: int
     input_id: str
     fingerprint: str
+    preview: str = ""  # what a person recognises it by (`stepwise.core.evals.prompt_preview`)
     rewards_G: list[float] = Field(default_factory=list)
     statuses_G: list[str] = Field(default_factory=list)
     successes: int = 0

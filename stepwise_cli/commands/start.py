@@ -118,8 +118,11 @@ def _read_raw(path: str) -> dict[str, Any]:
     return drop_unsupported(raw)[0]
 
 
-def start(args: argparse.Namespace) -> dict[str, Any]:
+def start(args: argparse.Namespace, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """Validate, upload, start; returns ``{run_id, execution_arn, console_url, uploaded}``.
+
+    ``overrides``: fields set over the config file's (`stepwise eval` and `stepwise screen` start
+    eval-only runs of a training config this way).
 
     Raises:
         ConfigError: the config or a dataset is invalid (every problem at once).
@@ -129,10 +132,13 @@ def start(args: argparse.Namespace) -> dict[str, Any]:
     from stepwise.config import ConfigError, load_run_config
 
     warnings: list[str] = []
-    cfg = load_run_config(args.config, warnings=warnings)
+    raw = {**_read_raw(args.config), **(overrides or {})}
+    if overrides:
+        cfg = load_run_config(raw)
+    else:
+        cfg = load_run_config(args.config, warnings=warnings)
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
-    raw = _read_raw(args.config)
     run_id = validate_run_id(args.run_id or default_run_id(args.config))
     dep = deployment(args)
     if run_exists(dep, run_id):

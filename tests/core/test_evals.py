@@ -15,6 +15,7 @@ from stepwise.core.evals import (
     EvalRollout,
     EvalPrompt,
     all_fail_at_k,
+    compare_prompts,
     all_pass_at_k,
     eval_metrics,
     group_prompts,
@@ -133,15 +134,44 @@ def test_set_metrics_equal_a_direct_count_of_prompts(args):
 
 def test_rollouts_group_into_prompts_by_set_and_row_and_every_set_reports_under_its_name():
     set_of_row = {0: ("", 0), 1: ("", 1), 2: ("hard", 0)}
-    fingerprints = {"e0p0": "f0", "e0p1": "f1", "e0p2": "f2"}
+    payloads = {"e0p0": {"prompt": "zero"}, "e0p1": {"prompt": "one"}, "e0p2": {"q": 2}}
     rollouts = [EvalRollout("e0p2", 2, 1, 0.0, "ok"), EvalRollout("e0p0", 0, 1, 1.0, "ok"),
                 EvalRollout("e0p0", 0, 0, 0.0, "error"), EvalRollout("e0p1", 1, 0, 1.0, "ok"),
                 EvalRollout("e0p1", 1, 1, 1.0, "ok"), EvalRollout("e0p2", 2, 0, 1.0, "ok")]
-    prompts = group_prompts(rollouts, set_of_row=set_of_row, fingerprints=fingerprints, threshold=1.0)
+    prompts = group_prompts(rollouts, set_of_row=set_of_row, payloads=payloads, threshold=1.0)
     assert [(p.eval_set, p.row, p.rewards_G, p.successes) for p in prompts] == [
         ("", 0, [0.0, 1.0], 1), ("", 1, [1.0, 1.0], 2), ("hard", 0, [1.0, 0.0], 1)]
     assert prompts[0].statuses_G == ["error", "ok"]
+    assert [p.preview for p in prompts] == ["zero", "one", '{"q": 2}']
+    assert prompts[0].fingerprint == payload_fingerprint({"prompt": "zero"})
     m = eval_metrics(prompts, ["", "hard"], [1, 2])
     assert m["eval/accuracy"] == pytest.approx(0.75) and m["eval/failed_rollouts"] == 1
     assert m["eval/pass@2"] == 1.0 and m["eval/all_pass@2"] == 0.5 and m["eval/mixed@2"] == 0.5
     assert m["eval/hard/accuracy"] == 0.5 and m["eval/hard/prompts"] == 1 and m["eval/hard/mixed@2"] == 1.0
+
+
+def _prompts(scores: dict[str, list[float]], eval_set: str = "") -> list[EvalPrompt]:
+    return [EvalPrompt(eval_set=eval_set, row=i, input_id=f"e0p{i}", fingerprint=f, rewards_G=r)
+            for i, (f, r) in enumerate(scores.items())]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.dictionaries(st.sampled_from("abcdefgh"), st.lists(st.sampled_from([0.0, 0.5, 1.0]), min_size=1, max_size=4)),
+       st.dictionaries(st.sampled_from("abcdefgh"), st.lists(st.sampled_from([0.0, 0.5, 1.0]), min_size=1, max_size=4)))
+def test_comparing_counts_every_matched_prompt_once_and_swapping_swaps_wins_and_losses(sa, sb):
+    a, b = _prompts(sa), _prompts(sb)
+    ab, ba = compare_prompts(a, b, ""), compare_prompts(b, a, "")
+    matched = sa.keys() & sb.keys()
+    assert ab.wins + ab.losses + ab.ties == len(matched) == len(ab.deltas)
+    assert (ab.wins, ab.losses, ab.ties) == (ba.losses, ba.wins, ba.ties)
+    assert (ab.only_a, ab.only_b) == (len(sa.keys() - sb.keys()), len(sb.keys() - sa.keys()))
+    direct_wins = sum(sum(sb[f]) / len(sb[f]) > sum(sa[f]) / len(sa[f]) + 1e-9 for f in matched)
+    assert ab.wins == direct_wins
+
+
+def test_comparing_pools_duplicate_rows_and_keeps_sets_apart():
+    a = _prompts({"x": [0.0, 0.0]}) + [EvalPrompt(row=9, input_id="e0p9", fingerprint="x", rewards_G=[1.0, 1.0])]
+    b = _prompts({"x": [0.5, 1.0]}) + _prompts({"x": [0.0]}, eval_set="hard")
+    c = compare_prompts(a, b, "")
+    assert (c.wins, c.losses, c.ties) == (1, 0, 0) and c.deltas == [("x", "", 0.5, 0.75)]
+    assert compare_prompts(a, b, "hard").only_b == 1

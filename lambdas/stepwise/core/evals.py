@@ -54,6 +54,7 @@ __all__ = [
     "pass_at_k",
     "pass_ks",
     "payload_fingerprint",
+    "prompt_preview",
     "set_metrics",
     "set_of_rows",
     "summarize_eval",
@@ -203,15 +204,25 @@ class EvalRollout:
     status: str
 
 
+def prompt_preview(payload: Any, limit: int = 80) -> str:
+    """What a person recognises a prompt by: its payload's ``prompt`` (or ``question``) text when it has
+    one, else the payload as JSON; at most ``limit`` characters."""
+    if isinstance(payload, Mapping):
+        for key in ("prompt", "question"):
+            if isinstance(payload.get(key), str):
+                return payload[key][:limit]
+    return json.dumps(payload, sort_keys=True, ensure_ascii=False, default=str)[:limit]
+
+
 def group_prompts(rollouts: Iterable[EvalRollout], *, set_of_row: Mapping[int, tuple[str, int]],
-                  fingerprints: Mapping[str, str], threshold: float) -> list[EvalPrompt]:
+                  payloads: Mapping[str, Any], threshold: float) -> list[EvalPrompt]:
     """Rollouts -> one `EvalPrompt` per prompt, in (set order of first appearance, row) order,
     members in member order.
 
     Args:
         rollouts: the eval batch's rollouts (one record per Map item).
         set_of_row: ``{global row: (eval set name, row within the set)}``.
-        fingerprints: ``{input_id: payload fingerprint}``.
+        payloads: ``{input_id: payload}`` (its `payload_fingerprint` and `prompt_preview`).
         threshold: the success threshold.
 
     Raises:
@@ -225,9 +236,10 @@ def group_prompts(rollouts: Iterable[EvalRollout], *, set_of_row: Mapping[int, t
         members.sort(key=lambda m: m.member)
         eval_set, set_row = set_of_row[row]
         rewards_G = [float(m.reward) for m in members]
-        out.append(EvalPrompt(eval_set=eval_set, row=set_row, input_id=input_id, fingerprint=fingerprints[input_id],
-                              rewards_G=rewards_G, statuses_G=[m.status for m in members],
-                              successes=successes(rewards_G, threshold)))
+        payload = payloads[input_id]
+        out.append(EvalPrompt(eval_set=eval_set, row=set_row, input_id=input_id, fingerprint=payload_fingerprint(payload),
+                              preview=prompt_preview(payload), rewards_G=rewards_G,
+                              statuses_G=[m.status for m in members], successes=successes(rewards_G, threshold)))
     order = {name: i for i, name in enumerate(dict.fromkeys(s for s, _ in set_of_row.values()))}
     return sorted(out, key=lambda p: (order[p.eval_set], p.row))
 
@@ -299,8 +311,7 @@ def summarize_eval(rollouts: Iterable[EvalRollout], *, sets: Sequence[EvalSetRow
     """
     rollouts = list(rollouts)
     rows = {r.row for r in rollouts}
-    prompts = group_prompts(rollouts, set_of_row=set_of_rows(sets, rows),
-                            fingerprints={iid: payload_fingerprint(p) for iid, p in payloads.items()}, threshold=threshold)
+    prompts = group_prompts(rollouts, set_of_row=set_of_rows(sets, rows), payloads=payloads, threshold=threshold)
     names = [s.name for s in sets if any(p.eval_set == s.name for p in prompts)]
     arn = policy.sampler_model_package_arn if policy is not None else ""
     summary: dict[str, Any] = {"step": step, "final": final}
@@ -313,3 +324,54 @@ def summarize_eval(rollouts: Iterable[EvalRollout], *, sets: Sequence[EvalSetRow
                           policy_version=policy.policy_version if policy is not None else 0, group_size=group_size,
                           success_threshold=threshold, pass_k=list(ks), eval_sets=names, prompts=prompts)
     return summary, results
+
+
+# ---------------------------------------------------------------------------- comparing two evals
+
+
+@dataclass
+class PromptComparison:
+    """One eval set's prompts in two evals, matched by `payload_fingerprint` (duplicate rows pooled):
+    ``wins`` = prompts whose mean reward is higher in B than in A, ``losses`` lower, ``ties`` equal
+    (within ``tolerance``), ``only_a`` / ``only_b`` = prompts one eval has and the other does not;
+    ``deltas`` = ``[(fingerprint, preview, mean reward in A, mean reward in B)]`` of the matched prompts,
+    most changed first."""
+
+    eval_set: str
+    wins: int = 0
+    losses: int = 0
+    ties: int = 0
+    only_a: int = 0
+    only_b: int = 0
+    deltas: list[tuple[str, str, float, float]] | None = None
+
+
+def _pooled_means(prompts: Iterable[EvalPrompt], eval_set: str) -> tuple[dict[str, float], dict[str, str]]:
+    sums: dict[str, list[float]] = {}
+    previews: dict[str, str] = {}
+    for p in prompts:
+        if p.eval_set == eval_set:
+            sums.setdefault(p.fingerprint, []).extend(p.rewards_G)
+            previews.setdefault(p.fingerprint, p.preview)
+    return {f: sum(r) / len(r) for f, r in sums.items() if r}, previews
+
+
+def compare_prompts(a: Sequence[EvalPrompt], b: Sequence[EvalPrompt], eval_set: str, *,
+                    tolerance: float = 1e-9) -> PromptComparison:
+    """Per prompt, B against A on eval set ``eval_set`` (see `PromptComparison`). A prompt's score is
+    its mean reward over its rollouts (rows with the same payload pooled), the per-prompt form of
+    ``eval/accuracy``; a difference of at most ``tolerance`` is a tie."""
+    (ma, previews), (mb, _) = _pooled_means(a, eval_set), _pooled_means(b, eval_set)
+    out = PromptComparison(eval_set, deltas=[])
+    for f in ma.keys() & mb.keys():
+        d = mb[f] - ma[f]
+        if d > tolerance:
+            out.wins += 1
+        elif d < -tolerance:
+            out.losses += 1
+        else:
+            out.ties += 1
+        out.deltas.append((f, previews.get(f, ""), ma[f], mb[f]))
+    out.only_a, out.only_b = len(ma.keys() - mb.keys()), len(mb.keys() - ma.keys())
+    out.deltas.sort(key=lambda x: (-abs(x[3] - x[2]), x[0]))
+    return out

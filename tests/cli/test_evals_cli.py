@@ -1,0 +1,71 @@
+"""`stepwise compare` and `stepwise screen`'s outputs on run folders as `stepwise run-local` writes them
+(``evals/{step}/summary.json`` and ``results.json``): per-set metric deltas, per-prompt wins, losses and
+ties, the screened dataset and its report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from stepwise.core.evals import summarize_eval, EvalRollout
+from stepwise.core.screening import screen
+from stepwise.records import EvalSetRows, SamplerPolicy
+from stepwise_cli.main import main
+from stepwise_cli.commands import screen as screen_cmd
+
+PAYLOADS = {f"e0p{i}": {"prompt": f"q{i}"} for i in range(4)}
+
+
+def _run_folder(root: Path, name: str, rewards_P: list[list[float]], arn: str = "") -> Path:
+    """A run folder with one eval of 4 prompts (the unnamed set's rows 0-1, set 'hard' rows 0-1)."""
+    rollouts = [EvalRollout(f"e0p{i}", i, m, r, "ok") for i, rewards in enumerate(rewards_P) for m, r in enumerate(rewards)]
+    sets = [EvalSetRows(name="", kind="eval", rows=2, offset=0), EvalSetRows(name="hard", kind="eval-hard", rows=2, offset=2)]
+    summary, results = summarize_eval(rollouts, sets=sets, payloads=PAYLOADS, threshold=1.0, ks=[1, 2], step=0,
+                                      final=True, eval_only=True, policy=SamplerPolicy(training_session_name="s",
+                                                                                       sampler_model_package_arn=arn))
+    folder = root / name / "evals" / "0"
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text(json.dumps(summary))
+    (folder / "results.json").write_text(results.model_dump_json())
+    (root / name / "state.json").write_text("{}")
+    return root / name
+
+
+def test_compare_prints_each_sets_metrics_and_per_prompt_wins_losses_and_ties(tmp_path, capsys):
+    a = _run_folder(tmp_path, "base", [[0, 0], [1, 0], [0, 0], [1, 1]])
+    b = _run_folder(tmp_path, "trained", [[1, 1], [1, 0], [0, 0], [0, 0]],
+                    arn="arn:aws:sagemaker:us-east-1:123456789012:model-package/g/7")
+    assert main(["compare", str(a), str(b), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    default, hard = data["sets"]
+    assert default["set"] == "" and default["metrics"]["accuracy"] == [0.25, 0.75]
+    assert (default["wins"], default["losses"], default["ties"]) == (1, 0, 1)
+    assert (hard["wins"], hard["losses"], hard["ties"]) == (0, 1, 1)
+    assert hard["metrics"]["pass@2"] == [0.5, 0.0]
+    assert data["b"]["evaluated"].endswith("model-package/g/7") and data["a"]["evaluated"].startswith("the base model")
+    assert main(["compare", str(a), str(b)]) == 0
+    text = capsys.readouterr().out
+    assert "B wins 1, loses 0, ties 1" in text and "eval set hard:" in text and "0.000 -> 1.000  q0" in text
+
+
+def test_compare_refuses_a_folder_without_evals(tmp_path, capsys):
+    empty = tmp_path / "empty"
+    (empty / "evals").mkdir(parents=True)
+    assert main(["compare", str(empty), str(empty)]) == 1
+    assert "no eval recorded" in capsys.readouterr().err
+
+
+def test_screen_writes_the_kept_rows_and_a_report_naming_every_prompt(tmp_path):
+    folder = _run_folder(tmp_path, "screen", [[1, 1], [1, 0], [0, 0], [0, 1]])
+    from stepwise_cli.commands._evals import LocalRunEvals
+
+    results = LocalRunEvals(label=str(folder), folder=folder).results(0)
+    prompts = [p.model_copy(update={"row": i}) for i, p in enumerate(results.prompts)]  # one dataset of 4 rows
+    result = screen(prompts, 2, order="easy_first")
+    out = tmp_path / "data" / "screened.jsonl"
+    report = screen_cmd.write_outputs(out, result, {i: {"prompt": f"q{i}"} for i in range(4)}, {"order": "easy_first"})
+    assert [json.loads(x)["payload"]["prompt"] for x in out.read_text().splitlines()] == ["q1", "q3"]
+    body = json.loads(report.read_text())
+    assert report.name == "screened.screen.json" and body["kept_rows"] == 2 and body["removed_too_easy_rows"] == 1
+    assert [p["verdict"] for p in body["prompts"]] == ["too_easy", "kept", "too_hard", "kept"]
+    assert body["prompts"][1]["pass_rate"] == 0.5 and body["prompts"][1]["mixed@2"] == 1.0
