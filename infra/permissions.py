@@ -12,7 +12,8 @@ ExecuteTrainingOperation / GetTrainingOperationResult (forward_backward, optim_s
 save_weights, save_state), ExecuteSamplingOperation / GetSamplingOperationResult
 (sample, load_weights_for_sampling), DescribeHubContent / ListHubContents on
 ``SageMakerPublicHub`` (``resolve_base_model``, ``list_base_models``, ``load_tokenizer``) and
-DescribeModelPackage / DescribeModelPackageGroup (``create_training_client_from_state*``).
+DescribeModelPackage / DescribeModelPackageGroup (``create_training_client_from_state*``),
+and DeleteModelPackage (``delete_model_package``: retention ``best_and_last``, StopSession only).
 """
 
 from __future__ import annotations
@@ -162,6 +163,14 @@ class TrainingSessions:
         add_statements(role, iam.PolicyStatement(
             actions=["sagemaker:ExecuteSamplingOperation", "sagemaker:GetSamplingOperationResult"],
             resources=self.arns))
+
+    def grant_prune_model_packages(self, role: iam.IGrantable) -> None:
+        """DescribeModelPackage and DeleteModelPackage on this account's and region's model packages
+        (``keep_model_packages: best_and_last``: StopSession deletes the intermediate packages a run
+        created, by their ARNs recorded in state.json, through the SDK's ``delete_model_package``, which
+        describes first). No ListModelPackages: nothing is found by listing."""
+        add_statements(role, iam.PolicyStatement(actions=["sagemaker:DescribeModelPackage", "sagemaker:DeleteModelPackage"],
+                                                 resources=[_sm_arn(self.stack, "model-package")]))
 
     def grant_read_model_packages(self, role: iam.IGrantable) -> None:
         """DescribeModelPackage (checkpoints saved as model packages)."""

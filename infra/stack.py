@@ -192,6 +192,7 @@ class StepwiseStack(Stack):
         # The session sweeper: this stack's active sessions, its runs' states (above), their executions.
         sessions.grant_sweep(fns["SweepSessions"])
         loop.grant_describe_executions(fns["SweepSessions"])
+        sessions.grant_prune_model_packages(fns["StopSession"])  # retention best_and_last at a run's end
         # Track logs every summary to MLflow (and W&B) and ends the runs, beside the loop; no function
         # of the loop logs anything.
         tracking.grant_tracking(fns["Track"])

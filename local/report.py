@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from stepwise import layout
+from stepwise_cli.commands._runs import best_model, best_text
 from stepwise_cli.commands.watch import eval_when
 
 
@@ -225,6 +226,14 @@ def report(result: RunResult) -> str:
         lines.append(f"{eval_when(e['step'])}: accuracy {e['accuracy']:.3f}")
     for ckpt in _checkpoints(result.run_dir):
         lines.append(f"checkpoint at step {ckpt.get('step')} ({ckpt.get('reason')}): {ckpt.get('model_package_arn')}")
+    state = _state(result.run_dir)
+    best = best_model(state)
+    if best is not None:
+        lines.append(f"best model: {best_text(best)}")
+    if state.get("deleted_packages"):
+        lines.append(f"deleted (keep_model_packages best_and_last): {len(state['deleted_packages'])} model package(s)")
+    if state.get("stop_reason"):
+        lines.append(f"stop reason: {state['stop_reason']}")
     per = result.timing.get("per_step")
     if per:
         lines.append("per step (s): " + ", ".join(f"{k} {v:.2f}" for k, v in per.items()))
@@ -244,17 +253,19 @@ def report(result: RunResult) -> str:
     return "\n".join(lines)
 
 
-def _ledger_final(run_dir: Path) -> dict[str, Any]:
-    """The cost ledger's final report (``state.json`` ``ledger.final``; {} when absent)."""
+def _state(run_dir: Path) -> dict[str, Any]:
+    """The run folder's ``state.json`` ({} if absent)."""
     try:
-        return dict((json.loads((run_dir / "state.json").read_text()).get("ledger") or {}).get("final") or {})
+        return dict(json.loads((run_dir / "state.json").read_text()))
     except (OSError, ValueError):
         return {}
 
 
+def _ledger_final(run_dir: Path) -> dict[str, Any]:
+    """The cost ledger's final report (``state.json`` ``ledger.final``; {} when absent)."""
+    return dict((_state(run_dir).get("ledger") or {}).get("final") or {})
+
+
 def _checkpoints(run_dir: Path) -> list[dict[str, Any]]:
     """The run's saved checkpoints, as recorded in the run folder's ``state.json`` (none if absent)."""
-    try:
-        return list(json.loads((run_dir / "state.json").read_text()).get("checkpoints") or [])
-    except (OSError, ValueError):
-        return []
+    return list(_state(run_dir).get("checkpoints") or [])

@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from stepwise.core import service_limits as limits
 
-__all__ = ["RunConfig", "VpcConfig", "ConfigError", "load_run_config", "read_config_file", "config_format", "drop_unsupported",
+__all__ = ["RunConfig", "VpcConfig", "EarlyStopping", "ConfigError", "load_run_config", "read_config_file", "config_format", "drop_unsupported",
            "DROPPED_FIELDS", "shown"]
 
 log = logging.getLogger(__name__)
@@ -137,6 +137,34 @@ def _eval_set_names(data: dict[str, Any]) -> list[str]:
     return ([""] if data.get("eval_dataset_path") else []) + list(data.get("eval_datasets") or {})
 
 
+def _selection_metric_problem(metric: str, data: dict[str, Any]) -> str | None:
+    """Why ``metric`` is not a key the run's eval summaries will hold (None when it is), from the fields
+    validated so far: ``eval/METRIC`` or ``eval/NAME/METRIC`` of a configured set, METRIC one of accuracy,
+    mean@n, pass@k and (k > 1) all_pass@k, all_fail@k, mixed@k."""
+    from stepwise.core.evals import pass_ks
+
+    if not metric.startswith("eval/"):
+        return "must be an eval metric: eval/METRIC or eval/NAME/METRIC"
+    parts = metric.split("/")[1:]
+    sets = _eval_set_names(data)
+    if len(parts) == 2 and parts[0] not in sets:
+        return f"no eval set named {parts[0]!r} (eval_datasets: {sorted(s for s in sets if s) or 'none'})"
+    if len(parts) == 1 and "" not in sets:
+        return "the unnamed eval set (eval_dataset_path) is not set: name a set, eval/NAME/METRIC"
+    if len(parts) not in (1, 2):
+        return "must be eval/METRIC or eval/NAME/METRIC"
+    n = data.get("eval_group_size") or 1
+    try:
+        ks = pass_ks(n, data.get("eval_pass_k"))
+    except ValueError:
+        ks = [1]
+    allowed = ["accuracy", f"mean@{n}", *(f"pass@{k}" for k in ks),
+               *(f"{f}@{k}" for k in ks if k > 1 for f in ("all_pass", "all_fail", "mixed"))]
+    if parts[-1] not in allowed:
+        return f"the eval reports {', '.join(allowed)}"
+    return None
+
+
 def _has_eval_set(data: dict[str, Any]) -> bool:
     """Whether the config names an eval set; True when either field failed its own check (said there)."""
     if "eval_dataset_path" not in data or "eval_datasets" not in data:
@@ -162,6 +190,25 @@ class VpcConfig(BaseModel):
         if bad:
             raise ValueError(f"ids must match [-0-9a-zA-Z]{{1,32}} (e.g. subnet-0abc, sg-0abc); bad: {bad}")
         return v
+
+
+class EarlyStopping(BaseModel):
+    """``early_stopping``: end the run when its eval has stopped improving (`stepwise.core.selection`).
+
+    After ``patience`` evals in a row that do not beat the best value of ``metric`` so far by more
+    than ``min_delta`` (``mode`` max: higher is better; min: lower), the run ends as the budget limits
+    end it: final checkpoint, session stopped, SUCCEEDED, a stop reason naming the metric and its
+    history. The same metric, mode and minimum change choose the run's best model package.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+    metric: str = Field("eval/accuracy", description="an eval summary key: eval/METRIC (the unnamed eval set) or "
+                        "eval/NAME/METRIC; METRIC is accuracy, mean@n, pass@k or all_pass@k / all_fail@k / mixed@k "
+                        "(k > 1) of eval_group_size n and eval_pass_k")
+    mode: Literal["max", "min"] = Field("max", description="max: higher is better; min: lower is better")
+    patience: int = Field(3, ge=1, le=1000, description="evals without improvement before the run ends")
+    min_delta: float = Field(0.0, ge=0.0, description="an eval improves only when it beats the best by more than this")
 
 
 class RunConfig(BaseModel):
@@ -427,6 +474,20 @@ class RunConfig(BaseModel):
     eval_model_package_arn: str = Field(
         "", description="eval_only: the model package whose weights are evaluated (a checkpoint or sampler weights "
         "of an earlier run); '' = the base model",
+    )
+
+    # --- Model selection: early stopping, the best model package, retention (stepwise.core.selection) ---
+    early_stopping: EarlyStopping | None = Field(
+        None,
+        description="end the run when the eval stops improving: {metric, mode, patience, min_delta}; needs "
+        "eval_every > 0. Its metric, mode and min_delta also choose the best model package (without it: "
+        "eval/accuracy, max, 0)",
+    )
+    keep_model_packages: Literal["all", "best_and_last"] = Field(
+        "all",
+        description="all: keep every model package the run saves; best_and_last: when the run ends successfully, "
+        "delete the ones it created in between (each step's sampler weights, save_every checkpoints), keeping "
+        "the best, the final weights and the final checkpoint; the run's output names what was deleted",
     )
 
     # --- Bookkeeping ---
@@ -734,6 +795,20 @@ class RunConfig(BaseModel):
         bad = sorted(set(v) & set("/\\#?%:"))
         if bad:
             raise ValueError(f"must not contain {' '.join(bad)} (W&B refuses / \\ # ? % : in names)")
+        return v
+
+    @field_validator("early_stopping")
+    @classmethod
+    def _early_stopping(cls, v: EarlyStopping | None, info: ValidationInfo) -> EarlyStopping | None:
+        if v is None:
+            return v
+        if info.data.get("eval_only"):
+            raise ValueError("an eval-only run does not train: remove early_stopping")
+        if info.data.get("eval_every") == 0:
+            raise ValueError("needs evals during training: set eval_every > 0 (evals every N steps)")
+        problem = _selection_metric_problem(v.metric, info.data)
+        if problem:
+            raise ValueError(f"metric {v.metric!r}: {problem}")
         return v
 
     @field_validator("mlflow_tracking_uri")

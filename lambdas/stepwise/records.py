@@ -221,6 +221,18 @@ class EvalSetRows(BaseModel):
     offset: int = 0
 
 
+class EvalPoint(BaseModel):
+    """One eval of a training run, as model selection sees it (`stepwise.core.selection`): the step it
+    ran after, the selection metric's value and the model package it evaluated (the sampler's weights
+    at that step, saved by the step's save_weights; ``""`` = the base model)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    step: int
+    value: float
+    model_package_arn: str = ""
+
+
 class RunState(BaseModel):
     """``runs/{run_id}/state.json``: everything a fresh Lambda needs to continue the run.
 
@@ -257,6 +269,12 @@ class RunState(BaseModel):
     eval_rows: int = 0  # rows of every eval set (the unnamed set's alone in a state without eval_sets)
     eval_sets: list[EvalSetRows] = Field(default_factory=list)  # [] in a state written before named eval sets
     eval_only: bool = False  # an eval-only run (RunConfig.eval_only): it trains nothing and leaves no weights
+    # Model selection (stepwise.core.selection): the selection metric at each eval, the best of them,
+    # every model package the run created (in order) and those retention deleted.
+    eval_history: list[EvalPoint] = Field(default_factory=list)
+    best: EvalPoint | None = None
+    created_packages: list[str] = Field(default_factory=list)
+    deleted_packages: list[str] = Field(default_factory=list)
     generation_batch: int = 0
     step_cursor_start: int = 0  # cursor at the start of the current step (for DAPO generation batches)
     kept_groups: int = 0

@@ -190,6 +190,19 @@ def run_weights(state: dict[str, Any] | None) -> tuple[list[dict[str, Any]], dic
     return [c.model_dump(include=fields) for c in known.checkpoints], (final.model_dump(include=fields) if final else None)
 
 
+def best_model(state: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The run's best model (`stepwise.core.selection`): ``{step, value, model_package_arn}`` of the eval
+    that scored best (``model_package_arn`` ``""`` = the base model), or None (no eval, an eval-only run)."""
+    if not state or state.get("eval_only") or not isinstance(state.get("best"), dict):
+        return None
+    return state["best"]
+
+
+def best_text(best: dict[str, Any], base_model: str = "") -> str:
+    arn = best.get("model_package_arn") or f"the base model{f' {base_model}' if base_model else ''} (no package)"
+    return f"eval after step {best.get('step')} ({best.get('value'):.4g}): {arn}"
+
+
 def checkpoint_text(c: dict[str, Any]) -> str:
     return f"step {c['step']} {c['kind']} ({c.get('reason') or '-'}): {c['model_package_arn']}"
 
@@ -204,12 +217,23 @@ def checkpoint_lines(checkpoints: list[dict[str, Any]], final: dict[str, Any] | 
 
 
 def weights_lines(state: dict[str, Any] | None, region: str) -> list[str]:
-    """The lines a run's report ends with: each checkpoint, then the final weights' model package ARN
-    and how to sample or deploy it (`stepwise.core.operations.weights_usage`)."""
+    """The lines a run's report ends with: each checkpoint, the best model package (`best_model`) and
+    the model packages retention deleted, then the final weights' model package ARN and how to sample
+    or deploy it (`stepwise.core.operations.weights_usage`)."""
     from stepwise.core.operations import weights_usage
 
     checkpoints, final = run_weights(state)
     lines = checkpoint_lines(checkpoints, final)
+    best = best_model(state)
+    if best is not None:
+        lines.insert(len(checkpoints), f"  best model: {best_text(best)}")
+    deleted = (state or {}).get("deleted_packages") or []
+    if deleted:
+        lines.insert(len(checkpoints), f"  deleted by keep_model_packages best_and_last: {len(deleted)} model "
+                                       f"package(s): {', '.join(deleted)}")
+    if (state or {}).get("eval_only"):
+        lines.append(f"  evaluated: {(state or {}).get('sampler_model_package_arn') or 'the base model'}")
+        return lines
     if final is None:
         lines.append("  final weights: none (no optimizer step was applied; the sampler is still the base model)")
         return lines
@@ -248,7 +272,12 @@ def mean_reward(summary: dict[str, Any] | None) -> float | None:
 
 
 def eval_accuracy(summary: dict[str, Any] | None) -> float | None:
-    return metric(summary, "eval/accuracy")
+    """``eval/accuracy`` (the unnamed eval set's mean reward), else the first named set's
+    (``eval/NAME/accuracy``, a run with named eval sets only)."""
+    value = metric(summary, "eval/accuracy")
+    if value is None and summary and isinstance(summary.get("eval_sets"), list) and summary["eval_sets"]:
+        value = metric(summary, f"eval/{summary['eval_sets'][0]}/accuracy")
+    return value
 
 
 class BehaviourMetric(NamedTuple):

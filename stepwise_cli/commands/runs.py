@@ -3,8 +3,8 @@
 Reads the state machine's newest executions (continuations are folded into their run), then
 per run ``state.json`` (steps done, epoch, stop reason, checkpoints) and the newest step and eval
 summaries (found by listing step folders with a delimiter, so the cost does not grow with rollouts).
-Below the table: every run's checkpoints and final weights (step, kind, reason, model package
-ARN), ending with the newest run's final weights and how to sample or deploy them.
+Below the table: every run's checkpoints, final weights and best model (step, kind, reason, model
+package ARN; the best model is the eval that scored best, `stepwise.core.selection`), ending with the newest run's final weights and how to sample or deploy them.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from stepwise_cli.commands._runs import (
     CommandError,
     Deployment,
     add_stack_arguments,
+    best_model,
+    best_text,
     checkpoint_lines,
     deployment,
     eval_accuracy,
@@ -76,7 +78,8 @@ def recent_runs(dep: Deployment, limit: int) -> list[dict[str, Any]]:
         row.update(steps_done=state.get("step"), epoch=state.get("epoch"), stop_reason=state.get("stop_reason"),
                    last_step=step_no, last_reward=mean_reward(summary),
                    last_eval_step=eval_no, last_eval_accuracy=eval_accuracy(ev),
-                   checkpoints=checkpoints, final_weights=final, region=region_of(dep, run_id))
+                   checkpoints=checkpoints, final_weights=final, best_model=best_model(state),
+                   region=region_of(dep, run_id))
     return sorted(rows.values(), key=lambda r: r["started"], reverse=True)
 
 
@@ -92,10 +95,12 @@ def format_weights(rows: list[dict[str, Any]]) -> list[str]:
 
     lines: list[str] = []
     for r in rows:
-        if not r.get("checkpoints") and not r.get("final_weights"):
+        if not r.get("checkpoints") and not r.get("final_weights") and not r.get("best_model"):
             continue
         lines.append(f"{r['run_id']}:")
         lines += checkpoint_lines(r.get("checkpoints") or [], r.get("final_weights") or None)
+        if r.get("best_model"):
+            lines.append(f"  best model: {best_text(r['best_model'])}")
     newest = next((r for r in rows if r.get("final_weights")), None)
     if newest is not None:
         arn = newest["final_weights"]["model_package_arn"]

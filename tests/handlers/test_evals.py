@@ -1,13 +1,17 @@
-"""RecordEval with groups and named eval sets, and eval-only runs, through the real handlers on moto
-and the simulator: the summary's pass@k / mixed@k equal a direct count of the rollout records in S3,
-each set reports under its name, and an eval-only run loads the weights it evaluates, rolls out its
-eval once and finishes without a training operation or a checkpoint."""
+"""RecordEval with groups and named eval sets, eval-only runs and retention, through the real handlers
+on moto and the simulator: the summary's pass@k / mixed@k equal a direct count of the rollout records
+in S3, each set reports under its name, an eval-only run loads the weights it evaluates, rolls out its
+eval once and finishes without a training operation or a checkpoint, and ``best_and_last`` deletes
+only the intermediate model packages at the run's end."""
 
 from __future__ import annotations
 
 import json
 
-from tests.support.pipeline import BUCKET, init_run, new_run_id, roll_out_batch, run_ref, wait_ready
+import boto3
+import pytest
+from botocore.exceptions import ClientError
+from tests.support.pipeline import BUCKET, execution_arn, init_run, new_run_id, roll_out_batch, run_ref, wait_ready
 
 from stepwise.aws.runstore import RunStore
 from stepwise.events import BatchEvent, RunEvent
@@ -110,3 +114,35 @@ def test_an_eval_only_run_of_the_base_model_needs_no_weights(stack):
     assert state.resume_loaded and state.sampler_model_package_arn == "" and state.phase == "idle"
     p = plan.plan(RunEvent.model_validate({"run": run_ref(run_id)}))
     assert p["batch"]["kind"] == "eval" and p["batch"]["policy"]["sampler_model_package_arn"] == ""
+
+
+def test_retention_best_and_last_deletes_only_the_intermediate_packages_and_says_so(stack):
+    from stepwise.core.phases import plan_checkpoint
+    from stepwise.events import StopEvent
+    from stepwise.handlers.session import stop
+    from stepwise.handlers.train import checkpoint
+    from stepwise.records import EvalPoint
+
+    run_id = new_run_id("retain")
+    init_run(stack, run_id, stack.config(max_prompts=2, keep_model_packages="best_and_last"))
+    assert wait_ready(run_id)["ready"]
+    ev = RunEvent.model_validate({"run": run_ref(run_id)})
+    rs = RunStore(BUCKET, stack.s3)
+    for step in (1, 2, 3):  # three save_state checkpoints, as save_every would leave them
+        rs.update_state(run_id, lambda s, step=step: (setattr(s, "step", step), plan_checkpoint(s, "save_every")),
+                        execution_arn=ev.run.execution_arn)
+        while not checkpoint(ev)["done"]:
+            pass
+    arns = [c.model_package_arn for c in rs.read_state(run_id)[0].checkpoints]
+    assert rs.read_state(run_id)[0].created_packages == arns
+    rs.update_state(run_id, lambda s: setattr(s, "best", EvalPoint(step=2, value=0.9, model_package_arn=arns[1])),
+                    execution_arn=ev.run.execution_arn)
+    out = stop(StopEvent(execution_arn=execution_arn(run_id), execution_name=run_id, reason="finished"))
+    assert out["deleted_model_packages"] == [arns[0]]  # arns[1] is the best, arns[2] the newest checkpoint
+    assert out["best_model"]["model_package_arn"] == arns[1]
+    sm = boto3.client("sagemaker", endpoint_url=stack.sim.url)
+    with pytest.raises(ClientError, match="does not exist"):
+        sm.describe_model_package(ModelPackageName=arns[0])
+    for kept in arns[1:]:
+        assert sm.describe_model_package(ModelPackageName=kept)["ModelPackageArn"] == kept
+    assert rs.read_state(run_id)[0].deleted_packages == [arns[0]]

@@ -129,7 +129,8 @@ def recorded_calls():
         config = stack.config(
             dataset_path=stack.put_dataset("datasets/iam/train.jsonl", rows),
             eval_dataset_path=stack.put_dataset("datasets/iam/eval.jsonl", [{"prompt": "e0", "answer": "0"}]),
-            max_rollout_time=20, steps_per_execution=1)
+            max_rollout_time=20, steps_per_execution=1,
+            keep_model_packages="best_and_last")  # StopSession deletes intermediate packages: its grant is checked
         sfn = moto.client("stepfunctions")
         run_id = f"iam-{uuid.uuid4().hex[:6]}"
         first = sfn.start_execution(stateMachineArn=sm_arn, name=run_id, input=json.dumps(config))["executionArn"]

@@ -390,6 +390,13 @@ def session_detail(cp: Any, session_name: str) -> dict[str, Any]:
     return dict(resp.get("TrainingSessionDetail", resp))
 
 
+def delete_model_package(cfg: RunConfig, model_package_arn: str) -> bool:
+    """DeleteModelPackage through the SDK's ``ServiceClient.delete_model_package`` (DescribeModelPackage,
+    then DeleteModelPackage; its S3 artifacts are left where the session wrote them). Idempotent: True
+    when it deleted the package, False when it was already gone."""
+    return bool(service_client(cfg).delete_model_package(model_package_arn).model_package_deleted)
+
+
 def describe_session(cp: Any, session_name: str) -> tuple[str, str]:
     """``(status, failure reason or "")`` from DescribeTrainingSession."""
     resp = cp.describe_training_session(TrainingSessionName=session_name)

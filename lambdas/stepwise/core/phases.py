@@ -160,6 +160,12 @@ def _saved_weights(state: RunState) -> str:
 # ---------------------------------------------------------------------------- completion
 
 
+def _created(state: RunState, arn: str) -> None:
+    """Note a model package the run saved (``state.created_packages``: what retention may delete)."""
+    if arn and arn not in state.created_packages:
+        state.created_packages.append(arn)
+
+
 def complete_phase(state: RunState, *, now: Callable[[], float] = time.time, cfg: RunConfig | None = None) -> dict[str, Any]:
     """Apply the transition of a phase whose operations all succeeded; returns metrics to report
     (``train/*``, ``optim/*`` and ``time/train`` seconds since the first submit, by ``now``).
@@ -184,9 +190,11 @@ def complete_phase(state: RunState, *, now: Callable[[], float] = time.time, cfg
             out["time/train"] = now() - started
         state.train_started_at = started
         state.step_metrics.update(out)
+        _created(state, _saved_weights(state))
         state.pending = [_sampling_op(_saved_weights(state))]
         state.phase = "rebind"
     elif state.phase == "resume":
+        _created(state, _saved_weights(state))
         state.pending = [_sampling_op(_saved_weights(state))]
         state.phase = "resume_rebind"
     elif state.phase in ("rebind", "resume_rebind"):
@@ -219,6 +227,7 @@ def complete_phase(state: RunState, *, now: Callable[[], float] = time.time, cfg
         op = state.pending[0]
         arn = saved_weights_arn(op.result or {}) if op.name == "save_weights" else saved_state_arn(op.result or {})
         kind = "weights" if op.name == "save_weights" else "state"
+        _created(state, arn)
         state.checkpoints.append(Checkpoint(step=state.step, kind=kind, model_package_arn=arn, reason=state.checkpoint_reason,
                                             epoch=state.epoch, cursor=state.cursor, policy_version=state.policy_version))
         if state.checkpoint_reason == "final":
@@ -292,6 +301,9 @@ def rewind_to_checkpoint(state: RunState, *, session_name: str, created_at: floa
     # Evals at or before the checkpoint's step evaluated the very weights the run restarts from
     # (the baseline at step 0 included): they stand and are not run again. Later ones are redone.
     state.eval_steps = [s for s in state.eval_steps if s <= state.step]
+    state.eval_history = [p for p in state.eval_history if p.step <= state.step]
+    if state.best is not None and state.best.step > state.step:
+        state.best = None  # Init's resume recomputes it from the history kept (stepwise.core.selection.refresh_best)
     if state.last_eval_step is not None and state.last_eval_step > state.step:
         state.last_eval_step = state.step if state.step in state.eval_steps else None
     state.final_eval_done = state.final_eval_done and state.last_eval_step == state.step

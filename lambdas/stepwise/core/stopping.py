@@ -161,8 +161,19 @@ def record_checks(state: RunState, cfg: RunConfig, now: float) -> list[str]:
     return out
 
 
+# ---------------------------------------------------------------------------- model selection
+
+
+def _early_stopping_rule(state: RunState, cfg: RunConfig, now: float) -> str | None:
+    """``early_stopping``: `stepwise.core.selection.early_stopping_rule` (the eval has stopped improving)."""
+    from stepwise.core.selection import early_stopping_rule
+
+    return early_stopping_rule(state, cfg, now)
+
+
 #: The rules, asked in this order; the first answer stops the run.
-RULES: tuple[StopRule, ...] = (max_steps_rule, max_cost_usd_rule, max_session_hours_rule, max_run_hours_rule)
+RULES: tuple[StopRule, ...] = (max_steps_rule, max_cost_usd_rule, max_session_hours_rule, max_run_hours_rule,
+                                _early_stopping_rule)
 
 
 def stop_reason(state: RunState, cfg: RunConfig, now: float, rules: tuple[StopRule, ...] | None = None) -> str | None:

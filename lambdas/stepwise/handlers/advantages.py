@@ -190,9 +190,11 @@ def compute(event: BatchEvent) -> dict[str, Any]:
 
 def record_eval(event: BatchEvent) -> dict[str, Any]:
     """RecordEval: the eval batch's rollouts -> its summary and per-prompt results
-    (`stepwise.core.evals.summarize_eval`), then the run state's eval marks. A retry after the state
-    moved on returns the summary written."""
+    (`stepwise.core.evals.summarize_eval`), then the run state's eval marks and model selection's
+    history and best (`stepwise.core.selection.record_eval_point`). A retry after the state moved on
+    returns the summary written."""
     from stepwise.core.evals import EvalRollout, eval_sets_of, summarize_eval
+    from stepwise.core.selection import criterion, record_eval_point
 
     rs = store()
     run, batch = event.run, event.batch
@@ -214,6 +216,8 @@ def record_eval(event: BatchEvent) -> dict[str, Any]:
     rs.put_json(eval_results_key(run.run_id, batch.step), results.model_dump(mode="json"))
     write_summary(run.run_id, batch.step, summary, kind="eval")
 
+    evaluated = batch.policy.sampler_model_package_arn if batch.policy is not None else state.sampler_model_package_arn
+
     def change(s: RunState) -> None:
         _check_batch(s, batch)
         s.current_batch = None
@@ -222,8 +226,12 @@ def record_eval(event: BatchEvent) -> dict[str, Any]:
         s.eval_steps = sorted({*s.eval_steps, batch.step})
         if batch.final:
             s.final_eval_done = True
+        record_eval_point(s, cfg, batch.step, summary, evaluated)
 
-    rs.update_state(run.run_id, change, execution_arn=run.execution_arn)
+    state = rs.update_state(run.run_id, change, execution_arn=run.execution_arn)
+    if state.best is not None and state.best.step == batch.step:
+        logger.info("best model so far", extra={"metric": criterion(cfg).metric, "value": state.best.value,
+                                                 "model_package_arn": state.best.model_package_arn})
     emit({k: v for k, v in summary.items() if k.startswith("eval/") and isinstance(v, (int, float))},
          run_id=run.run_id)
     logger.info("eval recorded", extra={k: v for k, v in summary.items() if not k.startswith("eval/")

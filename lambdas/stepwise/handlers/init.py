@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from stepwise.aws import sagemaker
 from stepwise.aws.runstore import RunNotFound, RunOwnedElsewhere, RunStore
 from stepwise.core.phases import is_failure_stop, resume_session_name, rewind_to_checkpoint, session_name_for
+from stepwise.core.selection import refresh_best
 from stepwise.events import InitEvent
 from stepwise.executions import resolve_run
 from stepwise.handlers._common import bind, entrypoint, logger, now, poll_seconds, run_config, settings, store
@@ -72,6 +73,7 @@ def resume(rs: RunStore, run_id: str, execution_arn: str, state: RunState) -> Ru
         if s.session_stopped:
             found.append(rewind_to_checkpoint(s, session_name=session_name, created_at=now(),
                                               base_resume_arn=cfg.resume_from_model_package))
+            refresh_best(s, cfg)
 
     state = rs.update_state(run_id, change, execution_arn=execution_arn)
     if found:

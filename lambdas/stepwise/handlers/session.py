@@ -142,10 +142,14 @@ def stop_owned_session(execution_arn: str, execution_name: str, execution_input:
     cost = state.ledger.final or {}
     logger.info("training session stopped", extra={"training_session_name": state.training_session_name, "reason": reason,
                                                    "cost": cost.get("line")})
+    if reason == "finished" and cfg.keep_model_packages == "best_and_last" and not state.eval_only:
+        state = apply_retention(run_id, execution_arn, cfg, state)
     report = weights_report(state, cfg.region)
     out = {"stopped": True, "training_session_name": state.training_session_name, **report, "cost": cost}
     if state.eval_only:
         out["eval"] = eval_report(run_id, state)
+    if state.deleted_packages:
+        out["deleted_model_packages"] = list(state.deleted_packages)
     # The run's end: its S3 notification runs Track, which ends the MLflow and W&B runs and
     # renders the report page's last state (off this path).
     rs.put_json(run_summary_key(run_id), {
@@ -153,6 +157,29 @@ def stop_owned_session(execution_arn: str, execution_name: str, execution_input:
         "execution_arn": execution_arn, "step": state.step, "policy_version": state.policy_version,
         "ended_at": now(), **{k: v for k, v in out.items() if k not in ("stopped", "training_session_name")}})
     return out
+
+
+def apply_retention(run_id: str, execution_arn: str, cfg: Any, state: RunState) -> RunState:
+    """``keep_model_packages: best_and_last`` at a successful end: delete the model packages the run
+    created except the best, the final weights and the final checkpoint
+    (`stepwise.core.selection.packages_to_delete`), recording each deleted one in
+    ``state.deleted_packages`` (so a retry deletes only the rest). A package that cannot be deleted is
+    logged and kept: the run succeeded, and a package left behind costs storage, not a session."""
+    from stepwise.core.selection import packages_to_delete
+
+    delete, kept = packages_to_delete(state)
+    deleted: list[str] = []
+    for arn in delete:
+        try:
+            sagemaker.delete_model_package(cfg, arn)
+            deleted.append(arn)
+        except Exception as e:  # noqa: BLE001 - reported and kept, see above
+            logger.error("could not delete a model package", extra={"model_package_arn": arn, "error": str(e)[:500]})
+    if deleted:
+        state = store().update_state(run_id, lambda s: s.deleted_packages.extend(
+            a for a in deleted if a not in s.deleted_packages), execution_arn=execution_arn)
+    logger.info("retention best_and_last", extra={"deleted": deleted, "kept": kept})
+    return state
 
 
 def eval_report(run_id: str, state: RunState) -> dict[str, Any]:
@@ -173,13 +200,15 @@ def eval_report(run_id: str, state: RunState) -> dict[str, Any]:
 
 def weights_report(state: RunState, region: str) -> dict[str, Any]:
     """What the run leaves behind, for the execution's output: every checkpoint (step, kind, reason,
-    model package ARN), the final weights (`stepwise.core.phases.final_weights`; ``None`` = nothing trained) and
-    how to sample or deploy them."""
+    model package ARN), the final weights (`stepwise.core.phases.final_weights`; ``None`` = nothing trained),
+    the best model (`stepwise.core.selection`: ``{step, value, model_package_arn}`` of the eval that scored
+    best, ``""`` = the base model; ``None`` without an eval) and how to sample or deploy the final weights."""
     final = final_weights(state)
     out: dict[str, Any] = {
         "checkpoints": [c.model_dump(include={"step", "kind", "reason", "model_package_arn"}) for c in state.checkpoints],
         "final_weights": final.model_dump(include={"step", "kind", "reason", "model_package_arn", "policy_version"})
         if final else None,
+        "best_model": state.best.model_dump() if state.best is not None and not state.eval_only else None,
     }
     if final is not None:
         out["use_final_weights"] = weights_usage(final.model_package_arn, region)
