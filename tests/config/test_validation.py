@@ -169,6 +169,8 @@ BAD_VALUES = [
     ("eval_success_threshold", float("inf"), "finite number"),
     ("eval_only", "yes", "valid boolean"),
     ("eval_model_package_arn", "checkpoint-1", "model-package/"),
+    ("early_stopping", {"patience": 0}, "greater than or equal to 1"),
+    ("keep_model_packages", "none", "'all' or 'best_and_last'"),
     ("exp_id", 5, "valid string"),
     ("mlflow_tracking_uri", "mlflow.example.com", "SageMaker MLflow ARN"),
     ("mlflow_tracking_uri", "arn:aws:sagemaker:us-east-1:123456789012:model-package/x/1", "http(s):// URL"),
