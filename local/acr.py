@@ -26,10 +26,34 @@ As ACR behind the stack's IAM grant would, ``InvokeAgentRuntime`` is refused wit
 AccessDeniedException (403) for a runtime outside ``allowed_runtime_arns`` (or, when that is
 empty, outside the emulator's region and account: the stack grants ``runtime/*`` of its own
 region), and with ResourceNotFoundException (404) for a runtime it does not host; neither starts
-an agent. Like ACR, invokes above ``tps_limit`` per second (per runtime) are throttled. Faults can be
+an agent. Like ACR, calls above ``tps_limit`` per second (per runtime; InvokeAgentRuntime and
+StopRuntimeSession share it, as the toolkit's own rate limiter assumes) are throttled. Faults can be
 injected (``Faults`` / ``inject``): throttle the next N calls, fail them with a 500, accept
 them but never produce a result (the agent is not called), or accept them and write a
 malformed / ``status_code`` 500 result object at the toolkit's result key.
+
+Runtime sessions live as ACR's do (``SessionLifecycle``; AgentCore developer guide, "Configure
+lifecycle settings" and "Stop a running session"; quotas page, "Active session workloads per account"):
+
+- the first ``InvokeAgentRuntime`` of a ``runtimeSessionId`` starts a session; it is *active* (it
+  bills and counts against the quota) until it ends. Each runtime session is its own microVM on
+  ACR; here the agent process is shared, and it reports which sessions still run background work
+  (`local.agents.serve`).
+- a session ends when ``StopRuntimeSession`` stops it (``sessions_stopped``), when it has been idle
+  (no invocation in flight, no background work: ACR's ``Healthy`` rather than ``HealthyBusy``)
+  for ``idle_timeout_s`` (default 900), or when it reaches ``max_lifetime_s`` (default 28800);
+  both count as ``sessions_timed_out``. Its agent's work is cancelled and writes nothing more.
+- a new session beyond ``session_quota`` active sessions is refused with
+  ServiceQuotaExceededException (402); invoking an active session again is not a new session.
+- stopping a session that is not active answers ResourceNotFoundException (404), as ACR does
+  for a session "not found or already terminated".
+
+``counters`` (`AcrCounters`) holds, besides the request outcomes, ``sessions_started``,
+``sessions_stopped``, ``sessions_timed_out``, ``sessions_active``, ``peak_active_sessions`` and
+``session_seconds`` (wall seconds from each session's start to its end, or to now while it is
+active: what ACR bills memory for); `session_counters()` returns them up to date, and other
+processes read the same names from ``GET /_acr/state``. These names are a contract (the cost
+ledger reads ``session_seconds``): extend, do not rename.
 """
 
 from __future__ import annotations
@@ -59,6 +83,7 @@ SESSION_HEADER = "X-Amzn-Bedrock-AgentCore-Runtime-Session-Id"
 ERROR_TYPE_HEADER = "X-Amzn-ErrorType"
 _STATUS = {
     "ThrottlingException": 429,
+    "ServiceQuotaExceededException": 402,
     "ResourceNotFoundException": 404,
     "AccessDeniedException": 403,
     "ValidationException": 400,
@@ -161,8 +186,62 @@ class AgentProcess:
 
 
 @dataclass
+class SessionLifecycle:
+    """How long runtime sessions live and how many may be active (ACR's defaults; tests scale them down).
+
+    Attributes:
+        idle_timeout_s: a session idle this long ends (``lifecycleConfiguration.idleRuntimeSessionTimeout``,
+            default 900 s, range 60..28800 on ACR).
+        max_lifetime_s: a session ends this long after it started, busy or not (``maxLifetime``, default 28800 s).
+        session_quota: active sessions per account before ServiceQuotaExceededException (the quotas page's
+            "Active session workloads per account": 500 outside us-east-1/us-west-2, 1,000 there; adjustable);
+            None = no quota.
+    """
+
+    idle_timeout_s: float = 900.0
+    max_lifetime_s: float = 28800.0
+    session_quota: int | None = 500
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> "SessionLifecycle":
+        """From ``STEPWISE_LOCAL_ACR_IDLE_TIMEOUT``, ``STEPWISE_LOCAL_ACR_MAX_LIFETIME`` (seconds) and
+        ``STEPWISE_LOCAL_ACR_SESSION_QUOTA`` (``0`` = no quota); unset = ACR's defaults."""
+        env = os.environ if env is None else env
+        out = cls()
+        if env.get(ENV_IDLE_TIMEOUT):
+            out.idle_timeout_s = float(env[ENV_IDLE_TIMEOUT])
+        if env.get(ENV_MAX_LIFETIME):
+            out.max_lifetime_s = float(env[ENV_MAX_LIFETIME])
+        if env.get(ENV_SESSION_QUOTA):
+            quota = int(env[ENV_SESSION_QUOTA])
+            out.session_quota = quota if quota > 0 else None
+        return out
+
+
+ENV_IDLE_TIMEOUT = "STEPWISE_LOCAL_ACR_IDLE_TIMEOUT"
+ENV_MAX_LIFETIME = "STEPWISE_LOCAL_ACR_MAX_LIFETIME"
+ENV_SESSION_QUOTA = "STEPWISE_LOCAL_ACR_SESSION_QUOTA"
+
+
+@dataclass
+class RuntimeSession:
+    """One ``runtimeSessionId`` the emulator started (times are ``time.monotonic()`` seconds)."""
+
+    sid: str
+    arn: str
+    started: float
+    last_active: float
+    run_id: str = ""  # from the payload's ``_rollout.exp_id`` (``rollout-results/{run_id}``), when it has one
+    in_flight: int = 0  # invocations being answered
+    busy: bool = False  # its agent reported background work at the last look
+    ended: float | None = None
+    end_reason: str = ""  # "stopped" | "idle_timeout" | "max_lifetime"
+
+
+@dataclass
 class AcrCounters:
-    """What the emulator did, by outcome."""
+    """What the emulator did, by outcome; the ``sessions_*`` and ``session_seconds`` names are a
+    contract (module doc), read them through `AcrEmulator.session_counters` for current values."""
 
     invocations: int = 0
     forwarded: int = 0
@@ -175,7 +254,14 @@ class AcrCounters:
     access_denied: int = 0
     get_runtime_calls: int = 0
     agent_errors: int = 0
-    stopped_sessions: int = 0
+    stop_calls: int = 0  # StopRuntimeSession requests answered (any outcome)
+    sessions_started: int = 0
+    sessions_stopped: int = 0  # ended by StopRuntimeSession
+    sessions_timed_out: int = 0  # ended by the idle timeout or the maximum lifetime
+    sessions_active: int = 0
+    peak_active_sessions: int = 0
+    session_seconds: float = 0.0  # of ended sessions; session_counters() adds the active ones'
+    quota_refusals: int = 0  # ServiceQuotaExceededException answers
     forward_seconds: float = 0.0  # summed wall time of forwarded invocations (agent answer included)
     max_forward_seconds: float = 0.0
     by_session: dict[str, int] = field(default_factory=dict)
@@ -196,12 +282,13 @@ class AcrEmulator:
         account: the account of autostarted runtimes and of the default grant.
         allowed_runtime_arns: the stack's allow-list (``STEPWISE_AGENT_RUNTIME_ARNS``); empty = the
             grant is ``arn:aws:bedrock-agentcore:{region}:{account}:runtime/*``.
+        lifecycle: session lifetimes and the active-session quota (default: `SessionLifecycle.from_env`).
     """
 
     def __init__(self, agents: dict[str, str] | None = None, *, tps_limit: float | None = None,
                  faults: Faults | None = None, agent_env: dict[str, str] | None = None, autostart: bool = True,
                  log_dir: str | None = None, region: str | None = None, account: str = "123456789012",
-                 allowed_runtime_arns: tuple[str, ...] | list[str] = ()):
+                 allowed_runtime_arns: tuple[str, ...] | list[str] = (), lifecycle: SessionLifecycle | None = None):
         self.region = region or os.environ.get("AWS_REGION") or "us-east-1"
         self.account = account
         self.allowed_runtime_arns = tuple(allowed_runtime_arns)
@@ -213,6 +300,10 @@ class AcrEmulator:
         self.agent_env = dict(agent_env or {})
         self.autostart = autostart
         self.counters = AcrCounters()
+        self.lifecycle = lifecycle or SessionLifecycle.from_env()
+        self.sessions: dict[str, RuntimeSession] = {}  # every session started, by sid (ended ones too)
+        self._reaper: threading.Thread | None = None
+        self._stopping = threading.Event()
         self._agents: dict[str, AgentProcess] = {}
         self._windows: dict[str, collections.deque[float]] = collections.defaultdict(collections.deque)
         self._lock = threading.Lock()
@@ -236,6 +327,9 @@ class AcrEmulator:
         self._thread.start()
         if not ready.wait(30):
             raise RuntimeError("ACR emulator did not start")
+        self._stopping.clear()
+        self._reaper = threading.Thread(target=self._reap_loop, name="acr-session-reaper", daemon=True)
+        self._reaper.start()
         for arn in self._specs:
             self._agent(arn)
         return self
@@ -249,6 +343,7 @@ class AcrEmulator:
         app.router.add_post("/runtimes/{arn:.+}/invocations", self._handle)
         app.router.add_post("/runtimes/{arn:.+}/stopruntimesession", self._stop_session)
         app.router.add_get("/runtimes/{runtime_id}/", self._get_runtime)
+        app.router.add_get("/_acr/state", self._state)
 
         async def setup() -> None:
             import aiohttp
@@ -266,7 +361,11 @@ class AcrEmulator:
         self._loop.run_forever()
 
     def stop(self) -> None:
-        """Stop the server and every agent process."""
+        """Stop the server and every agent process (sessions still active stay counted as active)."""
+        self._stopping.set()
+        if self._reaper is not None:
+            self._reaper.join(10)
+            self._reaper = None
         if self._loop is not None:
             async def teardown() -> None:
                 if self._client is not None:
@@ -379,6 +478,128 @@ class AcrEmulator:
             log.info("agent %s serving %s on %s", spec, arn, agent.url)
             return agent
 
+    # ------------------------------------------------------------------ runtime sessions
+
+    def _begin_invoke(self, arn: str, sid: str, body: bytes) -> bool:
+        """Count an invocation of session ``sid``, starting the session when it is not active.
+        False when starting it would pass the active-session quota (nothing is counted then)."""
+        now = time.monotonic()
+        with self._lock:
+            session = self.sessions.get(sid)
+            if session is None or session.ended is not None:
+                quota = self.lifecycle.session_quota
+                if quota is not None and self.counters.sessions_active >= quota:
+                    self.counters.quota_refusals += 1
+                    return False
+                session = self.sessions[sid] = RuntimeSession(sid, arn, now, now, run_id=_run_id_of(body))
+                self.counters.sessions_started += 1
+                self.counters.sessions_active += 1
+                self.counters.peak_active_sessions = max(self.counters.peak_active_sessions, self.counters.sessions_active)
+            session.in_flight += 1
+            session.last_active = now
+            return True
+
+    def _end_invoke(self, sid: str) -> None:
+        with self._lock:
+            session = self.sessions.get(sid)
+            if session is not None:
+                session.in_flight = max(0, session.in_flight - 1)
+                session.last_active = time.monotonic()
+
+    def _end_session(self, session: RuntimeSession, reason: str, now: float) -> None:
+        """End an active ``session`` (caller holds ``_lock``); its agent's work is cancelled after."""
+        session.ended = now
+        session.end_reason = reason
+        self.counters.sessions_active -= 1
+        self.counters.session_seconds += now - session.started
+        if reason == "stopped":
+            self.counters.sessions_stopped += 1
+        else:
+            self.counters.sessions_timed_out += 1
+
+    def _cancel_agent_work(self, session: RuntimeSession) -> None:
+        agent = self._agents.get(session.arn)
+        if agent is None:
+            return
+        import urllib.request
+
+        from local.agents.serve import STOP_PATH
+
+        request = urllib.request.Request(f"{agent.url}{STOP_PATH}", data=json.dumps({"sid": session.sid}).encode(),
+                                         headers={"Content-Type": "application/json"}, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=5) as resp:
+                resp.read()
+        except OSError as exc:  # the agent is gone: its work with it
+            log.debug("could not cancel session %s in %s: %s", session.sid, agent.spec, exc)
+
+    def _busy_sessions(self) -> set[str] | None:
+        """The sessions whose agents report background work, or None when an agent could not be asked."""
+        import urllib.request
+
+        from local.agents.serve import SESSIONS_PATH
+
+        busy: set[str] = set()
+        for agent in list(self._agents.values()):
+            try:
+                with urllib.request.urlopen(f"{agent.url}{SESSIONS_PATH}", timeout=5) as resp:
+                    busy.update(json.loads(resp.read()).get("busy", {}))
+            except (OSError, ValueError):
+                return None
+        return busy
+
+    def reap(self) -> list[RuntimeSession]:
+        """One look at every active session: end those idle for ``idle_timeout_s`` or older than
+        ``max_lifetime_s`` (their agents' work is cancelled); returns the sessions it ended."""
+        busy = self._busy_sessions()
+        now = time.monotonic()
+        ended: list[RuntimeSession] = []
+        with self._lock:
+            for session in self.sessions.values():
+                if session.ended is not None:
+                    continue
+                if busy is not None:
+                    session.busy = session.sid in busy
+                if session.busy or session.in_flight:
+                    session.last_active = now
+                if now - session.started >= self.lifecycle.max_lifetime_s:
+                    self._end_session(session, "max_lifetime", now)
+                elif now - session.last_active >= self.lifecycle.idle_timeout_s:
+                    self._end_session(session, "idle_timeout", now)
+                else:
+                    continue
+                ended.append(session)
+        for session in ended:
+            log.info("runtime session %s ended: %s", session.sid, session.end_reason)
+            self._cancel_agent_work(session)
+        return ended
+
+    def _reap_loop(self) -> None:
+        tick = max(0.02, min(1.0, self.lifecycle.idle_timeout_s / 4, self.lifecycle.max_lifetime_s / 4))
+        while not self._stopping.wait(tick):
+            try:
+                self.reap()
+            except Exception:  # keep reaping
+                log.exception("reaping runtime sessions")
+
+    def session_counters(self) -> dict[str, Any]:
+        """The session counters now (``session_seconds`` includes the active sessions' seconds so far)."""
+        now = time.monotonic()
+        with self._lock:
+            running = sum(now - s.started for s in self.sessions.values() if s.ended is None)
+            c = self.counters
+            return {"sessions_started": c.sessions_started, "sessions_stopped": c.sessions_stopped,
+                    "sessions_timed_out": c.sessions_timed_out, "sessions_active": c.sessions_active,
+                    "peak_active_sessions": c.peak_active_sessions,
+                    "session_seconds": round(c.session_seconds + running, 3), "quota_refusals": c.quota_refusals,
+                    "stop_calls": c.stop_calls}
+
+    def active_sessions(self, run_id: str | None = None) -> list[str]:
+        """The sids of the active sessions (of ``run_id`` only, when given)."""
+        with self._lock:
+            return [s.sid for s in self.sessions.values()
+                    if s.ended is None and (run_id is None or s.run_id == run_id)]
+
     # ------------------------------------------------------------------ request path
 
     def _take_fault(self) -> str | None:
@@ -447,7 +668,20 @@ class AcrEmulator:
         if agent is None:  # hosted, but its container would not start
             self._count("agent_errors")
             return self._error("RuntimeClientError", f"the agent of runtime {arn!r} did not start")
+        if not self._begin_invoke(arn, sid, body):
+            return self._error("ServiceQuotaExceededException",
+                               f"The number of active runtime sessions would exceed the account's quota of "
+                               f"{self.lifecycle.session_quota} (Active session workloads per account)")
+        try:
+            return await self._answer(request, arn, sid, body, agent, fault)
+        finally:
+            self._end_invoke(sid)
 
+    async def _answer(self, request: Any, arn: str, sid: str, body: bytes, agent: AgentProcess, fault: str | None) -> Any:
+        """The invocation of an active session: a faulty acceptance, or the agent's own answer."""
+        from aiohttp import web
+
+        loop = asyncio.get_running_loop()
         if fault in ("drop_result", "malformed_result", "error_result"):
             try:
                 payload = json.loads(body or b"{}")
@@ -506,13 +740,47 @@ class AcrEmulator:
         })
 
     async def _stop_session(self, request: Any) -> Any:
-        """``StopRuntimeSession`` (the toolkit's ``AgentCoreHttpSession`` calls it after each rollout):
-        counted and acknowledged; agent processes here are shared, not per session."""
+        """``StopRuntimeSession`` (the toolkit's ``AgentCoreHttpSession`` calls it after each rollout): ends
+        the active session (its agent's work is cancelled); ResourceNotFoundException for a session that
+        is not active ("not found or already terminated"). Shares the runtime's rate with invokes."""
         from aiohttp import web
 
-        self._count("stopped_sessions")
+        self._count("stop_calls")
+        arn = unquote(request.match_info["arn"])
         sid = request.headers.get(SESSION_HEADER, "")
-        return web.json_response({}, headers={SESSION_HEADER: sid})
+        if not self.may_invoke(arn):
+            self._count("access_denied")
+            return self._error("AccessDeniedException",
+                               f"User is not authorized to perform: bedrock-agentcore:StopRuntimeSession on resource: {arn}")
+        if self._over_tps(arn):
+            self._count("throttled")
+            return self._error("ThrottlingException", f"Rate exceeded: more than {self.tps_limit:g} calls per second for {arn}")
+        now = time.monotonic()
+        with self._lock:
+            session = self.sessions.get(sid)
+            active = session is not None and session.ended is None and session.arn == arn
+            if active:
+                self._end_session(session, "stopped", now)
+        if not active:
+            return self._error("ResourceNotFoundException", f"runtime session {sid!r} not found or already terminated")
+        await asyncio.get_running_loop().run_in_executor(None, self._cancel_agent_work, session)
+        return web.json_response({"runtimeSessionId": sid}, headers={SESSION_HEADER: sid})
+
+    async def _state(self, request: Any) -> Any:
+        """``GET /_acr/state``: ``{"counters": session_counters(), "active": [sid, ...]}`` for other processes."""
+        from aiohttp import web
+
+        return web.json_response({"counters": self.session_counters(), "active": self.active_sessions()})
+
+
+def _run_id_of(body: bytes) -> str:
+    """``run_id`` of an invocation payload whose ``_rollout.exp_id`` is ``rollout-results/{run_id}``; '' otherwise."""
+    try:
+        exp_id = json.loads(body or b"{}")["_rollout"]["exp_id"]
+    except (ValueError, KeyError, TypeError):
+        return ""
+    prefix, _, run_id = str(exp_id).partition("/")
+    return run_id if prefix == "rollout-results" else ""
 
 
 def _put_object(bucket: str, key: str, body: bytes) -> None:

@@ -4,7 +4,7 @@ closing lines for the terminal (the plot is `stepwise_cli.plot`'s, the one `step
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -56,6 +56,9 @@ class RunResult:
     session_status: str | None
     executions: list[str]
     report: Path | None = None
+    #: `local.stack.LocalStack.billing_report` at the run's end: ACR sessions (counters, still active) and
+    #: training sessions not stopped.
+    billing: dict[str, Any] = field(default_factory=dict)
 
 
 _TRAIN_STATES = ("Submit training step", "Wait for training step", "Check training step", "Training step done?",

@@ -416,6 +416,7 @@ def _finish(stack: LocalStack, follower: LocalFollower | None, desc: dict[str, A
     timing: dict[str, Any] = {}
     session_status = None
     report_path = None
+    billing: dict[str, Any] = {}
     counters: dict[str, Any] = {}
     if stack.moto is not None and stack.resources is not None and follower is not None:
         sfn = stack.moto.client("stepfunctions")
@@ -452,8 +453,9 @@ def _finish(stack: LocalStack, follower: LocalFollower | None, desc: dict[str, A
             c = stack.acr.counters
             timing["acr"] = {"invocations": c.invocations, "forwarded": c.forwarded, "throttled": c.throttled,
                              "mean_forward_seconds": round(c.forward_seconds / max(1, c.forwarded), 4),
-                             "max_forward_seconds": round(c.max_forward_seconds, 4)}
+                             "max_forward_seconds": round(c.max_forward_seconds, 4), **stack.acr.session_counters()}
         session_status = training_session_status(stack, run_id)
+        billing = stack.billing_report()
         s3 = stack.moto.client("s3")
         for key in (layout.state_key(run_id), layout.config_key(run_id)):
             try:
@@ -485,6 +487,7 @@ def _finish(stack: LocalStack, follower: LocalFollower | None, desc: dict[str, A
         evals=[{"step": s, "accuracy": a} for s, a in evals], failure=failure, timing=timing,
         simulator_counters=_jsonable(counters), session_status=session_status,
         executions=follower.executions if follower else [], report=report_path,
+        billing=_jsonable(billing),
     )
     (run_dir / "timing.json").write_text(json.dumps(timing, indent=2))
     (run_dir / "result.json").write_text(json.dumps(asdict(result), indent=2, default=str))

@@ -16,10 +16,11 @@ import os
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from local import REPO_ROOT
 from local._proc import restore_env, stop_process
@@ -31,6 +32,10 @@ from stepwise.executions import EXECUTION_STATUS_CHANGE
 log = logging.getLogger("stepwise.run_local")
 
 LOCAL_ROLE_ARN = "arn:aws:iam::123456789012:role/stepwise-local-sagemaker"
+
+#: Training session statuses in which a session no longer bills (botocore's ``TrainingSessionStatus``
+#: values after StopTrainingSession or an end of the service's own).
+ENDED_TRAINING_SESSION_STATUSES = frozenset({"Stopping", "Stopped", "Failed", "Expired", "Deleting", "DeletionFailed"})
 
 
 class SimulatorProcess:
@@ -111,6 +116,9 @@ class LocalStack:
     resources: Any = None
     simulator_in_process: bool = False
     _saved_env: dict[str, str | None] = field(default_factory=dict)
+    #: Called with `billing_report` when a stack stops (before its services do): the tests' check that
+    #: nothing is left billing after every end-to-end run (tests/support/billing.py).
+    observers: ClassVar[list[Callable[[dict[str, Any]], None]]] = []
 
     def set_env(self, env: dict[str, str]) -> None:
         for key, value in env.items():
@@ -154,6 +162,7 @@ class LocalStack:
         from stepwise import settings
 
         allowed = settings.current().agent_runtime_arns  # STEPWISE_AGENT_RUNTIME_ARNS, read as Init reads it
+        # Session lifetimes and the active-session quota: ACR's defaults unless STEPWISE_LOCAL_ACR_* say otherwise.
         self.acr = AcrEmulator(agents, tps_limit=tps_limit, faults=Faults(**(acr_faults or {})),
                                agent_env=engine.endpoint_env(self.moto.endpoint),
                                log_dir=str(log_dir) if log_dir else None, region=engine.REGION,
@@ -164,7 +173,27 @@ class LocalStack:
         self.resources = create_resources(self.moto, self.bucket)
         return self
 
+    def billing_report(self) -> dict[str, Any]:
+        """What this stack leaves billing now: ``{"acr": the emulator's session counters, "acr_active":
+        [sid, ...], "training_sessions": {name: status} of the sessions not ended}`` (a status outside
+        `ENDED_TRAINING_SESSION_STATUSES` bills)."""
+        report: dict[str, Any] = {"source": "run-local", "acr": {}, "acr_active": [], "training_sessions": {}}
+        if self.acr is not None:
+            report["acr"] = self.acr.session_counters()
+            report["acr_active"] = self.acr.active_sessions()
+        if self.simulator is not None:
+            try:
+                report["training_sessions"] = {name: status for name, status in simulator_sessions(self.simulator).items()
+                                               if status not in ENDED_TRAINING_SESSION_STATUSES}
+            except Exception as exc:  # the simulator is gone: say so rather than report nothing
+                report["training_sessions"] = {"?": f"could not ask the simulator: {exc}"}
+        return report
+
     def stop(self) -> None:
+        if self.acr is not None and self.observers:
+            report = self.billing_report()
+            for observe in list(self.observers):
+                observe(report)
         for name in ("acr", "gateway"):
             part = getattr(self, name)
             if part is not None:

@@ -5,15 +5,37 @@ The app is any ASGI app built on the toolkit's ``AgentCoreRLApp`` (POST /invocat
 GET /ping, session id in the ``X-Amzn-Bedrock-AgentCore-Runtime-Session-Id`` header).
 ``--fd N`` serves on an already-bound listening socket inherited from the parent (so the
 parent picks a free loopback port with no race); ``--port`` binds 127.0.0.1:PORT instead.
+
+One process serves every runtime session of its runtime (ACR gives each session a microVM of its
+own), so the ACR emulator (`local.acr`) asks this process what each session is doing and ends it:
+
+- ``GET /_stepwise/sessions`` -> ``{"busy": {sid: background tasks}}``: the sessions whose
+  background work (the toolkit's ``rollout_entrypoint`` task, registered with ``add_async_task``,
+  which is what turns ACR's ping to ``HealthyBusy``) still runs. ACR counts a session idle only
+  when it is not busy (its idle timeout runs from then).
+- ``POST /_stepwise/sessions/stop`` with ``{"sid": ...}``: what ACR's StopRuntimeSession (or a
+  lifetime ending) does to the session's microVM: its background tasks are cancelled and nothing
+  more of it reaches S3 (the toolkit would save a ``status_code`` 500 result on cancellation; a
+  terminated microVM saves nothing).
+
+Tasks are attributed to sessions through the toolkit's request context (``BedrockAgentCoreContext``'s
+session id, a context variable the background task inherits from its request).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib
 import importlib.util
+import json
 import socket
 import sys
+import threading
+from typing import Any
+
+SESSIONS_PATH = "/_stepwise/sessions"
+STOP_PATH = "/_stepwise/sessions/stop"
 
 
 def split_spec(spec: str) -> tuple[str, str]:
@@ -55,6 +77,110 @@ def load_app(spec: str):
         raise AttributeError(f"{target} has no {attr!r}: name the AgentCoreRLApp as {target}:NAME") from None
 
 
+def _current_sid() -> str | None:
+    try:
+        from bedrock_agentcore.runtime.context import BedrockAgentCoreContext
+
+        return BedrockAgentCoreContext.get_session_id()
+    except Exception:  # not a toolkit app, or no request context
+        return None
+
+
+class SessionTracker:
+    """Which runtime session each background task of ``app`` belongs to; cancels a session's tasks.
+
+    Wraps the app's ``add_async_task`` / ``complete_async_task`` (the toolkit's rollout task calls
+    both) and ``save_result`` (nothing is saved for a stopped session)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.lock = threading.Lock()
+        self.tasks: dict[int, tuple[str, asyncio.Task | None]] = {}
+        self.stopped: set[str] = set()
+        add, complete = getattr(app, "add_async_task", None), getattr(app, "complete_async_task", None)
+        save = getattr(app, "save_result", None)
+        if add is None or complete is None:
+            return
+        tracker = self
+
+        def add_async_task(name: str, metadata: dict | None = None) -> int:
+            task_id = add(name, metadata)
+            sid = _current_sid()
+            if sid:
+                try:
+                    task = asyncio.current_task()
+                except RuntimeError:
+                    task = None
+                with tracker.lock:
+                    tracker.tasks[task_id] = (sid, task)
+            return task_id
+
+        def complete_async_task(task_id: int) -> bool:
+            with tracker.lock:
+                tracker.tasks.pop(task_id, None)
+            return complete(task_id)
+
+        app.add_async_task = add_async_task
+        app.complete_async_task = complete_async_task
+        if save is not None:
+            def save_result(*args: Any, **kwargs: Any) -> Any:
+                if _current_sid() in tracker.stopped:
+                    return None
+                return save(*args, **kwargs)
+
+            app.save_result = save_result
+
+    def busy(self) -> dict[str, int]:
+        """sid -> background tasks still running."""
+        out: dict[str, int] = {}
+        with self.lock:
+            for sid, _ in self.tasks.values():
+                out[sid] = out.get(sid, 0) + 1
+        return out
+
+    def stop(self, sid: str) -> int:
+        """Cancel ``sid``'s background tasks (and save nothing more for it); returns how many."""
+        with self.lock:
+            self.stopped.add(sid)
+            tasks = [task for s, task in self.tasks.values() if s == sid and task is not None]
+        for task in tasks:
+            task.cancel()
+        return len(tasks)
+
+
+class SessionControl:
+    """ASGI wrapper: `SESSIONS_PATH` and `STOP_PATH` answered here, everything else by the app."""
+
+    def __init__(self, app: Any, tracker: SessionTracker) -> None:
+        self.app = app
+        self.tracker = tracker
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        path = scope.get("path") if scope.get("type") == "http" else None
+        if path == SESSIONS_PATH:
+            return await self._json(send, {"busy": self.tracker.busy()})
+        if path == STOP_PATH:
+            body = b""
+            while True:
+                message = await receive()
+                body += message.get("body", b"")
+                if not message.get("more_body"):
+                    break
+            try:
+                sid = str(json.loads(body or b"{}")["sid"])
+            except (ValueError, KeyError, TypeError):
+                return await self._json(send, {"message": "expected {\"sid\": ...}"}, status=400)
+            return await self._json(send, {"cancelled": self.tracker.stop(sid)})
+        await self.app(scope, receive, send)
+
+    @staticmethod
+    async def _json(send: Any, value: Any, status: int = 200) -> None:
+        data = json.dumps(value).encode()
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
+        await send({"type": "http.response.body", "body": data})
+
+
 def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
@@ -67,9 +193,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     app = load_app(args.app)
+    served = SessionControl(app, SessionTracker(app))
     # Keep-alive longer than the caller's pool idle time (aiohttp: 15 s), or uvicorn's 5 s default
     # closes a pooled connection just as the ACR emulator reuses it ("Connection reset by peer").
-    config = uvicorn.Config(app, host="127.0.0.1", port=args.port or 0, log_level=args.log_level,
+    config = uvicorn.Config(served, host="127.0.0.1", port=args.port or 0, log_level=args.log_level,
                             access_log=False, lifespan="on", timeout_keep_alive=75)
     server = uvicorn.Server(config)
     sockets = [socket.socket(fileno=args.fd)] if args.fd is not None else None

@@ -19,7 +19,7 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from local import engine
-from local.acr import AcrEmulator, agent_spec_for_arn
+from local.acr import AcrEmulator, SessionLifecycle, agent_spec_for_arn
 from local.agents.math_agent import calculate, strict_reward
 
 BUCKET = "stepwise-acr-test"
@@ -33,6 +33,7 @@ class ScriptedLLM:
     def __init__(self):
         self.requests: list[dict] = []
         self.replies: dict[str, list[dict]] = {}
+        self.hold: dict[str, threading.Event] = {}  # api key -> the reply waits for this event (a hung LLM call)
         llm = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -43,6 +44,8 @@ class ScriptedLLM:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 key = self.headers.get("Authorization", "").removeprefix("Bearer ")
                 llm.requests.append({"key": key, "path": self.path, "body": body})
+                if key in llm.hold:
+                    llm.hold[key].wait(60)
                 queue = llm.replies.get(key) or [{"role": "assistant", "content": "0"}]
                 message = queue.pop(0)
                 out = {
@@ -273,3 +276,89 @@ def test_iam_matching_of_the_emulator_agrees_with_inits_scope_check():
         assert acr.may_invoke(arn) == scope.may_invoke(arn)
 
     agree()
+
+
+def _wait_for(predicate, timeout=20.0, step=0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step)
+    return predicate()
+
+
+def test_runtime_sessions_end_when_idle_or_too_old_and_a_hung_agent_writes_nothing(stack):
+    """ACR's lifecycle, scaled down: a finished rollout's session ends after the idle timeout; a hung
+    one is busy (never idle) and ends at the maximum lifetime, its agent's work cancelled."""
+    moto, llm, _acr, _client = stack
+    acr = AcrEmulator({TOY_ARN: "local.agents.toy_agent:app"}, agent_env=engine.endpoint_env(moto.endpoint),
+                      lifecycle=SessionLifecycle(idle_timeout_s=1.0, max_lifetime_s=4.0, session_quota=None)).start()
+    try:
+        client = boto3.client("bedrock-agentcore", region_name="us-east-1", endpoint_url=acr.url,
+                              config=Config(retries={"total_max_attempts": 1, "mode": "standard"}))
+        done, _ = _invoke(client, llm, TOY_ARN, {"prompt": "What digit comes after 3?", "answer": "4"})
+        hung = str(uuid.uuid4())
+        llm.hold[hung] = threading.Event()
+        _, resp = _invoke(client, llm, TOY_ARN, {"prompt": "What digit comes after 5?", "answer": "6"}, sid=hung)
+        hung_key = json.loads(resp["response"].read())["result_key"]
+        assert acr.session_counters()["sessions_active"] == 2
+        assert _wait_for(lambda: acr.sessions[done].ended is not None, timeout=10)
+        assert acr.sessions[done].end_reason == "idle_timeout"
+        assert acr.sessions[hung].ended is None, "a session whose agent is busy is not idle"
+        assert _wait_for(lambda: acr.sessions[hung].ended is not None, timeout=10)
+        session = acr.sessions[hung]
+        assert session.end_reason == "max_lifetime" and session.ended - session.started >= 4.0
+        llm.hold[hung].set()  # the LLM answers after the microVM is gone: nothing reaches S3
+        assert _result(hung_key, timeout=2.0) is None
+        counters = acr.session_counters()
+        assert counters["sessions_started"] == 2 and counters["sessions_timed_out"] == 2
+        assert counters["sessions_active"] == 0 and counters["sessions_stopped"] == 0
+        assert counters["peak_active_sessions"] == 2
+        assert 4.0 <= counters["session_seconds"] <= 4.0 + 1.0 + 2 * 3.0  # the hung one's 4 s plus the idle one's
+    finally:
+        acr.stop()
+
+
+def test_stop_ends_the_session_and_the_quota_refuses_new_sessions_like_acr(stack):
+    moto, llm, _acr, _client = stack
+    acr = AcrEmulator({TOY_ARN: "local.agents.toy_agent:app"}, agent_env=engine.endpoint_env(moto.endpoint),
+                      lifecycle=SessionLifecycle(session_quota=2)).start()
+    try:
+        client = boto3.client("bedrock-agentcore", region_name="us-east-1", endpoint_url=acr.url,
+                              config=Config(retries={"total_max_attempts": 1, "mode": "standard"}))
+        first, second = str(uuid.uuid4()), str(uuid.uuid4())
+        for sid in (first, second):
+            llm.hold[sid] = threading.Event()
+        keys = {}
+        for sid in (first, second):
+            _, resp = _invoke(client, llm, TOY_ARN, {"prompt": "What digit comes after 1?", "answer": "2"}, sid=sid)
+            keys[sid] = json.loads(resp["response"].read())["result_key"]
+        with pytest.raises(client.exceptions.ServiceQuotaExceededException) as refused:
+            _invoke(client, llm, TOY_ARN, {"prompt": "What digit comes after 1?", "answer": "2"})
+        assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] == 402
+        assert acr.session_counters()["quota_refusals"] == 1 and acr.session_counters()["sessions_started"] == 2
+
+        resp = client.stop_runtime_session(agentRuntimeArn=TOY_ARN, runtimeSessionId=first)
+        assert resp["runtimeSessionId"] == first
+        assert acr.sessions[first].end_reason == "stopped"
+        llm.hold[first].set()
+        assert _result(keys[first], timeout=2.0) is None, "a stopped session's agent writes nothing"
+        with pytest.raises(client.exceptions.ResourceNotFoundException):  # already terminated
+            client.stop_runtime_session(agentRuntimeArn=TOY_ARN, runtimeSessionId=first)
+        with pytest.raises(client.exceptions.ResourceNotFoundException):  # never started
+            client.stop_runtime_session(agentRuntimeArn=TOY_ARN, runtimeSessionId=str(uuid.uuid4()))
+        # the stop freed a place under the quota
+        _invoke(client, llm, TOY_ARN, {"prompt": "What digit comes after 2?", "answer": "3"})
+
+        import urllib.request
+
+        with urllib.request.urlopen(f"{acr.url}/_acr/state", timeout=5) as r:
+            state = json.loads(r.read())
+        assert {"sessions_started", "sessions_stopped", "sessions_timed_out", "sessions_active",
+                "peak_active_sessions", "session_seconds"} <= set(state["counters"])
+        assert state["counters"]["sessions_stopped"] == 1 and state["counters"]["sessions_active"] == 2
+        assert second in state["active"] and first not in state["active"]
+    finally:
+        for event in llm.hold.values():
+            event.set()
+        acr.stop()
