@@ -10,6 +10,11 @@ through moto's ``LambdaFunction.invoke(body, request_headers, response_headers)`
 real handler from ``stepwise.functions``. This module is the only place that knows moto's
 internals; ``tests/local/test_engine_contract.py`` fails loudly when a moto upgrade moves them.
 
+Faults a drill injects (`InvocationFaults`, ``dispatcher.faults``): throttle a named function (its next
+synchronous invocations answer Lambda's 429 TooManyRequestsException, which a ``lambda:invoke`` task
+reports as ``Lambda.TooManyRequestsException``), and delay or drop its asynchronous invocations (an S3
+notification delivered late, or never: S3 event notifications are at-least-once and may arrive late).
+
 Lambda's limits are enforced per invocation (``local/limits.py``, in `run_handler`, in this
 process and in the worker processes alike): a handler that runs past its ``FunctionSpec.timeout_s``
 or whose memory goes past its ``memory_mb`` fails the way Lambda fails it (an unhandled error; Step
@@ -149,6 +154,92 @@ def run_handler(function_name: str, handler: Handler, event: Any, ctx: LambdaCon
             "Unhandled", peak
 
 
+class LambdaThrottled(Exception):
+    """A synchronous invocation `InvocationFaults` throttles (`DirectLambdaClient` answers it as Lambda's
+    429 TooManyRequestsException)."""
+
+
+@dataclass
+class _Fault:
+    function: str  # a function name, or its logical name (the part after ``{prefix}-``)
+    remaining: int
+    match: Callable[[Any], bool] | None = None
+    seconds: float = 0.0
+
+    def applies(self, function_name: str, event: Any) -> bool:
+        if self.remaining <= 0:
+            return False
+        if function_name != self.function and not function_name.endswith(f"-{self.function}"):
+            return False
+        try:
+            return self.match is None or bool(self.match(event))
+        except Exception:  # a predicate that cannot read this event does not match it
+            return False
+
+
+class InvocationFaults:
+    """Faults armed for the next invocations of named functions (the drills' "Lambda misbehaves").
+
+    ``function`` is a function name or its logical name (``FinishRollout`` matches
+    ``stepwise-local-FinishRollout``); ``match`` (optional) picks invocations by their event.
+    Counters of what fired: ``throttled``, ``delayed``, ``dropped``.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._throttles: list[_Fault] = []
+        self._delays: list[_Fault] = []
+        self._drops: list[_Fault] = []
+        self.throttled = 0
+        self.delayed = 0
+        self.dropped = 0
+
+    def throttle(self, function: str, n: int = 1, *, match: Callable[[Any], bool] | None = None) -> None:
+        """The next ``n`` synchronous invocations of ``function`` (those ``match`` accepts) answer
+        TooManyRequestsException (429) and do not run."""
+        with self._lock:
+            self._throttles.append(_Fault(function, n, match))
+
+    def delay_events(self, function: str, seconds: float, n: int = 1, *, match: Callable[[Any], bool] | None = None) -> None:
+        """The next ``n`` asynchronous (Event) invocations of ``function`` run ``seconds`` late (an S3
+        notification delivered after its rollout's task timed out, say)."""
+        with self._lock:
+            self._delays.append(_Fault(function, n, match, seconds))
+
+    def drop_events(self, function: str, n: int = 1, *, match: Callable[[Any], bool] | None = None) -> None:
+        """The next ``n`` asynchronous (Event) invocations of ``function`` never run."""
+        with self._lock:
+            self._drops.append(_Fault(function, n, match))
+
+    def _take(self, faults: list[_Fault], function_name: str, event: Any) -> _Fault | None:
+        with self._lock:
+            for fault in faults:
+                if fault.applies(function_name, event):
+                    fault.remaining -= 1
+                    return fault
+        return None
+
+    def take_throttle(self, function_name: str, event: Any) -> bool:
+        fired = self._take(self._throttles, function_name, event) is not None
+        if fired:
+            with self._lock:
+                self.throttled += 1
+        return fired
+
+    def take_event_fault(self, function_name: str, event: Any) -> tuple[str, float] | None:
+        """``("drop", 0)`` or ``("delay", seconds)`` for an asynchronous invocation, or None."""
+        if self._take(self._drops, function_name, event) is not None:
+            with self._lock:
+                self.dropped += 1
+            return "drop", 0.0
+        fault = self._take(self._delays, function_name, event)
+        if fault is not None:
+            with self._lock:
+                self.delayed += 1
+            return "delay", fault.seconds
+        return None
+
+
 class LambdaDispatcher:
     """Maps moto function names to real handlers and runs them in-process, or in worker processes.
 
@@ -166,6 +257,7 @@ class LambdaDispatcher:
         self.invocations: list[InvocationRecord] = []
         self._async_threads: list[threading.Thread] = []
         self.workers = workers
+        self.faults = InvocationFaults()
         self.limits = LimitMonitor(measure or default_measure())
         self._limits_started = False
 
@@ -230,12 +322,26 @@ class LambdaDispatcher:
         event = json.loads(body) if isinstance(body, (str, bytes)) and body else {}
         inv_type = (request_headers or {}).get("x-amz-invocation-type") or ("Event" if not request_headers else "RequestResponse")
         if inv_type == "Event":
-            t = threading.Thread(target=self.call, args=(function_name, event, "Event"),
+            fault = self.faults.take_event_fault(function_name, event)
+            if fault is not None and fault[0] == "drop":
+                log.warning("Lambda %s: asynchronous invocation dropped (injected fault)", function_name)
+                return b""
+            delay = fault[1] if fault is not None else 0.0
+
+            def run_later() -> None:
+                if delay:
+                    time.sleep(delay)
+                self.call(function_name, event, "Event")
+
+            t = threading.Thread(target=run_later if delay else self.call,
+                                 args=() if delay else (function_name, event, "Event"),
                                  name=f"lambda-{function_name}", daemon=True)
             t.start()
             with self._lock:
                 self._async_threads = [x for x in self._async_threads if x.is_alive()] + [t]
             return b""
+        if self.faults.take_throttle(function_name, event):
+            raise LambdaThrottled(f"Rate Exceeded. (function {function_name}: injected throttling)")
         payload, error = self.call(function_name, event, inv_type)
         if error:
             response_headers["x-amz-function-error"] = error
@@ -431,8 +537,15 @@ class DirectLambdaClient:
             return self.client.invoke(**params)
         body = params.get("Payload") or b""
         headers: dict[str, str] = {}
-        payload = function.invoke(body.decode() if isinstance(body, bytes) else body,
-                                  {"x-amz-invocation-type": "RequestResponse"}, headers)
+        try:
+            payload = function.invoke(body.decode() if isinstance(body, bytes) else body,
+                                      {"x-amz-invocation-type": "RequestResponse"}, headers)
+        except LambdaThrottled as exc:  # Lambda's answer to a throttled Invoke
+            from botocore.exceptions import ClientError
+
+            raise ClientError({"Error": {"Code": "TooManyRequestsException", "Message": str(exc)},
+                               "ResponseMetadata": {"HTTPStatusCode": 429, "RequestId": str(uuid.uuid4())}},
+                              "Invoke") from None
         payload = payload if isinstance(payload, bytes) else str(payload).encode()
         response: dict[str, Any] = {"StatusCode": 200}
         if len(payload) > _MAX_SYNC_PAYLOAD:
@@ -549,6 +662,58 @@ def indexed_task_tokens() -> Iterator[None]:
         yield
     finally:
         manager_cls.add, backend_cls.send_task_success = original_add, original_success
+
+
+@contextlib.contextmanager
+def aws_error_names() -> Iterator[None]:
+    """The error names AWS reports where moto 5.2.5 reports others.
+
+    - A callback task whose heartbeat stopped fails with ``States.HeartbeatTimeout`` (the Step
+      Functions developer guide, "Error names"); moto reports ``States.Timeout`` for both timeouts.
+      Its ``HeartbeatSecondsPath`` and ``SendTaskHeartbeat`` are otherwise moto's own (they work).
+    - A Lambda task (``Resource`` a function ARN) that Lambda refuses reports ``Lambda.<error code>``
+      (``Lambda.TooManyRequestsException`` for throttling), as the ``lambda:invoke`` integration does
+      in moto; moto reports ``Exception`` there.
+    """
+    from botocore.exceptions import ClientError
+    from moto.stepfunctions.parser.api import (
+        HistoryEventType,
+        LambdaFunctionFailedEventDetails,
+        TaskTimedOutEventDetails,
+    )
+    from moto.stepfunctions.parser.asl.component.common.error_name.custom_error_name import CustomErrorName
+    from moto.stepfunctions.parser.asl.component.common.error_name.failure_event import FailureEvent
+    from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name import StatesErrorName
+    from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name_type import StatesErrorNameType
+    from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_callback import (
+        StateTaskServiceCallback,
+    )
+    from moto.stepfunctions.parser.asl.component.state.exec.state_task.state_task_lambda import StateTaskLambda
+    from moto.stepfunctions.parser.asl.eval.callback.callback import HeartbeatTimeoutError
+    from moto.stepfunctions.parser.asl.eval.event.event_detail import EventDetails
+
+    callback_from_error, lambda_from_error = StateTaskServiceCallback._from_error, StateTaskLambda._from_error
+    heartbeat = StatesErrorNameType.StatesHeartbeatTimeout
+
+    def callback_error(self: Any, env: Any, ex: Exception) -> Any:
+        if isinstance(ex, HeartbeatTimeoutError):
+            return FailureEvent(env=env, error_name=StatesErrorName(typ=heartbeat), event_type=HistoryEventType.TaskTimedOut,
+                                event_details=EventDetails(taskTimedOutEventDetails=TaskTimedOutEventDetails(
+                                    resourceType=self._get_sfn_resource_type(), resource=self._get_sfn_resource(),
+                                    error=heartbeat.to_name())))
+        return callback_from_error(self, env, ex)
+
+    def lambda_error(self: Any, env: Any, ex: Exception) -> Any:
+        if isinstance(ex, ClientError):
+            error = f"Lambda.{ex.response['Error']['Code']}"
+            return FailureEvent(env=env, error_name=CustomErrorName(error), event_type=HistoryEventType.LambdaFunctionFailed,
+                                event_details=EventDetails(lambdaFunctionFailedEventDetails=LambdaFunctionFailedEventDetails(
+                                    error=error, cause=ex.response["Error"].get("Message", ""))))
+        return lambda_from_error(self, env, ex)
+
+    with _replaced(StateTaskServiceCallback, "_from_error", callback_error), \
+            _replaced(StateTaskLambda, "_from_error", lambda_error):
+        yield
 
 
 #: moto modules of the ASL interpreter that call ``jsonpath_ng`` ``parse`` per evaluation.
@@ -836,6 +1001,7 @@ class MotoServer:
         self._patch.enter_context(indexed_task_tokens())
         self._patch.enter_context(cached_json_paths())
         self._patch.enter_context(paged_execution_history())
+        self._patch.enter_context(aws_error_names())
         self._patch.enter_context(kept_alive_connections(self.connections))
         sfn_config = default_user_config.setdefault("stepfunctions", {})
         self._saved_config = sfn_config.get("execute_state_machine", False)

@@ -572,3 +572,97 @@ def test_a_kept_alive_request_body_yields_exactly_its_length_and_leaves_the_next
         assert reader.eof
     else:
         assert not reader.eof and raw.read() == following
+
+
+def _beat(event, ctx):
+    """Heartbeat the task ``event["beats"]`` times, 0.4 s apart, then resume it unless ``resume`` is false
+    (from a thread, as the gateway beats)."""
+    import threading
+
+    token, beats = event["token"], event["beats"]
+
+    def later():
+        sfn = boto3.client("stepfunctions")
+        for _ in range(beats):
+            time.sleep(0.4)
+            sfn.send_task_heartbeat(taskToken=token)
+        if event.get("resume", True):
+            time.sleep(0.4)
+            sfn.send_task_success(taskToken=token, output=json.dumps({"beats": beats}))
+
+    threading.Thread(target=later, daemon=True).start()
+    return {}
+
+
+def _start_result(event, ctx):
+    s3 = boto3.client("s3")
+    s3.put_object(Bucket=BUCKET, Key=f"tokens/{event['n']}.json", Body=event["token"].encode())
+    s3.put_object(Bucket=BUCKET, Key=f"rollout-results/r/{event['n']}/s.json", Body=b"{}")
+    return {}
+
+
+def _resume(event, ctx):
+    key = unquote_plus(event["Records"][0]["s3"]["object"]["key"])
+    n = key.split("/")[2]
+    token = boto3.client("s3").get_object(Bucket=BUCKET, Key=f"tokens/{n}.json")["Body"].read().decode()
+    boto3.client("stepfunctions").send_task_success(taskToken=token, output=json.dumps({"n": n}))
+
+
+def test_injected_throttling_delays_and_drops_and_heartbeats_answer_as_aws_would():
+    """The drills' Lambda faults and the callback heartbeat, through moto's interpreter: a throttled
+    function fails its task with Lambda.TooManyRequestsException (a lambda:invoke task and a task on the
+    function's ARN alike) and runs nothing; a delayed S3 notification resumes its task late, a dropped
+    one never (the task times out); a task whose heartbeats stop fails with States.HeartbeatTimeout,
+    one that keeps beating outlives its HeartbeatSeconds."""
+    with engine.MotoServer() as moto:
+        lam, iam = moto.client("lambda"), moto.client("iam")
+        role = engine._ensure_role(iam, "faults-test", "lambda.amazonaws.com")
+        arns = {}
+        for name, fn in [("echo", _echo), ("beat", _beat), ("start-result", _start_result), ("resume", _resume)]:
+            arns[name] = lam.create_function(
+                FunctionName=f"faults-{name}", Role=role, PackageType="Image",
+                Code={"ImageUri": "123456789012.dkr.ecr.us-east-1.amazonaws.com/x:1"}, Timeout=30,
+            )["FunctionArn"]
+            moto.dispatcher.register(f"faults-{name}", handler_path="", memory_mb=128, timeout_s=30, arn=arns[name],
+                                     handler=fn)
+        engine.create_bucket(moto, BUCKET, result_function_arn=arns["resume"])
+        catch = [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.error", "Next": "Done"}]
+        wait = "arn:aws:states:::lambda:invoke.waitForTaskToken"
+        states = {
+            "Integration": {"Type": "Task", "Resource": "arn:aws:states:::lambda:invoke", "ResultPath": "$.a",
+                            "Parameters": {"FunctionName": arns["echo"], "Payload": {"x": 1}},
+                            "Catch": [{**catch[0], "ResultPath": "$.integration", "Next": "Direct"}], "Next": "Direct"},
+            "Direct": {"Type": "Task", "Resource": arns["echo"], "ResultPath": "$.b", "Parameters": {"x": 2},
+                       "Catch": [{**catch[0], "ResultPath": "$.direct", "Next": "Beating"}], "Next": "Beating"},
+            "Beating": {"Type": "Task", "Resource": wait, "TimeoutSeconds": 20, "HeartbeatSecondsPath": "$.hb",
+                        "Parameters": {"FunctionName": arns["beat"], "Payload": {"token.$": "$$.Task.Token", "beats": 4}},
+                        "ResultPath": "$.beating", "Next": "Silent"},
+            "Silent": {"Type": "Task", "Resource": wait, "TimeoutSeconds": 20, "HeartbeatSecondsPath": "$.hb",
+                       "Parameters": {"FunctionName": arns["beat"], "Payload": {"token.$": "$$.Task.Token", "beats": 0, "resume": False}},
+                       "ResultPath": "$.silent", "Catch": [{**catch[0], "ResultPath": "$.silent", "Next": "Late"}],
+                       "Next": "Late"},
+            "Late": {"Type": "Task", "Resource": wait, "TimeoutSeconds": 20,
+                     "Parameters": {"FunctionName": arns["start-result"], "Payload": {"token.$": "$$.Task.Token", "n": "1"}},
+                     "ResultPath": "$.late", "Next": "Lost"},
+            "Lost": {"Type": "Task", "Resource": wait, "TimeoutSeconds": 2,
+                     "Parameters": {"FunctionName": arns["start-result"], "Payload": {"token.$": "$$.Task.Token", "n": "2"}},
+                     "ResultPath": "$.lost", "Catch": [{**catch[0], "ResultPath": "$.lost"}], "Next": "Done"},
+            "Done": {"Type": "Pass", "End": True},
+        }
+        sm = engine.create_state_machine(moto, "faults-test", json.dumps({"StartAt": "Integration", "States": states}))
+        faults = moto.dispatcher.faults
+        faults.throttle("echo", 2)
+        faults.delay_events("resume", 1.5, match=lambda e: "/1/" in unquote_plus(e["Records"][0]["s3"]["object"]["key"]))
+        faults.drop_events("resume", match=lambda e: "/2/" in unquote_plus(e["Records"][0]["s3"]["object"]["key"]))
+        sfn = moto.client("stepfunctions")
+        arn = sfn.start_execution(stateMachineArn=sm, name="faults-1", input=json.dumps({"hb": 1}))["executionArn"]
+        desc = wait_execution(sfn, arn, timeout=60)
+    assert desc["status"] == "SUCCEEDED", desc
+    out = json.loads(desc["output"])
+    assert out["integration"]["Error"] == out["direct"]["Error"] == "Lambda.TooManyRequestsException"
+    assert "a" not in out and "b" not in out
+    assert faults.throttled == 2 and not [r for r in moto.dispatcher.invocations if r.function_name == "faults-echo"]
+    assert out["beating"] == {"beats": 4}  # 2 s of beats every 0.4 s outlived HeartbeatSeconds 1
+    assert out["silent"]["Error"] == "States.HeartbeatTimeout", out
+    assert out["late"] == {"n": "1"} and faults.delayed == 1
+    assert out["lost"]["Error"] == "States.Timeout" and faults.dropped == 1
