@@ -189,6 +189,11 @@ class AgentRuntimes:
         """InvokeAgentRuntime (StartRollout)."""
         add_statements(role, iam.PolicyStatement(actions=["bedrock-agentcore:InvokeAgentRuntime"], resources=self.resources))
 
+    def grant_stop_sessions(self, role: iam.IGrantable) -> None:
+        """StopRuntimeSession (FinishRollout ends each rollout's runtime session; StartRollout the one a
+        failed invoke may have started; StopSession and Cleanup those of rollouts a run abandons)."""
+        add_statements(role, iam.PolicyStatement(actions=["bedrock-agentcore:StopRuntimeSession"], resources=self.resources))
+
     def grant_lookup(self, role: iam.IGrantable) -> None:
         """GetAgentRuntime (Init's refusal before billing: the runtimes StartRollout may invoke)."""
         add_statements(role, iam.PolicyStatement(actions=["bedrock-agentcore:GetAgentRuntime"], resources=self.resources))

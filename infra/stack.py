@@ -172,7 +172,11 @@ class StepwiseStack(Stack):
         for name in ("PlanStep", "StopSession", "Cleanup", "ContinueRun"):
             loop.grant_read_history(fns[name])
         agents.grant_invoke(fns["StartRollout"])
-        for name in ("StartRollout", "OnRolloutResult", "FinishRollout"):
+        # Every rollout's runtime session is stopped when the rollout ends (FinishRollout), when its invoke
+        # failed (StartRollout), or when the run stops with the rollout in flight (StopSession, Cleanup).
+        for name in ("StartRollout", "FinishRollout", "StopSession", "Cleanup"):
+            agents.grant_stop_sessions(fns[name])
+        for name in ("StartRollout", "OnRolloutResult", "FinishRollout", "StopSession", "Cleanup"):
             storage.grant_session_records(fns[name])
         for name in ("OnRolloutResult", "FinishRollout"):
             storage.grant_read_results(fns[name])

@@ -50,6 +50,27 @@ def moto_dep(moto_env) -> MotoDeployment:
     return MotoDeployment(BUCKET, arn, s3, sfn)
 
 
+@pytest.fixture(autouse=True)
+def nothing_left_billing(request):
+    """After every test: each run that ended during it left no AgentCore runtime session active and no
+    training session not stopped (``tests/support/billing.py``: local stacks report when they stop, the
+    pipeline stacks' executions when ``wait_execution`` sees them end). A test that means to leave
+    something billing is marked ``@pytest.mark.leaves_billing("why")``."""
+    from tests.support import billing
+
+    try:
+        from local.stack import LocalStack
+    except ImportError:  # a test environment without the local stack (the image rehearsal's fast tests)
+        LocalStack = None
+    if LocalStack is not None and billing.local_stack_stopped not in LocalStack.observers:
+        LocalStack.observers.append(billing.local_stack_stopped)
+    billing.begin()
+    yield
+    if request.node.get_closest_marker("leaves_billing") is None:
+        left = billing.leaks()
+        assert not left, "left billing after the run ended:\n" + "\n".join(left)
+
+
 @pytest.fixture(scope="module")
 def stack():
     """A pipeline :class:`tests.support.pipeline.Stack` for the module; stopped after it."""

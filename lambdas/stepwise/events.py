@@ -69,6 +69,9 @@ class FinishEvent(_Event):
     result: dict[str, Any] | None = None  # SendTaskSuccess output {"sid", "result_key", "session"?, "usage"?}
     error: dict[str, Any] | None = None  # Catch output {"Error", "Cause"}
     retry_count: int = 0  # $$.State.RetryCount: the attempts before this one (the child's transitions)
+    #: The last error of FinishRollout itself ({"Error", "Cause"}), once its retries are spent: only the
+    #: failed rollout is recorded (the child's "Record failed rollout" state).
+    finish_error: dict[str, Any] | None = None
 
 
 class StopEvent(_Event):

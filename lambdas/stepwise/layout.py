@@ -103,7 +103,12 @@ def prompts_key(run_id: str, step: int, generation_batch: int, kind: str = "trai
 
 def start_marker_key(run_id: str, step: int, generation_batch: int, kind: str, i: int) -> str:
     """Which sid item ``i`` of a batch was started with (the timeout path needs it)."""
-    return batch_prefix(run_id, step, generation_batch, kind) + f"starts/{i}.json"
+    return start_markers_prefix(run_id, step, generation_batch, kind) + f"{i}.json"
+
+
+def start_markers_prefix(run_id: str, step: int, generation_batch: int, kind: str = "train") -> str:
+    """Prefix of a batch's start markers (`start_marker_key`): the rollouts started so far."""
+    return batch_prefix(run_id, step, generation_batch, kind) + "starts/"
 
 
 def rollouts_prefix(run_id: str, step: int, generation_batch: int, kind: str = "train") -> str:

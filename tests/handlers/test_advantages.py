@@ -94,10 +94,17 @@ def test_a_batch_whose_every_rollout_failed_fails_the_run_instead_of_training(st
         advantages.compute(BatchEvent.model_validate({"run": run_ref(run_id), "batch": p["batch"]}))
 
 
-def test_a_batch_with_a_lost_rollout_record_fails_naming_the_item_instead_of_training_on_the_rest(stack):
-    """The Map completed but one item has no record (a child that never ran): its group would silently
-    shrink, so ComputeAdvantages refuses the step; with every record present it trains."""
+def test_a_rollout_without_a_record_is_a_failed_rollout_of_its_group_and_a_batch_without_any_fails(stack):
+    """The Map tolerates a failed child, so an item may have no record: it becomes an ``error`` rollout
+    (reward 0.0, cause RolloutLost) in its group, written once, and the step trains on the group at full
+    size; a batch with no record at all fails the run with RolloutsFailed (before: RolloutsMissing
+    failed the run for one lost item)."""
     from stepwise.layout import rollouts_prefix
+
+    def records(run_id):
+        keys = sorted(o["Key"] for o in stack.s3.list_objects_v2(
+            Bucket=BUCKET, Prefix=rollouts_prefix(run_id, 0, 0, "train")).get("Contents", []))
+        return {k: json.loads(stack.s3.get_object(Bucket=BUCKET, Key=k)["Body"].read()) for k in keys}
 
     run_id = new_run_id("lost")
     init_run(stack, run_id, stack.config())
@@ -105,14 +112,22 @@ def test_a_batch_with_a_lost_rollout_record_fails_naming_the_item_instead_of_tra
     p = plan.plan(RunEvent.model_validate({"run": run_ref(run_id)}))
     roll_out_batch(stack, run_id, p, [1.0, 0.0, 1.0, 0.0])
     batch = BatchEvent.model_validate({"run": run_ref(run_id), "batch": p["batch"]})
-    records = sorted(o["Key"] for o in stack.s3.list_objects_v2(
-        Bucket=BUCKET, Prefix=rollouts_prefix(run_id, 0, 0, "train"))["Contents"])
-    lost = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=records[0])["Body"].read())
-    stack.s3.delete_object(Bucket=BUCKET, Key=records[0])
-    with pytest.raises(advantages.RolloutsMissing, match=rf"1 of 4 rollouts .* step 0 .* items \[{lost['i']}\]"):
-        advantages.compute(batch)
-    stack.s3.put_object(Bucket=BUCKET, Key=records[0], Body=json.dumps(lost).encode())
-    assert advantages.compute(batch)["decision"] == "train"
+    first_key, lost = next(iter(records(run_id).items()))
+    stack.s3.delete_object(Bucket=BUCKET, Key=first_key)
+    out = advantages.compute(batch)
+    assert out["decision"] == "train"
+    [recorded] = [r for k, r in records(run_id).items() if k.endswith(f"/lost-{lost['i']}.json")]
+    assert recorded["status"] == "error" and recorded["reward"] == 0.0 and recorded["error"]["error"] == "RolloutLost"
+    assert (recorded["i"], recorded["input_id"], recorded["member"]) == (lost["i"], lost["input_id"], lost["member"])
+    state = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=f"runs/{run_id}/state.json")["Body"].read())
+    assert state["step_metrics"]["sampler/num_rollouts"] == 4  # the group kept its size
+
+    run_id = new_run_id("alllost")
+    init_run(stack, run_id, stack.config())
+    assert wait_ready(run_id)["ready"]
+    p = plan.plan(RunEvent.model_validate({"run": run_ref(run_id)}))
+    with pytest.raises(advantages.RolloutsFailed, match="all 4 rollouts .* 4 x RolloutLost"):
+        advantages.compute(BatchEvent.model_validate({"run": run_ref(run_id), "batch": p["batch"]}))
 
 
 def test_the_step_summary_carries_behaviour_metrics_of_every_rollout(stack):

@@ -122,6 +122,60 @@ def test_throttled_invokes_raise_the_error_the_state_machine_retries(env):
     agent.throttle = 0
 
 
+def test_one_invoke_attempt_per_session_and_a_failed_invoke_leaves_no_session_behind(env):
+    """No client-side retry reuses a runtimeSessionId: one InvokeAgentRuntime request per sid, the error
+    raised for the state machine's Retry (which starts a fresh sid). A 5xx, after which the agent may run,
+    closes the gateway session and stops the runtime session; a throttled invoke started neither, so
+    nothing is stopped (before: botocore retried the 500 with the same sid)."""
+    from stepwise.aws.agentcore import AgentRuntimeUnavailable
+
+    stack, agent, sm, run_id, p, items = env
+    retry = load_asl()["States"]["Roll out generation batch"]["ItemProcessor"]["States"]["Start rollout"]["Retry"][0]
+    assert {"AgentRuntimeThrottled", "AgentRuntimeUnavailable"} <= set(retry["ErrorEquals"])
+    event = StartEvent.model_validate({"task_token": "t", "run": run_ref(run_id), "batch": p["batch"], "item": items[0]})
+
+    agent.fail = 5
+    before = len(agent.received)
+    with pytest.raises(AgentRuntimeUnavailable):
+        start(event)
+    [sid] = agent.received[before:]  # one attempt, whatever botocore's retry policy would have allowed
+    assert agent.stop_calls[-1] == sid and sid not in agent.active_sessions()
+    assert json.loads(stack.s3.get_object(Bucket=BUCKET, Key=session_key(sid))["Body"].read())["closed"] is True
+    agent.fail = 0
+
+    agent.throttle = 5
+    before, stops = len(agent.received), len(agent.stop_calls)
+    with pytest.raises(AgentRuntimeThrottled):
+        start(event)
+    assert len(agent.received) == before + 1 and len(agent.stop_calls) == stops  # refused: nothing to stop
+    agent.throttle = 0
+
+
+def test_finish_rollout_stops_the_runtime_session_on_every_path_and_a_gone_session_is_no_error(env):
+    """Result, agent error, timeout: FinishRollout stops the rollout's runtime session (as the reference's
+    AgentCoreHttpSession does after every rollout); a retried FinishRollout finds it gone and succeeds."""
+    stack, agent, sm, run_id, p, items = env
+    sids = []
+    for n, (result, error) in enumerate([(True, None), (False, {"Error": "AgentError", "Cause": "boom"}),
+                                         (False, {"Error": "States.Timeout", "Cause": ""})]):
+        item = items[n]
+        event = StartEvent.model_validate({"task_token": f"t{n}", "run": run_ref(run_id), "batch": p["batch"], "item": item})
+        sid = start(event)["sid"]
+        assert sid in agent.active_sessions(run_id)
+        key = result_key(run_id, item["input_id"], sid)
+        if result:
+            stack.s3.put_object(Bucket=BUCKET, Key=key, Body=json.dumps({"rewards": 1.0}).encode())
+        finish_event = FinishEvent.model_validate({"run": run_ref(run_id), "batch": p["batch"], "item": item,
+                                                   "result": {"sid": sid, "result_key": key} if result else None,
+                                                   "error": error})
+        out = finish(finish_event)
+        assert out["status"] == ("ok" if result else "timeout" if error["Error"] == "States.Timeout" else "error")
+        assert sid not in agent.active_sessions() and sid in agent.stop_calls
+        assert finish(finish_event)["sid"] == sid  # retried: the session is gone, which is fine
+        sids.append(sid)
+    assert agent.stopped[-3:] == sids
+
+
 def test_malformed_and_failed_agent_results_score_zero_without_failing_the_rollout(env):
     stack, agent, sm, run_id, p, items = env
     item = items[2]

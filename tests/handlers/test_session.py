@@ -43,6 +43,37 @@ def test_cleanup_stops_the_session_only_for_the_owner_on_abnormal_ends(stack):
                           reason="failed", error={"Error": "X", "Cause": "y"}))["stopped"] is True
 
 
+def test_a_run_that_stops_with_rollouts_in_flight_stops_their_runtime_sessions(stack):
+    """StopExecution, a failure, a timeout: the Map's children are abandoned and their FinishRollout never
+    runs, so Cleanup (and StopSession on the catch-all) close and stop the sessions of every rollout that
+    was started and has no record; a finished rollout's session is left alone (before: they billed until
+    ACR's idle timeout)."""
+    from stepwise.events import FinishEvent, StartEvent
+    from stepwise.handlers.plan import plan
+    from stepwise.handlers.rollout import finish, start
+    from stepwise.layout import session_key
+
+    agent = stack.agent
+    agent.write_results = False
+    run_id = new_run_id("abandon")
+    init_run(stack, run_id, stack.config())
+    assert wait_ready(run_id)["ready"]
+    p = plan(RunEvent.model_validate({"run": run_ref(run_id)}))
+    items = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=p["items_key"])["Body"].read())
+    sids = [start(StartEvent.model_validate({"task_token": f"t{i}", "run": run_ref(run_id), "batch": p["batch"],
+                                             "item": item}))["sid"] for i, item in enumerate(items[:3])]
+    finish(FinishEvent.model_validate({"run": run_ref(run_id), "batch": p["batch"], "item": items[0], "result": None,
+                                       "error": {"Error": "AgentError", "Cause": "boom"}}))
+    assert sorted(agent.active_sessions(run_id)) == sorted(sids[1:])
+    stops = len(agent.stop_calls)
+    out = cleanup(_event("ABORTED", execution_arn(run_id), run_id))
+    assert out["stopped"] is True
+    assert agent.active_sessions(run_id) == [] and sorted(agent.stop_calls[stops:]) == sorted(sids[1:])
+    for sid in sids[1:]:
+        assert json.loads(stack.s3.get_object(Bucket=BUCKET, Key=session_key(sid))["Body"].read())["closed"] is True
+    agent.write_results = True
+
+
 def test_a_continuation_takes_over_only_from_its_parent(stack):
     run_id = new_run_id()
     init_run(stack, run_id, stack.config())

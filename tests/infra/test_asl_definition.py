@@ -84,8 +84,30 @@ def test_rollouts_run_as_a_distributed_map_of_standard_callback_children() -> No
     assert start["Resource"] == "${StatesLambdaInvokeWaitForTaskToken}"
     assert start["TimeoutSecondsPath"]
     retry = start["Retry"][0]
-    assert "AgentRuntimeThrottled" in retry["ErrorEquals"] and retry["JitterStrategy"] == "FULL"
+    assert {"AgentRuntimeThrottled", "AgentRuntimeUnavailable"} <= set(retry["ErrorEquals"]) and retry["JitterStrategy"] == "FULL"
     assert start["Catch"][0]["ErrorEquals"] == ["States.ALL"] and start["Catch"][0]["Next"] == "Finish rollout"
+
+
+def test_one_child_never_sinks_a_step() -> None:
+    """FinishRollout retries like StartRollout (as many attempts, backoff with full jitter, a ceiling);
+    a child that still fails records an error rollout, and the Map tolerates a child that fails anyway
+    (ComputeAdvantages counts its item as a lost rollout)."""
+    states = load_asl()["States"]
+    rollouts = states["Roll out generation batch"]
+    children = rollouts["ItemProcessor"]["States"]
+    start_retry = children["Start rollout"]["Retry"][0]
+    finish = children["Finish rollout"]
+    [retry] = finish["Retry"]
+    assert retry["ErrorEquals"] == ["States.ALL"] and retry["JitterStrategy"] == "FULL"
+    for key in ("MaxAttempts", "IntervalSeconds", "BackoffRate", "MaxDelaySeconds"):
+        assert retry[key] == start_retry[key], key
+    assert finish["Catch"] == [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.finish_error", "Next": "Record failed rollout"}]
+    record = children["Record failed rollout"]
+    assert record["Resource"] == finish["Resource"] and record["Parameters"]["finish_error.$"] == "$.finish_error"
+    assert record["Catch"][0]["Next"] == "Rollout lost" and children["Rollout lost"]["Type"] == "Pass"
+    ahead = states["Train this step while rolling out the next"]["Branches"][1]["States"]["Roll out the next step's generation batch"]
+    assert rollouts["ToleratedFailurePercentage"] == ahead["ToleratedFailurePercentage"] == 100
+    assert rollouts["Catch"][0]["Next"] == "Stop training session after failure"  # a Map-level failure still stops the run
 
 
 def test_placeholders_are_exactly_functions_the_bucket_and_integrations() -> None:
@@ -144,13 +166,14 @@ def test_overlapped_step_is_a_parallel_of_training_and_the_next_steps_rollouts()
     ahead_map = roll["States"]["Roll out the next step's generation batch"]
     sequential_map = states["Roll out generation batch"]
     # the same rollout children, their states renamed (names are unique machine-wide)
-    rename = {"Start a rollout of the next step": "Start rollout", "Finish a rollout of the next step": "Finish rollout"}
-    ahead_children = json.loads(json.dumps(ahead_map["ItemProcessor"]))
+    rename = {"Start a rollout of the next step": "Start rollout", "Finish a rollout of the next step": "Finish rollout",
+              "Record a failed rollout of the next step": "Record failed rollout",
+              "A rollout of the next step lost": "Rollout lost"}
+    assert set(ahead_map["ItemProcessor"]["States"]) == set(rename)
+    text = json.dumps(ahead_map["ItemProcessor"])
     for old, new in rename.items():
-        ahead_children["States"][new] = ahead_children["States"].pop(old)
-    ahead_children = json.loads(json.dumps(ahead_children).replace(
-        '"Finish a rollout of the next step"', '"Finish rollout"').replace(
-        '"Start a rollout of the next step"', '"Start rollout"'))
+        text = text.replace(f'"{old}"', f'"{new}"')
+    ahead_children = json.loads(text)
     assert ahead_children == sequential_map["ItemProcessor"]
     assert ahead_map["ItemReader"] == sequential_map["ItemReader"] and ahead_map["ResultPath"] is None
     # the batch rolled out ahead goes straight to its advantages after the next PlanStep

@@ -32,6 +32,9 @@ class Stack:
         from local import engine
         from local.simulator import start_simulator
 
+        from tests.support import billing
+
+        billing.STACKS.add(self)
         # The project's moto seam: S3, Step Functions (executing) and Lambda dispatched in-process.
         self.moto = engine.MotoServer().start()
         self.mp = pytest.MonkeyPatch()
@@ -42,8 +45,11 @@ class Stack:
         from local.acr import AcrEmulator
 
         self.acr = AcrEmulator(region=REGION).start()
+        # ACR's data plane (InvokeAgentRuntime, StopRuntimeSession) until `deploy` names another agent.
+        self.agent = self._default_agent = FakeAgent()
         env = dict(self.sim.env)
         env["AWS_ENDPOINT_URL_BEDROCK_AGENTCORE_CONTROL"] = self.acr.url
+        env["AWS_ENDPOINT_URL_BEDROCK_AGENTCORE"] = self.agent.url
         env.update({
             "AWS_DEFAULT_REGION": REGION,
             "AWS_REGION": REGION,
@@ -75,6 +81,7 @@ class Stack:
         from state_machine.definition import render_definition
 
         self.mp.setenv("AWS_ENDPOINT_URL_BEDROCK_AGENTCORE", agent.url)
+        self.agent = agent
         arns = engine.create_functions(self.moto, prefix=prefix)
         engine.create_bucket(self.moto, self.bucket, result_function_arn=arns["OnRolloutResult"],
                              track_function_arn=arns["Track"] if track else None)
@@ -82,7 +89,11 @@ class Stack:
         return arns, engine.create_state_machine(self.moto, name or prefix, definition)
 
     def stop(self) -> None:
+        from tests.support import billing
+
+        billing.STACKS.discard(self)
         self.acr.stop()
+        self._default_agent.stop()
         self.sim.stop()
         self.mp.undo()
         self.moto.stop()
@@ -207,10 +218,13 @@ def roll_out_batch(stack: Stack, run_id: str, plan: dict[str, Any], rewards: lis
 
 
 class FakeAgent:
-    """InvokeAgentRuntime on loopback: answers "processing", then writes a turn and a result.
+    """InvokeAgentRuntime and StopRuntimeSession on loopback: an invoke answers "processing", then
+    writes a turn and a result; a stop ends the session (ResourceNotFoundException when it is not
+    active, as ACR answers).
 
     The first rollout of each prompt (``input_id``) to finish gets reward 1.0, the others 0.0,
-    so every group has signal.
+    so every group has signal. ``sessions``: sid -> run id of every session invoked and not stopped
+    (what `tests.support.billing` checks after an end-to-end test); ``stopped``: the stopped sids.
     """
 
     def __init__(self) -> None:
@@ -220,38 +234,67 @@ class FakeAgent:
             def log_message(self, *a):  # quiet
                 pass
 
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                sid = self.headers["X-Amzn-Bedrock-AgentCore-Runtime-Session-Id"]
-                if agent.throttle > 0:  # like ACR above its rate: 429 ThrottlingException
-                    agent.throttle -= 1
-                    err = json.dumps({"message": "Rate exceeded"}).encode()
-                    self.send_response(429)
-                    self.send_header("X-Amzn-ErrorType", "ThrottlingException")
-                    self.send_header("Content-Length", str(len(err)))
-                    self.end_headers()
-                    self.wfile.write(err)
-                    return
-                agent.visible_at_invoke[sid] = agent.visible(body, sid)
-                agent.invocations.append(body)
-                out = json.dumps({"status": "processing"}).encode()
-                self.send_response(200)
+            def _answer(self, status: int, body: dict, error_type: str | None = None) -> None:
+                out = json.dumps(body).encode()
+                self.send_response(status)
                 self.send_header("Content-Type", "application/json")
+                if error_type:
+                    self.send_header("X-Amzn-ErrorType", error_type)
                 self.send_header("Content-Length", str(len(out)))
                 self.end_headers()
                 self.wfile.write(out)
+
+            def do_POST(self):
+                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                sid = self.headers["X-Amzn-Bedrock-AgentCore-Runtime-Session-Id"]
+                if self.path.split("?", 1)[0].endswith("/stopruntimesession"):
+                    with agent._lock:
+                        agent.stop_calls.append(sid)
+                        active = agent.sessions.pop(sid, None) is not None
+                        if active:
+                            agent.stopped.append(sid)
+                    if not active:
+                        return self._answer(404, {"message": f"session {sid} not found or already terminated"},
+                                            "ResourceNotFoundException")
+                    return self._answer(200, {"runtimeSessionId": sid})
+                body = json.loads(raw)
+                with agent._lock:
+                    agent.received.append(sid)
+                if agent.throttle > 0:  # like ACR above its rate: 429 ThrottlingException
+                    agent.throttle -= 1
+                    return self._answer(429, {"message": "Rate exceeded"}, "ThrottlingException")
+                if agent.fail > 0:  # ACR failing after it took the request: 500 InternalServerException
+                    agent.fail -= 1
+                    with agent._lock:
+                        agent.sessions[sid] = body["_rollout"]["exp_id"].split("/", 1)[1]
+                    return self._answer(500, {"message": "internal error"}, "InternalServerException")
+                agent.visible_at_invoke[sid] = agent.visible(body, sid)
+                agent.invocations.append(body)
+                with agent._lock:
+                    agent.sessions[sid] = body["_rollout"]["exp_id"].split("/", 1)[1]
+                self._answer(200, {"status": "processing"})
                 threading.Thread(target=agent.finish, args=(body, sid), daemon=True).start()
 
         self.invocations: list[dict] = []
+        self.received: list[str] = []  # the sid of every InvokeAgentRuntime request, refused ones too
+        self.stop_calls: list[str] = []  # the sid of every StopRuntimeSession request
         self.throttle = 0
+        self.fail = 0  # the next N invokes start their session, then answer 500
         self.write_results = True
         self.result_delay = 0.0  # seconds each rollout takes before its result is written (its ACR session)
         self.visible_at_invoke: dict[str, dict[str, bool]] = {}
+        self.sessions: dict[str, str] = {}
+        self.stopped: list[str] = []
         self._seen: set[str] = set()
         self._lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def active_sessions(self, run_id: str | None = None) -> list[str]:
+        """The sids invoked and not stopped (of ``run_id`` only, when given)."""
+        with self._lock:
+            return [sid for sid, rid in self.sessions.items() if run_id is None or rid == run_id]
 
     @staticmethod
     def visible(body: dict, sid: str) -> dict[str, bool]:
@@ -287,11 +330,16 @@ class FakeAgent:
 
 
 def wait_execution(sfn: Any, arn: str, timeout: float = 240) -> dict[str, Any]:
-    """DescribeExecution once the execution is no longer RUNNING; AssertionError after ``timeout`` s."""
+    """DescribeExecution once the execution is no longer RUNNING; AssertionError after ``timeout`` s.
+    The run of an execution that ended is checked for anything left billing at the test's end
+    (`tests.support.billing`)."""
+    from tests.support import billing
+
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         d = sfn.describe_execution(executionArn=arn)
         if d["status"] != "RUNNING":
+            billing.execution_ended(sfn, d)
             return d
         time.sleep(0.3)
     raise AssertionError(f"{arn} still running after {timeout}s")

@@ -15,8 +15,8 @@ batches, calls `compute_step`, and writes what it returns. Following the referen
 - before any datum, every trained rollout must have sampled on a policy at most ``max_staleness``
   versions older than the one the update applies to (`stepwise.core.staleness.check_staleness`).
 
-The checks on a generation batch just rolled out (`check_complete`, `check_not_all_failed`) and
-the text a failure shows (`rollout_report`) live here too.
+The checks on a generation batch just rolled out (`missing_items` and the `lost_rollout` that stands
+for each, `check_not_all_failed`) and the text a failure shows (`rollout_report`) live here too.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from stepwise.core.rewards import preview
-from stepwise.records import BatchRef, PlannedBatch, RolloutRecord
+from stepwise.records import BatchItem, BatchRef, PlannedBatch, RolloutRecord
 
 if TYPE_CHECKING:
     from stepwise.config import RunConfig
@@ -35,10 +35,11 @@ if TYPE_CHECKING:
 __all__ = [
     "Group",
     "RolloutsFailed",
-    "RolloutsMissing",
+    "LOST_ROLLOUT_ERROR",
     "StepOutcome",
     "TOP_CAUSES",
-    "check_complete",
+    "lost_rollout",
+    "missing_items",
     "check_not_all_failed",
     "compute_step",
     "datums_for",
@@ -55,11 +56,6 @@ class RolloutsFailed(RuntimeError):
     """Every rollout of a generation batch failed to run (status ``error`` or ``timeout``: not a zero
     reward, a rollout that did not complete), which is a broken agent, ARN, permission or result
     delivery rather than a policy to train: fail the run (the catch-all stops the session)."""
-
-
-class RolloutsMissing(RuntimeError):
-    """The Map completed but rollout records of planned items are absent (a child that never ran or
-    a record that was never written): training on the rest would silently shrink their groups."""
 
 
 #: How many distinct causes a failure message names.
@@ -100,20 +96,32 @@ def check_not_all_failed(rollouts: list[RolloutRecord], batch: BatchRef) -> None
         )
 
 
-def check_complete(rollouts: list[RolloutRecord], batch: BatchRef, planned: PlannedBatch | None) -> None:
-    """Raise RolloutsMissing when ``rollouts`` (one per item) do not cover the
-    ``len(rows) x responses_per_prompt`` items of ``planned``, naming the missing item indices.
-    A failed or timed-out rollout has a record (FinishRollout writes one on every path), so only a
-    lost one is missing. No check without ``planned`` (a batch planned before this check)."""
+#: The error of a rollout whose Map child left no record (the Map tolerates failed children).
+LOST_ROLLOUT_ERROR = "RolloutLost"
+LOST_ROLLOUT_CAUSE = ("no rollout record: the child execution failed before FinishRollout could write one (the Map "
+                      "tolerates failed children; the Map Run lists the failed executions)")
+
+
+def missing_items(rollouts: list[RolloutRecord], batch: BatchRef, planned: PlannedBatch | None) -> list[int]:
+    """The item indices of ``planned`` (``len(rows) x responses_per_prompt`` items) that ``rollouts``
+    (one per item) lack; [] without ``planned`` (a batch planned before it was kept in the run state).
+    FinishRollout writes a record on every path, and the child's "Record failed rollout" state when
+    FinishRollout keeps failing, so an item is missing only when its child failed outside both."""
     if planned is None or not batch.is_planned(planned):
-        return
+        return []
     expected = len(planned.rows) * planned.responses_per_prompt
-    missing = sorted(set(range(expected)) - {r.i for r in rollouts})
-    if missing:
-        raise RolloutsMissing(
-            f"{len(missing)} of {expected} rollouts of the {batch.kind} batch of step {batch.step} (generation batch "
-            f"{batch.generation_batch}) have no record although the Map completed: items {missing[:20]}"
-            f"{' ...' if len(missing) > 20 else ''}")
+    return sorted(set(range(expected)) - {r.i for r in rollouts})
+
+
+def lost_rollout(item: BatchItem, batch: BatchRef, sid: str | None) -> RolloutRecord:
+    """The record of a rollout whose child left none: status ``error``, reward 0.0, error
+    `LOST_ROLLOUT_ERROR`. It stays in its group as a failed rollout (the group keeps its size), and a
+    batch whose every rollout failed fails the run (`check_not_all_failed`)."""
+    return RolloutRecord(sid=sid, i=item.i, input_id=item.input_id, row=item.row, member=item.member, kind=batch.kind,
+                         step=batch.step, generation_batch=batch.generation_batch, reward=0.0,
+                         reward_reason=f"error: {LOST_ROLLOUT_ERROR}", status="error",
+                         error={"error": LOST_ROLLOUT_ERROR, "cause": LOST_ROLLOUT_CAUSE},
+                         policy_version=batch.policy.policy_version if batch.policy is not None else None)
 
 
 @dataclass

@@ -2,8 +2,8 @@
 
 ComputeAdvantages (train batches) is a thin shell over `stepwise.core.steps.compute_step` (grouping,
 GRPO/DAPO group selection, advantages, datums, the step's metrics, the ``max_staleness`` check): it
-loads the rollout records of the step's generation batches (checking the batch just rolled out is
-complete and not all failed), writes the datums chunked as the SDK chunks them
+loads the rollout records of the step's generation batches (an item of the batch just rolled out
+without a record counts as a failed rollout; a batch whose every rollout failed fails the run), writes the datums chunked as the SDK chunks them
 (`stepwise.core.operations.datum_chunks`) to ``steps/{step}/datums/`` and moves the run state:
 - the decision: ``train`` | ``need_more`` (another generation batch) | ``cap_reached`` (finish with
   a reason: checkpoint and stop) | ``skip`` (no datum: the reference skips the update); metrics go
@@ -23,19 +23,19 @@ from typing import TYPE_CHECKING, Any
 from stepwise.core import ledger
 from stepwise.core.operations import datum_chunks
 from stepwise.core.planning import NoTrainingSignal
-from stepwise.core.steps import (  # noqa: F401  (RolloutsFailed, RolloutsMissing: the errors this handler raises)
+from stepwise.core.steps import (  # noqa: F401  (RolloutsFailed: the error this handler raises)
     RolloutsFailed,
-    RolloutsMissing,
-    check_complete,
     check_not_all_failed,
     compute_step,
+    lost_rollout,
+    missing_items,
     rollout_report,
 )
 from stepwise.events import BatchEvent
 from stepwise.handlers._common import bind, emit, entrypoint, logger, now, run_config, store, write_summary
-from stepwise.layout import (datums_key, eval_results_key, eval_summary_key, prompts_key, rollouts_prefix,
-                             start_marker_key)
-from stepwise.records import BatchRef, PlannedBatch, RolloutRecord, RunState
+from stepwise.layout import (datums_key, eval_results_key, eval_summary_key, items_key, prompts_key, rollout_key,
+                             rollouts_prefix, start_marker_key)
+from stepwise.records import BatchItem, BatchRef, PlannedBatch, RolloutRecord, RunState
 
 if TYPE_CHECKING:
     from stepwise.config import RunConfig
@@ -70,18 +70,46 @@ def current_rollouts(rs: Any, run_id: str, batch: BatchRef, generation_batch: in
     return out
 
 
+def record_lost_rollouts(run_id: str, batch: BatchRef, missing: list[int]) -> list[RolloutRecord]:
+    """Write (and return) a `stepwise.core.steps.lost_rollout` for each missing item (``rollouts/lost-{i}.json``).
+    Idempotent: a retried ComputeAdvantages rewrites the same records."""
+    if not missing:
+        return []
+    rs = store()
+    items = {int(it["i"]): BatchItem.model_validate(it)
+             for it in rs.get_json(items_key(run_id, batch.step, batch.generation_batch, batch.kind))}
+    out = []
+    for i in missing:
+        sid = (rs.get_json_or(start_marker_key(run_id, batch.step, batch.generation_batch, batch.kind, i)) or {}).get("sid")
+        record = lost_rollout(items[i], batch, sid)
+        rs.put_json(rollout_key(run_id, batch.step, batch.generation_batch, f"lost-{i}", batch.kind),
+                    record.model_dump(), bulk=True)
+        out.append(record)
+    logger.warning("rollouts without a record counted as failed", extra={"items": missing[:20], "lost": len(missing)})
+    return out
+
+
+def completed_rollouts(run_id: str, batch: BatchRef, planned: PlannedBatch | None,
+                       generation_batch: int | None = None) -> list[RolloutRecord]:
+    """`load_rollouts`, plus a lost rollout (`record_lost_rollouts`) for each item of the batch just rolled
+    out (``planned``) without a record: the Map tolerates failed children, the step goes on."""
+    rollouts = load_rollouts(run_id, batch, generation_batch)
+    lost = record_lost_rollouts(run_id, batch, missing_items(rollouts, batch, planned))
+    return sorted(rollouts + lost, key=lambda r: r.i)
+
+
 def load_step_batches(run_id: str, batch: BatchRef, cfg: RunConfig,
                       planned: PlannedBatch | None = None) -> list[list[RolloutRecord]]:
     """The rollout records `compute_step` reads: DAPO's generation batches 0..g of the step, GRPO's
     one (the batch handed in), each in item order.
 
+    Items of the batch just rolled out without a record count as failed rollouts (`completed_rollouts`).
+
     Raises:
         RolloutsFailed: every rollout of the batch just rolled out failed (`check_not_all_failed`).
-        RolloutsMissing: the batch just rolled out lacks records of ``planned``'s items (`check_complete`).
     """
     gens = range(batch.generation_batch + 1) if cfg.algorithm == "dapo" else [batch.generation_batch]
-    batches = [load_rollouts(run_id, batch, g) for g in gens]
-    check_complete(batches[-1], batch, planned)
+    batches = [load_rollouts(run_id, batch, g) for g in gens[:-1]] + [completed_rollouts(run_id, batch, planned)]
     check_not_all_failed(batches[-1], batch)
     return batches
 
@@ -204,8 +232,7 @@ def record_eval(event: BatchEvent) -> dict[str, Any]:
         return rs.get_json(eval_summary_key(run.run_id, batch.step))
     _check_batch(state, batch)
     cfg = run_config(run.run_id)
-    rollouts = load_rollouts(run.run_id, batch)
-    check_complete(rollouts, batch, state.current_batch)
+    rollouts = completed_rollouts(run.run_id, batch, state.current_batch)
     check_not_all_failed(rollouts, batch)
     batch_usage = ledger.batch_usage(rollouts)  # the eval batch's rollouts (the cost ledger)
     payloads = rs.get_json(prompts_key(run.run_id, batch.step, batch.generation_batch, "eval"))

@@ -7,7 +7,10 @@ task token keyed by sid *before* invoking the agent (a fast result cannot race i
 sampling params). The agent writes ``rollout-results/{run_id}/{input_id}/{sid}.json``; the S3
 notification runs OnRolloutResult, which resumes the task with ``{"sid", "result_key", "session"}``
 (the session record it read). FinishRollout extracts the reward exactly as the reference does (0.0
-on timeout or error), closes the session (with that record: no second read), replays the captured turns into `TraceRecord`s and writes the rollout record.
+on timeout or error), closes the session (with that record: no second read), stops the agent's
+runtime session (``StopRuntimeSession``, as the reference's ``AgentCoreHttpSession`` does after every
+rollout), replays the captured turns into `TraceRecord`s and writes the rollout record. A StartRollout
+whose invoke fails closes its session and stops the runtime session it may have started before it raises.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from stepwise.handlers._common import (
     sfn_client,
     store,
 )
+from stepwise.handlers._rollout_sessions import close_gateway_session
 from stepwise.layout import (
     parse_result_key,
     prompts_key,
@@ -160,9 +164,29 @@ def start(event: StartEvent) -> dict[str, Any]:
     body = rollout_payload(payload, run_id=run.run_id, input_id=item.input_id, bucket=rs.bucket, sid=sid,
                            gateway_url=settings().gateway_url, model_id=cfg.base_model_arn,
                            sampling=record.sampling_defaults, reward_granularity=cfg.reward_granularity)
-    status_code = agentcore.invoke(cfg.agent_runtime_arn, cfg.region, session_id=sid, payload=json.dumps(body).encode())
+    try:
+        status_code = agentcore.invoke(cfg.agent_runtime_arn, cfg.region, session_id=sid,
+                                       payload=json.dumps(body).encode())
+    except Exception as exc:
+        _abandon_start(rs, cfg, sid, record, exc)
+        raise
     logger.info("rollout started", extra={"input_id": item.input_id, "status_code": status_code})
     return {"sid": sid}
+
+
+def _abandon_start(rs: Any, cfg: RunConfig, sid: str, record: SessionRecord, exc: BaseException) -> None:
+    """An invoke that failed leaves nothing behind: the gateway session is closed and, unless ACR
+    refused before creating one (`agentcore.AgentRuntimeThrottled`, or `agentcore.AgentRuntimeUnavailable`
+    before anything was sent), the runtime session is stopped, so a retry (a fresh sid) never runs
+    beside an agent the first attempt may have started. Best effort: the invoke's error is what raises."""
+    started = not isinstance(exc, agentcore.AgentRuntimeThrottled) and getattr(exc, "maybe_started", True)
+    try:
+        if started:
+            rs.put_json(session_key(sid), {**record.model_dump(), "closed": True})
+            agentcore.stop_session(cfg.agent_runtime_arn, cfg.region, session_id=sid)
+    except Exception as stop_exc:  # logged; the failed invoke is the error that matters
+        logger.warning("could not stop the session of a failed invoke",
+                       extra={"error": type(stop_exc).__name__, "detail": redact(str(stop_exc), sid)[:300]})
 
 
 # ---------------------------------------------------------------------------- result notification
@@ -241,23 +265,48 @@ def _load_turns(rs: Any, run_id: str, sid: str) -> list[dict[str, Any]]:
     return [rs.get_json(k) for k in rs.list_keys(turns_prefix(run_id, sid)) if k.endswith(".json")]
 
 
-def _close_session(rs: Any, sid: str, known: Any = None) -> dict[str, Any] | None:
-    """Close the gateway session; returns its record (None when there is none).
+def record_failed_finish(event: FinishEvent) -> dict[str, Any]:
+    """FinishRollout kept failing (``event.finish_error``): write the rollout as ``error`` (reward 0.0,
+    cause ``FinishRolloutFailed: <its last error>``), nothing else, so one child never sinks a step.
+    Its sessions are closed and stopped on a best-effort basis (a failure is logged, not raised)."""
+    from stepwise.core.rewards import preview
 
-    ``known``: the record OnRolloutResult read (the result's ``session``); when it is session
-    ``sid``'s, it is closed without reading the record again."""
-    if isinstance(known, dict) and known.get("sid") == sid and not known.get("closed"):
-        record: dict[str, Any] | None = {**known, "closed": True}
-        rs.put_json(session_key(sid), record)
-        return record
-    record = rs.get_json_or(session_key(sid))
-    if record is not None and not record.get("closed"):
-        record["closed"] = True
-        rs.put_json(session_key(sid), record)
-    return record
+    rs = store()
+    run, batch, item = event.run, event.batch, event.item
+    sid = (event.result or {}).get("sid")
+    if sid is None:
+        marker = rs.get_json_or(start_marker_key(run.run_id, batch.step, batch.generation_batch, batch.kind, item.i)) or {}
+        sid = marker.get("sid")
+    bind(run_id=run.run_id, step=batch.step, sid=sid)
+    failure = event.finish_error or {}
+    cause = f"{failure.get('Error', 'error')}: {preview(failure.get('Cause', ''), 800)}"
+    if sid is not None:
+        try:
+            close_gateway_session(rs, sid)
+            cfg = run_config(run.run_id)
+            agentcore.stop_session(cfg.agent_runtime_arn, cfg.region, session_id=sid)
+        except Exception as exc:  # the record is what matters now
+            logger.warning("could not close or stop the sessions of a failed rollout",
+                           extra={"error": type(exc).__name__, "detail": redact(str(exc), sid)[:300]})
+    error = {"error": "FinishRolloutFailed", "cause": cause}
+    if event.error is not None:
+        error["rollout_error"] = str(event.error.get("Error", "error"))
+    logger.error("FinishRollout failed for this rollout; recorded as an error rollout (reward 0.0)",
+                 extra={"error": redact(json.dumps(error), sid or "")})
+    rollout = RolloutRecord(sid=sid, i=item.i, input_id=item.input_id, row=item.row, member=item.member,
+                            kind=batch.kind, step=batch.step, generation_batch=batch.generation_batch,
+                            reward=0.0, reward_reason=f"error: FinishRolloutFailed: {preview(cause, 200)}",
+                            status="error", error=error,
+                            policy_version=batch.policy.policy_version if batch.policy is not None else None)
+    key_sid = sid or f"unstarted-{item.i}"
+    rs.put_json(rollout_key(run.run_id, batch.step, batch.generation_batch, key_sid, batch.kind), rollout.model_dump(),
+                bulk=True)
+    return {"sid": key_sid, "reward": 0.0, "status": "error", "records": 0}
 
 
 def finish(event: FinishEvent) -> dict[str, Any]:
+    if event.finish_error is not None:
+        return record_failed_finish(event)
     from stepwise.core.behaviour import rollout_behaviour
     from stepwise.core.replay import record_to_json, replay_session
     from stepwise.core.rewards import agent_failure, extract_reward, extract_turn_rewards, preview
@@ -315,7 +364,13 @@ def finish(event: FinishEvent) -> dict[str, Any]:
     # The policy it sampled with: the gateway session's (what every turn used), else the batch's.
     policy_version = batch.policy.policy_version if batch.policy is not None else None
     if sid is not None:
-        session = _close_session(rs, sid, (event.result or {}).get("session")) or {}
+        session = close_gateway_session(rs, sid, (event.result or {}).get("session")) or {}
+        cfg = run_config(run.run_id)
+        # The agent's runtime session ends with its rollout, whichever way it ended (a retried
+        # FinishRollout finds it gone, which is fine): otherwise it bills and holds a place under the
+        # account's active-session quota until ACR's idle timeout (900 s by default).
+        stopped = agentcore.stop_session(cfg.agent_runtime_arn, cfg.region, session_id=sid)
+        logger.info("runtime session stopped" if stopped else "runtime session already gone")
         if isinstance(session.get("policy_version"), int):
             policy_version = session["policy_version"]
         if isinstance(session.get("started_at"), (int, float)):

@@ -7,7 +7,8 @@
 - StopSession: every terminal path of the state machine (success and the catch-all). Stops only
   a session this execution owns, or the session of the run it was started to continue
   (continue-as-new) and has not taken over yet (`stepwise.core.sweeping.may_stop_session`), so a
-  refused second execution cannot stop the owner's session; then writes the run's end
+  refused second execution cannot stop the owner's session; also ends the runtime sessions of
+  rollouts still in flight (`end_abandoned_rollouts`); then writes the run's end
   (``runs/{run_id}/summary.json``: status, reason, checkpoints, final weights), whose notification
   runs the Track function.
 - Cleanup: EventBridge "Step Functions Execution Status Change" (ABORTED / TIMED_OUT / FAILED),
@@ -32,6 +33,7 @@ from stepwise.events import ContinueEvent, ExecutionStatusChange, RunEvent, Stop
 from stepwise.executions import ABNORMAL_END_STATUSES, continuation_name, execution_arn_of, resolve_run
 from stepwise.handlers._common import (bind, drive, entrypoint, logger, now, poll_seconds, run_config, settings,
                                        sfn_client, store)
+from stepwise.handlers._rollout_sessions import end_abandoned_rollouts
 from stepwise.layout import estimate_key, run_summary_key
 from stepwise.records import RunState
 
@@ -117,6 +119,7 @@ def stop_owned_session(execution_arn: str, execution_name: str, execution_input:
                                                                          state.training_session_name)
     sagemaker.stop_session(cfg, state.training_session_name)
     stopped_at = now()
+    end_abandoned_rollouts(rs, cfg, state)  # rollouts in flight: their runtime sessions would bill on
     # the execution's last transitions: its history since PlanStep counted it, and the state after this one
     newest, events = task_tokens.history_since(sfn_client(), execution_arn, history_after(state))
     estimate = rs.get_json_or(estimate_key(run_id)) if reason == "finished" else None
