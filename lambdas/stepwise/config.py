@@ -277,6 +277,14 @@ class RunConfig(BaseModel):
     max_tokens_per_rollout: int = Field(
         262144, ge=1, description="tokens one rollout may sample across its turns (gateway enforces)"
     )
+    # --- ACR sessions and rollout liveness ---
+    acr_max_active_sessions: int = Field(
+        limits.ACR_ACTIVE_SESSIONS_DEFAULT, ge=1, le=limits.DISTRIBUTED_MAP_MAX_CHILDREN,
+        description="rollouts in flight at most (each holds one ACR runtime session until it ends): set it to your "
+        "account's 'Active session workloads per account' quota for this region (Service Quotas; ACR's default is "
+        f"{limits.ACR_ACTIVE_SESSIONS_DEFAULT}, 1000 in us-east-1 and us-west-2), less what other runs and agents of the "
+        "account use; a higher value gets ServiceQuotaExceededException refusals, retried with backoff",
+    )
 
     # --- RL training ---
     algorithm: Literal["grpo", "dapo"] = Field(
@@ -995,7 +1003,12 @@ LIMIT_SOURCES: dict[str, str] = {
     "learning_rate": f"the service's range is {limits.LEARNING_RATE.describe()}",
     "responses_per_prompt": f"the group size is bounded by {limits.NUM_SAMPLES.describe()}",
     "acr_tps_limit": f"above {limits.MAX_ACR_TPS_LIMIT} PlanStep's Map concurrency cap ({limits.MAX_MAP_CONCURRENCY} "
-                     f"rollouts in flight, {limits.CONCURRENCY_PER_TPS} per unit) binds instead, so it would do nothing",
+                     f"rollouts in flight, {limits.CONCURRENCY_PER_TPS} per unit) binds instead, so it would do nothing; "
+                     "acr_max_active_sessions bounds the rollouts in flight too",
+    "acr_max_active_sessions": "it bounds the rollouts in flight by ACR's active-session quota ('Active session "
+                               f"workloads per account': {limits.ACR_ACTIVE_SESSIONS_DEFAULT} by default, 1000 in "
+                               "us-east-1 and us-west-2) and a Distributed Map runs at most "
+                               f"{limits.DISTRIBUTED_MAP_MAX_CHILDREN} children at once",
     "max_num_gen_batches": f"{limits.EVENTS_PER_GENERATION_BATCH} history events per generation batch must fit in one "
                            f"execution's {limits.EXECUTION_HISTORY_EVENTS}-event history",
 }

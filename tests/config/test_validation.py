@@ -105,6 +105,7 @@ BAD_VALUES = [
     ("max_rollout_time", 0, "greater than 0"),
     ("max_rollout_time", float("inf"), "finite number"),
     ("acr_tps_limit", 0, "greater than or equal to 1"),
+    ("acr_max_active_sessions", 0, "greater than or equal to 1"),
     ("chat_template_kwargs", ["enable_thinking"], "valid dictionary"),
     ("max_turns_per_rollout", 0, "greater than or equal to 1"),
     ("max_tokens_per_rollout", 0, "greater than or equal to 1"),

@@ -207,3 +207,28 @@ def test_without_a_history_the_count_still_bounds_an_execution():
         assert decide(s, c, history_events=None).action == "rollout"
         finish_step(s)
     assert decide(s, c, history_events=None).action == "continue"
+
+
+def test_rollouts_in_flight_stay_within_the_active_session_quota_and_the_tps_bound():
+    """PlanStep's MaxConcurrency never passes acr_max_active_sessions (ACR's active-session quota: every
+    rollout in flight holds a runtime session), acr_tps_limit x 8, the batch or 1,000, and is at least 1
+    (hypothesis over the fields' whole ranges)."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from stepwise.core.planning import map_concurrency
+    from stepwise.core.service_limits import CONCURRENCY_PER_TPS, MAX_ACR_TPS_LIMIT, MAX_MAP_CONCURRENCY
+
+    @settings(max_examples=300, deadline=None)
+    @given(items=st.integers(1, 20_000), tps=st.integers(1, MAX_ACR_TPS_LIMIT), quota=st.integers(1, 10_000))
+    def check(items: int, tps: int, quota: int) -> None:
+        n = map_concurrency(items, tps, quota)
+        assert 1 <= n <= min(items, tps * CONCURRENCY_PER_TPS, quota, MAX_MAP_CONCURRENCY)
+        assert n == min(items, tps * CONCURRENCY_PER_TPS, quota, MAX_MAP_CONCURRENCY)
+
+    check()
+    assert cfg().acr_max_active_sessions == 500  # ACR's default quota outside us-east-1 / us-west-2
+    from stepwise.config import ConfigError, load_run_config
+
+    with pytest.raises(ConfigError, match="acr_max_active_sessions: .*Active session workloads per account"):
+        load_run_config({**cfg().model_dump(), "acr_max_active_sessions": 0})

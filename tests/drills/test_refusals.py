@@ -171,6 +171,8 @@ def test_every_refusal_is_reported_at_once(stack):
     ({"learning_rate": 0.05}, "learning_rate", "0.01"),
     ({"batch_size": 2000, "responses_per_prompt": 8}, "responses_per_prompt", "10000"),
     ({"acr_tps_limit": 200}, "acr_tps_limit", "125"),
+    ({"acr_max_active_sessions": 0}, "acr_max_active_sessions", "Active session workloads per account"),
+    ({"acr_max_active_sessions": 20_000}, "acr_max_active_sessions", "10000"),
     ({"max_num_gen_batches": 2000, "algorithm": "dapo"}, "max_num_gen_batches", "1045"),
 ])
 def test_values_the_services_or_one_step_cannot_hold_are_refused(stack, overrides, field, limit):

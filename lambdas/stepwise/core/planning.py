@@ -308,8 +308,11 @@ def build_items(d: Decision, payloads: Mapping[int, dict[str, Any]] | Sequence[d
     return items, prompts
 
 
-def map_concurrency(num_items: int, acr_tps_limit: int) -> int:
+def map_concurrency(num_items: int, acr_tps_limit: int, acr_max_active_sessions: int | None = None) -> int:
     """The Distributed Map's ``MaxConcurrency`` for a batch of ``num_items`` rollouts:
     ``acr_tps_limit * CONCURRENCY_PER_TPS`` rollouts in flight, at most ``MAX_MAP_CONCURRENCY``
-    (`stepwise.core.service_limits`) and at most the batch, at least 1."""
-    return max(1, min(num_items, acr_tps_limit * CONCURRENCY_PER_TPS, MAX_MAP_CONCURRENCY))
+    (`stepwise.core.service_limits`), at most ``acr_max_active_sessions`` (each rollout in flight holds
+    one ACR runtime session, and the account's active-session quota bounds them; None = no such bound)
+    and at most the batch, at least 1."""
+    bound = MAX_MAP_CONCURRENCY if acr_max_active_sessions is None else min(MAX_MAP_CONCURRENCY, acr_max_active_sessions)
+    return max(1, min(num_items, acr_tps_limit * CONCURRENCY_PER_TPS, bound))

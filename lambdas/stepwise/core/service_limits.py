@@ -13,8 +13,14 @@ Limits no model carries are documented quotas, kept here as constants with their
   (``batch_size * responses_per_prompt``) stay within that.
 - PlanStep's Map concurrency: ``acr_tps_limit * CONCURRENCY_PER_TPS``, capped at
   ``MAX_MAP_CONCURRENCY`` (1,000: AgentCore Runtime's default quota of active session workloads
-  per account in us-east-1 / us-west-2 is 1,000). An ``acr_tps_limit`` above
+  per account in us-east-1 / us-west-2 is 1,000) and at the config's ``acr_max_active_sessions``
+  (`ACR_ACTIVE_SESSIONS_DEFAULT`). An ``acr_tps_limit`` above
   ``MAX_MAP_CONCURRENCY / CONCURRENCY_PER_TPS`` changes nothing, so it is refused.
+- AgentCore Runtime quota "Active session workloads per account" (AgentCore developer guide, "Quotas
+  for Amazon Bedrock AgentCore", AgentCore Runtime, resource allocation limits): 1,000 in US East
+  (N. Virginia) and US West (Oregon), 500 in the other regions, adjustable; each runtime session
+  (``runtimeSessionId``) counts, idle ones too, until it is stopped or times out. Every rollout's
+  session is stopped when it ends, so a run holds at most its rollouts in flight.
 - Step Functions quota: 25,000 events in one execution's history. A step's generation batches
   run inside one execution (continue-as-new happens between steps), each adding
   ``EVENTS_PER_GENERATION_BATCH`` parent events (PlanStep task 5, choice 2, Distributed Map 6,
@@ -43,6 +49,9 @@ EVENTS_PER_GENERATION_BATCH = 22
 #: History events kept free in an execution for the rest of one step (train, rebind, save, eval).
 HISTORY_RESERVE_EVENTS = 2_000
 MAX_GENERATION_BATCHES_PER_STEP = (EXECUTION_HISTORY_EVENTS - HISTORY_RESERVE_EVENTS) // EVENTS_PER_GENERATION_BATCH
+#: AgentCore Runtime's default "Active session workloads per account" outside us-east-1 / us-west-2
+#: (1,000 there): the default bound on a run's rollouts in flight (``acr_max_active_sessions``).
+ACR_ACTIVE_SESSIONS_DEFAULT = 500
 #: The most useful ``acr_tps_limit``: above it PlanStep's MaxConcurrency cap binds instead.
 MAX_ACR_TPS_LIMIT = MAX_MAP_CONCURRENCY // CONCURRENCY_PER_TPS
 #: AgentCore Runtime's default quota of InvokeAgentRuntime calls per second per endpoint (adjustable;

@@ -160,7 +160,7 @@ def plan(event: RunEvent) -> dict[str, Any]:
     out.update(
         items_key=key,
         num_items=len(items),
-        max_concurrency=map_concurrency(len(items), cfg.acr_tps_limit),
+        max_concurrency=map_concurrency(len(items), cfg.acr_tps_limit, cfg.acr_max_active_sessions),
         batch=batch.model_dump(),
     )
     logger.info("planned generation batch", extra={k: v for k, v in out.items() if k != "batch"} | {"kind": kind})
