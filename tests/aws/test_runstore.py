@@ -44,6 +44,23 @@ def test_a_concurrent_write_is_not_lost_the_change_is_reapplied(rs):
     assert rs.read_state("run-1")[0].cursor == 7
 
 
+def test_a_first_read_the_caller_made_is_used_once_and_a_stale_one_only_costs_a_retry(rs):
+    """PlanStep reads state.json before its update (the ledger's counted history): ``first_read`` saves the
+    update's own GET, and a write that got in between is not lost (the write is conditional on its ETag)."""
+    gets = []
+    rs.s3.meta.events.register("after-call.s3.GetObject", lambda **_: gets.append(1))
+    first = rs.read_state("run-1")
+    assert rs.update_state("run-1", lambda s: setattr(s, "step", s.step + 1), execution_arn=OWNER,
+                           first_read=first).step == 1
+    assert len(gets) == 1  # the caller's read only
+
+    stale = rs.read_state("run-1")
+    other, etag = rs.read_state("run-1")
+    rs.put_json(state_key("run-1"), other.model_dump() | {"cursor": 5}, if_match=etag)
+    state = rs.update_state("run-1", lambda s: setattr(s, "step", s.step + 1), execution_arn=OWNER, first_read=stale)
+    assert (state.step, state.cursor) == (2, 5) and rs.read_state("run-1")[0].cursor == 5
+
+
 def test_stale_etags_and_second_creations_are_refused(rs):
     _, etag = rs.read_state("run-1")
     rs.update_state("run-1", lambda s: setattr(s, "step", 3), execution_arn=OWNER)

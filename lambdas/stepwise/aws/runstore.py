@@ -171,11 +171,15 @@ class RunStore:
         *,
         execution_arn: str | None,
         attempts: int = 8,
+        first_read: tuple[RunState, str] | None = None,
     ) -> RunState:
         """Read-modify-write state.json, conditional on the ETag read (S3 ``IfMatch``).
 
         ``change`` mutates the state in place; it is re-applied to a fresh read when another
         writer got in between, so it must be a pure function of the state it is given.
+        ``first_read`` is a `read_state` the caller already made, ``(state, etag)``: the first attempt
+        changes it instead of reading again (one GET less; a stale one only costs a retry, the write
+        being conditional on its ETag). It is changed in place.
 
         Every write carries this container's measurements of the run into ``state.ledger`` (added
         before ``change`` sees the state; `stepwise.metering`: the cost ledger).
@@ -186,8 +190,8 @@ class RunStore:
         """
         ride = metering.ride(run_id)
         try:
-            for _ in range(attempts):
-                state, etag = self.read_state(run_id)
+            for attempt in range(attempts):
+                state, etag = first_read if (attempt == 0 and first_read is not None) else self.read_state(run_id)
                 check_owner(state, execution_arn)
                 state.ledger.usage.add(ride.usage)
                 change(state)

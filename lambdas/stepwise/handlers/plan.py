@@ -81,14 +81,17 @@ def history_since(execution_arn: str, after_event: int) -> tuple[int | None, lis
     return newest, events
 
 
-def counted_up_to(run_id: str, execution_arn: str) -> int:
+def counted_up_to(run_id: str, execution_arn: str) -> tuple[int, tuple[RunState, str] | None]:
     """The newest event of this execution the cost ledger has counted: remembered by this container
     from its last PlanStep of the execution (a warm container reads no state for it), else read from
-    ``state.json``. A stale figure only makes `history_since` read events the ledger then skips."""
+    ``state.json``, and that read, ``(state, etag)``, is returned too so the plan's conditional update
+    starts from it instead of reading ``state.json`` again (else ``None``). A stale figure only makes
+    `history_since` read events the ledger then skips."""
     cached = dependencies().cache.get(("history_counted", run_id, execution_arn))
     if cached is not None:
-        return int(cached)
-    return history_after(store().read_state(run_id)[0])
+        return int(cached), None
+    read = store().read_state(run_id)
+    return history_after(read[0]), read
 
 
 def notify_warnings(run_id: str, warnings: list[str]) -> None:
@@ -110,9 +113,10 @@ def plan(event: RunEvent) -> dict[str, Any]:
     decision: list[Decision | None] = []
     reason: list[str] = []
     ahead = event.ahead_of_step if isinstance(event, PlanEvent) else None
-    history_events, new_events = None, []
+    history_events, new_events, first_read = None, [], None
     if ahead is None:  # the parent's history: its length (budget) and the transitions the ledger counts
-        history_events, new_events = history_since(run.execution_arn, counted_up_to(run.run_id, run.execution_arn))
+        counted, first_read = counted_up_to(run.run_id, run.execution_arn)
+        history_events, new_events = history_since(run.execution_arn, counted)
 
     def change(state: RunState) -> None:
         decision.clear()
@@ -126,7 +130,7 @@ def plan(event: RunEvent) -> dict[str, Any]:
             reason.append(why)
 
     # one conditional write; retried on a conflict with the training branch's writes (pure change)
-    state = rs.update_state(run.run_id, change, execution_arn=run.execution_arn)
+    state = rs.update_state(run.run_id, change, execution_arn=run.execution_arn, first_read=first_read)
     if ahead is None:
         dependencies().cache[("history_counted", run.run_id, run.execution_arn)] = history_after(state)
     d = decision[0]
