@@ -4,6 +4,7 @@ accepted exactly when the service and one step of the state machine can take it.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -109,6 +110,7 @@ def test_acr_tps_limit_stops_where_the_map_concurrency_cap_binds():
     assert err.startswith("acr_tps_limit:") and str(top) in err
 
 
+@functools.lru_cache(maxsize=None)  # the sagemaker model is a large JSON: loaded once, not per example
 def _sagemaker_member(shape: str, member: str):
     model = botocore.session.get_session().get_service_model("sagemaker")
     return model.shape_for(shape).members[member]
