@@ -419,7 +419,9 @@ def run_unit_tests(python313: str, site: Path) -> None:
     # The tests import their helpers as ``tests.support.*`` and pytest imports them as ``tests.<folder>.*``
     # from the folder above ``tests/``: a folder holding only a link to tests/ is that import root, so the
     # repository's other packages (local, infra, ...) stay off sys.path as in the image.
-    test_root = CACHE / "test-root"
+    # One per checkout (the cache is shared by the checkouts of a machine; a link made by another, or by a
+    # checkout since moved, would run its tests or none).
+    test_root = CACHE / ("test-root-" + hashlib.sha256(str(ROOT).encode()).hexdigest()[:12])
     test_root.mkdir(parents=True, exist_ok=True)
     if not (test_root / "tests").is_symlink():
         (test_root / "tests").symlink_to(ROOT / "tests", target_is_directory=True)
