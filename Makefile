@@ -34,8 +34,11 @@ install-dev: $(VENV)/.dev-installed $(TOOLS)
 run: $(VENV)/.local-installed
 	$(VENV)/bin/stepwise run-local $(CONFIG)
 
+# The suite on TEST_WORKERS pytest-xdist workers, a module per worker at a time, the modules with a
+# whole local run first (tests/conftest.py); TEST_WORKERS=0 runs it in this one process, in the same order.
+TEST_WORKERS ?= 3
 test: $(VENV)/.dev-installed $(TOOLS)
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The Lambda images without Docker: the lock installed for CPython 3.13 manylinux_2_34 and run
 # by pyenv's python3.13 against moto + the simulator (docs/deploy.md, "Lambda images").

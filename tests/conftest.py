@@ -82,6 +82,22 @@ def stack():
 
 
 # ---------------------------------------------------------------------------------------------
+# The order of the modules: those with a whole local run (an ``e2e`` test) first.
+#
+# `make test` runs the suite on pytest-xdist workers, a module at a time (``--dist loadfile
+# --no-loadscope-reorder``: a module's fixtures, such as its local run, are built once, on one
+# worker), in this order. The longest modules first keeps a worker from starting a minutes-long run
+# while the other worker runs out of work (longest processing time first). Within each group the
+# order is pytest's own; a serial run keeps it too, so the two runs see the modules in one order.
+
+
+def pytest_collection_modifyitems(session, config, items):
+    heavy = {item.module.__name__ for item in items
+             if item.get_closest_marker("e2e") is not None and getattr(item, "module", None) is not None}
+    items.sort(key=lambda item: getattr(getattr(item, "module", None), "__name__", "") not in heavy)
+
+
+# ---------------------------------------------------------------------------------------------
 # The end of the session: exit with pytest's status, without the interpreter's teardown.
 #
 # A full run once printed "814 passed" and then aborted with "terminate called without an active
