@@ -55,10 +55,13 @@ ACCOUNT_ID = "123456789012"  # moto's default account
 LAMBDA_ROLE_NAME = "stepwise-local-lambda"
 STATE_MACHINE_ROLE_NAME = "stepwise-local-states"
 #: boto3 service name -> the suffix of its ``AWS_ENDPOINT_URL_*`` variable (botocore's
-#: service id, upper-cased, spaces as underscores: Step Functions is ``SFN``).
+#: service id, upper-cased, spaces as underscores: Step Functions is ``SFN``). SNS, Secrets Manager and
+#: CloudFormation too: the handlers call them when the environment names a topic, a secret or a stack,
+#: and the local stack must never reach AWS (`local.no_aws`).
 MOTO_SERVICES = {
     "s3": "S3", "stepfunctions": "SFN", "lambda": "LAMBDA", "iam": "IAM", "sts": "STS",
     "events": "EVENTBRIDGE", "cloudwatch": "CLOUDWATCH", "logs": "CLOUDWATCH_LOGS",
+    "sns": "SNS", "secretsmanager": "SECRETS_MANAGER", "cloudformation": "CLOUDFORMATION",
 }
 
 #: The exact signature of the moto method we replace (moto 5.2.5). If moto changes it, the
@@ -959,10 +962,14 @@ class S3RequestLog:
 
 
 def endpoint_env(endpoint: str) -> dict[str, str]:
-    """Environment that points boto3 (in any process) at the moto server for MOTO_SERVICES."""
+    """Environment that points boto3 (in any process) at the moto server for MOTO_SERVICES (and makes
+    botocore honour the variables even where the user's shared config says to ignore them)."""
+    from local.no_aws import IGNORE_ENDPOINTS_VARIABLE
+
     env = {f"AWS_ENDPOINT_URL_{suffix}": endpoint for suffix in MOTO_SERVICES.values()}
     env.update(
         {
+            IGNORE_ENDPOINTS_VARIABLE: "false",
             "AWS_ACCESS_KEY_ID": "testing",
             "AWS_SECRET_ACCESS_KEY": "testing",
             "AWS_SESSION_TOKEN": "testing",
@@ -977,7 +984,8 @@ class MotoServer:
     """moto on a loopback port with Step Functions execution enabled and the invoke seam installed.
 
     ``start()`` sets ``os.environ`` (endpoints, dummy credentials, ``MOTO_PORT`` -- the port
-    moto's ASL interpreter calls Lambda on) and ``stop()`` restores it.
+    moto's ASL interpreter calls Lambda on) and ``stop()`` restores it. While it runs, no botocore
+    client of this process (the in-process handlers included) reaches AWS (`local.no_aws.refusing_aws`).
     """
 
     def __init__(self) -> None:
@@ -994,7 +1002,10 @@ class MotoServer:
         from moto.core.config import default_user_config
         from moto.server import ThreadedMotoServer
 
+        from local.no_aws import refusing_aws
+
         self._patch = contextlib.ExitStack()
+        self._patch.enter_context(refusing_aws())
         self._patch.enter_context(patched_lambda_invoke(self.dispatcher))
         self._patch.enter_context(cached_backend_lookup())
         self._patch.enter_context(cached_asl_clients())

@@ -2,7 +2,8 @@
 
 ``python -m stepwise.gateway --port 0`` binds a free loopback port and prints
 ``stepwise gateway listening on http://127.0.0.1:PORT``; we read that line to learn the URL.
-The process gets the handlers' environment (bucket, moto and simulator endpoints).
+The process gets the handlers' environment (bucket, moto and simulator endpoints) and runs under
+``python -m local.no_aws``: a client that missed its emulator's endpoint fails saying so, never reaching AWS.
 """
 
 from __future__ import annotations
@@ -23,9 +24,11 @@ class GatewayProcess:
 
     def __init__(self, env: dict[str, str], *, timeout: float = 60.0, log_path: str | None = None):
         self._log = open(log_path, "a") if log_path else None  # noqa: SIM115 (closed in stop)
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # `local` importable from anywhere
+        env = {**os.environ, **env}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "stepwise.gateway", "--host", "127.0.0.1", "--port", "0"],
-            env={**os.environ, **env},
+            [sys.executable, "-m", "local.no_aws", "stepwise.gateway", "--host", "127.0.0.1", "--port", "0"],
+            env={**env, "PYTHONPATH": os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)},
             stdout=subprocess.PIPE,
             stderr=self._log,
             text=True,

@@ -1,7 +1,8 @@
 """run-local's stack: moto, the SageMaker simulator, the gateway and the ACR emulator, started and stopped.
 
 ``LocalStack.start`` starts every service on free loopback ports, points the environment at
-them (restored by ``stop``) and creates the stack's resources (functions, bucket notification,
+them (restored by ``stop``; it refuses to go on unless every service the handlers call is pointed at
+one, `local.no_aws.endpoint_problems`) and creates the stack's resources (functions, bucket notification,
 state machine) as the CDK stack creates them. ``run_cleanup`` and ``run_sweeper`` stand in for the
 stack's EventBridge rules (the abnormal-end rule and the sweeper's schedule), which moto does not
 deliver to Lambda.
@@ -24,6 +25,7 @@ from typing import Any, ClassVar
 
 from local import REPO_ROOT
 from local._proc import restore_env, stop_process
+from local.no_aws import endpoint_problems
 from local.workers import WorkerPool, workers_from_env
 from stepwise import layout
 from stepwise.aws.clients import ENV_MAX_POOL_CONNECTIONS
@@ -168,6 +170,9 @@ class LocalStack:
                                log_dir=str(log_dir) if log_dir else None, region=engine.REGION,
                                allowed_runtime_arns=allowed).start()
         self.set_env(self.acr.env)
+        if problems := endpoint_problems(os.environ):  # every handler's client on an emulator, or no run
+            raise RuntimeError("the local stack did not point every client of its handlers at an emulator on "
+                               f"loopback, so they could reach AWS: {'; '.join(problems)}")
         if self.moto.dispatcher.workers is not None:
             self.moto.dispatcher.workers.wait()
         self.resources = create_resources(self.moto, self.bucket)

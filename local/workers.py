@@ -9,7 +9,8 @@ many invocations at once (the Map's children share a few processes, as they shar
 
 Each invocation carries the parent's environment (the stack's variables and endpoints, which the
 parent may change between runs), so a worker never serves with a stale one. Handlers registered
-with a callable (tests) are not sent here: they run in-process, as before.
+with a callable (tests) are not sent here: they run in-process, as before. No handler here reaches
+AWS: a request to a host that is not loopback fails (`local.no_aws`).
 """
 
 from __future__ import annotations
@@ -179,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="a local Lambda worker (run by local.workers.WorkerPool)")
     parser.add_argument("--port", type=int, default=0)
     args = parser.parse_args(argv)
+    from local.no_aws import install
+
+    install()  # a handler whose client missed its emulator's endpoint fails saying so, never reaching AWS
     _warm()
     server = LoopbackHTTPServer(("127.0.0.1", args.port), _Invoke)
     print(f"stepwise lambda worker listening on http://127.0.0.1:{server.server_address[1]}", flush=True)
