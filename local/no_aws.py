@@ -18,7 +18,8 @@ Two guards, so that cannot happen silently:
   ``lambdas/`` calls to reach an emulator on loopback (`LocalStack.start` refuses to start on any);
 - `refusing_aws`: while it is active, a botocore request to a host that is not loopback raises
   `NotPointedAtEmulator` instead of leaving the machine (the run-local process: `local.engine.MotoServer`;
-  the Lambda workers: `local.workers`; the gateway: ``python -m local.no_aws stepwise.gateway ...``).
+  the Lambda workers: `local.workers`; the gateway: ``python -m local.no_aws stepwise.gateway ...``;
+  the agent apps: `local.agents.serve`).
   moto's in-process mocks (``mock_aws``) answer in botocore's ``before-send`` event, before any
   request is sent, so they are not affected.
 """

@@ -20,6 +20,8 @@ own), so the ACR emulator (`local.acr`) asks this process what each session is d
 
 Tasks are attributed to sessions through the toolkit's request context (``BedrockAgentCoreContext``'s
 session id, a context variable the background task inherits from its request).
+
+A botocore request of the app to a host that is not loopback fails (`local.no_aws`): the local stack never calls AWS.
 """
 
 from __future__ import annotations
@@ -191,7 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     group.add_argument("--port", type=int, help="port to bind on 127.0.0.1")
     parser.add_argument("--log-level", default="warning")
     args = parser.parse_args(argv)
+    from local.no_aws import install
 
+    install()  # the agent's clients (the toolkit's result write to S3) reach moto, never AWS
     app = load_app(args.app)
     served = SessionControl(app, SessionTracker(app))
     # Keep-alive longer than the caller's pool idle time (aiohttp: 15 s), or uvicorn's 5 s default

@@ -12,9 +12,9 @@ gateway process's case).
 
 from __future__ import annotations
 
+import ast
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -75,11 +75,11 @@ def test_loopback_endpoints_and_in_process_moto_mocks_still_answer(no_simulator_
         with refusing_aws():
             s3 = boto3.client("s3", region_name="us-east-1", endpoint_url=f"http://{host}:{port}")
             s3.create_bucket(Bucket="loopback-answers")
-            assert [b["Name"] for b in s3.list_buckets()["Buckets"]] == ["loopback-answers"]
+            assert "loopback-answers" in [b["Name"] for b in s3.list_buckets()["Buckets"]]  # moto's state is shared
             with mock_aws():  # answers in botocore's before-send event: nothing is sent
                 mocked = boto3.client("s3", region_name="us-east-1")
                 mocked.create_bucket(Bucket="mocked-answers")
-                assert [b["Name"] for b in mocked.list_buckets()["Buckets"]] == ["mocked-answers"]
+                assert "mocked-answers" in [b["Name"] for b in mocked.list_buckets()["Buckets"]]
     finally:
         server.stop()
 
@@ -143,18 +143,70 @@ def test_the_gateway_s_runner_refuses_aws_in_its_process(no_simulator_env):
     assert '"local.no_aws", "stepwise.gateway"' in inspect.getsource(GatewayProcess)  # the gateway runs under it
 
 
+def test_an_agent_app_s_process_refuses_aws():
+    """The ACR emulator's agent processes (``python -m local.agents.serve``) refuse AWS before loading the app."""
+    from botocore.httpsession import URLLib3Session
+
+    from local.agents import serve
+
+    try:
+        with pytest.raises(ImportError):
+            serve.main(["local.agents.no_such_agent_module", "--port", "0"])
+        assert URLLib3Session.send is no_aws._refusing_send
+    finally:
+        if URLLib3Session.send is no_aws._refusing_send:
+            no_aws.uninstall()
+
+
 # ------------------------------------------------------------------------------ the environment
 
 
+def _services_built(source: str, where: str) -> tuple[set[str], list[str]]:
+    """The boto3 service names a module passes to ``*.client(...)`` / ``*.resource(...)`` (first argument or
+    ``service_name=``): string literals, or names bound to one at the module's top level. Any other
+    argument is returned as ``FILE:LINE`` (the scan cannot tell the service, so it must not pass)."""
+    tree = ast.parse(source)
+    constants = {t.id: node.value.value for node in tree.body if isinstance(node, ast.Assign)
+                 and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+                 for t in node.targets if isinstance(t, ast.Name)}
+    built, unknown = set(), []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+        if name not in ("client", "resource"):
+            continue
+        arg = next((k.value for k in node.keywords if k.arg == "service_name"), node.args[0] if node.args else None)
+        if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+            built.add(arg.value)
+        elif isinstance(arg, ast.Name) and arg.id in constants:
+            built.add(constants[arg.id])
+        else:
+            unknown.append(f"{where}:{node.lineno}")
+    return built, unknown
+
+
+def test_the_scan_for_clients_finds_every_form_and_refuses_a_name_it_cannot_read():
+    source = ('import boto3\nRUNTIME = "sagemakertrainingsessionruntime"\n'
+              'a = boto3.client("s3")\nb = session.client(service_name="sns")\nc = boto3.resource("dynamodb")\n'
+              'd = boto3.client(RUNTIME, region_name="x")\ne = boto3.client(pick())\nf = _client("not-a-service")\n')
+    assert _services_built(source, "m.py") == ({"s3", "sns", "dynamodb", "sagemakertrainingsessionruntime"}, ["m.py:7"])
+
+
 def test_every_service_the_lambdas_build_a_client_for_needs_an_emulator_endpoint():
-    """A scan of the code under ``lambdas/``: a new ``client("SERVICE")`` must be added to
-    `local.no_aws.HANDLER_SERVICES` (and pointed at an emulator), or the local stack could reach AWS."""
+    """A scan of the code under ``lambdas/`` (its syntax tree: literal names, module constants, ``service_name=``,
+    ``resource(...)``): a new client must be added to `local.no_aws.HANDLER_SERVICES` (and pointed at an
+    emulator), or the local stack could reach AWS; a client whose service the scan cannot read fails it."""
     from sagemaker.train.training_session._clients import _RUNTIME_SERVICE_NAME
 
     built = {_RUNTIME_SERVICE_NAME, "sagemaker"}  # the SDK's control-plane and runtime clients
-    for path in (ROOT / "lambdas" / "stepwise").rglob("*.py"):
-        built |= set(re.findall(r"""\bclient\(\s*["']([a-z0-9-]+)["']""", path.read_text()))
-    assert "s3" in built and "secretsmanager" in built  # the scan finds them
+    unknown: list[str] = []
+    for path in sorted((ROOT / "lambdas" / "stepwise").rglob("*.py")):
+        found, unread = _services_built(path.read_text(), str(path.relative_to(ROOT)))
+        built |= found
+        unknown += unread
+    assert unknown == [], f"clients whose service the scan cannot read (name it with a literal or a constant): {unknown}"
+    assert {"s3", "secretsmanager", "sagemakertrainingsessionruntime"} <= built  # the scan finds them
     assert built <= set(no_aws.HANDLER_SERVICES), built - set(no_aws.HANDLER_SERVICES)
 
 
