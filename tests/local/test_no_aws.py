@@ -99,7 +99,8 @@ def test_the_local_stack_refuses_to_start_when_the_simulator_s_environment_is_lo
     import local.stack
     from local.stack import LocalStack
 
-    lost = SimpleNamespace(url="http://127.0.0.1:4002", env={}, stop=lambda: None)  # what the start-up race left
+    lost = SimpleNamespace(url="http://127.0.0.1:4002", env={}, stop=lambda: None,  # what the start-up race left
+                           state=lambda: {"sessions": {}, "counters": {}})  # no session was created
     monkeypatch.setattr(local.stack, "SimulatorProcess", lambda **kwargs: lost)
     monkeypatch.setenv("STEPWISE_LOCAL_WORKERS", "0")
     before = dict(os.environ)
