@@ -125,6 +125,64 @@ def test_the_runs_end_ends_the_mlflow_run_and_shows_how_it_ended(run, monkeypatc
     assert 'id="run-status">KILLED<' in page and "execution ABORTED" in page and "arn:final" in page
 
 
+def test_each_track_invocation_is_in_the_runs_cost_ledger_even_a_failed_one(run, monkeypatch):
+    """Track writes no record of the loop, so it writes its own measurement into state.json: the ledger
+    counts every invocation the run is billed for, a failed one too (Lambda bills and retries it)."""
+    from stepwise import metering
+
+    s3 = run
+
+    def track_requests() -> int:
+        state = json.loads(_get(s3, layout.state_key(RUN)))
+        return ((state.get("ledger") or {}).get("usage") or {}).get("lambda_requests", {}).get("Track", 0)
+
+    def invoke(event: dict) -> None:  # what the entrypoint does around the handler: one meter per invocation
+        token = metering.begin("Track", 2048)
+        try:
+            publish(event)
+        finally:
+            metering.end(token)
+
+    metering.CARRY.clear()
+    before = track_requests()
+    invoke(notification(layout.summary_key(RUN, 0)))
+    invoke(notification(layout.summary_key(RUN, 0)))  # a repeated notification is billed too
+    assert track_requests() == before + 2
+
+    monkeypatch.setattr(track, "publish_step", lambda *a: (_ for _ in ()).throw(RuntimeError("S3 said no")))
+    with pytest.raises(RuntimeError):
+        invoke(notification(layout.summary_key(RUN, 1)))
+    assert track_requests() == before + 3
+    metering.CARRY.clear()
+
+
+def test_a_render_started_after_an_invocation_asked_serves_it(monkeypatch):
+    """Concurrent Track invocations in one process (the local stack's workers): a render that started
+    after an invocation asked for one, so read its table, serves it; one that started before does not."""
+    import threading
+    import time
+
+    calls = []
+
+    def slow_render(run_id):
+        calls.append(run_id)
+        time.sleep(0.3)
+        return len(calls)
+
+    monkeypatch.setattr(track, "_render", slow_render)
+    monkeypatch.setattr(track, "_LAST_RENDER", {})
+    first = threading.Thread(target=track.render, args=("r",))
+    first.start()
+    time.sleep(0.1)  # the first render is under way: the next two asked after it started
+    later = [threading.Thread(target=track.render, args=("r",)) for _ in range(2)]
+    for t in later:
+        t.start()
+    for t in (first, *later):
+        t.join()
+    assert calls == ["r", "r"]  # the first, then one for both later callers (it started after they asked)
+    assert track.render("r") == 3  # asked after every render started: renders again
+
+
 def test_write_summary_only_writes_the_summary(run):
     s3 = run
     _common.write_summary(RUN, 5, {"step": 5, "sampler/mean_reward": 0.5})

@@ -27,6 +27,7 @@ import html
 import json
 import math
 import re
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -156,10 +157,24 @@ def series(inputs: ReportInputs, key: str) -> list[tuple[int, float]]:
     return out
 
 
+#: Serializes `svg_chart` within a process. Matplotlib is not thread-safe (its FAQ, "Working with threads":
+#: "it is your responsibility to set up the proper locks to serialize access to Matplotlib artists"): its
+#: mathtext parser (tick labels such as ``$\mathdefault{0}$`` on a symlog axis) is shared and fails under
+#: concurrent use with a ``ValueError``, and ``rc_context`` swaps the process-wide rcParams. A Lambda
+#: environment runs one invocation at a time; the local stack runs several Track invocations on threads
+#: of one worker process.
+_MATPLOTLIB = threading.Lock()
+
+
 def svg_chart(title: str, lines: Sequence[tuple[str, str, str, list[tuple[int, float]]]], ylabel: str) -> str:
     """One panel as inline SVG (matplotlib's SVG backend, no pyplot state): each line an SVG group
     ``id="curve-{key}"``; text kept as text (``svg.fonttype: none``); ids salted so a page rebuilt
-    from the same data is byte-identical."""
+    from the same data is byte-identical. Thread-safe (`_MATPLOTLIB`)."""
+    with _MATPLOTLIB:
+        return _svg_chart(title, lines, ylabel)
+
+
+def _svg_chart(title: str, lines: Sequence[tuple[str, str, str, list[tuple[int, float]]]], ylabel: str) -> str:
     import matplotlib
     from matplotlib.backends.backend_svg import FigureCanvasSVG
     from matplotlib.figure import Figure

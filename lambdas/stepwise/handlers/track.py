@@ -18,10 +18,16 @@ written by Rebind, or ComputeAdvantages for a skipped step), an eval's (RecordEv
 For the run's end it ends the MLflow and W&B runs with the run's status and re-renders the page.
 The training loop never waits for any of this: the summary is written, the loop goes on, and S3
 runs this function asynchronously (Lambda retries a failed asynchronous invocation twice).
+
+Last, Track adds what it used to the run's cost ledger (`add_to_ledger`): the run is billed for every
+Track invocation, and Track writes no record of the loop its measurement could ride in
+(`stepwise.metering`), so it writes ``state.json`` itself: one conditional read-modify-write per
+notification (a GET and a PUT), retried on a conflict with the loop's writes like any other.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from datetime import datetime, timezone
 from typing import Any
@@ -42,9 +48,32 @@ def _now_iso() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+#: Renders in this process, one at a time, and when the last one of each run started and the size it
+#: wrote (monotonic seconds, bytes). A Lambda environment runs one invocation at a time; the local stack
+#: runs several Track invocations of a run on threads of one worker process, where a 20-step run's
+#: invocations took up to 254 s (``time/report``; Track's timeout is 300 s) with every one rendering the
+#: whole page, up to 1 + `MAX_RERENDERS` times, beside the others doing the same.
+_RENDERING = threading.Lock()
+_LAST_RENDER: dict[str, tuple[float, int]] = {}
+
+
 def render(run_id: str) -> int:
     """Render and write the run's report page; returns its size in bytes. Re-renders when a table
-    or the run's end appeared meanwhile (up to `MAX_RERENDERS` times)."""
+    or the run's end appeared meanwhile (up to `MAX_RERENDERS` times). A render of the run that this
+    process started after this call (so after the caller wrote its table or read the run's end) and
+    finished meanwhile already wrote a page holding them: then nothing is rendered again."""
+    asked = time.monotonic()
+    with _RENDERING:
+        last = _LAST_RENDER.get(run_id)
+        if last is not None and last[0] >= asked:
+            return last[1]
+        started = time.monotonic()
+        size = _render(run_id)
+        _LAST_RENDER[run_id] = (started, size)
+        return size
+
+
+def _render(run_id: str) -> int:
     from stepwise.core.report import render_page
 
     rs = store()
@@ -101,17 +130,39 @@ def publish_end(run_id: str) -> dict[str, Any]:
     return {"run_id": run_id, "kind": "run", "status": status, "report_bytes": render(run_id)}
 
 
+def add_to_ledger(run_id: str) -> bool:
+    """Carry this invocation's measurement (and this process's earlier tails for the run) into the run's
+    cost ledger: a no-op change of ``state.json`` through `stepwise.aws.runstore.RunStore.update_state`,
+    whose write carries them. Best effort, never the invocation's failure: a run whose state is gone,
+    that kept changing or could not be written is logged, and the measurement waits in this process
+    for its next write (as any invocation's tail). Returns whether it was written."""
+    try:
+        store().update_state(run_id, lambda _state: None, execution_arn=None)
+        return True
+    except Exception as e:  # RunNotFound, StateConflict, an S3 error: bookkeeping must not fail Track
+        logger.warning("Track's usage not added to the cost ledger",
+                       extra={"error": f"{type(e).__name__}: {str(e)[:300]}"})
+        return False
+
+
 def track(event: S3Notification) -> dict[str, Any]:
-    """Publish every summary the notification names; other keys are logged and ignored."""
-    published = []
-    for _bucket, key in event.objects():
-        parsed = layout.parse_summary_key(key)
-        if parsed is None:
-            logger.warning("not a summary key; ignored", extra={"key": key[:300]})
-            continue
-        run_id, kind, step = parsed
-        bind(run_id=run_id, step=step)
-        published.append(publish_end(run_id) if kind == "run" else publish_step(run_id, kind, int(step or 0)))
+    """Publish every summary the notification names, then add this invocation to each run's cost ledger
+    (`add_to_ledger`); other keys are logged and ignored."""
+    published: list[dict[str, Any]] = []
+    runs: dict[str, None] = {}
+    try:
+        for _bucket, key in event.objects():
+            parsed = layout.parse_summary_key(key)
+            if parsed is None:
+                logger.warning("not a summary key; ignored", extra={"key": key[:300]})
+                continue
+            run_id, kind, step = parsed
+            runs[run_id] = None
+            bind(run_id=run_id, step=step)
+            published.append(publish_end(run_id) if kind == "run" else publish_step(run_id, kind, int(step or 0)))
+    finally:  # a failed invocation is billed too (and Lambda retries it)
+        for run_id in runs:
+            add_to_ledger(run_id)
     return {"published": published}
 
 
