@@ -470,9 +470,9 @@ class AcrEmulator:
             agent = AgentProcess(spec, env, log_path)
             try:
                 agent.wait_ready()
-            except RuntimeError:
+            except RuntimeError as exc:  # it says what happened; the agent's own output is in its log
                 agent.stop()
-                log.exception("could not start agent %s for %s", spec, arn)
+                log.error("could not start agent %s for %s: %s (its output: %s)", spec, arn, exc, log_path or "not kept")
                 return None
             self._agents[arn] = agent
             log.info("agent %s serving %s on %s", spec, arn, agent.url)

@@ -334,11 +334,13 @@ class LambdaDispatcher:
             def run_later() -> None:
                 if delay:
                     time.sleep(delay)
-                self.call(function_name, event, "Event")
+                try:
+                    self.call(function_name, event, "Event")
+                except OSError as exc:  # its worker process is gone (a Ctrl-C reached the process group)
+                    log.warning("Lambda %s: asynchronous invocation dropped, its worker process did not answer: %s",
+                                function_name, exc)
 
-            t = threading.Thread(target=run_later if delay else self.call,
-                                 args=() if delay else (function_name, event, "Event"),
-                                 name=f"lambda-{function_name}", daemon=True)
+            t = threading.Thread(target=run_later, name=f"lambda-{function_name}", daemon=True)
             t.start()
             with self._lock:
                 self._async_threads = [x for x in self._async_threads if x.is_alive()] + [t]

@@ -59,6 +59,9 @@ class RunResult:
     #: `local.stack.LocalStack.billing_report` at the run's end: ACR sessions (counters, still active) and
     #: training sessions not stopped.
     billing: dict[str, Any] = field(default_factory=dict)
+    #: The simulator process's exit code when it had ended before the run was collected (None: it ran to
+    #: the end): its training sessions ended with it, their status and its counters are unknown.
+    simulator_exit_code: int | None = None
 
 
 _TRAIN_STATES = ("Submit training step", "Wait for training step", "Check training step", "Training step done?",
@@ -218,6 +221,28 @@ def mirror_run_objects(s3: Any, bucket: str, run_id: str, target: Path, *, resul
     return count
 
 
+def simulator_gone_line(exit_code: int) -> str:
+    """What a run's end says when the simulator process had ended first (``exit_code``: its code)."""
+    return (f"the simulator process had stopped answering before the run was collected (exit code {exit_code}): "
+            "its training sessions ended with it")
+
+
+def interrupted_lines(result: RunResult | None) -> str:
+    """What ``run-local`` prints when interrupted (Ctrl-C, SIGTERM): what happened to the execution and the
+    training session, that the local services are stopped, and where the run folder is."""
+    if result is None:
+        return "interrupted: local services shut down"
+    execution = ("the execution had not started" if result.status == "NOT_STARTED"
+                 else f"execution {result.status}")
+    lines = [f"interrupted: {execution}, local services shut down"]
+    if result.simulator_exit_code is not None:
+        lines.append(simulator_gone_line(result.simulator_exit_code))
+    elif result.session_status:
+        lines.append(f"training session: {result.session_status}")
+    lines.append(f"run folder: {result.run_dir}")
+    return "\n".join(lines)
+
+
 def report(result: RunResult) -> str:
     """A few lines for the terminal."""
     lines = [f"run {result.run_id}: {result.status} in {result.wall_seconds:.0f}s, {result.steps} steps -> {result.run_dir}"]
@@ -242,6 +267,8 @@ def report(result: RunResult) -> str:
         lines.append("per step (s): " + ", ".join(f"{k} {v:.2f}" for k, v in per.items()))
     if result.session_status:
         lines.append(f"training session: {result.session_status}")
+    if result.simulator_exit_code is not None:
+        lines.append(simulator_gone_line(result.simulator_exit_code))
     final = _ledger_final(result.run_dir)
     if final.get("line"):
         lines.append(final["line"])

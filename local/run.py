@@ -52,13 +52,14 @@ from stepwise_cli.cost import put_estimate
 from local.report import (
     RunResult,
     failure_from_history,
+    interrupted_lines,
     lambda_stats,
     mirror_run_objects,
     report,
     s3_requests_per_rollout,
     timing_split,
 )
-from local.stack import LocalStack, run_cleanup, run_sweeper, training_session_status
+from local.stack import LocalStack, run_cleanup, run_sweeper, simulator_exit_code, training_session_status
 from stepwise import layout
 from stepwise.executions import ABNORMAL_END_STATUSES
 from stepwise.stackinfo import StackInfo
@@ -76,6 +77,15 @@ USER_AGENT_ARN = "arn:aws:bedrock-agentcore:us-east-1:123456789012:runtime/user_
 
 class AgentNotStarted(RuntimeError):
     """The user's agent (``--agent``) did not start; the message names it and its log."""
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """`run_local` was interrupted (Ctrl-C, or SIGTERM: ``timeout``, ``kill``), raised once everything it
+    started is stopped; ``result`` is what it collected (its run folder is written)."""
+
+    def __init__(self, result: RunResult):
+        super().__init__(f"run-local interrupted; run folder {result.run_dir}")
+        self.result = result
 
 
 def user_agent_spec(agent: str, cwd: Path | None = None) -> str:
@@ -287,7 +297,7 @@ def run_local(config_path: Path, *, run_id: str | None = None, out_root: Path = 
 
     Raises:
         stepwise.config.ConfigError: the config is invalid (nothing was started).
-        KeyboardInterrupt: after stopping everything, when interrupted.
+        RunInterrupted: a KeyboardInterrupt, after stopping everything, when interrupted (its ``result``).
     """
     from stepwise.config import load_run_config
 
@@ -321,7 +331,7 @@ def run_local(config_path: Path, *, run_id: str | None = None, out_root: Path = 
         result, interrupted = _run(stack, config, cfg, config_path, run_id, run_dir, log_dir, simulator_options,
                                    acr_faults, timeout, progress, mirror_s3, t_start, agents)
     if interrupted:
-        raise KeyboardInterrupt
+        raise RunInterrupted(result)
     return result
 
 
@@ -391,6 +401,12 @@ def _run(stack: LocalStack, config: Any, cfg: dict[str, Any], config_path: Path,
                 desc = stop_execution(sfn, newest["executionArn"], error="States.Timeout",
                                       cause=f"run-local timeout of {timeout:.0f}s")
                 break
+            if (code := simulator_exit_code(stack)) is not None:  # no training can go on: say so, now
+                newest = follower.newest_execution()
+                desc = stop_execution(sfn, newest["executionArn"], error="LocalSimulatorExited",
+                                      cause=f"the SageMaker simulator process exited with code {code} "
+                                            f"(its log: {log_dir}/simulator.log)")
+                break
             time.sleep(0.5)
             desc = follower.poll()
     except KeyboardInterrupt:
@@ -401,16 +417,24 @@ def _run(stack: LocalStack, config: Any, cfg: dict[str, Any], config_path: Path,
                 desc = stop_execution(stack.moto.client("stepfunctions"), newest["executionArn"],
                                       error="Interrupted", cause="Ctrl-C in run-local")
     finally:
-        result = _finish(stack, follower, desc, run_id, run_dir, t_start, mirror_s3)
-        stack.stop()
-        if follower is not None:
-            follower.close()
+        try:
+            result = _finish(stack, follower, desc, run_id, run_dir, t_start, mirror_s3, degraded=interrupted)
+        finally:  # whatever collecting met, everything started is stopped
+            stack.stop()
+            if follower is not None:
+                follower.close()
     return result, interrupted
 
 
 def _finish(stack: LocalStack, follower: LocalFollower | None, desc: dict[str, Any] | None, run_id: str, run_dir: Path,
-            t_start: float, mirror_s3: bool = False) -> RunResult:
-    """After the execution ends (or on any error): cleanup on abnormal ends, collect, write the run folder."""
+            t_start: float, mirror_s3: bool = False, *, degraded: bool = False) -> RunResult:
+    """After the execution ends (or on any error): cleanup on abnormal ends, collect, write the run folder.
+
+    The simulator may be gone by then (a terminal's Ctrl-C and ``timeout``'s signal reach the whole
+    process group, and the simulator ends first; or it crashed): what needs it is skipped, saying so
+    once (its training sessions ended with it), and the result carries its exit code. ``degraded``
+    (interrupted) or the simulator gone: a step that cannot run is one warning line, not a traceback.
+    """
     status = desc["status"] if desc else "NOT_STARTED"
     failure = None
     timing: dict[str, Any] = {}
@@ -418,24 +442,38 @@ def _finish(stack: LocalStack, follower: LocalFollower | None, desc: dict[str, A
     report_path = None
     billing: dict[str, Any] = {}
     counters: dict[str, Any] = {}
+    simulator_gone = simulator_exit_code(stack, settle=5.0 if degraded else 0.0)
+    if simulator_gone is not None:
+        log.warning("the simulator process had stopped answering before run-local collected the run (exit code %s): "
+                    "its training sessions ended with it; the session's status and the simulator's counters are not "
+                    "known", simulator_gone)
+    degraded = degraded or simulator_gone is not None
+
+    def failed(what: str) -> None:  # in an except block: the step's error, with its traceback only if unexpected
+        if degraded:  # one line (a refused Lambda invoke's message carries moto's HTML page)
+            log.warning("%s could not run: %s", what, (str(sys.exc_info()[1]).splitlines() or [""])[0][:300])
+        else:
+            log.exception(what)
+
     if stack.moto is not None and stack.resources is not None and follower is not None:
         sfn = stack.moto.client("stepfunctions")
-        if desc is not None and status in ABNORMAL_END_STATUSES:
-            try:
+        if desc is not None and status in ABNORMAL_END_STATUSES and simulator_gone is None:  # else it has
+            try:  # nothing to stop: it stops the session first, then the abandoned rollouts' ACR sessions
                 run_cleanup(stack, desc)
             except Exception:
-                log.exception("Cleanup")
+                failed("Cleanup")
         try:  # the schedule's sweep, once the run ended: a session it stops is one the run leaked
-            run_sweeper(stack)
+            if simulator_gone is None:  # else no session is left to sweep
+                run_sweeper(stack)
         except Exception:
-            log.exception("SweepSessions")
+            failed("SweepSessions")
         # The asynchronous invocations still running: the last results, and Track publishing the last
         # summaries and the run's end (the report page's final state).
         stack.moto.dispatcher.drain(timeout=DRAIN_SECONDS)
         try:
             follower.record_new(full=True)
         except Exception:
-            log.exception("reading summaries")
+            failed("reading summaries")
         histories = [(_arn, _history(sfn, _arn)) for _arn in follower.executions]
         all_events = [ev for _, h in histories for ev in h]
         if status != "SUCCEEDED" and histories:
@@ -454,7 +492,7 @@ def _finish(stack: LocalStack, follower: LocalFollower | None, desc: dict[str, A
             timing["acr"] = {"invocations": c.invocations, "forwarded": c.forwarded, "throttled": c.throttled,
                              "mean_forward_seconds": round(c.forward_seconds / max(1, c.forwarded), 4),
                              "max_forward_seconds": round(c.max_forward_seconds, 4), **stack.acr.session_counters()}
-        session_status = training_session_status(stack, run_id)
+        session_status = training_session_status(stack, run_id) if simulator_gone is None else None
         billing = stack.billing_report()
         s3 = stack.moto.client("s3")
         for key in (layout.state_key(run_id), layout.config_key(run_id)):
@@ -464,9 +502,10 @@ def _finish(stack: LocalStack, follower: LocalFollower | None, desc: dict[str, A
             except Exception:
                 pass
         try:
-            timing["ledger_check"] = _ledger_check(stack, run_dir)
+            if simulator_gone is None:  # it compares with the simulator's counts
+                timing["ledger_check"] = _ledger_check(stack, run_dir)
         except Exception:
-            log.exception("comparing the cost ledger with the local stack's counts")
+            failed("comparing the cost ledger with the local stack's counts")
         # The run's objects outlive the stack in the run folder (`stepwise rollouts runs-local/RUN_ID`
         # and `stepwise report` read them there); the agents' raw results only with --mirror-s3.
         t0 = time.monotonic()
@@ -474,8 +513,11 @@ def _finish(stack: LocalStack, follower: LocalFollower | None, desc: dict[str, A
                             "seconds": 0.0}
         timing["mirror"]["seconds"] = round(time.monotonic() - t0, 2)
         report_path = write_local_report(run_dir, run_id)
-    if stack.simulator is not None:
-        counters = dict(getattr(stack.simulator, "counters", {}) or {})
+    if stack.simulator is not None and simulator_gone is None:
+        try:
+            counters = dict(getattr(stack.simulator, "counters", {}) or {})
+        except OSError as exc:  # it ended just now
+            log.warning("the simulator's counters could not be read: %s", exc)
     summaries, eval_summaries = (follower.summaries, follower.evals) if follower else ({}, {})
     steps = sorted(summaries)
     rewards, evals = curves(summaries, eval_summaries)
@@ -485,7 +527,7 @@ def _finish(stack: LocalStack, follower: LocalFollower | None, desc: dict[str, A
         run_id=run_id, status=status, run_dir=run_dir, wall_seconds=round(time.monotonic() - t_start, 1),
         steps=len(steps), rewards=[r for _, r in rewards],
         evals=[{"step": s, "accuracy": a} for s, a in evals], failure=failure, timing=timing,
-        simulator_counters=_jsonable(counters), session_status=session_status,
+        simulator_counters=_jsonable(counters), session_status=session_status, simulator_exit_code=simulator_gone,
         executions=follower.executions if follower else [], report=report_path,
         billing=_jsonable(billing),
     )
@@ -597,8 +639,8 @@ def run(args: argparse.Namespace) -> int:
     except (AgentNotStarted, FileNotFoundError) as exc:
         print(f"stepwise run-local: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("\ninterrupted: execution stopped, training session stopped, local services shut down", file=sys.stderr)
+    except KeyboardInterrupt as exc:  # RunInterrupted once run_local has stopped what it started
+        print("\n" + interrupted_lines(getattr(exc, "result", None)), file=sys.stderr)
         return 130
     print(report(result))
     return 0 if result.status == "SUCCEEDED" else 1

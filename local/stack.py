@@ -102,6 +102,13 @@ class SimulatorProcess:
     def counters(self) -> dict[str, Any]:
         return dict(self.state().get("counters", {}))
 
+    @property
+    def exit_code(self) -> int | None:
+        """The process's exit code once it has ended (a Ctrl-C in a terminal or ``timeout``'s signal
+        reaches the whole process group, so the simulator can end before run-local collects); None while
+        it runs. Its training sessions end with it (it keeps only model packages on disk)."""
+        return self.proc.poll()
+
     def stop(self) -> None:
         stop_process(self.proc, self._log, timeout=15)
 
@@ -186,7 +193,9 @@ class LocalStack:
         if self.acr is not None:
             report["acr"] = self.acr.session_counters()
             report["acr_active"] = self.acr.active_sessions()
-        if self.simulator is not None:
+        if (code := simulator_exit_code(self)) is not None:  # its sessions ended with its process
+            report["simulator_exit_code"] = code
+        elif self.simulator is not None:
             try:
                 report["training_sessions"] = {name: status for name, status in simulator_sessions(self.simulator).items()
                                                if status not in ENDED_TRAINING_SESSION_STATUSES}
@@ -285,6 +294,31 @@ def run_sweeper(stack: LocalStack, *, dry_run: bool = False) -> dict[str, Any]:
         log.warning("the session sweeper stopped %d training session(s) no execution drove: %s",
                     len(body["stopped"]), body["stopped"])
     return body
+
+
+def simulator_exit_code(stack: LocalStack, *, settle: float = 0.0) -> int | None:
+    """The simulator process's exit code if it has ended, else None (running, in-process or never started).
+
+    ``settle`` > 0 (after an interrupt): a simulator process that no longer answers (the group's Ctrl-C
+    reached it too and it is shutting down) is given that many seconds to end, then stopped; its exit
+    code is returned either way (measured: a toy run interrupted by a SIGINT to its process group found
+    the simulator refusing connections, not yet exited).
+    """
+    import subprocess
+
+    sim = stack.simulator
+    code = getattr(sim, "exit_code", None)
+    if code is not None or settle <= 0 or not hasattr(sim, "proc"):
+        return code
+    try:
+        sim.state()
+        return None
+    except OSError:
+        try:
+            return sim.proc.wait(settle)
+        except subprocess.TimeoutExpired:  # no answer and no end: of no use any more
+            sim.stop()
+            return sim.proc.returncode
 
 
 def simulator_sessions(simulator: Any) -> dict[str, str]:
