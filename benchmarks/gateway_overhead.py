@@ -43,8 +43,8 @@ def _time_turns(base_url: str, open_session: Any, messages: list[dict[str, str]]
 
     out = []
     for _ in range(turns):
-        sid = open_session()
-        client = openai.OpenAI(base_url=base_url, api_key=sid, max_retries=0)
+        key = open_session()
+        client = openai.OpenAI(base_url=base_url, api_key=key, max_retries=0)
         t0 = time.perf_counter()
         client.chat.completions.create(model="m", messages=messages, max_tokens=16)
         out.append(time.perf_counter() - t0)
@@ -54,7 +54,7 @@ def _time_turns(base_url: str, open_session: Any, messages: list[dict[str, str]]
 
 def measure(turns: int, kinds: tuple[str, ...] = ("short", "8k")) -> dict[str, Any]:
     """Run ``turns`` timed turns (after 10 warm-up turns) per gateway and prompt kind."""
-    from tests.support.gateway import (BUCKET, MotoS3, ReferenceGateway, ScriptedSampler, cache_tokenizer,
+    from tests.support.gateway import (BUCKET, MotoS3, ReferenceGateway, ScriptedSampler, api_key, cache_tokenizer,
                                         load_tokenizer, open_session)
     from stepwise.gateway import start_gateway
     from stepwise.gateway.app import GATEWAY, GatewaySettings, build_app
@@ -76,13 +76,13 @@ def measure(turns: int, kinds: tuple[str, ...] = ("short", "8k")) -> dict[str, A
             msgs = prompts(kind, tokenizer)
             fields = {"max_context_tokens": 16384, "sampling_defaults": {"max_new_tokens": 16, "temperature": 1.0}}
 
-            def ours_session() -> str:
-                return open_session(s3.client, "bench", **fields)[0]
+            def ours_session() -> str:  # our gateway: the rollout's api key
+                return api_key(open_session(s3.client, "bench", **fields)[0])
 
             def ref_session() -> str:
                 sid, record = open_session(s3.client, "bench-ref", **fields)
                 ref.open(sid, record)
-                return sid
+                return sid  # the in-process reference: the sid is its key
 
             _time_turns(ours.base_url, ours_session, msgs, 10)
             _time_turns(f"{ref.url}/v1", ref_session, msgs, 10)

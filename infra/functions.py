@@ -112,7 +112,8 @@ def suppress_lambda_role_findings(scope: Construct) -> None:
                 "id": "AwsSolutions-IAM5",
                 "reason": "X-Ray PutTraceSegments/PutTelemetryRecords (every function), s3:ListAllMyBuckets (Init, "
                           "for the SageMaker SDK's default bucket lookup), states:SendTaskSuccess/Failure/Heartbeat "
-                          "(OnRolloutResult; the task token authorizes) and sagemaker:ListTrainingSessions (SweepSessions) "
+                          "(OnRolloutResult; SendTaskHeartbeat alone for the gateway; the task token authorizes) and "
+                          "sagemaker:ListTrainingSessions (SweepSessions) "
                           "support no resource-level permissions.",
                 "appliesTo": ["Resource::*"],
             },

@@ -203,6 +203,7 @@ class StepwiseStack(Stack):
         # The gateway: session records, tokenizers and captured turns, and the sampler.
         storage.grant_gateway_objects(gateway)
         sessions.grant_sampling_operations(gateway)
+        loop.grant_task_heartbeat(gateway)  # the agent's LLM calls are its rollout's heartbeat
 
 
 def context_arn_regions(settings: StackSettings) -> dict[str, set[str]]:

@@ -194,6 +194,11 @@ class TrainingLoop(Construct):
         Distributed Map child execution, is the authorization), so '*'."""
         function.add_to_role_policy(iam.PolicyStatement(actions=list(TASK_RESPONSE_ACTIONS), resources=["*"]))
 
+    def grant_task_heartbeat(self, function: lambda_.IFunction) -> None:
+        """SendTaskHeartbeat only (the gateway: a rollout's LLM calls keep its callback task alive); '*'
+        for the reason `grant_task_response` gives."""
+        function.add_to_role_policy(iam.PolicyStatement(actions=["states:SendTaskHeartbeat"], resources=["*"]))
+
     def grant_continue_run(self, function: lambda_.IFunction) -> None:
         """StartExecution of this state machine and DescribeExecution of its executions (ContinueRun:
         the run goes on as a new execution)."""

@@ -261,6 +261,9 @@ class LambdaDispatcher:
         self._async_threads: list[threading.Thread] = []
         self.workers = workers
         self.faults = InvocationFaults()
+        #: When a list (drills set it): every invocation's (function name, event JSON, payload bytes) -- the
+        #: inputs and outputs the executions' histories hold for Lambda tasks.
+        self.payloads: list[tuple[str, str, bytes]] | None = None
         self.limits = LimitMonitor(measure or default_measure())
         self._limits_started = False
 
@@ -314,6 +317,8 @@ class LambdaDispatcher:
         with self._lock:
             self.invocations.append(InvocationRecord(function_name, invocation_type, started,
                                                      time.monotonic() - t0, error, peak, handler_seconds))
+            if self.payloads is not None:
+                self.payloads.append((function_name, json.dumps(event, default=str), payload))
         return payload, kind
 
     def invoke_from_moto(self, function_name: str, body: Any, request_headers: Any, response_headers: Any) -> bytes:

@@ -269,6 +269,12 @@ def report(result: RunResult) -> str:
         lines.append(f"training session: {result.session_status}")
     if result.simulator_exit_code is not None:
         lines.append(simulator_gone_line(result.simulator_exit_code))
+    acr = result.billing.get("acr") or {}
+    if acr:
+        left = len(result.billing.get("acr_active") or [])
+        lines.append(f"ACR runtime sessions: {acr.get('sessions_started', 0)} started, {acr.get('sessions_stopped', 0)} "
+                     f"stopped, {acr.get('sessions_timed_out', 0)} timed out, {left} left active (peak "
+                     f"{acr.get('peak_active_sessions', 0)} at once)" + (" <- still billing" if left else ""))
     final = _ledger_final(result.run_dir)
     if final.get("line"):
         lines.append(final["line"])

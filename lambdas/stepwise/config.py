@@ -285,6 +285,13 @@ class RunConfig(BaseModel):
         f"{limits.ACR_ACTIVE_SESSIONS_DEFAULT}, 1000 in us-east-1 and us-west-2), less what other runs and agents of the "
         "account use; a higher value gets ServiceQuotaExceededException refusals, retried with backoff",
     )
+    rollout_heartbeat_seconds: int = Field(
+        300, ge=0, le=99999999,
+        description="a rollout whose agent makes no LLM call for this long is stopped as a timeout ('no LLM call "
+        "for N s'; the gateway heartbeats the rollout's task on every call and while one is in flight): a dead or "
+        "hung agent frees its place after this, not after max_rollout_time. Raise it above the agent's longest "
+        "tool call plus its start-up; 0 = off (only max_rollout_time); a value >= max_rollout_time is off too",
+    )
 
     # --- RL training ---
     algorithm: Literal["grpo", "dapo"] = Field(

@@ -353,6 +353,9 @@ class BatchRef(BaseModel):
     step: int
     generation_batch: int = 0
     timeout_seconds: int = 1800
+    #: The callback task's ``HeartbeatSecondsPath``: no heartbeat (no LLM call) for this long stops the
+    #: rollout as a timeout (`stepwise.core.planning.rollout_heartbeat`; == ``timeout_seconds`` when off).
+    heartbeat_seconds: int = 1800
     final: bool = False
     policy: SamplerPolicy | None = None
 
@@ -415,6 +418,9 @@ class SessionRecord(BaseModel):
     #: StartRollout's measurement of itself and what its container carried (`stepwise.metering`);
     #: FinishRollout adds it to the rollout record. The gateway never serves it.
     usage: Usage | None = None
+    #: The rollout task's heartbeat timeout (``BatchRef.heartbeat_seconds``); 0 = the gateway sends no
+    #: heartbeat. The gateway heartbeats the task (``task_token``) on the agent's LLM calls.
+    heartbeat_seconds: int = 0
 
     def resolved_tokenizer_prefix(self) -> str:
         """The S3 prefix of the run's cached tokenizer (`stepwise.layout.tokenizer_prefix` by default)."""
@@ -481,6 +487,8 @@ class RolloutRecord(BaseModel):
     # ``[turn, start, end]`` in loss-mask positions (`stepwise.core.replay.replay_session`).
     turn_rewards: list[float] | None = None
     turn_spans: list[list[list[int]]] | None = None
+    #: The result was scored although its task had timed out (its S3 notification came late or never).
+    late: bool = False
 
 
 # ---------------------------------------------------------------------------- evals

@@ -20,7 +20,7 @@ def main() -> None:
 
     import openai
 
-    from tests.support.gateway import BUCKET, MotoS3, ScriptedSampler, cache_tokenizer, open_session
+    from tests.support.gateway import BUCKET, MotoS3, ScriptedSampler, api_key, cache_tokenizer, open_session
     from stepwise.gateway import start_gateway
     from stepwise.records import SessionRecord
 
@@ -45,7 +45,7 @@ def main() -> None:
         # single-turn sessions
         for _ in range(100):
             sid, _ = open_session(s3.client, "bench")
-            openai.OpenAI(base_url=gw.base_url, api_key=sid, max_retries=0).chat.completions.create(
+            openai.OpenAI(base_url=gw.base_url, api_key=api_key(sid), max_retries=0).chat.completions.create(
                 model="m", messages=[{"role": "system", "content": "You are terse."},
                                      {"role": "user", "content": "What is six times seven?"}])
         over = sorted(stats.overhead_seconds)
@@ -54,7 +54,7 @@ def main() -> None:
         # one 10-turn conversation: history grows, so does each turn's object
         stats.turn_bytes.clear()
         sid, _ = open_session(s3.client, "bench")
-        client = openai.OpenAI(base_url=gw.base_url, api_key=sid, max_retries=0)
+        client = openai.OpenAI(base_url=gw.base_url, api_key=api_key(sid), max_retries=0)
         messages = [{"role": "user", "content": "Count with me."}]
         for i in range(10):
             reply = client.chat.completions.create(model="m", messages=messages).choices[0].message

@@ -14,7 +14,7 @@ import openai
 import pytest
 from agentcore_rl_toolkit.rollout_gateway.trajectory import TurnRecord
 
-from tests.support.gateway import ScriptedSampler, open_session, scripted_gateway, turn_objects
+from tests.support.gateway import ScriptedSampler, api_key, open_session, scripted_gateway, turn_objects
 from stepwise.core.behaviour import ROLLOUT_STATUSES, behaviour_metrics, rollout_behaviour
 
 RUN = "run-behaviour"
@@ -46,7 +46,7 @@ def gateway():
 def test_a_rollouts_turns_count_tool_calls_truncations_and_ill_formed_turns(gateway):
     s3, sampler, gw = gateway
     sid, _ = open_session(s3.client, RUN)
-    client = openai.OpenAI(base_url=gw.base_url, api_key=sid, max_retries=0)
+    client = openai.OpenAI(base_url=gw.base_url, api_key=api_key(sid), max_retries=0)
     # a tool call, then text mixed with tool-call markup (the renderer cannot parse it: ill-formed),
     # then an answer cut at max_new_tokens, then a plain answer
     sampler.script[:] = [TOOL_CALL + TOOL_CALL, "I will call " + TOOL_CALL + " now", "CUT:a long answer", "5"]

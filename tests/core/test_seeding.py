@@ -9,7 +9,7 @@ import itertools
 import openai
 import pytest
 
-from tests.support.gateway import open_session, scripted_gateway
+from tests.support.gateway import api_key, open_session, scripted_gateway
 from stepwise.core.seeding import SEED_BITS, rollout_seed, turn_seed
 
 RUN = "run-seeds"
@@ -35,7 +35,7 @@ def gateway():
 
 
 def _ask(gw, sid: str, messages: list[dict]) -> str:
-    client = openai.OpenAI(base_url=gw.base_url, api_key=sid, max_retries=0)
+    client = openai.OpenAI(base_url=gw.base_url, api_key=api_key(sid), max_retries=0)
     return client.chat.completions.create(model="m", messages=messages, max_tokens=16).choices[0].message.content
 
 

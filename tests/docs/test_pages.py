@@ -60,7 +60,7 @@ def test_links_between_pages_resolve(page):
 def test_agent_contract_lists_every_rollout_field_the_pipeline_sends():
     from stepwise.handlers.rollout import rollout_payload
 
-    body = rollout_payload({"prompt": "p"}, run_id="r", input_id="i", bucket="b", sid="s", gateway_url="u",
+    body = rollout_payload({"prompt": "p"}, run_id="r", input_id="i", bucket="b", api_key="s.k", gateway_url="u",
                            model_id="m", sampling={"temperature": 1.0, "max_new_tokens": 8})
     text = (DOCS / "agent-contract.md").read_text()
     for key in body["_rollout"]:

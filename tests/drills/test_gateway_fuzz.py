@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.support.gateway import open_session, scripted_gateway, turn_objects
+from tests.support.gateway import api_key, open_session, scripted_gateway, turn_objects
 
 RUN = "run-fuzz"
 MAX_BODY = 16 * 1024
@@ -36,8 +36,8 @@ def gw():
         closed, _ = open_session(s3.client, RUN, closed=True)
         expired, _ = open_session(s3.client, RUN, deadline=time.time() - 1)
         client = httpx.Client(base_url=server.url, timeout=30)
-        yield {"s3": s3, "sampler": sampler, "url": server.url, "client": client,
-               "live": live, "closed": closed, "expired": expired, "live_statuses": []}
+        yield {"s3": s3, "sampler": sampler, "url": server.url, "client": client, "live": live,
+               "live_key": api_key(live), "closed": api_key(closed), "expired": api_key(expired), "live_statuses": []}
         client.close()
 
 
@@ -68,10 +68,13 @@ def _send(gw, path: str, body: bytes, headers: dict[str, str]) -> httpx.Response
 
 @st.composite
 def hostile_auth(draw, gw) -> dict[str, str]:
-    """Headers that never carry a live session id."""
-    key = draw(st.sampled_from(["none", "closed", "expired", "unknown", "garbage"]))
+    """Headers that never carry a live session's api key: none, a closed or expired session's key, an
+    unknown sid, garbage, the live session's sid alone (it appears in S3 keys and logs), or its sid with
+    another secret."""
+    key = draw(st.sampled_from(["none", "closed", "expired", "unknown", "garbage", "sid_alone", "wrong_secret"]))
     value = {"none": None, "closed": gw["closed"], "expired": gw["expired"], "unknown": str(uuid.uuid4()),
-             "garbage": draw(header_text)}[key]
+             "garbage": draw(header_text), "sid_alone": gw["live"],
+             "wrong_secret": f"{gw['live']}.{draw(header_text)}".strip()}[key]
     headers = draw(st.dictionaries(st.sampled_from(["x-request-id", "x-forwarded-for", "anthropic-version", "user-agent"]),
                                    header_text, max_size=2))
     if value is not None:
@@ -104,7 +107,7 @@ def test_a_live_session_with_fuzzed_bodies_is_served_or_refused_unsampled_never_
     body = data.draw(st.just(json.dumps(valid).encode()) | raw_bodies | strategy.map(lambda b: json.dumps(b).encode())
                      | st.just(b"x" * (MAX_BODY + 1)))
     header = data.draw(st.sampled_from(["authorization", "x-api-key"]))
-    value = f"Bearer {gw['live']}" if header == "authorization" else gw["live"]
+    value = f"Bearer {gw['live_key']}" if header == "authorization" else gw["live_key"]
     before = len(gw["sampler"].calls)
     r = _send(gw, path, body, {header: value})
     gw["live_statuses"].append(r.status_code)
@@ -128,7 +131,7 @@ def test_concurrent_sub_agent_turns_of_one_session_are_all_captured(gw):
 
     def turn(i: int) -> None:
         body = {"model": "m", "messages": [{"role": "user", "content": f"sub-agent {i}: what is {i} + {i}?"}]}
-        r = httpx.post(gw["url"] + "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {sid}"}, timeout=30)
+        r = httpx.post(gw["url"] + "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {api_key(sid)}"}, timeout=30)
         statuses.append(r.status_code)
 
     threads = [threading.Thread(target=turn, args=(i,)) for i in range(8)]

@@ -95,6 +95,7 @@ def faulty_run(local):
     logging.getLogger(logger.name).addHandler(collect)
     before = dict(sim.counters)
     calls_before = len(moto.dispatcher.invocations)
+    moto.dispatcher.payloads = []
     agent.throttle = 3
     for fault in SAGEMAKER_FAULTS:
         sim.inject_fault(fault)
@@ -106,9 +107,10 @@ def faulty_run(local):
     finally:
         logging.getLogger(logger.name).removeHandler(collect)
         agent.throttle = 0
+        payloads, moto.dispatcher.payloads = moto.dispatcher.payloads, None
     delta = {k: sim.counters.get(k, 0) - before.get(k, 0) for k in set(sim.counters) | set(before)}
     return {"run_id": run_id, "execution": d, "delta": delta, "logs": collect.lines,
-            "calls": moto.dispatcher.invocations[calls_before:]}
+            "calls": moto.dispatcher.invocations[calls_before:], "payloads": payloads}
 
 
 def test_the_run_survives_throttling_and_server_errors_and_applies_each_step_once(local, faulty_run):
@@ -141,6 +143,38 @@ def test_no_sid_or_task_token_is_logged_in_clear(local, faulty_run):
     assert run_id in logs and "rollout started" in logs  # the capture saw the handlers' records
     leaked = [s for s in sids | tokens if s in logs]
     assert leaked == [], f"{len(leaked)} secrets in the logs, e.g. {leaked[:1]}"
+
+
+def test_the_gateway_key_is_a_secret_found_only_in_the_agents_payload(local, faulty_run):
+    """Each rollout's api key is a fresh secret ({sid}.{secret}), distinct from the sid: the secret is in no
+    log line, no S3 key or object (session records keep its SHA-256 only), no Lambda event or result (what
+    the executions' histories hold: OnRolloutResult's SendTaskSuccess output is FinishRollout's input), no
+    event of the execution's history; the agent's invocation payload is where it is."""
+    moto, sim, agent, sm_arn, s3, base, arns = local
+    run_id = faulty_run["run_id"]
+    keys = [b["_rollout"]["api_key"] for b in agent.invocations if b["_rollout"]["exp_id"].endswith(f"/{run_id}")]
+    assert len(keys) >= 8 and len(set(keys)) == len(keys)
+    secrets_ = set()
+    for key in keys:
+        sid, _, secret = key.partition(".")
+        assert len(secret) >= 43 and secret != sid and sid in {r["sid"] for r in _rollouts(s3, run_id)}
+        secrets_.add(secret)
+
+    def leaks(text: str) -> list[str]:
+        return [x for x in secrets_ if x in text]
+
+    assert leaks("\n".join(faulty_run["logs"])) == []
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET):
+        for obj in page.get("Contents", []):
+            assert leaks(obj["Key"]) == [], obj["Key"]
+            assert leaks(s3.get_object(Bucket=BUCKET, Key=obj["Key"])["Body"].read().decode(errors="replace")) == [], obj["Key"]
+    payloads = faulty_run["payloads"]
+    assert any(name.endswith("FinishRollout") for name, _, _ in payloads)
+    for name, event, result in payloads:
+        assert leaks(event) == [] and leaks(result.decode(errors="replace")) == [], name
+    sfn = moto.client("stepfunctions")
+    history = sfn.get_execution_history(executionArn=faulty_run["execution"]["executionArn"], maxResults=1000)
+    assert leaks(json.dumps(history["events"], default=str)) == []
 
 
 @pytest.mark.e2e  # ~50 s: a stopped run, then a whole resumed run

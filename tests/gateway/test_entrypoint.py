@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from tests.support.gateway import BUCKET, REGION, TINY_MODEL, MotoS3, open_session
+from tests.support.gateway import BUCKET, REGION, TINY_MODEL, MotoS3, api_key, open_session
 
 from stepwise.gateway.server import default_port
 
@@ -36,7 +36,7 @@ def test_process_serves_readiness_and_authenticates_against_s3(s3):
         url = line.split(" on ", 1)[1].strip()
         assert httpx.get(url + "/healthz").json() == {"ok": True}
         closed, _ = open_session(s3.client, "run-entry", closed=True)
-        r = httpx.post(url + "/v1/chat/completions", headers={"authorization": f"Bearer {closed}"},
+        r = httpx.post(url + "/v1/chat/completions", headers={"authorization": f"Bearer {api_key(closed)}"},
                        json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
         assert r.status_code == 401 and "closed" in r.text
         assert started < 30

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from tests.support.gateway import fixed_factory, open_session, scripted_gateway, serve_ours, turn_objects
+from tests.support.gateway import api_key, fixed_factory, open_session, scripted_gateway, serve_ours, turn_objects
 
 from stepwise.layout import session_key
 
@@ -28,7 +28,7 @@ def stack():
 def post(gw, path, *, sid=None, body=None, raw=None, header="bearer"):
     headers = {"content-type": "application/json"}
     if sid is not None:
-        headers.update({"authorization": f"Bearer {sid}"} if header == "bearer" else {"x-api-key": sid})
+        headers.update({"authorization": f"Bearer {api_key(sid)}"} if header == "bearer" else {"x-api-key": api_key(sid)})
     content = raw if raw is not None else json.dumps(body if body is not None else CHAT).encode()
     return httpx.post(gw.url + path, headers=headers, content=content, timeout=30)
 
@@ -68,6 +68,39 @@ def test_closed_and_expired_sessions_get_401(stack, calls):
                                    body={"max_tokens": 8, **CHAT}), 401, "expired")
     assert r.json()["type"] == "error" and r.json()["error"]["type"] == "authentication_error"
     assert calls() == 0
+
+
+def test_the_sid_alone_or_another_secret_is_refused_and_the_key_is_checked_in_constant_time(stack, calls, monkeypatch):
+    """The sid shows in S3 keys, logs and the execution history, so it opens nothing: only the rollout's
+    api key ``{sid}.{secret}`` does, its secret checked against the record's SHA-256 digest with
+    ``hmac.compare_digest``. A record without a digest (an older StartRollout's) opens nothing either."""
+    import hmac
+
+    from stepwise.gateway import session as gateway_session
+
+    s3, sampler, gw = stack
+    sid, record = open_session(s3.client, RUN)
+    assert api_key(sid).startswith(f"{sid}.") and len(api_key(sid)) > len(sid) + 40
+    assert api_key(sid).split(".", 1)[1] not in json.dumps(record)  # the record keeps the digest only
+
+    def send(key, header="bearer"):
+        headers = {"content-type": "application/json"}
+        headers.update({"authorization": f"Bearer {key}"} if header == "bearer" else {"x-api-key": key})
+        return httpx.post(gw.url + "/v1/chat/completions", headers=headers, content=json.dumps(CHAT).encode(), timeout=30)
+
+    compared, real = [], hmac.compare_digest
+    monkeypatch.setattr(gateway_session.hmac, "compare_digest", lambda a, b: compared.append(1) or real(a, b))
+    for key, header in [(sid, "bearer"), (sid, "x-api-key"), (f"{sid}.", "bearer"),
+                        (f"{sid}.{'A' * 43}", "bearer"), (f"{sid}.{api_key(sid).split('.', 1)[1][:-1]}x", "x-api-key")]:
+        assert_refused(stack, send(key, header), 401, "invalid api key")
+    assert calls() == 0 and len(compared) == 2  # the empty and the missing secret fail before comparing
+    assert send(api_key(sid)).status_code == 200 and calls() == 1 and len(compared) == 3
+
+    old, old_record = open_session(s3.client, RUN)
+    old_record.pop("api_key_sha256")
+    s3.client.put_object(Bucket="stepwise-gateway-test", Key=session_key(old), Body=json.dumps(old_record).encode())
+    assert_refused(stack, send(api_key(old)), 401, "invalid api key")
+    assert calls() == 1
 
 
 def test_a_record_under_another_sid_does_not_authenticate(stack, calls):
@@ -130,7 +163,7 @@ def test_oversize_chunked_body_gets_413(stack, calls):
         for i in range(0, len(payload), 8192):
             yield payload[i:i + 8192]
 
-    r = httpx.post(gw.url + "/v1/chat/completions", headers={"authorization": f"Bearer {sid}"}, content=chunks())
+    r = httpx.post(gw.url + "/v1/chat/completions", headers={"authorization": f"Bearer {api_key(sid)}"}, content=chunks())
     assert r.status_code == 413, r.text
     assert calls() == 0
 
@@ -138,7 +171,7 @@ def test_oversize_chunked_body_gets_413(stack, calls):
 def test_turn_cap_counts_persisted_turns(stack, calls):
     s3, sampler, gw = stack
     sid, _ = open_session(s3.client, RUN, max_turns=2)
-    client = openai.OpenAI(base_url=gw.base_url, api_key=sid, max_retries=0)
+    client = openai.OpenAI(base_url=gw.base_url, api_key=api_key(sid), max_retries=0)
     for _ in range(2):
         client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
     assert calls() == 2
@@ -153,9 +186,9 @@ def test_turn_cap_holds_across_containers(stack, calls):
     sid, _ = open_session(s3.client, RUN, max_turns=1)
     other = serve_ours(s3.new_client(), fixed_factory(sampler))
     try:
-        openai.OpenAI(base_url=gw.base_url, api_key=sid, max_retries=0).chat.completions.create(**CHAT)
+        openai.OpenAI(base_url=gw.base_url, api_key=api_key(sid), max_retries=0).chat.completions.create(**CHAT)
         with pytest.raises(openai.RateLimitError):
-            openai.OpenAI(base_url=other.base_url, api_key=sid, max_retries=0).chat.completions.create(**CHAT)
+            openai.OpenAI(base_url=other.base_url, api_key=api_key(sid), max_retries=0).chat.completions.create(**CHAT)
     finally:
         other.stop()
     assert calls() == 1
@@ -165,7 +198,7 @@ def test_sampled_token_budget(stack, calls):
     s3, sampler, gw = stack
     sid, _ = open_session(s3.client, RUN, max_total_tokens=3)
     sampler.script[:] = ["a few tokens"]
-    client = openai.OpenAI(base_url=gw.base_url, api_key=sid, max_retries=0)
+    client = openai.OpenAI(base_url=gw.base_url, api_key=api_key(sid), max_retries=0)
     client.chat.completions.create(**CHAT)
     with pytest.raises(openai.RateLimitError, match="max_total_tokens=3"):
         client.chat.completions.create(**CHAT)
@@ -175,7 +208,7 @@ def test_sampled_token_budget(stack, calls):
 def test_context_limit_is_the_toolkits_400_and_not_sampled(stack, calls):
     s3, sampler, gw = stack
     sid, _ = open_session(s3.client, RUN, max_context_tokens=16)
-    client = openai.OpenAI(base_url=gw.base_url, api_key=sid, max_retries=0)
+    client = openai.OpenAI(base_url=gw.base_url, api_key=api_key(sid), max_retries=0)
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model="m", messages=[{"role": "user", "content": "a long question " * 4}])
     assert e.value.code == "context_length_exceeded"
@@ -183,7 +216,8 @@ def test_context_limit_is_the_toolkits_400_and_not_sampled(stack, calls):
 
 
 def test_api_keys_never_reach_the_logs(stack, calls):
-    """The sid is the api key: toolkit log lines that name it get a digest instead."""
+    """Toolkit log lines that name the sid (the public half of the api key) get a digest instead; the key's
+    secret appears in no line either."""
     s3, sampler, gw = stack
     sid, _ = open_session(s3.client, RUN, max_context_tokens=16)
     seen: list[str] = []
@@ -199,13 +233,13 @@ def test_api_keys_never_reach_the_logs(stack, calls):
         t.addHandler(handler)
     try:
         with pytest.raises(openai.BadRequestError):
-            openai.OpenAI(base_url=gw.base_url, api_key=sid, max_retries=0).chat.completions.create(
+            openai.OpenAI(base_url=gw.base_url, api_key=api_key(sid), max_retries=0).chat.completions.create(
                 model="m", messages=[{"role": "user", "content": "a long question " * 4}])
     finally:
         for t in targets:
             t.removeHandler(handler)
     assert any("sid#" in line for line in seen), seen  # the toolkit's context-limit warning, redacted
-    assert not any(sid in line for line in seen)
+    assert not any(sid in line or api_key(sid).split(".", 1)[1] in line for line in seen)
 
 
 def test_missing_tokenizer_is_a_503_naming_it_and_not_sampled(stack, calls):

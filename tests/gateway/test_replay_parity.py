@@ -21,6 +21,7 @@ from tests.support.gateway import (
     ReferenceGateway,
     ReplaySampler,
     ScriptedSampler,
+    api_key,
     cache_tokenizer,
     fixed_factory,
     load_tokenizer,
@@ -46,9 +47,9 @@ def stack():
     s3.stop()
 
 
-def multi_turn_openai(base_url: str, sid: str) -> None:
+def multi_turn_openai(base_url: str, key: str) -> None:
     """An agent that calls a tool, reads its result, answers, and takes a follow-up."""
-    client = openai.OpenAI(base_url=base_url, api_key=sid, max_retries=0)
+    client = openai.OpenAI(base_url=base_url, api_key=key, max_retries=0)
     messages = [{"role": "system", "content": "You are a calculator agent."},
                 {"role": "user", "content": "What is 2+3?"}]
     for tool_result in ("5", None):
@@ -61,10 +62,10 @@ def multi_turn_openai(base_url: str, sid: str) -> None:
         pass
 
 
-def forked_sub_agent_openai(base_url: str, sid: str) -> None:
+def forked_sub_agent_openai(base_url: str, key: str) -> None:
     """A main agent delegates to a sub-agent (its own system prompt and history, same
     session), then finishes with the sub-agent's answer: two branches of one tree."""
-    client = openai.OpenAI(base_url=base_url, api_key=sid, max_retries=0)
+    client = openai.OpenAI(base_url=base_url, api_key=key, max_retries=0)
     main = [{"role": "system", "content": "You are the planner."}, {"role": "user", "content": "Compute 2+3."}]
     first = client.chat.completions.create(model="m", messages=main, tools=TOOLS).choices[0].message
     main.append(first.model_dump(exclude_none=True))
@@ -76,8 +77,8 @@ def forked_sub_agent_openai(base_url: str, sid: str) -> None:
     client.chat.completions.create(model="m", messages=main, tools=TOOLS)
 
 
-def multi_turn_anthropic(base_url: str, sid: str) -> None:
-    client = anthropic.Anthropic(base_url=base_url.removesuffix("/v1"), api_key=sid, max_retries=0)
+def multi_turn_anthropic(base_url: str, key: str) -> None:
+    client = anthropic.Anthropic(base_url=base_url.removesuffix("/v1"), api_key=key, max_retries=0)
     tools = [{"name": "delegate", "description": "ask a sub-agent", "input_schema": TOOLS[0]["function"]["parameters"]}]
     messages = [{"role": "user", "content": "What is 2+3?"}]
     first = client.messages.create(model="m", max_tokens=64, system="Be exact.", messages=messages, tools=tools)
@@ -107,7 +108,7 @@ def test_replayed_turns_equal_the_in_process_gateways_records(stack, name):
     sampler = ScriptedSampler(tok, script=list(script))
     ours = serve_ours(s3.new_client(), fixed_factory(sampler))
     try:
-        agent(ours.base_url, sid)
+        agent(ours.base_url, api_key(sid))  # our gateway: the rollout's api key
         # Listed before stopping: a stopping server cancels a streamed turn still being written.
         turns = turn_objects(s3.client, RUN, sid, expect=len(script))
     finally:
@@ -118,7 +119,7 @@ def test_replayed_turns_equal_the_in_process_gateways_records(stack, name):
     ref = ReferenceGateway(ReplaySampler(list(sampler.calls)), tok)
     try:
         ref.open(sid, record)
-        agent(ref.url + "/v1", sid)
+        agent(ref.url + "/v1", sid)  # the in-process reference: the sid is its key
         expected = ref.finish(sid, REWARD)
     finally:
         ref.stop()
@@ -142,7 +143,7 @@ def test_concurrent_sub_agent_turns_never_overwrite_each_other(stack):
     ours = serve_ours(s3.new_client(), fixed_factory(sampler))
 
     async def run_all():
-        client = openai.AsyncOpenAI(base_url=ours.base_url, api_key=sid, max_retries=0)
+        client = openai.AsyncOpenAI(base_url=ours.base_url, api_key=api_key(sid), max_retries=0)
         await asyncio.gather(*[
             client.chat.completions.create(model="m", messages=[{"role": "system", "content": f"worker {i}"},
                                                                 {"role": "user", "content": "go"}])

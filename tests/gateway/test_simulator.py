@@ -16,6 +16,7 @@ from tests.support.gateway import (
     MotoS3,
     ReferenceGateway,
     ReplaySampler,
+    api_key,
     cache_tokenizer,
     load_tokenizer,
     open_session,
@@ -80,7 +81,7 @@ def test_openai_plain_and_streaming_sample_from_the_session(stack):
     s3, sim, gw, name = stack
     sid, _ = _session(stack)
     before = _samples(sim)
-    client = openai.OpenAI(base_url=gw.base_url, api_key=sid, max_retries=0)
+    client = openai.OpenAI(base_url=gw.base_url, api_key=api_key(sid), max_retries=0)
     resp = client.chat.completions.create(model="stepwise-tiny", messages=[{"role": "user", "content": "7"}])
     assert isinstance(resp.choices[0].message.content, str) and resp.usage.completion_tokens > 0
     chunks = list(client.chat.completions.create(model="stepwise-tiny", stream=True,
@@ -94,7 +95,7 @@ def test_anthropic_plain_and_streaming_sample_from_the_session(stack):
     s3, sim, gw, name = stack
     sid, _ = _session(stack)
     before = _samples(sim)
-    client = anthropic.Anthropic(base_url=gw.url, api_key=sid, max_retries=0)
+    client = anthropic.Anthropic(base_url=gw.url, api_key=api_key(sid), max_retries=0)
     msg = client.messages.create(model="stepwise-tiny", max_tokens=512, messages=[{"role": "user", "content": "3"}])
     assert msg.stop_reason in ("end_turn", "max_tokens") and msg.usage.output_tokens > 0
     with client.messages.stream(model="stepwise-tiny", max_tokens=512,
@@ -111,7 +112,7 @@ def test_seeded_sessions_sample_the_same_tokens_through_the_sdk_and_another_seed
 
     def rollout(seed):
         sid, _ = _session(stack, sampling_seed=seed)
-        client = openai.OpenAI(base_url=gw.base_url, api_key=sid, max_retries=0)
+        client = openai.OpenAI(base_url=gw.base_url, api_key=api_key(sid), max_retries=0)
         for digit in "3141592":  # seven turns at temperature 1, each a fresh context
             client.chat.completions.create(model="stepwise-tiny", messages=[{"role": "user", "content": digit}])
         turns = turn_objects(s3.client, RUN, sid, expect=7)
@@ -127,7 +128,7 @@ def test_refusals_never_reach_the_simulator(stack):
     closed, _ = _session(stack, closed=True)
     capped, _ = _session(stack, max_turns=1)
     live, _ = _session(stack)
-    openai.OpenAI(base_url=gw.base_url, api_key=capped, max_retries=0).chat.completions.create(
+    openai.OpenAI(base_url=gw.base_url, api_key=api_key(capped), max_retries=0).chat.completions.create(
         model="m", messages=[{"role": "user", "content": "1"}])
     before = _samples(sim)
     chat = {"model": "m", "messages": [{"role": "user", "content": "1"}]}
@@ -141,7 +142,7 @@ def test_refusals_never_reach_the_simulator(stack):
     ]
     for sid, raw, status in cases:
         r = httpx.post(gw.base_url + "/chat/completions", content=raw, timeout=30,
-                       headers={"authorization": f"Bearer {sid}", "content-type": "application/json"})
+                       headers={"authorization": f"Bearer {api_key(sid)}", "content-type": "application/json"})
         assert r.status_code == status, (status, r.text)
     assert _samples(sim) == before
 
@@ -149,14 +150,14 @@ def test_refusals_never_reach_the_simulator(stack):
 def test_a_request_the_sampler_rejects_is_a_400_with_its_reason(stack):
     s3, sim, gw, name = stack
     sid, _ = _session(stack)
-    client = openai.OpenAI(base_url=gw.base_url, api_key=sid, max_retries=0)
+    client = openai.OpenAI(base_url=gw.base_url, api_key=api_key(sid), max_retries=0)
     with pytest.raises(openai.BadRequestError, match="512"):
         client.chat.completions.create(model="m", messages=[{"role": "user", "content": "1"}], max_tokens=30)
     assert turn_objects(s3.client, RUN, sid) == {}
 
 
-def multi_turn(base_url: str, sid: str) -> None:
-    client = openai.OpenAI(base_url=base_url, api_key=sid, max_retries=0)
+def multi_turn(base_url: str, key: str) -> None:
+    client = openai.OpenAI(base_url=base_url, api_key=key, max_retries=0)
     messages = [{"role": "system", "content": "Answer with the next digit."}]
     for digit in ("1", "4", "8"):
         messages.append({"role": "user", "content": digit})
@@ -164,10 +165,10 @@ def multi_turn(base_url: str, sid: str) -> None:
         messages.append(reply.model_dump(exclude_none=True))
 
 
-def forked_sub_agent(base_url: str, sid: str) -> None:
+def forked_sub_agent(base_url: str, key: str) -> None:
     """A planner hands a sub-task to a worker (own system prompt, same session), then goes on
     with the worker's answer: two branches of one trajectory tree."""
-    client = openai.OpenAI(base_url=base_url, api_key=sid, max_retries=0)
+    client = openai.OpenAI(base_url=base_url, api_key=key, max_retries=0)
     main = [{"role": "system", "content": "You plan."}, {"role": "user", "content": "2"}]
     main.append(client.chat.completions.create(model="m", messages=main).choices[0].message.model_dump(
         exclude_none=True))
@@ -184,14 +185,14 @@ def forked_sub_agent(base_url: str, sid: str) -> None:
 def test_conversations_replay_to_the_in_process_records(stack, agent, n_turns):
     s3, sim, gw, name = stack
     sid, record = _session(stack)
-    agent(gw.base_url, sid)
+    agent(gw.base_url, api_key(sid))  # our gateway: the rollout's api key
     turns = _check_captured(stack, sid, n_turns)
     replayed = replay_turns(sid, turns, 1.0, load_tokenizer(), max_context_tokens=record["max_context_tokens"])
     outputs = [(b["turn"]["prompt_ids"], turn_record_from_json(b["turn"])) for b in turns.values()]
     ref = ReferenceGateway(ReplaySampler(outputs), load_tokenizer())
     try:
         ref.open(sid, record)
-        agent(ref.url + "/v1", sid)
+        agent(ref.url + "/v1", sid)  # the in-process reference: the sid is its key
         expected = ref.finish(sid, 1.0)
     finally:
         ref.stop()

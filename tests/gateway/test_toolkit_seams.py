@@ -16,6 +16,7 @@ from stepwise.gateway.app import GATEWAY
 
 from tests.support.gateway import (
     TINY_MODEL,
+    api_key,
     open_session,
     scripted_gateway,
 )
@@ -50,7 +51,7 @@ def test_session_record_state_reaches_the_sampler_and_nothing_stays_in_memory(st
     s3, sampler, gw = stack
     sid, _ = open_session(s3.client, RUN, sampling_defaults={"max_new_tokens": 40, "temperature": 0.3, "top_p": 0.9},
                           max_context_tokens=2000)
-    client = openai.OpenAI(base_url=gw.base_url, api_key=sid, max_retries=0)
+    client = openai.OpenAI(base_url=gw.base_url, api_key=api_key(sid), max_retries=0)
     client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=30)
     client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
     first, second = sampler.params[-2:]
@@ -67,7 +68,7 @@ def test_tokenizer_is_loaded_once_per_run(stack):
     renderers = gw.app[GATEWAY]["renderers"]
     for _ in range(3):
         sid, _ = open_session(s3.client, RUN)
-        openai.OpenAI(base_url=gw.base_url, api_key=sid, max_retries=0).chat.completions.create(
+        openai.OpenAI(base_url=gw.base_url, api_key=api_key(sid), max_retries=0).chat.completions.create(
             model="m", messages=[{"role": "user", "content": "hi"}])
     assert renderers.loads == 1
 

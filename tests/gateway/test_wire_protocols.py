@@ -12,7 +12,7 @@ import anthropic
 import openai
 import pytest
 
-from tests.support.gateway import fixed_factory, open_session, scripted_gateway, serve_ours, turn_objects
+from tests.support.gateway import api_key, fixed_factory, open_session, scripted_gateway, serve_ours, turn_objects
 
 RUN = "run-wire"
 TOOL_CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
@@ -38,7 +38,7 @@ def test_openai_plain_turn_is_answered_and_captured(stack, capsys):
     s3, sampler, gw, tok = stack
     sid, record = _session(stack)
     sampler.script[:] = ["Hello from the sampler"]
-    client = openai.OpenAI(base_url=gw.base_url, api_key=sid, max_retries=0)
+    client = openai.OpenAI(base_url=gw.base_url, api_key=api_key(sid), max_retries=0)
     resp = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=32)
     assert resp.choices[0].message.content == "Hello from the sampler"
     assert resp.choices[0].finish_reason == "stop"
@@ -65,7 +65,7 @@ def test_openai_streaming_turn(stack):
     s3, sampler, gw, tok = stack
     sid, _ = _session(stack)
     sampler.script[:] = ["streamed words"]
-    client = openai.OpenAI(base_url=gw.base_url, api_key=sid, max_retries=0)
+    client = openai.OpenAI(base_url=gw.base_url, api_key=api_key(sid), max_retries=0)
     chunks = list(client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], stream=True))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == "streamed words"
@@ -77,7 +77,7 @@ def test_openai_tool_call_round_trip(stack):
     s3, sampler, gw, tok = stack
     sid, _ = _session(stack)
     sampler.script[:] = [TOOL_CALL, "The sum is 5."]
-    client = openai.OpenAI(base_url=gw.base_url, api_key=sid, max_retries=0)
+    client = openai.OpenAI(base_url=gw.base_url, api_key=api_key(sid), max_retries=0)
     messages = [{"role": "system", "content": "Use tools."}, {"role": "user", "content": "2+3?"}]
     first = client.chat.completions.create(model="m", messages=messages, tools=OPENAI_TOOLS)
     call = first.choices[0].message.tool_calls[0]
@@ -101,7 +101,7 @@ def test_anthropic_plain_turn(stack):
     s3, sampler, gw, tok = stack
     sid, _ = _session(stack)
     sampler.script[:] = ["Bonjour"]
-    client = anthropic.Anthropic(base_url=gw.url, api_key=sid, max_retries=0)
+    client = anthropic.Anthropic(base_url=gw.url, api_key=api_key(sid), max_retries=0)
     msg = client.messages.create(model="m", max_tokens=64, system="Be brief.",
                                  messages=[{"role": "user", "content": "hi"}])
     assert [b.type for b in msg.content] == ["text"] and msg.content[0].text == "Bonjour"
@@ -114,7 +114,7 @@ def test_anthropic_streaming_turn(stack):
     s3, sampler, gw, tok = stack
     sid, _ = _session(stack)
     sampler.script[:] = ["streamed reply"]
-    client = anthropic.Anthropic(base_url=gw.url, api_key=sid, max_retries=0)
+    client = anthropic.Anthropic(base_url=gw.url, api_key=api_key(sid), max_retries=0)
     with client.messages.stream(model="m", max_tokens=64, messages=[{"role": "user", "content": "hi"}]) as stream:
         text = "".join(stream.text_stream)
         final = stream.get_final_message()
@@ -126,7 +126,7 @@ def test_anthropic_tool_use_round_trip(stack):
     s3, sampler, gw, tok = stack
     sid, _ = _session(stack)
     sampler.script[:] = [TOOL_CALL, "It is 5."]
-    client = anthropic.Anthropic(base_url=gw.url, api_key=sid, max_retries=0)
+    client = anthropic.Anthropic(base_url=gw.url, api_key=api_key(sid), max_retries=0)
     messages = [{"role": "user", "content": "2+3?"}]
     first = client.messages.create(model="m", max_tokens=64, messages=messages, tools=ANTHROPIC_TOOLS)
     assert first.stop_reason == "tool_use"
@@ -143,7 +143,7 @@ def test_anthropic_streaming_tool_use(stack):
     s3, sampler, gw, tok = stack
     sid, _ = _session(stack)
     sampler.script[:] = [TOOL_CALL]
-    client = anthropic.Anthropic(base_url=gw.url, api_key=sid, max_retries=0)
+    client = anthropic.Anthropic(base_url=gw.url, api_key=api_key(sid), max_retries=0)
     with client.messages.stream(model="m", max_tokens=64, messages=[{"role": "user", "content": "2+3?"}],
                                 tools=ANTHROPIC_TOOLS) as stream:
         final = stream.get_final_message()
@@ -180,7 +180,7 @@ def test_streamed_turn_is_kept_when_the_client_hangs_up_at_the_end_marker(stack)
         body = json.dumps({"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}).encode()
         with socket.create_connection(("127.0.0.1", port)) as conn:
             conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                         + f"Authorization: Bearer {sid}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+                         + f"Authorization: Bearer {api_key(sid)}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
             received = b""
             while b"[DONE]" not in received:
                 chunk = conn.recv(65536)

@@ -231,7 +231,7 @@ def test_a_batch_of_agent_errors_and_timeouts_fails_the_run_with_the_causes_coun
         advantages.compute(BatchEvent.model_validate({"run": run_ref(run_id), "batch": p["batch"]}))
     assert str(e.value) == ("all 4 rollouts of the train batch of step 0 (generation batch 0) failed: 3 error, 1 timeout, "
                             "0 ok; 4 without a captured turn; 3 x AgentError: Error code: 401 - unknown session; "
-                            "1 x States.Timeout: ")
+                            "1 x States.Timeout: no result within 30 s (max_rollout_time)")
 
 
 def test_eval_rollouts_whose_agent_raised_count_as_failed_and_score_zero(stack):

@@ -82,8 +82,9 @@ def test_start_rollout_opens_the_session_and_stores_the_token_before_invoking(en
     arn = sfn.start_execution(stateMachineArn=sm, input=json.dumps({"run": run_ref(run_id), "batch": p["batch"], "item": item}))["executionArn"]
     body = _wait_for(lambda: next((b for b in agent.invocations if b["_rollout"]["input_id"] == item["input_id"]), None))
     ro = body["_rollout"]
-    sid = ro["api_key"]
+    sid, _, secret = ro["api_key"].partition(".")
     assert agent.visible_at_invoke[sid] == {"session": True, "task_token": True}
+    assert len(secret) >= 43  # a fresh 32-byte secret, not the sid
     assert ro["exp_id"] == f"rollout-results/{run_id}" and ro["s3_bucket"] == BUCKET and ro["model_id"] == "stepwise-tiny"
     assert ro["sampling_params"] == {"temperature": 1.0, "max_tokens": 512}
     assert body["prompt"] == "What digit comes after 0?"  # the dataset row's payload, by reference from S3
@@ -98,11 +99,13 @@ def test_start_rollout_opens_the_session_and_stores_the_token_before_invoking(en
     assert on_result(_notification(key)) == {"resumed": 1, "ignored": 0}
     done = _wait_for(lambda: (d := sfn.describe_execution(executionArn=arn))["status"] != "RUNNING" and d)
     assert done["status"] == "SUCCEEDED"
-    # the session record as StartRollout wrote it rides along (FinishRollout closes the session with it)
+    # the session record as StartRollout wrote it rides along (FinishRollout closes the session with it),
+    # without the api key's digest; the key itself appears nowhere in the task's output
     out = json.loads(done["output"])["result"]
     carried = out.pop("usage", None)  # OnRolloutResult's measurement, when the notified invocation resumed it
     assert carried is None or carried["lambda_requests"].get("OnRolloutResult", 0) >= 0
-    assert out == {"sid": sid, "result_key": key, "session": record}
+    assert out == {"sid": sid, "result_key": key, "session": {k: v for k, v in record.items() if k != "api_key_sha256"}}
+    assert "api_key_sha256" in record and secret not in done["output"]
 
     # Duplicate and late notifications are harmless; unknown sessions are ignored.
     assert on_result(_notification(key)) == {"resumed": 0, "ignored": 1}
@@ -235,6 +238,7 @@ def test_a_session_started_before_the_token_moved_still_resumes_and_another_run_
     arn = sfn.start_execution(stateMachineArn=sm, name="legacy-token", input=json.dumps({"run": run_ref(run_id), "batch": p["batch"], "item": item}))["executionArn"]
     sid = _wait_for(lambda: next((b["_rollout"]["api_key"] for b in agent.invocations[::-1]
                                   if b["_rollout"]["input_id"] == item["input_id"] and b["_rollout"]["api_key"] not in seen), None))
+    sid = sid.partition(".")[0]
     key = result_key(run_id, item['input_id'], sid)
     other_run = f"rollout-results/other-run/{item['input_id']}/{sid}.json"
     assert on_result(_notification(other_run)) == {"resumed": 0, "ignored": 1}  # the record names another run

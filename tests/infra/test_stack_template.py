@@ -413,16 +413,21 @@ def _role_statements_by_function(template: dict) -> dict[str, list[dict]]:
 
 def test_task_token_responses_are_granted_on_star_as_documented(default_app):
     """SendTask* take no resource-level permission (Service Authorization Reference): a grant naming the
-    state machine would deny the tokens of Distributed Map child executions."""
+    state machine would deny the tokens of Distributed Map child executions. OnRolloutResult resumes the
+    task; the gateway only heartbeats it."""
     _, template = default_app
     holders = {}
     for name, stmts in _role_statements_by_function(template).items():
         for st in stmts:
             if {"states:SendTaskSuccess", "states:SendTaskFailure", "states:SendTaskHeartbeat"} & actions_of([st]):
                 holders.setdefault(name, []).append(st)
-    assert set(holders) == {"OnRolloutResult"}
+    assert set(holders) == {"OnRolloutResult", "Gateway"}
     (st,) = holders["OnRolloutResult"]  # minimizePolicies merges it with X-Ray's '*' statement
     assert {"states:SendTaskSuccess", "states:SendTaskFailure", "states:SendTaskHeartbeat"} <= actions_of([st])
+    assert st["Resource"] == "*" and st["Effect"] == "Allow"
+    # the gateway heartbeats a rollout's task on its agent's LLM calls: the heartbeat only, never a result
+    (st,) = holders["Gateway"]
+    assert {a for a in actions_of([st]) if a.startswith("states:")} == {"states:SendTaskHeartbeat"}
     assert st["Resource"] == "*" and st["Effect"] == "Allow"
 
 

@@ -29,6 +29,15 @@ def test_report_without_a_state_file_lists_no_checkpoint(tmp_path):
     assert "checkpoint" not in report_module.report(_result(tmp_path))
 
 
+def test_report_counts_the_runs_acr_sessions_and_flags_any_left_billing(tmp_path):
+    acr = {"sessions_started": 64, "sessions_stopped": 63, "sessions_timed_out": 0, "peak_active_sessions": 25}
+    text = report_module.report(_result(tmp_path, billing={"acr": acr, "acr_active": []}))
+    assert "ACR runtime sessions: 64 started, 63 stopped, 0 timed out, 0 left active (peak 25 at once)" in text
+    assert "still billing" not in text
+    text = report_module.report(_result(tmp_path, billing={"acr": acr, "acr_active": ["s1"]}))
+    assert "1 left active (peak 25 at once) <- still billing" in text
+
+
 def test_the_progress_bar_and_watch_share_one_kept_groups():
     assert run_module.kept_groups is watch.kept_groups
     grpo = {"sampler/num_rollouts": 64.0, "advantages/zero_groups_fraction": 0.5}

@@ -65,9 +65,23 @@ def cache_tokenizer(s3: Any, run_id: str) -> None:
         s3.upload_file(str(TINY_MODEL / name), BUCKET, tokenizer_prefix(run_id) + name)
 
 
+#: sid -> the api key `open_session` gave its session (``{sid}.{secret}``; the record keeps the digest).
+API_KEYS: dict[str, str] = {}
+
+
+def api_key(sid: str) -> str:
+    """The api key of a session `open_session` opened; any other sid as it is (the gateway refuses it)."""
+    return API_KEYS.get(sid, sid)
+
+
 def open_session(s3: Any, run_id: str, *, sid: str | None = None, **fields: Any) -> tuple[str, dict]:
-    """Write a session record as StartRollout does; returns (sid, record)."""
+    """Write a session record as StartRollout does, with a fresh api key (`api_key` returns it);
+    returns (sid, record)."""
+    from stepwise.gateway.session import API_KEY_DIGEST_FIELD, new_api_key
+
     sid = sid or str(uuid.uuid4())
+    key, digest = new_api_key(sid)
+    API_KEYS[sid] = key
     record = {
         "sid": sid, "run_id": run_id, "step": 3, "generation_batch": 0, "kind": "train",
         "training_session_name": "ts-test",
@@ -75,7 +89,7 @@ def open_session(s3: Any, run_id: str, *, sid: str | None = None, **fields: Any)
         "policy_version": 3, "region": REGION, "tokenizer_prefix": tokenizer_prefix(run_id),
         "sampling_defaults": {"max_new_tokens": 64, "temperature": 1.0},
         "max_context_tokens": 4096, "max_turns": 64, "max_total_tokens": 262144,
-        "deadline": time.time() + 3600, "closed": False,
+        "deadline": time.time() + 3600, "closed": False, API_KEY_DIGEST_FIELD: digest,
     }
     record.update(fields)
     s3.put_object(Bucket=BUCKET, Key=session_key(sid), Body=json.dumps(record).encode())
@@ -199,5 +213,5 @@ def scripted_gateway(run_id: str, sampler_cls: type = None, **settings: Any):
         s3.stop()
 
 
-__all__ = ["BUCKET", "MotoS3", "ReferenceGateway", "ReplaySampler", "ScriptedSampler", "cache_tokenizer",
+__all__ = ["BUCKET", "MotoS3", "ReferenceGateway", "ReplaySampler", "ScriptedSampler", "api_key", "cache_tokenizer",
            "fixed_factory", "load_tokenizer", "open_session", "scripted_gateway", "serve_ours", "turn_objects"]

@@ -5,12 +5,16 @@ middleware for identity, limits and input checks.
 Per turn request (``POST /v1/chat/completions`` or ``/v1/messages``):
 
 1. 413 if the body is larger than ``max_body_bytes``.
-2. 401 unless the bearer / ``x-api-key`` value names a live session record
-   (``sessions/{sid}.json``: present, not closed, not past its deadline).
+2. 401 unless the bearer / ``x-api-key`` value is the rollout's api key ``{sid}.{secret}``: its sid
+   names a live session record (``sessions/{sid}.json``: present, not closed, not past its deadline)
+   whose digest is the secret's (SHA-256, compared in constant time; `stepwise.gateway.session`). The
+   sid alone, which S3 keys and logs show, opens nothing.
 3. 400 unless the body is a JSON object with the field types the adapter reads.
 4. 429 if the session's persisted turns reach ``max_turns`` or their sampled tokens reach
    ``max_total_tokens`` (counted from S3, so across containers).
-5. Otherwise the toolkit adapter runs the turn (render, sample, parse, reply); its
+5. Otherwise the toolkit adapter runs the turn (render, sample, parse, reply), while the rollout's
+   task is heartbeaten beside it (`stepwise.gateway.heartbeat`: an LLM call is the agent's sign of
+   life; at most once per interval, never on the request's path); its
    ``record_turn`` is captured and written to S3 before the response completes. A session
    record with a ``sampling_seed`` samples with ``seed = turn_seed(sampling_seed, turn index)``
    (`stepwise.core.seeding`), so a seeded run is reproducible.
@@ -46,6 +50,7 @@ from stepwise.layout import session_key, turns_prefix
 from stepwise.records import SessionRecord
 
 from . import _toolkit
+from .heartbeat import TaskHeartbeats
 from .recorder import PendingTurn, S3TurnRecorder
 from .renderers import RoutingRenderer, RunRenderers, S3TokenizerLoader, TokenizerLoader
 from .sampling import SamplerFactory, SessionSamplerBackend
@@ -56,6 +61,7 @@ from .session import (
     turn_index,
     refusal,
     sid_digest,
+    split_api_key,
     usage_from_keys,
 )
 from .validation import TURN_ROUTES, Protocol, error_response, parse_body
@@ -197,7 +203,8 @@ class StepwiseAnthropicAdapter(_ScopedSid, AnthropicAdapter):
 
 
 class _RedactSids(logging.Filter):
-    """Toolkit log lines name the sid, which is the agent's api key: replace it."""
+    """Toolkit log lines name the sid (the public half of the agent's api key): replace it by its digest,
+    as every line of ours does."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         scope = current_scope()
@@ -217,7 +224,7 @@ def _install_redaction() -> None:
 
 
 def request_sid(request: web.Request) -> str | None:
-    """The api key the agent sent: ``Authorization: Bearer <sid>``, else ``x-api-key``."""
+    """The api key the agent sent (``{sid}.{secret}``): ``Authorization: Bearer <key>``, else ``x-api-key``."""
     return sid_from_bearer(request) or (request.headers.get("X-Api-Key") or "").strip() or None
 
 
@@ -283,6 +290,7 @@ def build_app(
     sampler_factory: SamplerFactory | None = None,
     tokenizer_loader: TokenizerLoader | None = None,
     clock: Callable[[], float] = time.time,
+    heartbeats: TaskHeartbeats | None = None,
 ) -> web.Application:
     """Assemble the gateway app.
 
@@ -293,6 +301,7 @@ def build_app(
             wrapped by the toolkit's ``SageMakerSdkBackend``); tests inject scripted samplers.
         tokenizer_loader: session record -> HF tokenizer (default: the run's S3 copy).
         clock: epoch seconds, for session deadlines.
+        heartbeats: the rollout tasks' heartbeat sender (default: `TaskHeartbeats` with Step Functions clients).
 
     The app exposes ``app[GATEWAY]`` (a dict with ``stats``, ``recorder``, ``backend``,
     ``renderers``) for tests and measurements.
@@ -319,6 +328,7 @@ def build_app(
     backend = _TimedBackend(sampler)
     renderer = RoutingRenderer(lambda: (scope.renderer if (scope := current_scope()) is not None else None))
     stats = GatewayStats()
+    heartbeats = heartbeats or TaskHeartbeats()
     _install_redaction()
 
     app = web.Application(client_max_size=settings.max_body_bytes)
@@ -341,10 +351,10 @@ def build_app(
         if request.content_length is not None and request.content_length > settings.max_body_bytes:
             return refuse(protocol, 413, "request_too_large",
                           f"request body of {request.content_length} bytes exceeds {settings.max_body_bytes}")
-        sid = request_sid(request)
+        sid, secret = split_api_key(request_sid(request))
         if not is_plausible_sid(sid):
             return refuse(protocol, 401, "authentication_error",
-                          "missing or malformed api key: send the session id as Bearer token or x-api-key")
+                          "missing or malformed api key: send the rollout's api key as Bearer token or x-api-key")
         try:
             record, usage = await directory.lookup(sid)
         except Exception as e:  # logged without the traceback: a bad record's text holds the sid
@@ -354,7 +364,7 @@ def build_app(
             return refuse(protocol, 503, "api_error", "session store unavailable; retry")
         if record is None:
             return refuse(protocol, 401, "authentication_error", "unknown session")
-        why = refusal(record, sid=sid, now=clock())
+        why = refusal(record, sid=sid, now=clock(), secret=secret)
         if why is not None:
             return refuse(protocol, 401, "authentication_error", why)
         try:
@@ -387,6 +397,12 @@ def build_app(
             return admitted
         sid, record, seed = admitted
         metering.bind_run(record.run_id)
+        async with heartbeats.during(record):
+            return await serve(request, handler, protocol, sid, record, seed, t0)
+
+    async def serve(request: web.Request, handler: Any, protocol: Protocol, sid: str, record: SessionRecord,
+                    seed: int | None, t0: float) -> web.StreamResponse:
+        """Run the admitted turn (``handler``: the toolkit adapter's route) in its request scope, then persist it."""
         with logger.append_context_keys(run_id=record.run_id, sid=sid_digest(sid), step=record.step,
                                         policy_version=record.policy_version):
             try:
@@ -441,7 +457,7 @@ def build_app(
 
     app.middlewares.append(guard)
     app[GATEWAY] = {"stats": stats, "recorder": recorder, "backend": sampler, "renderers": renderers,
-                    "adapters": adapters, "directory": directory}
+                    "adapters": adapters, "directory": directory, "heartbeats": heartbeats}
     return app
 
 

@@ -10,7 +10,9 @@ gateway containers with a single listing.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import re
+import secrets
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +39,42 @@ class TurnUsage:
 def is_plausible_sid(sid: str | None) -> bool:
     """True if ``sid`` is safe to use in an S3 key (and so worth looking up)."""
     return bool(sid) and _SID_RE.match(sid) is not None
+
+
+#: The session record's field holding the SHA-256 (hex) of the rollout's api-key secret.
+API_KEY_DIGEST_FIELD = "api_key_sha256"
+#: Between the sid and the secret in an api key (neither a uuid4 nor a URL-safe token holds one).
+_KEY_SEP = "."
+
+
+def new_api_key(sid: str) -> tuple[str, str]:
+    """``(api_key, digest)`` for a new rollout: the key is ``{sid}.{secret}`` with a fresh secret of 32
+    random bytes (``secrets.token_urlsafe``, 43 characters); the digest (SHA-256 of the secret, hex) is
+    what the session record keeps. The sid part only says which record to read: it appears in S3 keys
+    and logs, so the sid alone opens nothing."""
+    secret = secrets.token_urlsafe(32)
+    return f"{sid}{_KEY_SEP}{secret}", _digest(secret)
+
+
+def _digest(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def split_api_key(key: str | None) -> tuple[str | None, str]:
+    """``(sid, secret)`` of an api key ``{sid}.{secret}``; ``(key, "")`` for a key without a secret."""
+    if not key:
+        return None, ""
+    sid, _, secret = key.partition(_KEY_SEP)
+    return sid, secret
+
+
+def key_matches(record: SessionRecord, secret: str) -> bool:
+    """Whether ``secret`` is the rollout's (its SHA-256 equals the record's digest, compared in constant
+    time with ``hmac.compare_digest``). A record without a digest matches nothing."""
+    digest = (record.model_extra or {}).get(API_KEY_DIGEST_FIELD)
+    if not isinstance(digest, str) or not digest or not secret:
+        return False
+    return hmac.compare_digest(_digest(secret).encode(), digest.encode())
 
 
 def sid_digest(sid: str) -> str:
@@ -88,10 +126,14 @@ def turn_index(usage: TurnUsage, body: dict[str, Any]) -> int:
     return max(usage.turns, prior)
 
 
-def refusal(record: SessionRecord, *, sid: str, now: float) -> str | None:
-    """Why this session may not sample now (-> 401), or None if it is live."""
+def refusal(record: SessionRecord, *, sid: str, now: float, secret: str | None = None) -> str | None:
+    """Why this session may not sample now (-> 401), or None if it is live. ``secret``: the api key's
+    secret part (`split_api_key`), checked against the record's digest (`key_matches`); None skips
+    that check (callers that authenticated otherwise)."""
     if record.sid != sid:
         return "session record does not belong to this key"
+    if secret is not None and not key_matches(record, secret):
+        return "invalid api key: send the key the rollout was given (_rollout.api_key), not the session id"
     if record.closed:
         return "session is closed"
     if record.deadline and now > record.deadline:

@@ -13,11 +13,11 @@ and the handler plans the next step's first generation batch instead
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from stepwise.aws import task_tokens
 from stepwise.core.ledger import count_parent_history, history_after
+from stepwise.core.liveness import rollout_timeouts
 from stepwise.core.planning import Decision, build_items, decide, map_concurrency, plan_ahead
 from stepwise.events import PlanEvent, RunEvent
 from stepwise.handlers._common import bind, dependencies, entrypoint, logger, run_config, settings, sfn_client, store
@@ -144,8 +144,9 @@ def plan(event: RunEvent) -> dict[str, Any]:
     out: dict[str, Any] = {"action": d.action, "reason": d.reason, "step": state.step, "epoch": state.epoch,
                            "history_events": history_events}
     if d.action == "rolled_out":  # rolled out during the previous step's training: straight to its advantages
+        timeout, heartbeat = rollout_timeouts(cfg.max_rollout_time, cfg.rollout_heartbeat_seconds)
         out["batch"] = BatchRef(kind="train", step=d.step, generation_batch=d.generation_batch,
-                                timeout_seconds=max(1, math.ceil(cfg.max_rollout_time))).model_dump()
+                                timeout_seconds=timeout, heartbeat_seconds=heartbeat).model_dump()
         logger.info("batch rolled out ahead", extra={k: v for k, v in out.items() if k != "batch"})
         return out
     if d.action != "rollout":
@@ -158,9 +159,9 @@ def plan(event: RunEvent) -> dict[str, Any]:
     rs.put_json(prompts_key(run.run_id, d.step, d.generation_batch, kind), prompts, bulk=True)
     key = items_key(run.run_id, d.step, d.generation_batch, kind)
     rs.put_json(key, [item.model_dump() for item in items], bulk=True)
-    batch = BatchRef(kind=kind, step=d.step, generation_batch=d.generation_batch,
-                     timeout_seconds=max(1, math.ceil(cfg.max_rollout_time)), final=d.final,
-                     policy=SamplerPolicy.of(state))
+    timeout, heartbeat = rollout_timeouts(cfg.max_rollout_time, cfg.rollout_heartbeat_seconds)
+    batch = BatchRef(kind=kind, step=d.step, generation_batch=d.generation_batch, timeout_seconds=timeout,
+                     heartbeat_seconds=heartbeat, final=d.final, policy=SamplerPolicy.of(state))
     out.update(
         items_key=key,
         num_items=len(items),

@@ -3,10 +3,11 @@
 docs/architecture.md. StartRollout opens the gateway session (``sessions/{sid}.json``), stores the
 task token keyed by sid *before* invoking the agent (a fast result cannot race it), then calls
 ``InvokeAgentRuntime`` with ``runtimeSessionId = sid`` and ``_rollout`` (the toolkit's
-``exp_id``/``input_id``/``s3_bucket`` plus ``base_url``, ``model_id``, ``api_key = sid`` and the
-sampling params). The agent writes ``rollout-results/{run_id}/{input_id}/{sid}.json``; the S3
-notification runs OnRolloutResult, which resumes the task with ``{"sid", "result_key", "session"}``
-(the session record it read). FinishRollout extracts the reward exactly as the reference does (0.0
+``exp_id``/``input_id``/``s3_bucket`` plus ``base_url``, ``model_id``, ``api_key`` (a fresh secret
+``{sid}.{secret}`` whose digest only the session record keeps) and the sampling params). The agent
+writes ``rollout-results/{run_id}/{input_id}/{sid}.json``; the S3 notification runs OnRolloutResult,
+which resumes the task with ``{"sid", "result_key", "session"}`` (the session record it read, without
+the key's digest). FinishRollout extracts the reward exactly as the reference does (0.0
 on timeout or error), closes the session (with that record: no second read), stops the agent's
 runtime session (``StopRuntimeSession``, as the reference's ``AgentCoreHttpSession`` does after every
 rollout), replays the captured turns into `TraceRecord`s and writes the rollout record. A StartRollout
@@ -24,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 from stepwise import metering
 from stepwise.aws import agentcore, task_tokens
 from stepwise.core.ledger import acr_usage, task_transitions
+from stepwise.core.liveness import heartbeat_on, timeout_cause
+from stepwise.gateway.session import API_KEY_DIGEST_FIELD, new_api_key
 from stepwise.events import FinishEvent, S3Notification, StartEvent
 from stepwise.handlers._common import (
     bind,
@@ -100,17 +103,19 @@ def session_record(cfg: RunConfig, run_id: str, batch: BatchRef, sid: str, input
         max_total_tokens=cfg.max_tokens_per_rollout,
         sampling_seed=rollout_seed(cfg.seed, kind=batch.kind, step=batch.step,
                                    generation_batch=batch.generation_batch, index=index),
+        heartbeat_seconds=batch.heartbeat_seconds if heartbeat_on(batch.timeout_seconds, batch.heartbeat_seconds) else 0,
         started_at=now(),
         deadline=now() + batch.timeout_seconds + SESSION_GRACE_S,
         closed=False,
     )
 
 
-def rollout_payload(payload: dict[str, Any], *, run_id: str, input_id: str, bucket: str, sid: str,
+def rollout_payload(payload: dict[str, Any], *, run_id: str, input_id: str, bucket: str, api_key: str,
                     gateway_url: str, model_id: str, sampling: dict[str, Any],
                     reward_granularity: str = "trajectory") -> dict[str, Any]:
     """The agent's invocation payload: the dataset row plus ``_rollout`` (toolkit ``RolloutConfig`` fields,
-    and ``reward_granularity``: the reward shape the run reads, docs/agent-contract.md)."""
+    and ``reward_granularity``: the reward shape the run reads, docs/agent-contract.md); ``api_key`` is the
+    rollout's gateway key (`stepwise.gateway.session.new_api_key`), a secret."""
     return {
         **payload,
         "_rollout": {
@@ -119,7 +124,7 @@ def rollout_payload(payload: dict[str, Any], *, run_id: str, input_id: str, buck
             "s3_bucket": bucket,
             "base_url": gateway_url,
             "model_id": model_id,
-            "api_key": sid,
+            "api_key": api_key,
             "sampling_params": {"temperature": sampling["temperature"], "max_tokens": sampling["max_new_tokens"]},
             "reward_granularity": reward_granularity,
         },
@@ -152,6 +157,9 @@ def start(event: StartEvent) -> dict[str, Any]:
     rs.put_json(start_marker_key(run.run_id, batch.step, batch.generation_batch, batch.kind, item.i),
                 {"sid": sid, "input_id": item.input_id, "started_at": now()}, bulk=True)
     record = session_record(cfg, run.run_id, batch, sid, item.input_id, item.i)
+    # The agent's gateway key is a fresh secret: only its digest is kept (in the record), the key itself
+    # only in the invoke's payload. Nothing logs it or writes it to a key or a state's output.
+    api_key, key_digest = new_api_key(sid)
     # The task token rides in the session record (one PUT fewer than an object of its own), written
     # before the invoke, so the fastest result finds it. The gateway never serves the record. So does
     # this invocation's measurement for the cost ledger (FinishRollout adds it to the rollout record),
@@ -159,9 +167,9 @@ def start(event: StartEvent) -> dict[str, Any]:
     with metering.riding(run.run_id) as usage:
         usage.state_transitions += task_transitions(event.retry_count)
         rs.put_json(session_key(sid), {**record.model_dump(), TASK_TOKEN_FIELD: event.task_token,
-                                       "usage": usage.model_dump()})
+                                       API_KEY_DIGEST_FIELD: key_digest, "usage": usage.model_dump()})
     payload = _prompts(prompts_key(run.run_id, batch.step, batch.generation_batch, batch.kind))[item.input_id]
-    body = rollout_payload(payload, run_id=run.run_id, input_id=item.input_id, bucket=rs.bucket, sid=sid,
+    body = rollout_payload(payload, run_id=run.run_id, input_id=item.input_id, bucket=rs.bucket, api_key=api_key,
                            gateway_url=settings().gateway_url, model_id=cfg.base_model_arn,
                            sampling=record.sampling_defaults, reward_granularity=cfg.reward_granularity)
     try:
@@ -229,7 +237,7 @@ def on_result(event: S3Notification) -> dict[str, Any]:
         # Start rollout task's parameters), so the output reveals nothing new.
         output: dict[str, Any] = {"sid": sid, "result_key": key}
         if record is not None:
-            output["session"] = record
+            output["session"] = {k: v for k, v in record.items() if k != API_KEY_DIGEST_FIELD}
         # This invocation's measurement rides to FinishRollout in the task's output (the cost ledger).
         ride = metering.ride(run_id)
         if not ride.usage.is_empty():
@@ -318,13 +326,25 @@ def finish(event: FinishEvent) -> dict[str, Any]:
         marker = rs.get_json_or(start_marker_key(run.run_id, batch.step, batch.generation_batch, batch.kind, item.i)) or {}
         sid = marker.get("sid")
     bind(run_id=run.run_id, step=batch.step, sid=sid)
-    status, error, result_obj = "ok", None, None
+    status, error, result_obj, late = "ok", None, None, False
+    key = None
     if event.error is not None:
         err = str(event.error.get("Error", "error"))
-        status = "timeout" if err == "States.Timeout" else "error"
-        error = {"error": err, "cause": str(event.error.get("Cause", ""))[:1000]}
+        cause = timeout_cause(err, timeout_seconds=batch.timeout_seconds, heartbeat_seconds=batch.heartbeat_seconds)
+        status = "timeout" if cause is not None else "error"
+        error = {"error": err, "cause": cause or str(event.error.get("Cause", ""))[:1000]}
+        if status == "timeout" and sid is not None:
+            # S3 notifications are at-least-once and may come late: the result may be there although
+            # OnRolloutResult never resumed the task. Score it (`late`) rather than a 0.0 timeout.
+            key = result_key(run.run_id, item.input_id, sid)
+            if rs.exists(key):
+                status, error, late = "ok", None, True
+                logger.warning("result arrived after the task timed out; scored", extra={"timeout": err})
+            else:
+                key = None
     elif event.result is not None:
         key = event.result.get("result_key") or result_key(run.run_id, item.input_id, sid)
+    if key is not None:
         try:
             result_obj = rs.get_json(key)
         except KeyError:
@@ -359,7 +379,8 @@ def finish(event: FinishEvent) -> dict[str, Any]:
     # What the rollout used, for the cost ledger: the Finish rollout state's transitions, the agent's
     # result object (a PUT the agent made into the run bucket), then below StartRollout's and
     # OnRolloutResult's measurements, the gateway's per turn, the ACR session, and this invocation's.
-    usage = Usage(state_transitions=task_transitions(event.retry_count), s3_put_class=1 if event.result is not None else 0)
+    usage = Usage(state_transitions=task_transitions(event.retry_count),
+                  s3_put_class=1 if event.result is not None or late else 0)
     usage.add(_usage_of((event.result or {}).get("usage")))
     # The policy it sampled with: the gateway session's (what every turn used), else the batch's.
     policy_version = batch.policy.policy_version if batch.policy is not None else None
@@ -375,7 +396,6 @@ def finish(event: FinishEvent) -> dict[str, Any]:
             policy_version = session["policy_version"]
         if isinstance(session.get("started_at"), (int, float)):
             duration_s = max(0.0, now() - float(session["started_at"]))  # before the grace wait below
-        cfg = run_config(run.run_id)
         usage.add(_usage_of(session.get("usage")))
         if duration_s is not None:  # the agent's ACR session: from the invoke to its end here
             usage.add(acr_usage(duration_s, cfg))
@@ -409,10 +429,14 @@ def finish(event: FinishEvent) -> dict[str, Any]:
             **behaviour,  # num_turns, sampled_tokens, truncated_turns, ill_formed_turns, tool_calls
             duration_s=duration_s, policy_version=policy_version, usage=usage.add(own),
             records=[record_to_json(r) for r in records], turn_rewards=turn_rewards, turn_spans=turn_spans,
+            late=late,
         )
         rs.put_json(rollout_key(run.run_id, batch.step, batch.generation_batch, key_sid, batch.kind),
                     rollout.model_dump(), bulk=True)
-    return {"sid": key_sid, "reward": reward, "status": status, "records": len(records)}
+    out: dict[str, Any] = {"sid": key_sid, "reward": reward, "status": status, "records": len(records)}
+    if late:
+        out["late"] = True
+    return out
 
 
 start_handler = entrypoint(StartEvent, start)
