@@ -470,8 +470,10 @@ class AcrEmulator:
             agent = AgentProcess(spec, env, log_path)
             try:
                 agent.wait_ready()
-            except RuntimeError as exc:  # it says what happened; the agent's own output is in its log
+            except BaseException as exc:  # a Ctrl-C while it starts leaves it running no more than a failure
                 agent.stop()
+                if not isinstance(exc, RuntimeError):
+                    raise
                 log.error("could not start agent %s for %s: %s (its output: %s)", spec, arn, exc, log_path or "not kept")
                 return None
             self._agents[arn] = agent

@@ -35,7 +35,7 @@ class GatewayProcess:
         )
         try:
             self.url = await_listening(self.proc, _LISTENING, what="gateway", timeout=timeout, log=self._log).group(1)
-        except RuntimeError:
+        except BaseException:  # it did not start, or a Ctrl-C came first: not left running either way
             self.stop()
             raise
 

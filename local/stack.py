@@ -74,18 +74,22 @@ class SimulatorProcess:
         # environment and the Ctrl-C line at once, so once it speaks the rest follows (a machine so
         # loaded that the first line came late must not cut the environment off: without it the
         # handlers would ask the real SageMaker endpoints).
-        while self.url or time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                raise RuntimeError(f"simulator exited (code {self.proc.poll()}) before serving")
-            m = re.search(r"simulator on (http://\S+)", line)
-            if m:
-                self.url = m.group(1)
-            m = re.match(r"export (\w+)=(\S+)", line.strip())
-            if m:
-                self.env[m.group(1)] = m.group(2).strip("'\"")
-            if "Ctrl-C" in line:
-                break
+        try:
+            while self.url or time.monotonic() < deadline:
+                line = self.proc.stdout.readline()
+                if not line:
+                    raise RuntimeError(f"simulator exited (code {self.proc.poll()}) before serving")
+                m = re.search(r"simulator on (http://\S+)", line)
+                if m:
+                    self.url = m.group(1)
+                m = re.match(r"export (\w+)=(\S+)", line.strip())
+                if m:
+                    self.env[m.group(1)] = m.group(2).strip("'\"")
+                if "Ctrl-C" in line:
+                    break
+        except BaseException:  # it died, or a Ctrl-C came first: not left running either way
+            self.stop()
+            raise
         if not self.url or "AWS_ENDPOINT_URL_SAGEMAKER" not in self.env:
             self.stop()
             raise RuntimeError(f"simulator did not report its URL and environment (url {self.url!r}, env {self.env})")

@@ -137,3 +137,49 @@ def test_after_an_interrupt_a_simulator_that_no_longer_answers_is_given_a_moment
         assert sim.proc.returncode == -signal.SIGTERM
     finally:
         sim.stop()
+
+
+@pytest.fixture
+def ctrl_c_in(monkeypatch):
+    """``ctrl_c_in(seconds)``: a KeyboardInterrupt raised in the main thread that many seconds from now
+    (as Ctrl-C raises it wherever the runner waits)."""
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    yield lambda seconds: signal.setitimer(signal.ITIMER_REAL, seconds)
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+SILENT = "import time; time.sleep(120)"  # a service still loading its packages: not listening yet
+
+
+REAL_POPEN = subprocess.Popen
+
+
+def _spawning(monkeypatch) -> list[subprocess.Popen]:
+    spawned: list[subprocess.Popen] = []
+
+    def popen(args, **kwargs):
+        spawned.append(REAL_POPEN([sys.executable, "-c", SILENT],
+                                  **{k: v for k, v in kwargs.items() if k not in ("cwd", "env")}))
+        return spawned[-1]
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    return spawned
+
+
+def test_a_ctrl_c_while_the_simulator_or_the_gateway_starts_leaves_neither_running(monkeypatch, ctrl_c_in):
+    """Before: the process a constructor had spawned was not yet the stack's, so ``LocalStack.stop`` did not
+    know it and it outlived run-local (a gateway left running by tests/e2e/test_local_interrupt.py under load)."""
+    from local.gateway import GatewayProcess
+
+    for what, start in (("simulator", lambda: SimulatorProcess(region="us-east-1", timeout=60)),
+                        ("gateway", lambda: GatewayProcess({}, timeout=60))):
+        spawned = _spawning(monkeypatch)
+        ctrl_c_in(0.5)
+        with pytest.raises(KeyboardInterrupt):
+            start()
+        monkeypatch.setattr(subprocess, "Popen", REAL_POPEN)
+        assert len(spawned) == 1 and spawned[0].poll() is not None, f"the {what} process was left running"
