@@ -49,8 +49,22 @@ def test_operating_page_documents_every_option(command):
     assert not missing, f"docs/operating.md does not mention {command} {missing}"
 
 
+@pytest.mark.parametrize("command", ("eval", "compare", "screen"))
+def test_evals_page_documents_every_option_of_the_model_selection_commands(command):
+    text = (DOCS / "evals.md").read_text()
+    assert f"stepwise {command}" in text
+    module = importlib.import_module(COMMANDS[command][0])
+    parser = argparse.ArgumentParser()
+    module.configure(parser)
+    stack = {"--stack", "--bucket", "--state-machine-arn", "--region"}  # documented once, in operating.md
+    options = [o for a in parser._actions for o in a.option_strings if o.startswith("--") and o != "--help"
+               and o not in stack]
+    missing = [o for o in options if f"`{o}" not in text and f"{o} " not in text]
+    assert not missing, f"docs/evals.md does not mention {command} {missing}"
+
+
 @pytest.mark.parametrize("page", ["operating.md", "architecture.md", "troubleshooting.md", "agent-contract.md",
-                                  "config.md", "first-run.md", "deploy.md"])
+                                  "config.md", "first-run.md", "deploy.md", "evals.md"])
 def test_links_between_pages_resolve(page):
     text = (DOCS / page).read_text()
     for target in re.findall(r"\]\(([^)#:]+\.md)(?:#[^)]*)?\)", text):
