@@ -1,21 +1,23 @@
 """`stepwise screen CONFIG --k K --out PATH [--local]`: drop the training prompts that cannot teach.
 
-An eval-only run over CONFIG's training prompts (``dataset_path``, every row: ``max_prompts`` when the
-config sets it) at group size K and the training temperature, with the base model (or
-``--model-package``, the policy a run would continue from). Each prompt's pass rate (rows repeating a
-payload pooled) decides it (`stepwise.core.screening`): always solved (all-pass) and never solved
-(all-fail) prompts give GRPO all-equal groups, so they are removed. It writes:
+An eval-only run over CONFIG's training prompts (``dataset_path``, its first ``max_prompts`` rows when
+the config sets it) at group size K and the training temperature, with the base model (or
+``--model-package``, the policy a run would continue from). Each distinct prompt is rolled out K times
+once, however many rows repeat it (its payloads are written beside PATH as ``.prompts.jsonl``, the
+eval set of the run), and its pass rate decides every row holding it (`stepwise.core.screening`):
+always solved (all-pass) and never solved (all-fail) prompts give GRPO all-equal groups, so they are
+removed. It writes:
 
 - ``PATH``: the screened dataset, JSON Lines of ``{"payload": ...}`` rows, the kept rows in dataset
   order or ``--order easy_first`` / ``hard_first`` (by pass rate, a curriculum). A run config names it
   as its ``dataset_path``;
 - ``PATH`` with ``.screen.json`` for its suffix: K, the figures (rows kept and removed, the fraction of
   groups mixed at K before and after) and every prompt's rows, rollouts, successes, pass rate,
-  mixed@K and verdict.
+  mixed@K, verdict and payload.
 
 ``--min-pass-rate`` / ``--max-pass-rate`` widen the verdicts (e.g. 0.95 also drops prompts solved 31
-times of 32). The eval's rollouts (rows x K) must fit one Distributed Map run (10,000 children):
-screen a larger dataset in parts with ``--set max_prompts=N``.
+times of 32). The eval's rollouts (distinct prompts x K) must fit one Distributed Map run (10,000
+children): screen a larger dataset in parts with ``--set max_prompts=N``.
 """
 
 from __future__ import annotations
@@ -44,24 +46,24 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_launch_arguments(parser, runs_out_flag="--runs-out")
 
 
-def screen_overrides(raw: dict[str, Any], k: int, temperature: float | None, model_package: str | None) -> dict[str, Any]:
-    """The config fields that make a training config an eval-only run over its own training prompts at K."""
+def screen_overrides(raw: dict[str, Any], k: int, temperature: float | None, model_package: str | None,
+                     prompts_path: Path) -> dict[str, Any]:
+    """The config fields that make a training config an eval-only run over ``prompts_path`` (its
+    distinct training prompts) at group size ``k``."""
     if k < 1:
         raise CommandError(f"--k must be at least 1, got {k}")
     return {"eval_only": True, "eval_model_package_arn": model_package or "", "resume_from_model_package": "",
-            "eval_dataset_path": raw["dataset_path"], "eval_datasets": {},
-            "eval_max_prompts": int(raw.get("max_prompts") or 0), "eval_group_size": k,
-            "eval_temperature": raw.get("temperature", 1.0) if temperature is None else temperature,
+            "eval_dataset_path": str(prompts_path.resolve()), "eval_datasets": {}, "eval_max_prompts": 0,
+            "eval_group_size": k, "eval_temperature": raw.get("temperature", 1.0) if temperature is None else temperature,
             "eval_pass_k": sorted({1, k}), "eval_every": 0, "eval_before_train": None}
 
 
-def dataset_rows(path: str, rows: set[int], config_dir: Path, local: bool) -> dict[int, dict[str, Any]]:
-    """``{row: payload}`` of ``rows`` of the dataset at ``path`` (local file, resolved as run-local does
-    with ``local``, or ``s3://``)."""
+def read_dataset(path: str, limit: int, config_dir: Path, local: bool) -> list[dict[str, Any]]:
+    """The first ``limit`` payloads (0 = all) of the dataset at ``path``: a local file (resolved as
+    run-local resolves it with ``local``, else as given) or ``s3://`` (your credentials)."""
     from stepwise.datasets import iter_payloads
 
-    source = path
-    s3 = None
+    source, s3 = path, None
     if path.startswith("s3://"):
         import boto3
 
@@ -70,14 +72,17 @@ def dataset_rows(path: str, rows: set[int], config_dir: Path, local: bool) -> di
         from local.datasets import resolve_dataset
 
         source = str(resolve_dataset(path, config_dir))
-    out: dict[int, dict[str, Any]] = {}
-    last = max(rows, default=-1)
-    for i, payload in enumerate(iter_payloads(source, s3_client=s3)):
-        if i in rows:
-            out[i] = payload
-        if i >= last:
+    out: list[dict[str, Any]] = []
+    for payload in iter_payloads(source, s3_client=s3):
+        out.append(payload)
+        if limit and len(out) >= limit:
             break
     return out
+
+
+def prompts_path(output: Path) -> Path:
+    """Where the distinct prompts the screen rolls out are written (beside the screened dataset)."""
+    return output.with_suffix(".prompts.jsonl")
 
 
 def report_path(output: Path) -> Path:
@@ -101,6 +106,7 @@ def write_outputs(output: Path, result: Screening, payloads: dict[int, dict[str,
 
 def run(args: argparse.Namespace) -> int:
     from stepwise.config import ConfigError, drop_unsupported, read_config_file
+    from stepwise.core.screening import distinct_rows
 
     try:
         raw = read_config_file(args.config)
@@ -109,24 +115,31 @@ def run(args: argparse.Namespace) -> int:
         raw = drop_unsupported(raw)[0]
         if not 0.0 <= args.min_pass_rate < args.max_pass_rate <= 1.0:
             raise CommandError("need 0 <= --min-pass-rate < --max-pass-rate <= 1")
-        overrides = screen_overrides(raw, args.k, args.temperature, args.model_package)
+        payloads = read_dataset(str(raw["dataset_path"]), int(raw.get("max_prompts") or 0), Path(args.config).parent,
+                                args.local)
+        first, rows_of = distinct_rows(payloads)
+        distinct = prompts_path(args.output)
+        distinct.parent.mkdir(parents=True, exist_ok=True)
+        distinct.write_text("".join(json.dumps({"payload": payloads[r]}, ensure_ascii=False) + "\n" for r in first))
+        print(f"screen: {len(payloads)} rows, {len(first)} distinct prompts x {args.k} rollouts ({distinct})",
+              file=sys.stderr)
+        overrides = screen_overrides(raw, args.k, args.temperature, args.model_package, distinct)
         evals = launch(args, overrides, "screen")
         results = evals.results(evals.last_eval())
-        result = screen(results.prompts, args.k, min_pass_rate=args.min_pass_rate, max_pass_rate=args.max_pass_rate,
-                        order=args.order)
-        payloads = dataset_rows(str(raw["dataset_path"]), {r for p in result.prompts for r in p.rows},
-                                Path(args.config).parent, args.local)
-        report = write_outputs(args.output, result, payloads, {
+        result = screen(results.prompts, args.k, rows_of=rows_of, min_pass_rate=args.min_pass_rate,
+                        max_pass_rate=args.max_pass_rate, order=args.order)
+        report = write_outputs(args.output, result, dict(enumerate(payloads)), {
             "config": str(args.config), "run": evals.label, "dataset_path": raw["dataset_path"],
             "model_package_arn": results.model_package_arn, "temperature": overrides["eval_temperature"],
-            "min_pass_rate": args.min_pass_rate, "max_pass_rate": args.max_pass_rate, "order": args.order})
+            "min_pass_rate": args.min_pass_rate, "max_pass_rate": args.max_pass_rate, "order": args.order,
+            "rollouts": sum(p.n for p in results.prompts)})
     except ConfigError as e:
         print(str(e), file=sys.stderr)
         return EXIT_USAGE
     except CommandError as e:
         return fail(str(e))
     f = result.figures()
-    print(f"screened {f['rows']} rows ({f['prompts']} prompts) at k={args.k} (run {evals.label}):")
+    print(f"screened {f['rows']} rows ({f['prompts']} prompts, {args.k} rollouts each) (run {evals.label}):")
     print(f"  kept {f['kept_rows']} rows ({f['kept_prompts']} prompts); removed {f['removed_too_easy_rows']} always "
           f"solved, {f['removed_too_hard_rows']} never solved")
     print(f"  groups of {args.k} with mixed outcomes: {f[f'mixed@{args.k}_before']:.3f} of the dataset's, "

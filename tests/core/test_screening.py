@@ -56,3 +56,21 @@ def test_pass_rate_bounds_remove_nearly_always_solved_prompts_too():
         screen(rows, K, min_pass_rate=0.5, max_pass_rate=0.5)
     with pytest.raises(ValueError, match="fewer than k=32"):
         screen(rows, 32)
+
+
+def test_a_screen_of_the_distinct_prompts_decides_every_row_holding_each():
+    from stepwise.core.screening import distinct_rows
+
+    payloads = [{"p": "a"}, {"p": "b"}, {"p": "a"}, {"p": "c"}, {"p": "b"}, {"p": "a"}]
+    first, rows_of = distinct_rows(payloads)
+    assert first == [0, 1, 3] and sorted(len(r) for r in rows_of.values()) == [1, 2, 3]
+    from stepwise.core.evals import payload_fingerprint
+
+    outcomes = {"a": [1.0, 1.0], "b": [1.0, 0.0], "c": [0.0, 0.0]}
+    prompts = [EvalPrompt(row=i, input_id=f"e0p{i}", fingerprint=payload_fingerprint(payloads[r]),
+                          rewards_G=outcomes[payloads[r]["p"]], successes=int(sum(outcomes[payloads[r]["p"]])))
+               for i, r in enumerate(first)]
+    s = screen(prompts, 2, rows_of=rows_of)
+    assert s.kept_rows == [1, 4] and s.rows == 6 and s.removed == {"too_easy": 3, "too_hard": 1}
+    with pytest.raises(ValueError, match="no eval result"):
+        screen(prompts[:2], 2, rows_of=rows_of)

@@ -8,9 +8,10 @@ eval-only run at ``eval_group_size`` K and the training temperature), then keeps
 outcomes are mixed: the filter of upstream's SWE recipe, which screened its tasks by mixed outcomes
 at k before training.
 
-Rows with the same payload (`stepwise.core.evals.payload_fingerprint`) are one prompt: their
-rollouts are pooled, so a dataset that repeats its prompts (the toy and mix tasks cycle theirs)
-estimates each prompt's pass rate from every copy. A prompt is *too easy* when its pass rate is at
+Rows with the same payload (`stepwise.core.evals.payload_fingerprint`) are one prompt: `stepwise
+screen` rolls out each distinct prompt once (`distinct_rows`) and its verdict applies to every row
+holding it, so a dataset that repeats its prompts (the toy and mix tasks cycle theirs) pays K
+rollouts per prompt, not per row; rollouts of copies that were rolled out are pooled. A prompt is *too easy* when its pass rate is at
 least ``max_pass_rate`` (default 1.0: every rollout succeeded, all-pass), *too hard* when it is at
 most ``min_pass_rate`` (default 0.0: none did, all-fail); every other prompt is kept, with all its
 rows. ``mixed@K`` (`stepwise.core.evals.mixed_at_k`) is the chance that a group of K rollouts of the
@@ -20,14 +21,14 @@ carry signal, before and after screening.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 from stepwise.core.evals import mixed_at_k
 from stepwise.records import EvalPrompt
 
-__all__ = ["ORDERS", "ScreenedPrompt", "Screening", "screen"]
+__all__ = ["ORDERS", "ScreenedPrompt", "Screening", "distinct_rows", "screen"]
 
 Verdict = Literal["too_easy", "too_hard", "kept"]
 #: How the screened dataset's rows are ordered: as in the dataset, or by the prompt's pass rate.
@@ -73,14 +74,16 @@ class Screening:
                 f"mixed@{self.k}_before": self.mixed_at_k_before, f"mixed@{self.k}_after": self.mixed_at_k_after}
 
 
-def screen(prompts: Sequence[EvalPrompt], k: int, *, min_pass_rate: float = 0.0, max_pass_rate: float = 1.0,
-           order: str = "dataset") -> Screening:
-    """Screen a dataset from its eval results (`stepwise.records.EvalPrompt` per row, ``row`` = the
-    dataset row; see the module doc).
+def screen(prompts: Sequence[EvalPrompt], k: int, *, rows_of: Mapping[str, Sequence[int]] | None = None,
+           min_pass_rate: float = 0.0, max_pass_rate: float = 1.0, order: str = "dataset") -> Screening:
+    """Screen a dataset from its eval results (see the module doc).
 
     Args:
-        prompts: one per dataset row screened, each with at least ``k`` rollouts.
+        prompts: the eval's `stepwise.records.EvalPrompt` s, each with at least ``k`` rollouts.
         k: the group size the screen is for (its eval group size, the training ``responses_per_prompt``).
+        rows_of: ``{payload fingerprint: the dataset rows holding that payload}`` when the eval rolled
+            out each distinct prompt once (`distinct_rows`); None when it rolled out every row (each
+            prompt's ``row`` is then its dataset row).
         min_pass_rate, max_pass_rate: a prompt is too hard at or below the first, too easy at or above
             the second (0 <= min < max <= 1).
         order: `ORDERS`: ``dataset`` (row order), ``easy_first`` (pass rate descending, a curriculum),
@@ -96,7 +99,11 @@ def screen(prompts: Sequence[EvalPrompt], k: int, *, min_pass_rate: float = 0.0,
     pooled: dict[str, list[EvalPrompt]] = {}
     for p in prompts:
         pooled.setdefault(p.fingerprint, []).append(p)
-    out = Screening(k=k, rows=len(prompts))
+    if rows_of is not None:
+        missing = [f for f in rows_of if f not in pooled]
+        if missing:
+            raise ValueError(f"{len(missing)} dataset prompt(s) have no eval result, e.g. {missing[0]}")
+    out = Screening(k=k, rows=len(prompts) if rows_of is None else sum(len(r) for r in rows_of.values()))
     for fingerprint, copies in pooled.items():
         n = sum(c.n for c in copies)
         c = sum(c.successes for c in copies)
@@ -104,8 +111,9 @@ def screen(prompts: Sequence[EvalPrompt], k: int, *, min_pass_rate: float = 0.0,
             raise ValueError(f"prompt {fingerprint} has {n} rollouts, fewer than k={k}")
         rate = c / n
         verdict: Verdict = "too_hard" if rate <= min_pass_rate else "too_easy" if rate >= max_pass_rate else "kept"
-        out.prompts.append(ScreenedPrompt(fingerprint, sorted(x.row for x in copies), n, c, rate,
-                                          mixed_at_k(n, c, k), verdict))
+        rows = sorted(x.row for x in copies) if rows_of is None else sorted(rows_of.get(fingerprint, ()))
+        if rows:
+            out.prompts.append(ScreenedPrompt(fingerprint, rows, n, c, rate, mixed_at_k(n, c, k), verdict))
     out.prompts.sort(key=lambda p: p.rows[0])
     kept = [p for p in out.prompts if p.verdict == "kept"]
     if order != "dataset":
@@ -118,3 +126,14 @@ def screen(prompts: Sequence[EvalPrompt], k: int, *, min_pass_rate: float = 0.0,
     out.mixed_at_k_before = sum(m * w for m, w in weighted) / max(1, sum(w for _, w in weighted))
     out.mixed_at_k_after = sum(p.mixed_at_k * len(p.rows) for p in kept) / max(1, sum(len(p.rows) for p in kept))
     return out
+
+
+def distinct_rows(payloads: Iterable[object]) -> tuple[list[int], dict[str, list[int]]]:
+    """``(the first row of each distinct payload, {fingerprint: every row holding it})`` of a dataset's
+    payloads in row order: the screen rolls out each distinct prompt once (K rollouts), not each copy."""
+    from stepwise.core.evals import payload_fingerprint
+
+    rows_of: dict[str, list[int]] = {}
+    for row, payload in enumerate(payloads):
+        rows_of.setdefault(payload_fingerprint(payload), []).append(row)
+    return [rows[0] for rows in rows_of.values()], rows_of
