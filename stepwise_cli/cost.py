@@ -334,8 +334,9 @@ def estimate(cfg: RunConfig, a: Assumptions | None = None, *, total_steps: int |
         u.state_transitions += counts["train_poll"] * train_rounds + counts["rebind_poll"] * rebind_rounds
         u.s3(S3_PER_TRAIN_STEP).s3(S3_PER_POLL, times=train_rounds + rebind_rounds)
         # evals, spread over the steps between them
-        if cfg.eval_dataset_path and cfg.eval_every > 0:
-            eval_n = cfg.eval_max_prompts or cfg.batch_size
+        if cfg.has_evals and cfg.eval_every > 0:
+            # every eval set's first eval_max_prompts prompts, eval_group_size rollouts each
+            eval_n = (cfg.eval_max_prompts or cfg.batch_size) * len(cfg.eval_set_paths) * cfg.eval_group_size
             share = 1.0 / cfg.eval_every
             u.add(rollout_usage(turns, a, counts, mem), times=eval_n * share)
             u.state_transitions += counts["eval_batch"] * share

@@ -154,10 +154,21 @@ def eval_when(step: int) -> str:
 
 
 def eval_line(step: int, summary: dict[str, Any]) -> str:
+    """One line per eval: accuracy on N prompts (x the group size), pass@k when the eval has groups, the
+    named eval sets' accuracy, failed rollouts."""
     failed = metric(summary, "eval/failed_rollouts")
     extra = f", {failed:g} failed rollouts" if failed else ""
     final = " (final)" if summary.get("final") else ""
-    return f"  {eval_when(step)}{final}: accuracy {fmt(eval_accuracy(summary))} on {fmt(metric(summary, 'eval/n'), 'g')} prompts{extra}"
+    prompts = metric(summary, "eval/prompts", "eval/n")
+    group = metric(summary, "eval/group_size")
+    shape = f"{fmt(prompts, 'g')} prompts" + (f" x {group:g}" if group and group > 1 else "")
+    ks = sorted((k for k in summary if k.startswith("eval/pass@") and k.count("/") == 1),
+                key=lambda k: int(k.rsplit("@", 1)[1]) if k.rsplit("@", 1)[1].isdigit() else 0)
+    passes = ", ".join(f"{k.removeprefix('eval/')} {fmt(metric(summary, k))}" for k in ks) if group and group > 1 else ""
+    named = [s for s in summary.get("eval_sets") or [] if s]
+    sets = "; ".join(f"{s}: accuracy {fmt(metric(summary, f'eval/{s}/accuracy'))}" for s in named)
+    return (f"  {eval_when(step)}{final}: accuracy {fmt(eval_accuracy(summary))} on {shape}"
+            + (f" ({passes})" if passes else "") + (f"; {sets}" if sets else "") + extra)
 
 
 def metrics_lines(cache: SummaryCache) -> list[dict[str, Any]]:
