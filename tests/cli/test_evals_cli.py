@@ -69,3 +69,21 @@ def test_screen_writes_the_kept_rows_and_a_report_naming_every_prompt(tmp_path):
     assert report.name == "screened.screen.json" and body["kept_rows"] == 2 and body["removed_too_easy_rows"] == 1
     assert [p["verdict"] for p in body["prompts"]] == ["too_easy", "kept", "too_hard", "kept"]
     assert body["prompts"][1]["pass_rate"] == 0.5 and body["prompts"][1]["mixed@2"] == 1.0
+
+
+def test_compare_reads_runs_of_the_deployed_stack_from_their_bucket(moto_dep, tmp_path, capsys):
+    from stepwise import layout
+
+    for run_id, rewards_P in (("base-run", [[0, 0], [1, 0], [0, 0], [1, 1]]), ("trained-run", [[1, 1], [1, 1], [0, 0], [1, 1]])):
+        folder = _run_folder(tmp_path, run_id, rewards_P)
+        for step in (0, 4):  # an older eval at 0, the newest at 4 (compared by default)
+            body = json.loads((folder / "evals" / "0" / "summary.json").read_text())
+            moto_dep.put_json(layout.eval_summary_key(run_id, step), body)
+            moto_dep.put_json(layout.eval_results_key(run_id, step),
+                              json.loads((folder / "evals" / "0" / "results.json").read_text()))
+    assert main(["compare", "base-run", "trained-run", "--json", *moto_dep.flags]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["a"]["step"] == data["b"]["step"] == 4
+    assert data["sets"][0]["metrics"]["accuracy"] == [0.25, 1.0] and data["sets"][0]["wins"] == 2
+    assert main(["compare", "base-run", "no-such-run", *moto_dep.flags]) == 1
+    assert "no-such-run: no eval recorded" in capsys.readouterr().err

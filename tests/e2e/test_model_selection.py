@@ -6,9 +6,10 @@ Two tests share few runs:
   the eval's pass@1 / pass@4 / mixed@4 equal a direct count of its rollout records, and the screened
   dataset holds the middle bucket only (always-solved easy and never-solved hard prompts removed);
 - the toy task: a training run with early stopping stops within patience after its eval plateaus,
-  with a final checkpoint, and names its best model package; `stepwise eval --base` (the base model's
-  ~0.1), `stepwise eval --model-package` of the final weights and of the best package (they load in
-  the simulator, from the state folder the training run's simulator left), then `stepwise compare`.
+  with a final checkpoint, and names its best model package, which loads in a simulator started on
+  the local runs' state folder and scores what the run's eval scored; `stepwise eval --base` (the base
+  model's ~0.1) and `stepwise eval --model-package` of the final weights (from that same state folder),
+  then `stepwise compare`.
 """
 
 from __future__ import annotations
@@ -94,14 +95,45 @@ def test_toy_early_stopping_the_best_model_and_base_versus_trained(tmp_path, cap
     base = eval_of("--base", run_id="e2e-toy-base")
     final_arn = state["sampler_model_package_arn"]
     final = eval_of("--model-package", final_arn, run_id="e2e-toy-final")
-    best_eval = eval_of("--model-package", best["model_package_arn"], run_id="e2e-toy-best")
     assert base["evaluated_model_package_arn"] == "" and base["eval/accuracy"] <= 0.2
-    # greedy evals of the same weights on the same prompts: what the training run measured
-    assert final["eval/accuracy"] == history[-1][1] and best_eval["eval/accuracy"] == best["value"]
+    # a greedy eval of the same weights on the same prompts: what the training run measured at its end
+    assert final["evaluated_model_package_arn"] == final_arn and final["eval/accuracy"] == history[-1][1]
     assert final["eval/accuracy"] >= base["eval/accuracy"] + 0.5
+
+    # the best package loads in the simulator (a later one, on the state folder the runs left) and
+    # answers the toy prompts as the training run's eval at the best step scored them
+    assert _greedy_accuracy(runs, best["model_package_arn"]) == best["value"]
 
     assert main(["compare", str(runs / "e2e-toy-base"), str(runs / "e2e-toy-final"), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     (default,) = data["sets"]
     assert default["metrics"]["accuracy"] == [base["eval/accuracy"], final["eval/accuracy"]]
     assert default["wins"] >= 5 and default["losses"] == 0
+
+
+def _greedy_accuracy(runs: Path, model_package_arn: str) -> float:
+    """Greedy toy accuracy of a model package, sampled through the SDK from a simulator started on the
+    local runs' state folder (the tokenizer renders the toy agent's chat, the toy task scores it)."""
+    from local.agents import toy_task
+    from local.run import simulator_state_dir
+    from local.simulator import start_simulator
+    from prepare_datasets import prepare_toy
+    from sagemaker.train.training_session import SamplingParams, ServiceClient
+
+    sim = start_simulator(state_dir=str(simulator_state_dir(runs)))
+    try:
+        with sim.environ():
+            svc = ServiceClient(region="us-east-1", role_arn=sim.role_arn, model_package_group_arn=sim.model_package_group_arn,
+                                s3_output_path=sim.s3_output_path)
+            with svc.create_sampling_client(model_package_arn=model_package_arn) as sc:
+                tok = sc.get_tokenizer()
+                scores = []
+                for payload in prepare_toy.all_payloads():
+                    text = tok.apply_chat_template(toy_task.messages(payload), add_generation_prompt=True, tokenize=False)
+                    ids = tok.encode(text, add_special_tokens=False)
+                    seq = sc.sample(ids, num_samples=1, sampling_params=SamplingParams(max_tokens=512, temperature=0.0)
+                                    ).result().sequences[0]
+                    scores.append(toy_task.score(payload, tok.decode(seq.tokens, skip_special_tokens=True)))
+        return sum(scores) / len(scores)
+    finally:
+        sim.stop()
