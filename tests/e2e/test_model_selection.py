@@ -31,6 +31,7 @@ def _json(path: Path):
     return json.loads(path.read_text())
 
 
+@pytest.mark.timeout(900)  # one eval-only run of 120 rollouts: about a minute on an idle 2-core machine
 def test_mix_screen_removes_the_always_and_never_solved_buckets_and_its_pass_at_k_is_a_direct_count(tmp_path, capsys):
     out = tmp_path / "mix_screened.jsonl"
     code = main(["screen", str(MIX), "--k", "4", "--out", str(out), "--local", "--runs-out", str(tmp_path / "runs"),
@@ -65,6 +66,7 @@ def test_mix_screen_removes_the_always_and_never_solved_buckets_and_its_pass_at_
     assert report["mixed@4_after"] > report["mixed@4_before"]
 
 
+@pytest.mark.timeout(1800)  # ~8 training steps and two eval-only runs: a few minutes on an idle 2-core machine
 def test_toy_early_stopping_the_best_model_and_base_versus_trained(tmp_path, capsys):
     from local.run import run_local
 
