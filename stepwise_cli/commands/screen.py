@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from stepwise.core.screening import ORDERS, Screening, screen
-from stepwise_cli.commands._evals import add_launch_arguments, launch
+from stepwise_cli.commands._evals import add_launch_arguments, launch, parse_sets
 from stepwise_cli.commands._runs import EXIT_OK, EXIT_USAGE, CommandError, fail
 
 
@@ -112,7 +112,8 @@ def run(args: argparse.Namespace) -> int:
         raw = read_config_file(args.config)
         if not isinstance(raw, dict) or not raw.get("dataset_path"):
             raise CommandError(f"{args.config}: needs a dataset_path to screen")
-        raw = drop_unsupported(raw)[0]
+        # --set applies to the rows screened too (max_prompts, dataset_path), not only to the eval-only run
+        raw = {**drop_unsupported(raw)[0], **parse_sets(args.set)}
         if not 0.0 <= args.min_pass_rate < args.max_pass_rate <= 1.0:
             raise CommandError("need 0 <= --min-pass-rate < --max-pass-rate <= 1")
         payloads = read_dataset(str(raw["dataset_path"]), int(raw.get("max_prompts") or 0), Path(args.config).parent,

@@ -71,6 +71,26 @@ def test_screen_writes_the_kept_rows_and_a_report_naming_every_prompt(tmp_path):
     assert body["prompts"][1]["pass_rate"] == 0.5 and body["prompts"][1]["mixed@2"] == 1.0
 
 
+def test_screen_set_max_prompts_limits_the_rows_screened_not_only_the_run(tmp_path, monkeypatch, capsys):
+    rows = tmp_path / "train.jsonl"
+    rows.write_text("".join(json.dumps({"payload": {"prompt": f"q{i % 5}"}}) + "\n" for i in range(20)))
+    cfg = tmp_path / "run.json"
+    cfg.write_text(json.dumps({"dataset_path": str(rows), "max_prompts": 20}))
+    launched = {}
+
+    def launch(args, overrides, kind):
+        launched.update(overrides)
+        raise screen_cmd.CommandError("stop here")
+
+    monkeypatch.setattr(screen_cmd, "launch", launch)
+    out = tmp_path / "screened.jsonl"
+    assert main(["screen", str(cfg), "--k", "4", "--out", str(out), "--local", "--set", "max_prompts=3"]) == 1
+    distinct = [json.loads(x)["payload"]["prompt"] for x in screen_cmd.prompts_path(out).read_text().splitlines()]
+    assert distinct == ["q0", "q1", "q2"], "the first 3 rows, not the config's 20"
+    assert launched["eval_group_size"] == 4 and launched["eval_dataset_path"] == str(screen_cmd.prompts_path(out).resolve())
+    assert "3 rows, 3 distinct prompts x 4" in capsys.readouterr().err
+
+
 def test_compare_reads_runs_of_the_deployed_stack_from_their_bucket(moto_dep, tmp_path, capsys):
     from stepwise import layout
 

@@ -31,7 +31,8 @@ def test_runs_lists_runs_with_last_metrics(moto_dep, capsys):
     moto_dep.put_json(state_key("beta"), run_state(
         "beta", b, stop_reason="dataset exhausted", step=4, checkpoints=[
             {"step": 2, "kind": "state", "reason": "save_every", "model_package_arn": "arn:aws:sagemaker:us-east-1:1:model-package/g/3"},
-            {"step": 4, "kind": "weights", "reason": "weights_at_end", "model_package_arn": weights}]))
+            {"step": 4, "kind": "weights", "reason": "weights_at_end", "model_package_arn": weights}],
+        best={"step": 2, "value": 0.8, "model_package_arn": "arn:aws:sagemaker:us-east-1:1:model-package/g/2"}))
 
     assert main(["runs", "--json", *moto_dep.flags]) == 0
     rows = {r["run_id"]: r for r in json.loads(capsys.readouterr().out)}
@@ -44,6 +45,7 @@ def test_runs_lists_runs_with_last_metrics(moto_dep, capsys):
     assert rows["beta"]["final_weights"] == {"step": 4, "kind": "weights", "reason": "weights_at_end",
                                              "model_package_arn": weights}
     assert [c["step"] for c in rows["beta"]["checkpoints"]] == [2, 4] and alpha["final_weights"] is None
+    assert rows["beta"]["best_model"]["model_package_arn"].endswith("/g/2") and alpha["best_model"] is None
 
     assert main(["runs", *moto_dep.flags]) == 0
     table = capsys.readouterr().out.splitlines()
@@ -53,6 +55,8 @@ def test_runs_lists_runs_with_last_metrics(moto_dep, capsys):
     # below the table: each run's checkpoints, ending with the final weights' ARN and how to use them
     assert "  checkpoint: step 2 state (save_every): arn:aws:sagemaker:us-east-1:1:model-package/g/3" in table
     assert f"  final weights: step 4 weights (weights_at_end): {weights}" in table
+    # the best model package beside the last (stepwise.core.selection)
+    assert "  best model: eval after step 2 (0.8): arn:aws:sagemaker:us-east-1:1:model-package/g/2" in table
     assert f"final weights of beta: {weights}" in table
     assert table[-2].startswith("  sample it: ") and weights in table[-2] and table[-1].startswith("  deploy it: ")
 
