@@ -91,6 +91,30 @@ def test_screen_set_max_prompts_limits_the_rows_screened_not_only_the_run(tmp_pa
     assert "3 rows, 3 distinct prompts x 4" in capsys.readouterr().err
 
 
+def test_eval_base_and_model_package_start_an_eval_only_run_of_that_model_and_print_its_table(
+        tmp_path, monkeypatch, capsys):
+    from stepwise_cli.commands import eval as eval_cmd
+    from stepwise_cli.commands._evals import LocalRunEvals
+
+    arn = "arn:aws:sagemaker:us-east-1:123456789012:model-package/g/4"
+    launched = []
+
+    def launch(args, overrides, kind):
+        launched.append(overrides)
+        evaluated = overrides["eval_model_package_arn"]
+        folder = _run_folder(tmp_path, f"run{len(launched)}", [[1, 0], [0, 0], [1, 1], [0, 1]], arn=evaluated)
+        return LocalRunEvals(label=str(folder), folder=folder)
+
+    monkeypatch.setattr(eval_cmd, "launch", launch)
+    assert main(["eval", "cfg.json", "--base", "--local"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("eval of the base model") and "0.250" in out  # the unnamed set: rewards 1,0,0,0
+    assert main(["eval", "cfg.json", "--model-package", arn, "--local", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["evaluated_model_package_arn"] == arn
+    assert [(o["eval_only"], o["eval_model_package_arn"], o["eval_every"]) for o in launched] == [
+        (True, "", 0), (True, arn, 0)]
+
+
 def test_compare_reads_runs_of_the_deployed_stack_from_their_bucket(moto_dep, tmp_path, capsys):
     from stepwise import layout
 
