@@ -478,6 +478,33 @@ def cached_backend_lookup() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def atomic_object_writes() -> Iterator[None]:
+    """Make moto's PutObject one step, as S3's is: its ``If-Match`` / ``If-None-Match`` check and the
+    write happen under one lock (S3 user guide, "conditional writes": the write fails with 412 when
+    the object changed), and the new object's ETag is read before another PUT of the key replaces it.
+
+    moto's ``S3Response.put_object`` checks the condition, then writes, then reads the new object's
+    ETag for the response, on the threaded server's request threads: two writers of ``state.json``
+    holding the same ETag could both pass the check (a lost update the conditional write exists to
+    prevent), and a second PUT of a key closes the first one's buffer before its ETag is read
+    (``ValueError: I/O operation on closed file``, HTTP 500, on concurrent writes of a run's report page).
+    """
+    from moto.s3.responses import S3Response
+
+    original = S3Response.put_object
+    if tuple(inspect.signature(original).parameters) != ("self",):
+        raise SeamBroken("moto's S3Response.put_object(self) changed; port local/engine.py's atomic_object_writes")
+    lock = threading.Lock()
+
+    def put_object(self: Any) -> Any:
+        with lock:
+            return original(self)
+
+    with _replaced(S3Response, "put_object", put_object):
+        yield
+
+
+@contextlib.contextmanager
 def paged_execution_history() -> Iterator[None]:
     """Make moto's GetExecutionHistory honour ``reverseOrder`` and ``maxResults`` as Step Functions does.
 
@@ -1019,6 +1046,7 @@ class MotoServer:
         self._patch.enter_context(indexed_task_tokens())
         self._patch.enter_context(cached_json_paths())
         self._patch.enter_context(paged_execution_history())
+        self._patch.enter_context(atomic_object_writes())
         self._patch.enter_context(aws_error_names())
         self._patch.enter_context(kept_alive_connections(self.connections))
         sfn_config = default_user_config.setdefault("stepfunctions", {})

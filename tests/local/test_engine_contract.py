@@ -666,3 +666,42 @@ def test_injected_throttling_delays_and_drops_and_heartbeats_answer_as_aws_would
     assert out["silent"]["Error"] == "States.HeartbeatTimeout", out
     assert out["late"] == {"n": "1"} and faults.delayed == 1
     assert out["lost"]["Error"] == "States.Timeout" and faults.dropped == 1
+
+
+def test_conditional_puts_of_one_key_are_atomic_as_on_s3(monkeypatch):
+    """Two writers holding the same ETag: S3 lets one PutObject ``If-Match`` through and answers the other
+    412 (a lost update is what the run state's conditional writes prevent). moto checks, then writes:
+    `engine.atomic_object_writes` makes it one step. The write is slowed so both checks would pass first."""
+    import threading
+
+    from botocore.exceptions import ClientError
+    from moto.s3.models import S3Backend
+
+    bucket = "stepwise-engine-atomic-puts"
+    original = S3Backend.put_object
+
+    def slow_put(self, *args, **kwargs):
+        time.sleep(0.3)
+        return original(self, *args, **kwargs)
+
+    with engine.MotoServer() as moto:
+        s3 = moto.client("s3")
+        s3.create_bucket(Bucket=bucket)
+        etag = s3.put_object(Bucket=bucket, Key="runs/r/state.json", Body=b'{"v": 0}')["ETag"]
+        monkeypatch.setattr(S3Backend, "put_object", slow_put)
+        outcomes: list[str] = []
+
+        def write(value: int) -> None:
+            try:
+                moto.client("s3").put_object(Bucket=bucket, Key="runs/r/state.json", Body=b'{"v": %d}' % value,
+                                             IfMatch=etag)
+                outcomes.append("written")
+            except ClientError as e:
+                outcomes.append(e.response["Error"]["Code"])
+
+        writers = [threading.Thread(target=write, args=(v,)) for v in (1, 2)]
+        for t in writers:
+            t.start()
+        for t in writers:
+            t.join()
+    assert sorted(outcomes) == ["PreconditionFailed", "written"]
