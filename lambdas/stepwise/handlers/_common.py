@@ -37,6 +37,9 @@ SERVICE = os.environ.get(settings_.ENV_SERVICE, "stepwise")
 logger = Logger(service=SERVICE)
 #: EMF dimensions: ``service`` and ``run_id`` (the dashboard's SEARCH expressions rely on both).
 metrics = Metrics(namespace=os.environ.get(settings_.ENV_METRICS_NAMESPACE, "Stepwise"), service=SERVICE)
+# One EMF record at a time per process: the Metrics object is shared, and the local stack runs several
+# invocations in one process's threads (a Lambda environment runs one at a time).
+_EMIT_LOCK = threading.Lock()
 
 
 # ---------------------------------------------------------------------------- dependencies
@@ -257,13 +260,14 @@ def emit(values: dict[str, float], *, run_id: str, units: dict[str, MetricUnit] 
     clean = {k: float(v) for k, v in values.items() if isinstance(v, (int, float)) and v == v}
     if not clean:
         return
-    metrics.add_dimension(name="run_id", value=run_id)
-    for name, value in clean.items():
-        default = MetricUnit.Seconds if name.startswith("time/") else (
-            MetricUnit.Count if "/num_" in name or name.endswith(("_rollouts", "/n")) else MetricUnit.NoUnit)
-        unit = units.get(name, default)
-        metrics.add_metric(name=name, unit=unit, value=value)
-    metrics.flush_metrics()
+    with _EMIT_LOCK:
+        metrics.add_dimension(name="run_id", value=run_id)
+        for name, value in clean.items():
+            default = MetricUnit.Seconds if name.startswith("time/") else (
+                MetricUnit.Count if "/num_" in name or name.endswith(("_rollouts", "/n")) else MetricUnit.NoUnit)
+            unit = units.get(name, default)
+            metrics.add_metric(name=name, unit=unit, value=value)
+        metrics.flush_metrics()
 
 
 def drive(run_id: str, execution_arn: str, phases: tuple[Phase, ...]) -> tuple[RunState, bool, dict[str, Any]]:
