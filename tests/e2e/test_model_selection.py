@@ -33,7 +33,7 @@ MIX, TOY = ROOT / "examples" / "mix.json", ROOT / "examples" / "toy.json"
 pytestmark = pytest.mark.e2e
 
 #: early stopping after 2 evals (every 2 steps) without a gain over 0.05; retention best_and_last
-TRAIN = {"learning_rate": 0.002, "eval_every": 2, "eval_max_prompts": 10, "save_every": -1,
+TRAIN = {"batch_size": 4, "learning_rate": 0.002, "eval_every": 2, "eval_max_prompts": 10, "save_every": -1,
          "early_stopping": {"patience": 2, "min_delta": 0.05}, "keep_model_packages": "best_and_last"}
 
 
