@@ -27,7 +27,10 @@ def test_transition_counts_follow_the_deployed_asl():
     states = load_asl()["States"]
     # a training step visits each state of its path once; the rollout child has its own states
     assert counts["train_step"] == len(cost._walk(states, cost.STEP_START, cost.TRAIN_STEP_CHOICES, cost.STEP_START))
-    assert counts["rollout_child"] == len(states["Roll out generation batch"]["ItemProcessor"]["States"])
+    # a rollout's own path: Start rollout, Finish rollout (the states after them run only on a failure)
+    child = states["Roll out generation batch"]["ItemProcessor"]
+    assert counts["rollout_child"] == 2 == len(cost._walk(child["States"], child["StartAt"], {}, ""))
+    assert child["States"][child["StartAt"]]["Next"] == "Finish rollout" and child["States"]["Finish rollout"]["End"]
     assert counts["train_poll"] == 3 and counts["rebind_poll"] == 3  # Wait, Check/Rebind, the Choice again
     assert counts["generation_batch"] < counts["train_step"] and counts["eval_batch"] < counts["train_step"]
 
