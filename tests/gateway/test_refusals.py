@@ -103,6 +103,20 @@ def test_the_sid_alone_or_another_secret_is_refused_and_the_key_is_checked_in_co
     assert calls() == 1
 
 
+@pytest.mark.parametrize("tail", [b".\xff\xfe", b".\xc3\xa9", b"..x", b"." + b"A" * 6000, b".a.b.c"])
+def test_malformed_secrets_of_a_live_session_get_401_not_500(stack, calls, tail):
+    """A live sid with a secret of non-UTF-8 bytes (aiohttp: lone surrogates), non-ASCII, many dots or
+    thousands of characters: 401, never the 500 that encoding ``\\xff`` raised."""
+    s3, sampler, gw = stack
+    sid, _ = open_session(s3.client, RUN)
+    for header in ("authorization", "x-api-key"):
+        value = (b"Bearer " if header == "authorization" else b"") + sid.encode() + tail
+        r = httpx.post(gw.url + "/v1/chat/completions", headers={header: value, "content-type": "application/json"},
+                       content=json.dumps(CHAT).encode(), timeout=30)
+        assert_refused(stack, r, 401, "invalid api key")
+    assert calls() == 0
+
+
 def test_a_record_under_another_sid_does_not_authenticate(stack, calls):
     s3, sampler, gw = stack
     sid, record = open_session(s3.client, RUN)

@@ -63,3 +63,19 @@ def test_sid_shapes_and_digest():
     assert is_plausible_sid("0b6c3c52-2f0e-4a43-9d5e-6b1d1c0b7d9e")
     assert not any(is_plausible_sid(s) for s in (None, "", "../x", "a/b", "x" * 200, "a b"))
     assert sid_digest("abc") == sid_digest("abc") != sid_digest("abd") and "abc" not in sid_digest("abc")
+
+
+@given(st.text(max_size=300))
+def test_any_api_key_text_splits_and_checks_without_raising(key):
+    """Whatever an agent sends as its api key (aiohttp hands a header's non-UTF-8 bytes over as lone
+    surrogates: ``b'\\xff'`` -> ``'\\udcff'``), splitting it and checking its secret never raises (an
+    exception there was a 500, not the 401 a bad key gets); only the rollout's own key matches."""
+    from stepwise.gateway.session import API_KEY_DIGEST_FIELD, key_matches, new_api_key, split_api_key
+
+    real, digest = new_api_key("s1")
+    record = SessionRecord.model_validate({**RECORD.model_dump(), API_KEY_DIGEST_FIELD: digest})
+    sid, secret = split_api_key(key)
+    assert key_matches(record, secret) is (key == real)
+    assert key_matches(record, split_api_key(real)[1]) is True
+    for odd in ("\udcff\udcfe", "é", "\x00", "A" * 10_000, real.split(".", 1)[1] + "\udcff"):
+        assert key_matches(record, odd) is False

@@ -70,9 +70,11 @@ def split_api_key(key: str | None) -> tuple[str | None, str]:
 
 def key_matches(record: SessionRecord, secret: str) -> bool:
     """Whether ``secret`` is the rollout's (its SHA-256 equals the record's digest, compared in constant
-    time with ``hmac.compare_digest``). A record without a digest matches nothing."""
+    time with ``hmac.compare_digest``). A record without a digest matches nothing, nor does a secret that
+    is not ASCII (ours are ``token_urlsafe``): aiohttp hands a header's non-UTF-8 bytes over as lone
+    surrogates, which UTF-8 cannot encode, and that exception was a 500 instead of the 401."""
     digest = (record.model_extra or {}).get(API_KEY_DIGEST_FIELD)
-    if not isinstance(digest, str) or not digest or not secret:
+    if not isinstance(digest, str) or not digest or not secret or not secret.isascii():
         return False
     return hmac.compare_digest(_digest(secret).encode(), digest.encode())
 
