@@ -147,6 +147,8 @@ def _selection_metric_problem(metric: str, data: dict[str, Any]) -> str | None:
         return "must be an eval metric: eval/METRIC or eval/NAME/METRIC"
     parts = metric.split("/")[1:]
     sets = _eval_set_names(data)
+    if len(parts) == 2 and not parts[0]:  # eval//METRIC: "" is the unnamed set's name, never in a key
+        return "must be eval/METRIC (the unnamed eval set) or eval/NAME/METRIC, not an empty NAME"
     if len(parts) == 2 and parts[0] not in sets:
         return f"no eval set named {parts[0]!r} (eval_datasets: {sorted(s for s in sets if s) or 'none'})"
     if len(parts) == 1 and "" not in sets:

@@ -168,3 +168,29 @@ def test_an_early_stopping_metric_the_eval_does_not_report_is_refused(field, val
 
     with pytest.raises(ConfigError, match=fragment):
         load_run_config({**BASE, "eval_every": 2, **EVAL, field: value})
+
+
+_METRIC_PART = st.one_of(st.sampled_from(["", "hard", "accuracy", "mean@4", "pass@1", "pass@4", "mixed@4", "all_pass@4",
+                                          "mixed@1", "n", "prompts", "easy"]), st.text(max_size=8))
+
+
+@settings(max_examples=300, deadline=None)
+@given(parts=st.lists(_METRIC_PART, min_size=1, max_size=3))
+def test_an_early_stopping_metric_that_loads_is_a_key_the_eval_summary_holds(parts):
+    """Any ``eval/...`` text: refused, or one of the keys `eval_metrics` writes for the configured sets
+    (an accepted metric the summaries never hold would never stop the run nor choose a best package;
+    ``eval//accuracy`` was accepted: its empty set name passed as the unnamed set's)."""
+    from stepwise.config import ConfigError, load_run_config
+    from stepwise.core.evals import eval_metrics
+    from stepwise.records import EvalPrompt
+    from tests.support.planning import BASE
+
+    metric = "eval/" + "/".join(parts)
+    try:
+        c = load_run_config({**BASE, "eval_every": 2, **EVAL, "eval_datasets": {"hard": "s3://bucket-name/h.jsonl"},
+                             "eval_group_size": 4, "eval_temperature": 1.0, "early_stopping": {"metric": metric}})
+    except ConfigError:
+        return
+    prompts = [EvalPrompt(eval_set=s, row=0, input_id=s or "u", fingerprint="f", rewards_G=[1.0, 0.0, 1.0, 0.0],
+                          statuses_G=["ok"] * 4, successes=2) for s in ("", "hard")]
+    assert c.early_stopping.metric in eval_metrics(prompts, ["", "hard"], c.pass_ks), metric
