@@ -99,7 +99,7 @@ def test_any_accepted_rewards_give_finite_advantages_and_metrics():
 
 # ---------------------------------------------------------------------------- per-turn rewards
 
-from hypothesis import given, settings  # noqa: E402
+from hypothesis import example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from stepwise.core.rewards import MAX_ABS_REWARD, extract_turn_rewards  # noqa: E402
@@ -146,3 +146,23 @@ def test_per_turn_extraction_never_raises_and_always_aligns(rewards, turns):
     out, why = extract_turn_rewards({"rewards": rewards}, turns)
     assert len(out) == turns and all(math.isfinite(r) for r in out)
     assert why is None or out == [0.0] * turns
+
+
+@settings(max_examples=300, deadline=None)
+@example(key="1_0", turns=11)
+@example(key=" 1 ", turns=2)
+@example(key="\u0663", turns=4)
+@example(key="+1", turns=2)
+@example(key="-0", turns=1)
+@given(key=st.one_of(st.text(max_size=6), st.from_regex(r"-?[0-9]{1,2}", fullmatch=True)), turns=st.integers(1, 12))
+def test_a_turn_key_is_a_plain_decimal_index_or_refused(key, turns):
+    """A ``{turn: reward}`` key names a turn only as ASCII decimal digits with an optional minus (the contract's
+    ``{"0": 1.0, "-1": 0.5}``): ``int()`` alone also read ``"1_0"`` as turn 10, ``" 1 "`` as turn 1 and
+    ``"٣"`` (an Arabic-Indic digit) as turn 3."""
+    import re
+
+    out, why = extract_turn_rewards({"rewards": {key: 1.0}}, turns)
+    plain = re.fullmatch(r"-?[0-9]+", key) is not None and -turns <= int(key) < turns
+    assert (why is None) is plain, (key, why)
+    if plain:
+        assert out[int(key) % turns] == 1.0 and sum(out) == 1.0

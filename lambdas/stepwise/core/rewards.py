@@ -15,6 +15,7 @@ reason, so FinishRollout can log it and the step summary can count it.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 __all__ = ["agent_failure", "extract_reward", "extract_turn_rewards", "preview", "reward_metrics"]
@@ -124,14 +125,19 @@ def extract_reward(result: dict[str, Any] | None) -> tuple[float, str | None]:
     return reward, None
 
 
+_TURN_KEY_RE = re.compile(r"-?[0-9]+")
+
+
 def _turn_index(key: Any, num_turns: int) -> int | None:
     """A mapping key as a turn index in ``[0, num_turns)`` (negative counts from the end), else None."""
     if isinstance(key, bool):
         return None
-    try:
-        i = int(key) if isinstance(key, (int, str)) else None
-    except ValueError:
-        return None
+    if isinstance(key, str):  # ASCII decimal digits only: int() also reads "1_0", " 1 " and non-ASCII digits
+        if _TURN_KEY_RE.fullmatch(key) is None or len(key) > 20:
+            return None
+        i: int | None = int(key)
+    else:
+        i = key if isinstance(key, int) else None
     if i is None or not -num_turns <= i < num_turns:
         return None
     return i % num_turns
