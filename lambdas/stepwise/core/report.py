@@ -97,6 +97,18 @@ def clip(text: Any, limit: int = MAX_TEXT) -> str:
     return text if len(text) <= limit else f"{text[:limit]}… [{len(text) - limit} more characters]"
 
 
+def _clipped(message: Mapping[str, Any]) -> dict[str, Any]:
+    """A `conversation` message with its texts cut: content, tool call id / name / arguments, tool_call_id, name."""
+    out = {**message, "content": clip(message.get("content"))}
+    for key in ("tool_call_id", "name"):
+        if key in out:
+            out[key] = clip(out[key], 200)
+    if message.get("tool_calls"):
+        out["tool_calls"] = [{k: clip(v, 200 if k != "arguments" else MAX_TEXT) for k, v in call.items()}
+                             for call in message["tool_calls"]]
+    return out
+
+
 def sample_table(kind: str, step: int, groups: Sequence[GroupView], rollouts: Sequence[Mapping[str, Any]],
                  turns_of: Any, decode: Any = None, summary: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """One step's sample table: its best, worst and a mixed group, every member with its
@@ -122,7 +134,7 @@ def sample_table(kind: str, step: int, groups: Sequence[GroupView], rollouts: Se
             record = by_sid.get(view.sid) or {}
             traces = [t for t in record.get("records") or [] if isinstance(t, Mapping)]
             turns = turns_of(view.sid) if view.sid else []
-            messages = [{**m, "content": clip(m.get("content"))} for m in conversation(turns, traces)]
+            messages = [_clipped(m) for m in conversation(turns, traces)]
             spans = [[{**s.to_json(), "text": None if s.text is None else clip(s.text)}
                       for s in token_spans(t, decode)] for t in traces]
             members.append({**view.to_json(), "messages": messages, "records": spans})
