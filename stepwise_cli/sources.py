@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -89,7 +90,11 @@ def open_run(target: str, args: argparse.Namespace) -> RunSource:
     Raises:
         CommandError: a folder without the run's objects, or a run the bucket does not hold.
     """
+    if not target.strip():
+        raise CommandError("name a run: a run id on the deployed stack or a local run folder (runs-local/RUN_ID)")
     folder = local_run_folder(target)
+    if folder is None and not Path(target).exists() and ("/" in target or os.sep in target):
+        raise CommandError(f"no folder {target}: a local run folder is runs-local/RUN_ID (a run id holds no '/')")
     if folder is None and Path(target).is_dir():
         raise CommandError(f"{target} is a folder but not a local run folder: it has no {MIRROR}/runs/ "
                            "(a run made by `stepwise run-local` keeps its objects there)")

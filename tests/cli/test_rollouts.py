@@ -68,3 +68,14 @@ def test_a_local_run_folder_reads_the_same_as_the_bucket(moto_dep, capsys, tmp_p
         assert deployed.pop("source").startswith("s3://") and local.pop("source") == str(folder)
         assert local == deployed
     assert main(["rollouts", str(tmp_path)]) == 1  # a folder that is not a run folder
+
+
+def test_a_missing_folder_or_an_empty_name_is_one_clear_line(tmp_path, capsys):
+    """A folder path that does not exist is named as a missing folder (it was 'run id ... is not usable
+    as an execution name'), an empty name asks for a run (it was read as the current folder)."""
+    for argv, fragment in (([str(tmp_path / "runs-local" / "nope")], f"no folder {tmp_path}/runs-local/nope"),
+                           (["runs-local/typo"], "no folder runs-local/typo"), ([""], "name a run"), (["  "], "name a run")):
+        assert main(["rollouts", *argv]) == 1
+        err = capsys.readouterr().err.strip()
+        assert fragment in err and "\n" not in err, err
+    assert main(["report", str(tmp_path / "nope")]) != 0 and "no folder" in capsys.readouterr().err
