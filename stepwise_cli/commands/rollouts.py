@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from typing import Any
 
@@ -52,6 +53,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 # ------------------------------------------------------------------------------ pure formatting
 
+#: C0 controls but newline and tab, DEL and C1 controls: a model's or a tool's text holding them (ESC
+#: sequences retitle, clear or recolour a terminal) is printed with them spelled out (\\x1b), never sent.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def safe(text: Any) -> str:
+    """``str(text)`` with terminal control characters shown as ``\\xNN`` (newlines and tabs kept)."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text).replace("\r\n", "\n"))
+
+
 HEADER = (f"  {'member':>6}  {'sid':<8}  {'reward':>6}  {'adv':>7}  {'status':<7}  {'policy':>6}  {'dur_s':>5}  "
           f"{'turns':>5}  {'tools':>5}  {'tokens':>6}  reason / cause")
 
@@ -59,14 +70,14 @@ HEADER = (f"  {'member':>6}  {'sid':<8}  {'reward':>6}  {'adv':>7}  {'status':<7
 def group_lines(index: int, group: GroupView) -> list[str]:
     """A group's heading and one line per rollout."""
     tag = "informative" if group.informative else "all equal"
-    lines = [f"group {index} {group.input_id} (gen {group.generation_batch}): mean {group.mean_reward:.3f}, "
+    lines = [f"group {index} {safe(group.input_id)} (gen {group.generation_batch}): mean {group.mean_reward:.3f}, "
              f"std {group.reward_std:.3f}, {tag}", HEADER]
     for r in group.rollouts:
         adv = "-" if r.advantage is None else f"{r.advantage:+.3f}"
         lines.append(
-            f"  {r.member:>6}  {(r.sid or '-')[:8]:<8}  {r.reward:>6.3f}  {adv:>7}  {r.status:<7}  "
+            f"  {r.member:>6}  {safe(r.sid or '-')[:8]:<8}  {r.reward:>6.3f}  {adv:>7}  {r.status:<7}  "
             f"{'-' if r.policy_version is None else r.policy_version:>6}  {fmt(r.duration_s, '.1f'):>5}  "
-            f"{r.num_turns:>5}  {r.tool_calls:>5}  {r.sampled_tokens:>6}  {r.cause or ''}")
+            f"{r.num_turns:>5}  {r.tool_calls:>5}  {r.sampled_tokens:>6}  {safe(r.cause or '')}")
     return lines
 
 
@@ -76,7 +87,7 @@ def message_lines(messages: list[dict[str, Any]], *, color: bool = False) -> lis
     for m in messages:
         role = m["role"]
         if role == "branch":
-            lines.append(f"--- {m['content']} ---")
+            lines.append(f"--- {safe(m['content'])} ---")
             continue
         tags = [role]
         if role == "assistant" and "turn" in m:
@@ -89,12 +100,12 @@ def message_lines(messages: list[dict[str, Any]], *, color: bool = False) -> lis
             tags.append(f"result of {m['tool_call_id']}")
         if m.get("name"):
             tags.append(m["name"])
-        head = f"[{' · '.join(tags)}]"
+        head = safe(f"[{' · '.join(map(str, tags))}]")
         lines.append(f"{_BOLD}{head}{_RESET}" if color else head)
         if m.get("content"):
-            lines.extend(f"  {line}" for line in str(m["content"]).splitlines() or [""])
+            lines.extend(f"  {line}" for line in safe(m["content"]).splitlines() or [""])
         for call in m.get("tool_calls", []):
-            lines.append(f"  -> tool call {call['name']}({call['arguments']}) id={call['id']}")
+            lines.append(safe(f"  -> tool call {call['name']}({call['arguments']}) id={call['id']}"))
     return lines
 
 
@@ -103,7 +114,7 @@ def span_text(spans: list[dict[str, Any]], *, color: bool = False) -> str:
     ``⟪ ⟫`` (green), masked response spans as they are; counts where no text was decoded."""
     out = []
     for s in spans:
-        text = s["text"] if s["text"] is not None else f"<{s['tokens']} tokens>"
+        text = safe(s["text"]) if s["text"] is not None else f"<{s['tokens']} tokens>"
         if s["trained"]:
             out.append(f"{_GREEN}{TRAINED_OPEN}{text}{TRAINED_CLOSE}{_RESET}" if color else f"{TRAINED_OPEN}{text}{TRAINED_CLOSE}")
         elif s["region"] == "prompt" and color:
@@ -189,12 +200,13 @@ def _show(source: Any, rollouts: list[dict[str, Any]], groups: list[GroupView], 
                           "tokenizer": tokenizer is not None, **detail}, indent=2))
         return EXIT_OK
     adv = "-" if view.advantage is None else f"{view.advantage:+.3f}"
-    print(f"rollout {view.sid} of run {source.run_id}, {kind} step {step}, group {view.input_id} member {view.member}")
+    print(f"rollout {safe(view.sid)} of run {source.run_id}, {kind} step {step}, group {safe(view.input_id)} "
+          f"member {view.member}")
     print(f"  reward {view.reward:.3f}  advantage {adv}  status {view.status}  policy version "
           f"{view.policy_version if view.policy_version is not None else '-'}  duration {fmt(view.duration_s, '.1f')} s  "
           f"turns {view.num_turns}  tool calls {view.tool_calls}  sampled tokens {view.sampled_tokens}")
     if view.cause:
-        print(f"  reason / cause: {view.cause}")
+        print(f"  reason / cause: {safe(view.cause)}")
     print("\nconversation:")
     print("\n".join(message_lines(detail["messages"], color=color)) or "  (no captured turn)")
     for n, spans in enumerate(detail["records"], 1):

@@ -79,3 +79,34 @@ def test_a_missing_folder_or_an_empty_name_is_one_clear_line(tmp_path, capsys):
         err = capsys.readouterr().err.strip()
         assert fragment in err and "\n" not in err, err
     assert main(["report", str(tmp_path / "nope")]) != 0 and "no folder" in capsys.readouterr().err
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from stepwise_cli.commands.rollouts import _GREEN, _RESET, group_lines, message_lines, span_text  # noqa: E402
+from stepwise.core.rollouts import GroupView, RolloutView  # noqa: E402
+
+_TEXT = st.one_of(st.text(max_size=30), st.sampled_from(["\x1b]0;owned\x07", "\x1b[2J\x1b[H", "a\rb", "\x9b31m", "\x00"]))
+
+
+@settings(max_examples=100, deadline=None)
+@given(text=_TEXT)
+def test_a_rollouts_text_never_sends_terminal_control_characters(text):
+    """What a model, a tool or an agent wrote (``\\x1b]0;...\\x07`` retitles a terminal, ``\\x1b[2J`` clears it)
+    is printed with its control characters spelled out; only newlines, tabs and our own colour codes are sent."""
+    import re
+
+    messages = [{"role": text, "content": text, "tool_call_id": text, "name": text,
+                 "tool_calls": [{"id": text, "name": text, "arguments": text}]},
+                {"role": "assistant", "content": text, "turn": 1, "trained": True, "finish_reason": text},
+                {"role": "branch", "content": text}]
+    spans = [{"region": "prompt", "trained": False, "tokens": 1, "text": text},
+             {"region": "response", "trained": True, "tokens": 1, "text": text}]
+    view = RolloutView(sid=text, i=0, member=0, input_id=text, row=0, generation_batch=0, reward=0.0, reward_reason=text,
+                       advantage=None, status="error", cause=text, policy_version=None, duration_s=None, num_turns=0,
+                       tool_calls=0, sampled_tokens=0, truncated_turns=0, ill_formed_turns=0)
+    out = "\n".join([*message_lines(messages), span_text(spans), *group_lines(0, GroupView(text, 0, [view], [0.0]))])
+    assert re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]", out) is None, repr(out)
+    colored = span_text(spans, color=True).replace(_GREEN, "").replace(_RESET, "").replace("\x1b[2m", "")
+    assert "\x1b" not in colored, repr(colored)
