@@ -80,6 +80,28 @@ def read_dataset(path: str, limit: int, config_dir: Path, local: bool) -> list[d
     return out
 
 
+def check_writable(output: Path) -> None:
+    """Refuse, before anything is rolled out, an ``--out`` that cannot be written: a folder, or a path whose
+    folder cannot be made or written (checked by creating the three files, then removing the ones that
+    were not there).
+
+    Raises:
+        CommandError: naming the path and why.
+    """
+    if output.is_dir():
+        raise CommandError(f"--out {output} is a folder: name the screened dataset's file (e.g. {output}/screened.jsonl)")
+    for path in (output, prompts_path(output), report_path(output)):
+        existed = path.exists()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("a"):
+                pass
+        except OSError as e:
+            raise CommandError(f"cannot write --out {path}: {e.strerror or e}") from e
+        if not existed:
+            path.unlink()
+
+
 def prompts_path(output: Path) -> Path:
     """Where the distinct prompts the screen rolls out are written (beside the screened dataset)."""
     return output.with_suffix(".prompts.jsonl")
@@ -108,7 +130,12 @@ def run(args: argparse.Namespace) -> int:
     from stepwise.config import ConfigError, drop_unsupported, read_config_file
     from stepwise.core.screening import distinct_rows
 
+    from stepwise.datasets import DatasetError
+
     try:
+        if args.k < 1:
+            raise CommandError(f"--k must be at least 1, got {args.k}")
+        check_writable(args.output)
         raw = read_config_file(args.config)
         if not isinstance(raw, dict) or not raw.get("dataset_path"):
             raise CommandError(f"{args.config}: needs a dataset_path to screen")
@@ -137,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(str(e), file=sys.stderr)
         return EXIT_USAGE
-    except CommandError as e:
+    except (CommandError, DatasetError) as e:
         return fail(str(e))
     f = result.figures()
     print(f"screened {f['rows']} rows ({f['prompts']} prompts, {args.k} rollouts each) (run {evals.label}):")

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from stepwise.core.evals import summarize_eval, EvalRollout
 from stepwise.core.screening import screen
 from stepwise.records import EvalSetRows, SamplerPolicy
@@ -89,6 +91,28 @@ def test_screen_set_max_prompts_limits_the_rows_screened_not_only_the_run(tmp_pa
     assert distinct == ["q0", "q1", "q2"], "the first 3 rows, not the config's 20"
     assert launched["eval_group_size"] == 4 and launched["eval_dataset_path"] == str(screen_cmd.prompts_path(out).resolve())
     assert "3 rows, 3 distinct prompts x 4" in capsys.readouterr().err
+
+
+def test_screen_refuses_bad_input_before_any_run_with_one_line(tmp_path, monkeypatch, capsys):
+    """--out a folder or under a file, --k 0 and a dataset that does not exist: one ``error:`` line, exit 1,
+    and no run launched (an --out that cannot be written failed only after the billed screen, with a
+    traceback; a missing local dataset was a DatasetError traceback)."""
+    rows = tmp_path / "train.jsonl"
+    rows.write_text(json.dumps({"payload": {"prompt": "q"}}) + "\n")
+    cfg = tmp_path / "run.json"
+    cfg.write_text(json.dumps({"dataset_path": str(rows)}))
+    missing = tmp_path / "missing.json"
+    missing.write_text(json.dumps({"dataset_path": str(tmp_path / "nope.jsonl")}))
+    monkeypatch.setattr(screen_cmd, "launch", lambda *a: pytest.fail("launched a run"))
+    (tmp_path / "a-file").write_text("x")
+    for config, k, out, fragment in [(cfg, "4", tmp_path, "is a folder"),
+                                     (cfg, "4", tmp_path / "a-file" / "o.jsonl", "cannot write"),
+                                     (cfg, "0", tmp_path / "o.jsonl", "--k must be at least 1"),
+                                     (missing, "4", tmp_path / "o.jsonl", "nope.jsonl: cannot read")]:
+        assert main(["screen", str(config), "--k", k, "--out", str(out)]) == 1, fragment
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error:") and fragment in err[0], err
+    assert not (tmp_path / "o.jsonl").exists()
 
 
 def test_eval_base_and_model_package_start_an_eval_only_run_of_that_model_and_print_its_table(
