@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from stepwise import layout
 from stepwise.core.evals import metric_key
 from stepwise.executions import TERMINAL_STATUSES
@@ -71,7 +73,19 @@ class RunEvals:
         body = self.results_json(step)
         if body is None:
             raise CommandError(f"{self.label}: eval at step {step} has no per-prompt results (evals/{step}/results.json)")
-        return EvalResults.model_validate(body)
+        try:
+            return EvalResults.model_validate(body)
+        except ValidationError as e:
+            first = e.errors()[0]
+            where = ".".join(map(str, first["loc"])) or "the document"
+            raise CommandError(f"{self.label}: evals/{step}/results.json is not an eval's per-prompt results "
+                               f"({e.error_count()} errors; {where}: {first['msg']})") from None
+
+    def _object(self, body: Any, step: int, name: str) -> dict[str, Any] | None:
+        """``body`` when it is a JSON object or None (absent); CommandError naming the file otherwise."""
+        if body is None or isinstance(body, dict):
+            return body
+        raise CommandError(f"{self.label}: evals/{step}/{name} is not a JSON object (got {type(body).__name__})")
 
     def last_eval(self) -> int:
         """The newest eval's step. Raises CommandError when the run has no eval."""
@@ -87,10 +101,16 @@ class LocalRunEvals(RunEvals):
 
     folder: Path = Path(".")
 
-    def _json(self, *parts: str) -> Any | None:
+    def _json(self, *parts: str, strict: bool = False) -> Any | None:
+        """The file's JSON; None when it cannot be read, or (``strict`` False) is not JSON."""
+        path = self.folder.joinpath(*parts)
         try:
-            return json.loads(self.folder.joinpath(*parts).read_text())
-        except (OSError, ValueError):
+            return json.loads(path.read_text())
+        except OSError:
+            return None
+        except ValueError as e:
+            if strict:
+                raise CommandError(f"{path}: not JSON ({str(e)[:200]})") from None
             return None
 
     def eval_steps(self) -> list[int]:
@@ -99,10 +119,10 @@ class LocalRunEvals(RunEvals):
             if evals.is_dir() else []
 
     def summary(self, step: int) -> dict[str, Any] | None:
-        return self._json("evals", str(step), "summary.json")
+        return self._object(self._json("evals", str(step), "summary.json", strict=True), step, "summary.json")
 
     def results_json(self, step: int) -> dict[str, Any] | None:
-        return self._json("evals", str(step), "results.json")
+        return self._object(self._json("evals", str(step), "results.json", strict=True), step, "results.json")
 
     def state(self) -> dict[str, Any] | None:
         return self._json("state.json")
@@ -124,11 +144,13 @@ class DeployedRunEvals(RunEvals):
 
     def summary(self, step: int) -> dict[str, Any] | None:
         assert self.dep is not None
-        return get_json(self.dep.s3, self.dep.bucket, layout.eval_summary_key(self.run_id, step))
+        return self._object(get_json(self.dep.s3, self.dep.bucket, layout.eval_summary_key(self.run_id, step)), step,
+                            "summary.json")
 
     def results_json(self, step: int) -> dict[str, Any] | None:
         assert self.dep is not None
-        return get_json(self.dep.s3, self.dep.bucket, layout.eval_results_key(self.run_id, step))
+        return self._object(get_json(self.dep.s3, self.dep.bucket, layout.eval_results_key(self.run_id, step)), step,
+                            "results.json")
 
     def state(self) -> dict[str, Any] | None:
         assert self.dep is not None

@@ -95,6 +95,8 @@ def _cell(name: str, value: float | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     try:
+        if args.prompts < 0:  # a negative N sliced the list from its end: all but the last N prompts
+            raise CommandError(f"--prompts must be 0 or more, got {args.prompts}")
         dep: Deployment | None = None
         a = open_run(args.run_a, args)
         dep = getattr(a, "dep", None)

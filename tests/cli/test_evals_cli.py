@@ -93,6 +93,29 @@ def test_screen_set_max_prompts_limits_the_rows_screened_not_only_the_run(tmp_pa
     assert "3 rows, 3 distinct prompts x 4" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("name, body, fragment", [
+    ("summary.json", "[1]", "evals/0/summary.json is not a JSON object (got list)"),
+    ("summary.json", "{not json", "summary.json: not JSON"),
+    ("results.json", '{"prompts": 5}', "evals/0/results.json is not an eval's per-prompt results"),
+    ("results.json", '"x"', "evals/0/results.json is not a JSON object (got str)"),
+])
+def test_compare_and_eval_name_a_corrupt_eval_file_in_one_line(tmp_path, capsys, name, body, fragment):
+    """A run folder's eval summary or results that is not what an eval writes: one ``error:`` line naming the
+    file, exit 1 (an AttributeError or a pydantic ValidationError traceback before)."""
+    a = _run_folder(tmp_path, "a", [[0, 0], [1, 0], [0, 0], [1, 1]])
+    b = _run_folder(tmp_path, "b", [[1, 1], [1, 0], [0, 0], [0, 0]])
+    (b / "evals" / "0" / name).write_text(body)
+    assert main(["compare", str(a), str(b)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and fragment in err[0], err
+
+
+def test_compare_refuses_a_negative_prompts_count(tmp_path, capsys):
+    a = _run_folder(tmp_path, "a", [[0, 0], [1, 0], [0, 0], [1, 1]])
+    assert main(["compare", str(a), str(a), "--prompts", "-1"]) == 1
+    assert "--prompts must be 0 or more, got -1" in capsys.readouterr().err
+
+
 def test_screen_refuses_bad_input_before_any_run_with_one_line(tmp_path, monkeypatch, capsys):
     """--out a folder or under a file, --k 0 and a dataset that does not exist: one ``error:`` line, exit 1,
     and no run launched (an --out that cannot be written failed only after the billed screen, with a
