@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,18 +39,46 @@ ASSUMPTION_FLAGS = (
 )
 
 
+def number(lo: float = 0.0, *, above: bool = False, hi: float | None = None, integer: bool = False) -> Any:
+    """An argparse type: a finite number at least ``lo`` (more than it with ``above``), at most ``hi``."""
+
+    def parse(text: str) -> float | int:
+        try:
+            value: float | int = int(text) if integer else float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{'an integer' if integer else 'a number'} is needed, got {text!r}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"a finite number is needed, got {text!r}")
+        if (value <= lo) if above else (value < lo):
+            want = f"more than {lo:g}" if above else ("0 or more" if lo == 0 else f"at least {lo:g}")
+            raise argparse.ArgumentTypeError(f"must be {want}, got {text}")
+        if hi is not None and value > hi:
+            raise argparse.ArgumentTypeError(f"must be at most {hi:g}, got {text}")
+        return value
+
+    return parse
+
+
+def _session_usd_per_hour_max() -> float:
+    """The config field's own upper bound (``RunConfig.session_usd_per_hour``), which the flag overrides."""
+    from stepwise.config import RunConfig
+
+    return next(m.le for m in RunConfig.model_fields["session_usd_per_hour"].metadata if getattr(m, "le", None))
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     from stepwise_cli.cost import Assumptions
 
     d = Assumptions()
     parser.add_argument("config", help="run config, JSON (or YAML) file")
-    parser.add_argument("--steps", type=int, help="training steps of the run (default: from the dataset's rows)")
+    parser.add_argument("--steps", type=number(1, integer=True), help="training steps of the run (default: from the dataset's rows)")
     parser.add_argument("--check-datasets", action="store_true", help="count the rows of an s3:// dataset too")
     for name, help_text in ASSUMPTION_FLAGS:
         default = getattr(d, name)
-        parser.add_argument(f"--{name.replace('_', '-')}", type=float, default=default,
+        parser.add_argument(f"--{name.replace('_', '-')}", type=number(1 if name == "gen_batches_per_step" else 0),
+                            default=default,
                             help=f"{help_text} (default {default:g})")
-    parser.add_argument("--session-usd-per-hour", type=float, default=None,
+    parser.add_argument("--session-usd-per-hour", type=number(0, above=True, hi=_session_usd_per_hour_max()), default=None,
                         help="the training session's price per hour, to turn session-hours into dollars (default: the "
                              "config's session_usd_per_hour; it depends on the instance)")
     parser.add_argument("--json", action="store_true", help="print the estimate as JSON")

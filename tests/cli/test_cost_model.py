@@ -86,6 +86,24 @@ def test_dapo_upper_bound_and_eval_share():
     assert cost.estimate(with_eval)["usage_per_step"]["lambda_requests"] > plain["usage_per_step"]["lambda_requests"]
 
 
+@pytest.mark.parametrize("flag, value, fragment", [
+    ("--steps", "-5", "at least 1"), ("--steps", "0", "at least 1"),
+    ("--turns-per-rollout", "nan", "a finite number"), ("--turns-per-rollout", "-3", "0 or more"),
+    ("--seconds-per-turn", "inf", "a finite number"), ("--train-seconds", "-1", "0 or more"),
+    ("--gen-batches-per-step", "0", "at least 1"), ("--session-usd-per-hour", "-1", "more than 0"),
+    ("--session-usd-per-hour", "nan", "a finite number"), ("--session-usd-per-hour", "20000", "at most 10000"),
+])
+def test_cost_refuses_assumptions_that_make_nonsense(tmp_path, capsys, flag, value, fragment):
+    """Negative, NaN or infinite assumptions printed negative or NaN dollars (run of -5 steps: $-0.1324);
+    --session-usd-per-hour bypassed the config field's bounds. Each is a usage error naming the flag."""
+    cfg = tmp_path / "run.json"
+    cfg.write_text(json.dumps(BASE))
+    with pytest.raises(SystemExit) as e:
+        main(["cost", str(cfg), flag, value])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"argument {flag}" in err and fragment in err and value in err, err
+
+
 def test_cost_command(tmp_path, capsys):
     train = tmp_path / "train.jsonl"
     train.write_text("".join(json.dumps({"payload": {"q": i}}) + "\n" for i in range(10)))
