@@ -46,8 +46,7 @@ def _run(args: argparse.Namespace) -> int:
                            else Path(f"{source.run_id}-report.html"))
         stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
         page = runview.rebuild_page(source.store, source.run_id, updated_at=f"{stamp} (rebuilt by stepwise report)")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(page, encoding="utf-8")
+        _write(out, page.encode("utf-8"), "--out")
         print(f"report of run {source.run_id}: {out} ({len(page.encode()) / 1024:.0f} KiB)")
         return EXIT_OK
     dep = source.deployment
@@ -57,14 +56,22 @@ def _run(args: argparse.Namespace) -> int:
         raise CommandError(f"run {source.run_id} has no report page yet (s3://{dep.bucket}/{key}): the Track "
                            "function writes it after the first step; `stepwise report RUN --rebuild` builds it here")
     if args.download:
-        args.download.parent.mkdir(parents=True, exist_ok=True)
-        args.download.write_bytes(source.store.get_bytes(key))
+        _write(args.download, source.store.get_bytes(key), "--download")
         print(f"report of run {source.run_id}: {args.download}")
         return EXIT_OK
     url = dep.s3.generate_presigned_url("get_object", Params={"Bucket": dep.bucket, "Key": key},
                                         ExpiresIn=max(1, min(args.expires, 7 * 24 * 3600)))
     print(url)
     return EXIT_OK
+
+
+def _write(path: Path, data: bytes, flag: str) -> None:
+    """Write the page to ``path`` (its folder made); CommandError naming the path when it cannot be written."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    except OSError as e:
+        raise CommandError(f"cannot write {flag} {path}: {e.strerror or e}") from None
 
 
 def _exists(dep, key: str) -> bool:

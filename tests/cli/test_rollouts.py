@@ -70,6 +70,21 @@ def test_a_local_run_folder_reads_the_same_as_the_bucket(moto_dep, capsys, tmp_p
     assert main(["rollouts", str(tmp_path)]) == 1  # a folder that is not a run folder
 
 
+def test_report_to_a_path_it_cannot_write_is_one_error_line(moto_dep, capsys, tmp_path):
+    """``stepwise report RUN --out`` a folder or a path under a file: exit 1 naming the path (an
+    IsADirectoryError / NotADirectoryError traceback before); the page itself is built and written."""
+    write_to_s3(moto_dep.s3, moto_dep.bucket, RUN)
+    folder = tmp_path / RUN
+    mirror_run_objects(moto_dep.s3, moto_dep.bucket, RUN, folder / "s3", results=False)
+    (tmp_path / "a-file").write_text("x")
+    for out in (tmp_path, tmp_path / "a-file" / "page.html"):
+        assert main(["report", str(folder), "--out", str(out)]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"cannot write --out {out}" in err[0], err
+    assert main(["report", str(folder), "--out", str(tmp_path / "page.html")]) == 0
+    assert (tmp_path / "page.html").read_text().startswith("<!DOCTYPE html>")
+
+
 def test_a_missing_folder_or_an_empty_name_is_one_clear_line(tmp_path, capsys):
     """A folder path that does not exist is named as a missing folder (it was 'run id ... is not usable
     as an execution name'), an empty name asks for a run (it was read as the current folder)."""
