@@ -15,6 +15,17 @@ def test_no_region_is_one_clear_line(monkeypatch, capsys):
     assert err.startswith("stepwise runs: no AWS region configured") and "Traceback" not in err
 
 
+def test_a_region_name_botocore_refuses_is_one_clear_line(monkeypatch, capsys):
+    """``stepwise models --region 'not a region'`` (or such an AWS_REGION): exit 2 naming the value, not
+    botocore's InvalidRegionError traceback."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
+    for bad in ("not a region", "us-east-1'; x", "é"):
+        assert cli.main(["models", "--json", "--no-templates", "--region", bad]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"stepwise models: {bad!r} is not an AWS region name") and err.count("\n") == 1, err
+
+
 def test_other_errors_still_raise():
     from botocore.exceptions import NoCredentialsError
 
