@@ -52,9 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
 def _aws_setup_error(exc: Exception) -> str | None:
     """A one-line explanation when ``exc`` means the AWS client setup is missing, else None."""
     try:
-        from botocore.exceptions import InvalidRegionError, NoCredentialsError, NoRegionError
+        from botocore.exceptions import EndpointConnectionError, InvalidRegionError, NoCredentialsError, NoRegionError
     except ImportError:  # pragma: no cover - botocore is a dependency
         return None
+    if isinstance(exc, EndpointConnectionError):  # no network route, a proxy, or a region without the service
+        url = str(getattr(exc, "kwargs", {}).get("endpoint_url", ""))[:200]
+        return f"cannot reach the AWS endpoint {url}: check the network (proxy, VPC endpoint) and the region"
     if isinstance(exc, InvalidRegionError):  # botocore's own format check of a region name (--region, AWS_REGION)
         region = str(getattr(exc, "kwargs", {}).get("region_name", ""))[:80]
         return f"{region!r} is not an AWS region name (such as us-east-1): check --region, AWS_REGION or AWS_DEFAULT_REGION"

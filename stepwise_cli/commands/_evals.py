@@ -330,8 +330,8 @@ def launch(args: argparse.Namespace, overrides: dict[str, Any], kind: str) -> Ru
         return LocalRunEvals(label=str(result.run_dir), folder=result.run_dir)
     from stepwise_cli.commands import start
 
+    started = start.start(argparse.Namespace(**{**vars(args), "run_id": run_id}), overrides)  # validates first
     dep = deployment(args)
-    started = start.start(argparse.Namespace(**{**vars(args), "run_id": run_id}), overrides)
     print(f"{kind}: started run {run_id} ({started['console_url']})", file=sys.stderr)
     wait_for_end(dep, started["execution_arn"], args.timeout)
     return DeployedRunEvals(label=run_id, dep=dep, run_id=run_id)

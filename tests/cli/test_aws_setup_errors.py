@@ -31,6 +31,11 @@ def test_other_errors_still_raise():
 
     assert cli._aws_setup_error(NoCredentialsError()).startswith("no AWS credentials found")
     assert cli._aws_setup_error(ValueError("x")) is None
+    from botocore.exceptions import EndpointConnectionError
+
+    assert cli._aws_setup_error(EndpointConnectionError(endpoint_url="https://cloudformation.us-east-1.amazonaws.com/")) \
+        == ("cannot reach the AWS endpoint https://cloudformation.us-east-1.amazonaws.com/: check the network (proxy, "
+            "VPC endpoint) and the region")
 
 
 def test_aws_region_alone_is_the_region_of_every_client_the_commands_build(monkeypatch, capsys):

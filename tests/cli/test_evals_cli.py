@@ -162,6 +162,22 @@ def test_eval_base_and_model_package_start_an_eval_only_run_of_that_model_and_pr
         (True, "", 0), (True, arn, 0)]
 
 
+def test_eval_on_the_deployed_stack_refuses_a_bad_config_before_looking_the_stack_up(tmp_path, monkeypatch, capsys):
+    """``stepwise eval CONFIG --model-package bad`` (or a bad --set): exit 2 naming the field, before any AWS
+    call (the stack was looked up first: without a reachable stack, a botocore traceback instead of the error)."""
+    from stepwise_cli.commands import _evals
+
+    cfg = tmp_path / "run.json"
+    cfg.write_text(json.dumps({"role_arn": "arn:aws:iam::123456789012:role/r", "base_model_arn": "Qwen3-4B",
+                               "agent_runtime_arn": "arn:aws:bedrock-agentcore:us-east-1:123456789012:runtime/a-1",
+                               "dataset_path": "s3://bucket-1/x.jsonl", "eval_dataset_path": "s3://bucket-1/e.jsonl"}))
+    monkeypatch.setattr(_evals, "deployment", lambda args: pytest.fail("looked the stack up"))
+    for argv, fragment in ((["--model-package", "bad"], "eval_model_package_arn"),
+                           (["--base", "--set", "eval_group_size=0"], "eval_group_size")):
+        assert main(["eval", str(cfg), *argv]) == 2
+        assert fragment in capsys.readouterr().err
+
+
 def test_compare_reads_runs_of_the_deployed_stack_from_their_bucket(moto_dep, tmp_path, capsys):
     from stepwise import layout
 
