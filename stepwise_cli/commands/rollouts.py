@@ -168,7 +168,9 @@ def _run(args: argparse.Namespace) -> int:
     rollouts = runview.step_rollouts(store, run_id, step, kind)
     groups = runview.step_groups(store, run_id, step, kind, cfg, rollouts)
     color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty() and not args.json)
-    if args.show:
+    if args.show is not None:
+        if not args.show.strip():
+            raise CommandError("--show needs a sid (or a unique prefix of one)")
         return _show(source, rollouts, groups, args, step, kind, color)
     chosen = _select(groups, args)
     if args.json:
@@ -189,8 +191,13 @@ def _show(source: Any, rollouts: list[dict[str, Any]], groups: list[GroupView], 
           step: int, kind: str, color: bool) -> int:
     record = runview.find_rollout(rollouts, args.show)
     if record is None:
-        raise CommandError(f"no single rollout with sid {args.show!r} at {kind} step {step} "
-                           f"({len(rollouts)} rollouts; give more of the sid)")
+        matches = sorted(r["sid"] for r in rollouts if isinstance(r.get("sid"), str) and r["sid"].startswith(args.show))
+        if matches:
+            shown = ", ".join(safe(m) for m in matches[:5]) + (", ..." if len(matches) > 5 else "")
+            raise CommandError(f"sid prefix {safe(args.show)!r} matches {len(matches)} rollouts at {kind} step {step} "
+                               f"({shown}): give more of the sid")
+        raise CommandError(f"no rollout whose sid starts with {safe(args.show)!r} at {kind} step {step} "
+                           f"({len(rollouts)} rollouts; `stepwise rollouts {args.run} --step {step}` lists them)")
     view = next(r for g in groups for r in g.rollouts if r.sid == record.get("sid"))
     tokenizer = runview.load_tokenizer(source.store, source.run_id)
     detail = runview.rollout_detail(source.store, source.run_id, record, tokenizer=tokenizer)

@@ -56,6 +56,13 @@ def test_show_prints_the_conversation_and_marks_the_trained_span(moto_dep, capsy
     spans = shown["records"][0]
     assert [s["trained"] for s in spans if s["region"] == "response"] == [True, False, True]
     assert main(["rollouts", RUN, "--step", "1", "--show", "nope", *moto_dep.flags]) == 1
+    assert "no rollout whose sid starts with 'nope' at train step 1 (4 rollouts" in capsys.readouterr().err
+    # an ambiguous prefix names what it matches; an empty one is refused (it listed the groups)
+    assert main(["rollouts", RUN, "--step", "1", "--show", sid[:1], *moto_dep.flags]) == 1
+    err = capsys.readouterr().err
+    assert f"sid prefix {sid[:1]!r} matches 4 rollouts at train step 1 (" in err and sid in err, err
+    assert main(["rollouts", RUN, "--step", "1", "--show", "", *moto_dep.flags]) == 1
+    assert "--show needs a sid" in capsys.readouterr().err
 
 
 def test_a_local_run_folder_reads_the_same_as_the_bucket(moto_dep, capsys, tmp_path):
