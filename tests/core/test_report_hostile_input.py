@@ -93,3 +93,15 @@ def test_every_text_of_a_sample_table_is_cut():
     longest = max(len(s) for s in _strings(table))
     assert longest <= MAX_TEXT + 40, longest
     assert len(render_page(ReportInputs(run_id="r", tables={("train", 1): table}))) < 200_000
+
+
+def test_curves_of_metrics_near_the_float_limit_still_draw():
+    """A step metric of +-1.7e308 (a diverging loss, still finite) made matplotlib's axis range overflow
+    (``ValueError: arange: cannot compute length``) and the whole page failed; an int too large for a
+    float raised OverflowError. Such points are drawn at +-`PLOT_LIMIT`; the int is left out."""
+    inputs = ReportInputs(run_id="r", steps={0: {"sampler/mean_reward": 1.7e308}, 1: {"sampler/mean_reward": -1.7e308},
+                                             2: {"sampler/mean_reward": 10**400}, 3: {"sampler/mean_reward": 0.5}})
+    points = report.series(inputs, "sampler/mean_reward")
+    assert points == [(0, report.PLOT_LIMIT), (1, -report.PLOT_LIMIT), (3, 0.5)]
+    for ylabel in ("reward", "reward (symlog)"):
+        assert 'id="curve-m"' in report.svg_chart("t", [("m", "mean", "line", points)], ylabel)

@@ -149,7 +149,18 @@ def sample_table(kind: str, step: int, groups: Sequence[GroupView], rollouts: Se
 
 
 def _number(v: Any) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        return None
+    try:
+        f = float(v)
+    except OverflowError:  # an int beyond float's range
+        return None
+    return f if math.isfinite(f) else None
+
+
+#: The largest magnitude a curve draws (larger finite values are drawn at it): matplotlib's axis range of
+#: values near the float limit (+-1.7e308) overflows (``ValueError: arange: cannot compute length``).
+PLOT_LIMIT = 1e300
 
 
 def series(inputs: ReportInputs, key: str) -> list[tuple[int, float]]:
@@ -165,7 +176,7 @@ def series(inputs: ReportInputs, key: str) -> list[tuple[int, float]]:
         else:
             value = _number(s.get(key))
         if value is not None:
-            out.append((int(step), value))
+            out.append((int(step), max(-PLOT_LIMIT, min(PLOT_LIMIT, value))))
     return out
 
 
