@@ -132,7 +132,13 @@ _AMBIGUOUS = st.sampled_from(["yes", "no", "on", "off", "Yes", "NO", "y", "n", "
 _SCALAR = st.one_of(_AMBIGUOUS, st.integers().map(str), st.floats().map(repr), st.text(max_size=12).map(json.dumps))
 _FIELDS = st.sampled_from(["lora_rank", "learning_rate", "region", "exp_id", "seed", "save_weights_at_end", "vpc_config",
                            "chat_template_kwargs", "eval_before_train", "max_rollout_time", "gateway_port",
-                           "history_mode", "dataset_path", "agent_runtime_arn", "1", "yes", "~", "<<", "? [a]"])
+                           "history_mode", "dataset_path", "agent_runtime_arn", "1", "yes", "~", "<<", "? [a]",
+                           # this round's fields: estimators, budgets, model selection, evals, liveness, W&B
+                           "advantage_estimator", "reward_granularity", "max_cost_usd", "max_session_hours", "max_steps",
+                           "max_run_hours", "budget_warning_fraction", "session_usd_per_hour", "early_stopping",
+                           "metric", "patience", "min_delta", "keep_model_packages", "eval_group_size", "eval_pass_k",
+                           "eval_datasets", "eval_every", "eval_only", "accept_eula", "rollout_heartbeat_seconds",
+                           "acr_max_active_sessions", "wandb_project", "wandb_run_name", "wandb_entity"])
 
 
 def _flow(children):
