@@ -168,3 +168,26 @@ def test_failures_are_counted_by_cause_most_common_first():
     assert [(f["cause"], f["status"], f["count"]) for f in found] == [
         ("States.Timeout: late", "timeout", 2), ("no reward", "ok", 1)]
     assert found[0]["examples"][0] == {"step": 5, "kind": "train", "sid": "sid-0-6", "input_id": "p2"}
+
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=4),
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+                     max_leaves=8)
+_MESSAGE = st.fixed_dictionaries({}, optional={"role": _JSON, "content": _JSON, "tool_calls": _JSON,
+                                               "tool_call_id": _JSON, "name": _JSON})
+_TURN = st.fixed_dictionaries({}, optional={
+    "prompt_messages": st.one_of(st.lists(st.one_of(_MESSAGE, _JSON), max_size=3), _JSON),
+    "response_message": st.one_of(_MESSAGE, _JSON),
+    "turn": st.one_of(st.fixed_dictionaries({}, optional={"output_ids": _JSON, "finish_reason": _JSON,
+                                                           "ill_formed": _JSON}), _JSON)})
+
+
+@settings(max_examples=200, deadline=None)
+@given(turns=st.lists(st.one_of(_TURN, _JSON), max_size=3))
+def test_captured_turns_of_any_shape_are_shown_not_refused(turns):
+    """The turns `stepwise rollouts --show` and the report page read hold what the agent sent (its messages)
+    and what the gateway captured: whatever JSON they hold, `conversation` returns messages with text roles
+    and contents (``tool_calls: 5`` raised TypeError, ``output_ids: [1, "x"]`` ValueError)."""
+    out = conversation(turns)
+    assert all(isinstance(m["role"], str) and isinstance(m["content"], str) for m in out)
+    assert all(isinstance(c["arguments"], str) for m in out for c in m.get("tool_calls", []))

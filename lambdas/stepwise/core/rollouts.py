@@ -273,7 +273,8 @@ def message_text(content: Any) -> str:
 def _tool_calls(message: Mapping[str, Any]) -> list[dict[str, str]]:
     """``[{"id", "name", "arguments"}]`` of an assistant message (OpenAI ``tool_calls``)."""
     out = []
-    for call in message.get("tool_calls") or []:
+    calls = message.get("tool_calls")
+    for call in calls if isinstance(calls, (list, tuple)) else []:  # what the agent sent: any JSON
         if not isinstance(call, Mapping):
             continue
         fn = call.get("function") if isinstance(call.get("function"), Mapping) else call
@@ -296,7 +297,10 @@ def _message(m: Any) -> dict[str, Any]:
 
 
 def _ids(values: Any) -> list[int]:
-    return [int(t) for t in values] if isinstance(values, (list, tuple)) else []
+    """Token ids: the integers of a list (anything else in it is not a token id and is left out)."""
+    if not isinstance(values, (list, tuple)):
+        return []
+    return [int(t) for t in values if isinstance(t, int) and not isinstance(t, bool)]
 
 
 def _trained_runs(record: Mapping[str, Any]) -> list[list[int]]:
