@@ -154,6 +154,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.groups is not None and args.groups < 1:  # -n 0 or -3 printed a step heading and no group
+        raise CommandError(f"-n/--groups must be at least 1, got {args.groups}")
     source = open_run(args.run, args)
     store, run_id = source.store, source.run_id
     kind = "eval" if args.eval else "train"

@@ -101,6 +101,9 @@ def test_a_missing_folder_or_an_empty_name_is_one_clear_line(tmp_path, capsys):
         err = capsys.readouterr().err.strip()
         assert fragment in err and "\n" not in err, err
     assert main(["report", str(tmp_path / "nope")]) != 0 and "no folder" in capsys.readouterr().err
+    for n in ("0", "-3"):  # printed a step heading and no group
+        assert main(["rollouts", str(tmp_path), "-n", n]) == 1
+        assert f"-n/--groups must be at least 1, got {n}" in capsys.readouterr().err
 
 
 from hypothesis import given, settings  # noqa: E402
