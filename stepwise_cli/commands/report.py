@@ -44,6 +44,7 @@ def _run(args: argparse.Namespace) -> int:
     if source.folder is not None or args.rebuild:
         out = args.out or (source.folder / LOCAL_REPORT if source.folder is not None
                            else Path(f"{source.run_id}-report.html"))
+        _check_writable(out, "--out")  # before the page is built (seconds: its charts)
         stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
         page = runview.rebuild_page(source.store, source.run_id, updated_at=f"{stamp} (rebuilt by stepwise report)")
         _write(out, page.encode("utf-8"), "--out")
@@ -63,6 +64,16 @@ def _run(args: argparse.Namespace) -> int:
                                         ExpiresIn=max(1, min(args.expires, 7 * 24 * 3600)))
     print(url)
     return EXIT_OK
+
+
+def _check_writable(path: Path, flag: str) -> None:
+    """CommandError when ``path`` is a folder or its folder cannot be made."""
+    if path.is_dir():
+        raise CommandError(f"cannot write {flag} {path}: it is a folder (name the page's file, e.g. {path}/report.html)")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CommandError(f"cannot write {flag} {path}: {e.strerror or e}") from None
 
 
 def _write(path: Path, data: bytes, flag: str) -> None:
