@@ -96,11 +96,23 @@ def test_a_rollout_childs_states_are_the_asls():
 
     found = [m for m in maps(load_asl()["States"]) if (m.get("ItemProcessor") or {}).get("ProcessorConfig", {}).get("Mode") == "DISTRIBUTED"]
     assert len(found) == 2  # the step's and the next step's (overlapped) generation batch
+    from stepwise.handlers.rollout import FINISH_ROLLOUT_RETRIES
+
     for m in found:
-        assert len(m["ItemProcessor"]["States"]) == ledger.CHILD_STATES
-        for task in m["ItemProcessor"]["States"].values():  # each counts its own retries from the context object
-            params = task["Parameters"].get("Payload", task["Parameters"])
-            assert params["retry_count.$"] == "$$.State.RetryCount"
+        states = m["ItemProcessor"]["States"]
+        # a rollout's own path: Start rollout -> Finish rollout (End); the rest runs only when Finish keeps failing
+        path = [m["ItemProcessor"]["StartAt"]]
+        while not states[path[-1]].get("End"):
+            path.append(states[path[-1]]["Next"])
+        assert len(path) == ledger.CHILD_STATES
+        for task in states.values():  # each task counts its own retries from the context object
+            if task["Type"] == "Task":
+                params = task["Parameters"].get("Payload", task["Parameters"])
+                assert params["retry_count.$"] == "$$.State.RetryCount"
+        # "Record failed rollout" counts Finish rollout's spent retries: they are all spent (States.ALL)
+        finish_retry = states[path[1]]["Retry"]
+        assert [r["ErrorEquals"] for r in finish_retry] == [["States.ALL"]]
+        assert finish_retry[0]["MaxAttempts"] == FINISH_ROLLOUT_RETRIES
     assert ledger.task_transitions(None) == 1 and ledger.task_transitions(3) == 4
 
 

@@ -179,6 +179,27 @@ def test_finish_rollout_stops_the_runtime_session_on_every_path_and_a_gone_sessi
     assert agent.stopped[-3:] == sids
 
 
+def test_a_finish_that_kept_failing_is_recorded_as_an_error_rollout_its_session_stopped_and_its_transitions_counted(env):
+    """The child's "Record failed rollout" state (FinishRollout with ``finish_error``): an error rollout
+    (reward 0.0, cause FinishRolloutFailed naming the last error), the runtime session stopped, and the
+    ledger's transitions of Finish rollout's spent retries (1 + 8) and of this state (1 + its retries)."""
+    from stepwise.handlers.rollout import FINISH_ROLLOUT_RETRIES
+
+    stack, agent, sm, run_id, p, items = env
+    item = items[3]
+    sid = start(StartEvent.model_validate({"task_token": "t-rec", "run": run_ref(run_id), "batch": p["batch"],
+                                           "item": item}))["sid"]
+    out = finish(FinishEvent.model_validate({
+        "run": run_ref(run_id), "batch": p["batch"], "item": item, "result": {"sid": sid}, "error": None,
+        "finish_error": {"Error": "Lambda.TooManyRequestsException", "Cause": "Rate exceeded"}, "retry_count": 2}))
+    assert out == {"sid": sid, "reward": 0.0, "status": "error", "records": 0}
+    assert sid not in agent.active_sessions() and sid in agent.stop_calls
+    record = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=rollout_key(run_id, 0, 0, sid))["Body"].read())
+    assert record["status"] == "error" and record["reward"] == 0.0
+    assert record["error"]["error"] == "FinishRolloutFailed" and "Rate exceeded" in record["error"]["cause"]
+    assert record["usage"]["state_transitions"] == (1 + FINISH_ROLLOUT_RETRIES) + (1 + 2)
+
+
 def test_malformed_and_failed_agent_results_score_zero_without_failing_the_rollout(env):
     stack, agent, sm, run_id, p, items = env
     item = items[2]

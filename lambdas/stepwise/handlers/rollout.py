@@ -273,6 +273,11 @@ def _load_turns(rs: Any, run_id: str, sid: str) -> list[dict[str, Any]]:
     return [rs.get_json(k) for k in rs.list_keys(turns_prefix(run_id, sid)) if k.endswith(".json")]
 
 
+#: The Finish rollout state's retries on States.ALL (``MaxAttempts`` in the ASL; tests/core/test_ledger.py
+#: checks it), all spent when "Record failed rollout" runs.
+FINISH_ROLLOUT_RETRIES = 8
+
+
 def record_failed_finish(event: FinishEvent) -> dict[str, Any]:
     """FinishRollout kept failing (``event.finish_error``): write the rollout as ``error`` (reward 0.0,
     cause ``FinishRolloutFailed: <its last error>``), nothing else, so one child never sinks a step.
@@ -301,10 +306,14 @@ def record_failed_finish(event: FinishEvent) -> dict[str, Any]:
         error["rollout_error"] = str(event.error.get("Error", "error"))
     logger.error("FinishRollout failed for this rollout; recorded as an error rollout (reward 0.0)",
                  extra={"error": redact(json.dumps(error), sid or "")})
+    # For the cost ledger: the Finish rollout state's transitions (entered once, every retry spent:
+    # its Retry is on States.ALL) and this state's own; StartRollout's ride in the session record,
+    # which this path does not read (best effort on a path that is already failing).
+    usage = Usage(state_transitions=task_transitions(FINISH_ROLLOUT_RETRIES) + task_transitions(event.retry_count))
     rollout = RolloutRecord(sid=sid, i=item.i, input_id=item.input_id, row=item.row, member=item.member,
                             kind=batch.kind, step=batch.step, generation_batch=batch.generation_batch,
                             reward=0.0, reward_reason=f"error: FinishRolloutFailed: {preview(cause, 200)}",
-                            status="error", error=error,
+                            status="error", error=error, usage=usage,
                             policy_version=batch.policy.policy_version if batch.policy is not None else None)
     key_sid = sid or f"unstarted-{item.i}"
     rs.put_json(rollout_key(run.run_id, batch.step, batch.generation_batch, key_sid, batch.kind), rollout.model_dump(),
