@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from tests.support.gateway import open_session, scripted_gateway
+from tests.support.gateway import api_key, open_session, scripted_gateway
 
 from local.agents import math_agent
 
@@ -23,7 +23,7 @@ def stack():
 
 def payload(gw, sid: str) -> dict:
     return {"prompt": "How many eggs are left?", "answer": "9",
-            "_rollout": {"base_url": gw.url, "api_key": sid, "model_id": "m", "exp_id": f"rollout-results/{RUN}",
+            "_rollout": {"base_url": gw.url, "api_key": api_key(sid), "model_id": "m", "exp_id": f"rollout-results/{RUN}",
                          "input_id": "q", "s3_bucket": "b", "sampling_params": {"temperature": 1.0, "max_tokens": 64}}}
 
 
@@ -40,7 +40,7 @@ def test_the_agent_stops_at_the_turn_budget_and_scores_what_it_has(stack):
     # the gateway tells the official clients not to retry a spent budget (they retry every other 429)
     import httpx
 
-    refused = httpx.post(f"{gw.url}/v1/chat/completions", headers={"authorization": f"Bearer {sid}"},
+    refused = httpx.post(f"{gw.url}/v1/chat/completions", headers={"authorization": f"Bearer {api_key(sid)}"},
                          json={"model": "m", "messages": [{"role": "user", "content": "hi"}]}, timeout=30)
     assert refused.status_code == 429 and refused.headers["x-should-retry"] == "false"
 
