@@ -56,6 +56,7 @@ from stepwise.layout import (
 from stepwise.records import BatchRef, RolloutRecord, SamplerPolicy, SessionRecord, Usage
 
 if TYPE_CHECKING:
+    from stepwise.aws.runstore import RunStore
     from stepwise.config import RunConfig
 
 #: The session record's field holding the rollout's Step Functions task token (OnRolloutResult reads it).
@@ -273,6 +274,18 @@ def _load_turns(rs: Any, run_id: str, sid: str) -> list[dict[str, Any]]:
     return [rs.get_json(k) for k in rs.list_keys(turns_prefix(run_id, sid)) if k.endswith(".json")]
 
 
+def _rollout_sid(rs: RunStore, event: FinishEvent) -> str | None:
+    """The rollout's sid: the one its result carries, else StartRollout's start marker's (a rollout
+    that failed before resuming its task), else None (it never started)."""
+    sid = (event.result or {}).get("sid")
+    if sid is None:
+        batch, item = event.batch, event.item
+        marker = rs.get_json_or(start_marker_key(event.run.run_id, batch.step, batch.generation_batch, batch.kind,
+                                                 item.i)) or {}
+        sid = marker.get("sid")
+    return sid
+
+
 #: The Finish rollout state's retries on States.ALL (``MaxAttempts`` in the ASL; tests/core/test_ledger.py
 #: checks it), all spent when "Record failed rollout" runs.
 FINISH_ROLLOUT_RETRIES = 8
@@ -286,10 +299,7 @@ def record_failed_finish(event: FinishEvent) -> dict[str, Any]:
 
     rs = store()
     run, batch, item = event.run, event.batch, event.item
-    sid = (event.result or {}).get("sid")
-    if sid is None:
-        marker = rs.get_json_or(start_marker_key(run.run_id, batch.step, batch.generation_batch, batch.kind, item.i)) or {}
-        sid = marker.get("sid")
+    sid = _rollout_sid(rs, event)
     bind(run_id=run.run_id, step=batch.step, sid=sid)
     failure = event.finish_error or {}
     cause = f"{failure.get('Error', 'error')}: {preview(failure.get('Cause', ''), 800)}"
@@ -330,10 +340,7 @@ def finish(event: FinishEvent) -> dict[str, Any]:
 
     rs = store()
     run, batch, item = event.run, event.batch, event.item
-    sid = (event.result or {}).get("sid")
-    if sid is None:
-        marker = rs.get_json_or(start_marker_key(run.run_id, batch.step, batch.generation_batch, batch.kind, item.i)) or {}
-        sid = marker.get("sid")
+    sid = _rollout_sid(rs, event)
     bind(run_id=run.run_id, step=batch.step, sid=sid)
     status, error, result_obj, late = "ok", None, None, False
     key = None
