@@ -26,6 +26,7 @@ import urllib.parse
 
 import pytest
 from tests.support.pipeline import BUCKET, FakeAgent, Stack, init_run, play_rollout, run_ref, wait_ready
+from tests.support.waiting import wait_for
 
 from stepwise.events import RunEvent, S3Notification
 from stepwise.handlers.plan import plan
@@ -66,30 +67,20 @@ def child():
     stack.stop()
 
 
-def _wait_for(pred, timeout: float):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"not within {timeout} s")
-
-
 def _start(child, item) -> tuple[str, str, float]:
     """Start one rollout child; (execution ARN, sid, when the agent was invoked)."""
     stack, agent, sm, run_id, batch, items = child
     sfn = stack.moto.client("stepfunctions")
     arn = sfn.start_execution(stateMachineArn=sm, name=f"child-{item['input_id']}", input=json.dumps({"run": run_ref(run_id), "batch": batch, "item": item,
                                                                     "result": None, "error": None}))["executionArn"]
-    body = _wait_for(lambda: next((b for b in agent.invocations if b["_rollout"]["input_id"] == item["input_id"]
-                                   and b["_rollout"]["exp_id"].endswith(run_id)), None), 30)
+    body = wait_for(lambda: next((b for b in agent.invocations if b["_rollout"]["input_id"] == item["input_id"]
+                                  and b["_rollout"]["exp_id"].endswith(run_id)), None), 30)
     return arn, body["_rollout"]["api_key"].partition(".")[0], time.monotonic()
 
 
 def _ended(child, arn: str, timeout: float) -> dict:
     sfn = child[0].moto.client("stepfunctions")
-    return _wait_for(lambda: (d := sfn.describe_execution(executionArn=arn))["status"] != "RUNNING" and d, timeout)
+    return wait_for(lambda: (d := sfn.describe_execution(executionArn=arn))["status"] != "RUNNING" and d, timeout)
 
 
 def _record(child, sid: str) -> dict:

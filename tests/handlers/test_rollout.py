@@ -13,6 +13,7 @@ import urllib.parse
 
 import pytest
 from tests.support.pipeline import BUCKET, FakeAgent, Stack, init_run, run_ref, wait_ready
+from tests.support.waiting import wait_for
 
 from state_machine.definition import load_asl
 from stepwise.aws.agentcore import AgentRuntimeThrottled
@@ -65,22 +66,12 @@ def _notification(key: str) -> S3Notification:
     return S3Notification.model_validate(_s3_event(key))
 
 
-def _wait_for(pred, timeout: float = 20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError("timed out")
-
-
 def test_start_rollout_opens_the_session_and_stores_the_token_before_invoking(env):
     stack, agent, sm, run_id, p, items = env
     sfn = stack.moto.client("stepfunctions")
     item = items[1]
     arn = sfn.start_execution(stateMachineArn=sm, input=json.dumps({"run": run_ref(run_id), "batch": p["batch"], "item": item}))["executionArn"]
-    body = _wait_for(lambda: next((b for b in agent.invocations if b["_rollout"]["input_id"] == item["input_id"]), None))
+    body = wait_for(lambda: next((b for b in agent.invocations if b["_rollout"]["input_id"] == item["input_id"]), None))
     ro = body["_rollout"]
     sid, _, secret = ro["api_key"].partition(".")
     assert agent.visible_at_invoke[sid] == {"session": True, "task_token": True}
@@ -97,7 +88,7 @@ def test_start_rollout_opens_the_session_and_stores_the_token_before_invoking(en
     stack.s3.put_object(Bucket=BUCKET, Key=key, Body=json.dumps({"rewards": 1.0}).encode())
     assert "%" in _s3_event(key)["Records"][0]["s3"]["object"]["key"]
     assert on_result(_notification(key)) == {"resumed": 1, "ignored": 0}
-    done = _wait_for(lambda: (d := sfn.describe_execution(executionArn=arn))["status"] != "RUNNING" and d)
+    done = wait_for(lambda: (d := sfn.describe_execution(executionArn=arn))["status"] != "RUNNING" and d)
     assert done["status"] == "SUCCEEDED"
     # the session record as StartRollout wrote it rides along (FinishRollout closes the session with it),
     # without the api key's digest; the key itself appears nowhere in the task's output
@@ -257,8 +248,8 @@ def test_a_session_started_before_the_token_moved_still_resumes_and_another_run_
     item = items[1]
     seen = {b["_rollout"]["api_key"] for b in agent.invocations}
     arn = sfn.start_execution(stateMachineArn=sm, name="legacy-token", input=json.dumps({"run": run_ref(run_id), "batch": p["batch"], "item": item}))["executionArn"]
-    sid = _wait_for(lambda: next((b["_rollout"]["api_key"] for b in agent.invocations[::-1]
-                                  if b["_rollout"]["input_id"] == item["input_id"] and b["_rollout"]["api_key"] not in seen), None))
+    sid = wait_for(lambda: next((b["_rollout"]["api_key"] for b in agent.invocations[::-1]
+                                 if b["_rollout"]["input_id"] == item["input_id"] and b["_rollout"]["api_key"] not in seen), None))
     sid = sid.partition(".")[0]
     key = result_key(run_id, item['input_id'], sid)
     other_run = f"rollout-results/other-run/{item['input_id']}/{sid}.json"
@@ -271,7 +262,7 @@ def test_a_session_started_before_the_token_moved_still_resumes_and_another_run_
                         Body=json.dumps({"task_token": token}).encode())
     stack.s3.put_object(Bucket=BUCKET, Key=key, Body=json.dumps({"rewards": 1.0}).encode())
     assert on_result(_notification(key)) == {"resumed": 1, "ignored": 0}
-    done = _wait_for(lambda: (d := sfn.describe_execution(executionArn=arn))["status"] != "RUNNING" and d)
+    done = wait_for(lambda: (d := sfn.describe_execution(executionArn=arn))["status"] != "RUNNING" and d)
     assert done["status"] == "SUCCEEDED"
 
 
