@@ -407,9 +407,21 @@ def check_seam() -> None:
 
     success = getattr(sfn_models.StepFunctionsParserBackend.send_task_success, "__stepwise_original__",
                       sfn_models.StepFunctionsParserBackend.send_task_success)
-    if ("_get_executions(" not in inspect.getsource(success)
-            or tuple(inspect.signature(callback.CallbackPoolManager.notify).parameters) != ("self", "callback_id", "outcome")):
+    heartbeat = getattr(sfn_models.StepFunctionsParserBackend.send_task_heartbeat, "__stepwise_original__",
+                        sfn_models.StepFunctionsParserBackend.send_task_heartbeat)
+    if ("_get_executions(" not in inspect.getsource(success) or "_get_executions(" not in inspect.getsource(heartbeat)
+            or tuple(inspect.signature(callback.CallbackPoolManager.notify).parameters) != ("self", "callback_id", "outcome")
+            or tuple(inspect.signature(callback.CallbackPoolManager.heartbeat).parameters) != ("self", "callback_id")):
         raise SeamBroken("moto's send_task_success / CallbackPoolManager changed; port local/engine.py's indexed_task_tokens")
+    endpoint = callback.CallbackEndpoint
+    setup = getattr(endpoint.setup_heartbeat_endpoint, "__stepwise_original__", endpoint.setup_heartbeat_endpoint)
+    beat = getattr(endpoint.notify_heartbeat, "__stepwise_original__", endpoint.notify_heartbeat)
+    if (tuple(inspect.signature(setup).parameters) != ("self", "heartbeat_seconds")
+            or tuple(inspect.signature(beat).parameters) != ("self",)
+            or "self._heartbeat_endpoint" not in inspect.getsource(endpoint.notify)
+            or "self._outcome = outcome" not in inspect.getsource(endpoint.notify)):
+        raise SeamBroken("moto's CallbackEndpoint (notify, setup_heartbeat_endpoint, notify_heartbeat) changed; "
+                         "port local/engine.py's early_task_outcomes")
     from moto.stepfunctions.responses import StepFunctionResponse
 
     history = getattr(StepFunctionResponse.get_execution_history, "__stepwise_original__",
@@ -645,17 +657,19 @@ def cached_asl_clients() -> Iterator[None]:
 
 @contextlib.contextmanager
 def indexed_task_tokens() -> Iterator[None]:
-    """``SendTaskSuccess`` by an index of task tokens instead of a scan of every execution.
+    """``SendTaskSuccess`` and ``SendTaskHeartbeat`` by an index of task tokens instead of a scan of
+    every execution.
 
-    moto 5.2.5's ``StepFunctionsParserBackend.send_task_success`` lists every execution of every
-    state machine ever started in the process (``_get_executions``), keeps the running ones and
-    asks each one's ``CallbackPoolManager`` for the token: linear in executions per call, on every
-    rollout's critical path. Here ``CallbackPoolManager.add`` also records token -> manager, and the
-    execution owning a manager is found once (the first token of that manager); the call then
-    notifies that one manager, with moto's own outcome and errors. A token the index does not know
-    (or whose execution is no longer running) takes moto's own path, so its answer is unchanged.
-    The upstream fix: keep a ``{callback_id: execution}`` dict in the backend, filled where the
-    callback endpoint is added, and look the token up in it in send_task_success/failure/heartbeat.
+    moto 5.2.5's ``StepFunctionsParserBackend.send_task_success`` (and ``send_task_heartbeat``) lists
+    every execution of every state machine ever started in the process (``_get_executions``), keeps
+    the running ones and asks each one's ``CallbackPoolManager`` for the token: linear in executions
+    per call, on every rollout's critical path (and on every heartbeat the gateway sends). Here
+    ``CallbackPoolManager.add`` also records token -> manager, and the execution owning a manager is
+    found once (the first token of that manager); the call then notifies that one manager, with moto's
+    own outcome and errors. A token the index does not know (or whose execution is no longer running)
+    takes moto's own path, so its answer is unchanged. The upstream fix: keep a ``{callback_id:
+    execution}`` dict in the backend, filled where the callback endpoint is added, and look the token
+    up in it in send_task_success/failure/heartbeat.
     """
     import weakref
 
@@ -664,6 +678,7 @@ def indexed_task_tokens() -> Iterator[None]:
 
     manager_cls, backend_cls = callback.CallbackPoolManager, models.StepFunctionsParserBackend
     original_add, original_success = manager_cls.add, backend_cls.send_task_success
+    original_heartbeat = backend_cls.send_task_heartbeat
     managers: "weakref.WeakValueDictionary[str, Any]" = weakref.WeakValueDictionary()
     owners: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
 
@@ -672,33 +687,98 @@ def indexed_task_tokens() -> Iterator[None]:
         managers[callback_id] = self
         return endpoint
 
-    def send_task_success(self: Any, task_token: str, outcome: str) -> Any:
+    def running_manager(backend: Any, task_token: str) -> Any:
+        """The callback manager of the running execution that owns ``task_token``; None: ask moto."""
         manager = managers.get(task_token)
         execution = owners.get(manager) if manager is not None else None
         if manager is not None and execution is None:
-            for ex in self._get_executions():
+            for ex in backend._get_executions():
                 worker = ex.exec_worker
                 if worker is not None and worker.env.callback_pool_manager is manager:
                     execution = owners[manager] = ex
                     break
         if execution is None or execution.status != models.ExecutionStatus.RUNNING:
-            return original_success(self, task_token, outcome)
+            return None
+        return manager
+
+    def answered(call: Callable[[], bool]) -> bool:
         try:
-            if manager.notify(callback_id=task_token,
-                              outcome=models.CallbackOutcomeSuccess(callback_id=task_token, output=outcome)):
-                return None
+            return call()
         except models.CallbackNotifyConsumerError as consumer_error:
             if isinstance(consumer_error, models.CallbackConsumerTimeout):
                 raise models.TaskTimedOut() from None
             raise models.TaskDoesNotExist() from None
+
+    def send_task_success(self: Any, task_token: str, outcome: str) -> Any:
+        manager = running_manager(self, task_token)
+        if manager is not None and answered(lambda: manager.notify(
+                callback_id=task_token, outcome=models.CallbackOutcomeSuccess(callback_id=task_token, output=outcome))):
+            return None
         return original_success(self, task_token, outcome)
 
+    def send_task_heartbeat(self: Any, task_token: str) -> Any:
+        manager = running_manager(self, task_token)
+        if manager is not None and answered(lambda: manager.heartbeat(callback_id=task_token)):
+            return None
+        return original_heartbeat(self, task_token)
+
     send_task_success.__stepwise_original__ = original_success  # type: ignore[attr-defined]
+    send_task_heartbeat.__stepwise_original__ = original_heartbeat  # type: ignore[attr-defined]
     manager_cls.add, backend_cls.send_task_success = add, send_task_success
+    backend_cls.send_task_heartbeat = send_task_heartbeat
     try:
         yield
     finally:
         manager_cls.add, backend_cls.send_task_success = original_add, original_success
+        backend_cls.send_task_heartbeat = original_heartbeat
+
+
+@contextlib.contextmanager
+def early_task_outcomes() -> Iterator[None]:
+    """A task-token outcome or heartbeat that arrives before the interpreter waits for it ends (or
+    extends) the task at once, as on AWS.
+
+    moto 5.2.5's callback task (``StateTaskServiceCallback._eval_integration_pattern``) makes the
+    task's ``HeartbeatEndpoint`` only after the task's Lambda has returned. A SendTaskSuccess or
+    SendTaskFailure that lands before that (the agent answered while StartRollout was still
+    returning) stores its outcome on the ``CallbackEndpoint`` and wakes nobody: the new heartbeat
+    endpoint starts unset, so the task then waits for a heartbeat that never comes and ends with its
+    timeout (``States.Timeout``). A SendTaskHeartbeat in that window finds no heartbeat endpoint and
+    is refused as ``InvalidToken``. Here the endpoint, when it is made, is notified at once if an
+    outcome or a heartbeat came first, and an early heartbeat is taken (AWS takes a heartbeat for any
+    running task). Either order of the two threads notifies: ``notify`` stores the outcome before it
+    reads ``_heartbeat_endpoint``, and the endpoint is stored before the outcome is read here.
+
+    The upstream fix (moto's ``CallbackEndpoint``): in ``setup_heartbeat_endpoint``, set the new
+    endpoint's event when ``_outcome`` is already set (or a heartbeat was recorded), and let
+    ``notify_heartbeat`` record a heartbeat that comes before the endpoint exists.
+    """
+    from moto.stepfunctions.parser.asl.eval.callback import callback
+
+    endpoint_cls = callback.CallbackEndpoint
+    original_setup, original_beat = endpoint_cls.setup_heartbeat_endpoint, endpoint_cls.notify_heartbeat
+
+    def setup_heartbeat_endpoint(self: Any, heartbeat_seconds: int) -> Any:
+        endpoint = original_setup(self, heartbeat_seconds)
+        if self.get_outcome() is not None or getattr(self, "_stepwise_early_heartbeat", False):
+            endpoint.notify()
+        return endpoint
+
+    def notify_heartbeat(self: Any) -> bool:
+        if original_beat(self):
+            return True
+        self._stepwise_early_heartbeat = True
+        if self._heartbeat_endpoint is not None:  # made meanwhile: it may have missed the flag
+            self._heartbeat_endpoint.notify()
+        return True
+
+    setup_heartbeat_endpoint.__stepwise_original__ = original_setup  # type: ignore[attr-defined]
+    notify_heartbeat.__stepwise_original__ = original_beat  # type: ignore[attr-defined]
+    endpoint_cls.setup_heartbeat_endpoint, endpoint_cls.notify_heartbeat = setup_heartbeat_endpoint, notify_heartbeat
+    try:
+        yield
+    finally:
+        endpoint_cls.setup_heartbeat_endpoint, endpoint_cls.notify_heartbeat = original_setup, original_beat
 
 
 @contextlib.contextmanager
@@ -1044,6 +1124,7 @@ class MotoServer:
         self._patch.enter_context(cached_backend_lookup())
         self._patch.enter_context(cached_asl_clients())
         self._patch.enter_context(indexed_task_tokens())
+        self._patch.enter_context(early_task_outcomes())
         self._patch.enter_context(cached_json_paths())
         self._patch.enter_context(paged_execution_history())
         self._patch.enter_context(atomic_object_writes())

@@ -705,3 +705,81 @@ def test_conditional_puts_of_one_key_are_atomic_as_on_s3(monkeypatch):
         for t in writers:
             t.join()
     assert sorted(outcomes) == ["PreconditionFailed", "written"]
+
+
+def _answer_before_returning(event, ctx):
+    """Send the task's outcome (success, failure) or a heartbeat, then success, before this Lambda returns,
+    as an agent that finishes while StartRollout is still returning does."""
+    sfn = boto3.client("stepfunctions")
+    token = event["token"]
+    if event["how"] == "failure":
+        sfn.send_task_failure(taskToken=token, error="AgentFailed", cause="before the task waited")
+    elif event["how"] == "heartbeat":  # taken at once, then the outcome from a thread, later
+        import threading
+
+        sfn.send_task_heartbeat(taskToken=token)
+        threading.Timer(0.5, lambda: sfn.send_task_success(taskToken=token, output='{"how": "heartbeat"}')).start()
+    else:
+        sfn.send_task_success(taskToken=token, output=json.dumps({"how": event["how"]}))
+    return {}
+
+
+def _early_answer_machine(moto, name):
+    lam, iam = moto.client("lambda"), moto.client("iam")
+    role = engine._ensure_role(iam, "early-test", "lambda.amazonaws.com")
+    arn = lam.create_function(FunctionName=name, Role=role, PackageType="Image", Timeout=30,
+                              Code={"ImageUri": "123456789012.dkr.ecr.us-east-1.amazonaws.com/x:1"})["FunctionArn"]
+    moto.dispatcher.register(name, handler_path="", memory_mb=128, timeout_s=30, arn=arn,
+                             handler=_answer_before_returning)
+    wait = "arn:aws:states:::lambda:invoke.waitForTaskToken"
+
+    def task(how, nxt):
+        return {"Type": "Task", "Resource": wait, "TimeoutSeconds": 6, "HeartbeatSeconds": 4,
+                "Parameters": {"FunctionName": arn, "Payload": {"token.$": "$$.Task.Token", "how": how}},
+                "ResultPath": f"$.{how}", "Next": nxt,
+                "Catch": [{"ErrorEquals": ["States.ALL"], "ResultPath": f"$.{how}", "Next": nxt}]}
+
+    states = {"Success": task("success", "Failure"), "Failure": task("failure", "Heartbeat"),
+              "Heartbeat": task("heartbeat", "Done"), "Done": {"Type": "Pass", "End": True}}
+    return engine.create_state_machine(moto, name, json.dumps({"StartAt": "Success", "States": states}))
+
+
+def test_an_outcome_sent_before_the_task_waits_ends_the_task_at_once():
+    """The local engine never loses a wake-up (engine.early_task_outcomes): a callback task with a heartbeat
+    whose Lambda sends SendTaskSuccess or SendTaskFailure before it returns ends with that outcome at once, as
+    on AWS (moto 5.2.5 alone stores it, makes the heartbeat wait after, and ends the task with States.Timeout
+    at its TimeoutSeconds); an early SendTaskHeartbeat is taken, not refused as InvalidToken."""
+    with engine.MotoServer() as moto:
+        sfn = moto.client("stepfunctions")
+        sm = _early_answer_machine(moto, "early-answer")
+        started = time.monotonic()
+        desc = wait_execution(sfn, sfn.start_execution(stateMachineArn=sm, name="early-1", input="{}")["executionArn"],
+                              timeout=60)
+        took = time.monotonic() - started
+    out = json.loads(desc["output"])
+    assert out["success"] == {"how": "success"}, out
+    assert out["failure"]["Error"] == "AgentFailed", out
+    assert out["heartbeat"] == {"how": "heartbeat"}, out
+    assert took < 4, f"an answered task waited {took:.1f} s (its heartbeat is 4 s, its timeout 6 s)"
+
+
+def test_without_the_fix_moto_loses_the_early_outcome():
+    """The moto behaviour `early_task_outcomes` exists for: with it undone, the same answered task ends with
+    its timeout. If this fails, moto fixed it upstream: drop the patch (and this test)."""
+    from moto.stepfunctions.parser.asl.eval.callback import callback
+
+    with engine.MotoServer() as moto:
+        endpoint = callback.CallbackEndpoint
+        patched = endpoint.setup_heartbeat_endpoint, endpoint.notify_heartbeat
+        endpoint.setup_heartbeat_endpoint = patched[0].__stepwise_original__
+        endpoint.notify_heartbeat = patched[1].__stepwise_original__
+        try:
+            sfn = moto.client("stepfunctions")
+            sm = _early_answer_machine(moto, "early-lost")
+            desc = wait_execution(sfn, sfn.start_execution(stateMachineArn=sm, name="lost-1", input="{}")["executionArn"],
+                                  timeout=60)
+        finally:
+            endpoint.setup_heartbeat_endpoint, endpoint.notify_heartbeat = patched
+    out = json.loads(desc["output"])
+    assert out["success"]["Error"] in ("States.Timeout", "States.HeartbeatTimeout"), out
+    assert "InvalidToken" in json.dumps(out["heartbeat"]), out
