@@ -197,30 +197,31 @@ class TransientServiceError(RuntimeError):
 def entrypoint(model: type[E], fn: Callable[[E], dict[str, Any]], *,
                transient_retry: bool = False) -> Callable[[dict[str, Any], Any], dict[str, Any]]:
     """The Lambda handler of ``fn``: the event parsed into ``model`` (pydantic; a malformed event
-    raises ValidationError naming the fields), the Powertools logger's Lambda context injected
-    (``clear_state``: correlation keys never leak into the next invocation), ``fn``'s dict returned.
+    raises ValidationError naming the fields), the invocation's log keys set (`invocation_log_keys`:
+    the Lambda context's and `bind`'s, never another invocation's), ``fn``'s dict returned.
 
     ``transient_retry``: a transient service error ``fn`` raises leaves as `TransientServiceError`
     (the training loop's tasks retry it; their ASL ``Retry`` names it)."""
 
-    @logger.inject_lambda_context(clear_state=True)
     def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         # The invocation measures itself for the run's cost ledger (stepwise.metering): its duration at
         # its configured memory, one request, its S3 requests.
         token = metering.begin(function_name(handler, context), memory_mb(context))
-        try:
-            return fn(model.model_validate(event))
-        except Exception as e:
-            if not transient_retry:
-                raise
-            from stepwise.aws.sagemaker import describe_error, is_transient
+        with invocation_log_keys(context):
+            try:
+                return fn(model.model_validate(event))
+            except Exception as e:
+                if not transient_retry:
+                    raise
+                from stepwise.aws.sagemaker import describe_error, is_transient
 
-            if is_transient(e):
-                logger.warning("transient service error: the state machine retries", extra={"error": describe_error(e)})
-                raise TransientServiceError(describe_error(e)) from e
-            raise
-        finally:
-            metering.end(token)
+                if is_transient(e):
+                    logger.warning("transient service error: the state machine retries",
+                                   extra={"error": describe_error(e)})
+                    raise TransientServiceError(describe_error(e)) from e
+                raise
+            finally:
+                metering.end(token)
 
     handler.__name__ = handler.__qualname__ = f"{fn.__name__}_handler"
     handler.__doc__ = fn.__doc__
@@ -240,13 +241,38 @@ def redact(text: str, sid: str | None) -> str:
     return text.replace(sid, f"sid#{sid_digest(sid)}")
 
 
+_COLD = [True]
+
+
+@contextlib.contextmanager
+def invocation_log_keys(context: Any) -> Iterator[None]:
+    """This invocation's log keys while it runs: the Lambda context's (``function_name``,
+    ``function_request_id``, ..., ``cold_start``: what Powertools' ``inject_lambda_context`` sets) and
+    those `bind` adds, cleared when it ends, so none leaks into the next invocation.
+
+    They live in Powertools' context-local store (``Logger.thread_safe_append_keys``, a ``ContextVar``),
+    not in the logger's process-wide keys: the local stack runs several invocations at once on one
+    process's threads, where ``append_keys`` let a line carry another invocation's function name and sid.
+    On Lambda (one invocation per environment at a time) the two are the same."""
+    from aws_lambda_powertools.logging.lambda_context import build_lambda_context_model
+
+    cold, _COLD[0] = _COLD[0], False
+    logger.thread_safe_clear_keys()
+    logger.thread_safe_append_keys(cold_start=cold, **build_lambda_context_model(context).__dict__)
+    try:
+        yield
+    finally:
+        logger.thread_safe_clear_keys()
+
+
 def bind(run_id: str | None = None, step: int | None = None, sid: str | None = None) -> None:
-    """Append correlation keys to every log line of this invocation (``sid`` as its digest, see `redact`)."""
+    """Append correlation keys to every log line of this invocation (``sid`` as its digest, see `redact`);
+    context-local, like `invocation_log_keys`."""
     metering.bind_run(run_id)
     keys = {k: v for k, v in (("run_id", run_id), ("step", step), ("sid", redact(sid, sid) if sid else None))
             if v is not None}
     if keys:
-        logger.append_keys(**keys)
+        logger.thread_safe_append_keys(**keys)
 
 
 def emit(values: dict[str, float], *, run_id: str, units: dict[str, MetricUnit] | None = None) -> None:
