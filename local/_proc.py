@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import queue
 import re
@@ -24,6 +25,108 @@ class LoopbackHTTPServer(ThreadingHTTPServer):
 
     daemon_threads = True
     request_queue_size = LISTEN_BACKLOG
+
+
+class LineLog(io.TextIOBase):
+    """A log file that many threads and pumps of one process write: each complete line goes to the file
+    whole, in one ``write`` to an ``O_APPEND`` descriptor under one lock, and a thread's unfinished line
+    waits for its newline in that thread's own buffer. So two writers never interleave bytes inside a
+    line (two buffered file objects on one path did: a flush at a buffer boundary split a line).
+
+    Get it with `shared_line_log` (one object per path in this process) and `close` it when done; the
+    last close writes what is left of each buffer and closes the file.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._lock = threading.Lock()
+        self._partial = threading.local()
+        self._users = 1
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, s: str) -> int:
+        text = getattr(self._partial, "text", "") + s
+        complete, newline, rest = text.rpartition("\n")
+        self._partial.text = rest
+        if newline:
+            self._append(complete + newline)
+        return len(s)
+
+    def _append(self, text: str) -> None:
+        data = text.encode("utf-8", "backslashreplace")
+        with self._lock:
+            if self._fd < 0:
+                raise ValueError("I/O operation on closed LineLog")
+            while data:
+                data = data[os.write(self._fd, data):]
+
+    def flush(self) -> None:
+        pass  # nothing is buffered but the threads' unfinished lines, which wait for their newline
+
+    def close(self) -> None:
+        with _LOGS_LOCK:
+            self._users -= 1
+            if self._users > 0:
+                return
+            _LOGS.pop(self.path, None)
+        rest = getattr(self._partial, "text", "")
+        if rest:
+            self._partial.text = ""
+            self._append(rest + "\n")
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+        super().close()
+
+
+_LOGS: dict[str, LineLog] = {}
+_LOGS_LOCK = threading.Lock()
+
+
+def shared_line_log(path: str | os.PathLike[str]) -> LineLog:
+    """The `LineLog` of ``path`` in this process (opened on first use); each caller `LineLog.close` s it once."""
+    key = os.path.realpath(path)
+    with _LOGS_LOCK:
+        log = _LOGS.get(key)
+        if log is not None and not log.closed:
+            log._users += 1
+            return log
+        log = _LOGS[key] = LineLog(key)
+        return log
+
+
+#: The pid of the local stack process that started a service (set by `service_env`; read by `die_with_parent`).
+ENV_PARENT_PID = "STEPWISE_LOCAL_PARENT_PID"
+
+
+def service_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """``env`` (default: this process's environment) plus this process's pid as the service's parent,
+    for `die_with_parent` in the service it starts."""
+    return {**(os.environ if env is None else env), ENV_PARENT_PID: str(os.getpid())}
+
+
+def die_with_parent(poll_seconds: float = 0.5) -> None:
+    """In a local service (a Lambda worker, the simulator, the gateway, an agent app): end this process when
+    the local stack process that started it is gone, however it ended (SIGKILL, a SIGTERM to it alone, a
+    crash), instead of running on, holding its port and memory. A daemon thread compares ``os.getppid()``
+    with the pid `service_env` recorded every ``poll_seconds`` (portable; Linux's ``PR_SET_PDEATHSIG`` has
+    no Python API) and sends this process SIGTERM once they differ. No-op when started by anything else."""
+    import signal
+
+    expected = os.environ.get(ENV_PARENT_PID)
+    if not expected or not expected.isdigit():
+        return
+
+    def watch() -> None:
+        while os.getppid() == int(expected):
+            time.sleep(poll_seconds)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="die-with-parent", daemon=True).start()
 
 
 def stop_process(proc: subprocess.Popen, log: IO[Any] | None = None, *, timeout: float = 10.0) -> None:
@@ -50,17 +153,19 @@ def restore_env(saved: dict[str, str | None]) -> None:
 
 
 def await_listening(proc: subprocess.Popen, pattern: re.Pattern[str], *, what: str, timeout: float,
-                    log: IO[str] | None = None) -> re.Match[str]:
+                    log: IO[str] | None = None, log_before: bool = False) -> re.Match[str]:
     """Read ``proc``'s stdout (a text pipe) until a line matches ``pattern``, the line a local
     service prints once it listens; returns the match. A daemon thread then copies every later
-    line to ``log`` (None = this process's stdout) until ``proc`` ends or ``log`` is closed.
+    line to ``log`` (None = this process's stdout) until ``proc`` ends or ``log`` is closed;
+    ``log_before`` copies the lines before the listening one to ``log`` too (a child whose stderr joins its
+    stdout: an import error's traceback then reaches the log).
 
     Raises:
         RuntimeError: ``proc`` exited first ("WHAT exited with code N before listening"), or no
             line matched within ``timeout`` seconds ("WHAT did not report its port within Ns").
     """
     lines: queue.Queue[str] = queue.Queue()
-    pump = threading.Thread(target=_pump, args=(proc, pattern, lines, log), daemon=True)
+    pump = threading.Thread(target=_pump, args=(proc, pattern, lines, log, log_before), daemon=True)
     pump.start()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -79,14 +184,16 @@ def await_listening(proc: subprocess.Popen, pattern: re.Pattern[str], *, what: s
     raise RuntimeError(f"{what} did not report its port within {timeout:.0f}s")
 
 
-def _pump(proc: subprocess.Popen, pattern: re.Pattern[str], lines: "queue.Queue[str]", log: IO[str] | None) -> None:
+def _pump(proc: subprocess.Popen, pattern: re.Pattern[str], lines: "queue.Queue[str]", log: IO[str] | None,
+          log_before: bool = False) -> None:
     assert proc.stdout is not None
     listening = False
     for line in proc.stdout:
         if not listening:
             lines.put(line)
             listening = bool(pattern.search(line))
-            continue
+            if not (log_before and log is not None) or listening:
+                continue
         try:
             (log or sys.stdout).write(line)
         except ValueError:  # log closed while stopping

@@ -75,7 +75,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 from urllib.parse import unquote
 
-from local._proc import stop_process
+from local._proc import service_env, stop_process
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ class AgentProcess:
         self._log = open(log_path, "ab") if log_path else None  # noqa: SIM115 (closed in stop)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "local.agents.serve", spec, "--fd", str(sock.fileno())],
-            env=env,
+            env=service_env(env),
             pass_fds=(sock.fileno(),),
             stdout=self._log,
             stderr=subprocess.STDOUT if self._log else None,

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import urllib.request
 
-from local._proc import await_listening, stop_process
+from local._proc import await_listening, service_env, stop_process
 
 _LISTENING = re.compile(r"listening on (http://127\.0\.0\.1:\d+)")
 
@@ -25,7 +25,7 @@ class GatewayProcess:
     def __init__(self, env: dict[str, str], *, timeout: float = 60.0, log_path: str | None = None):
         self._log = open(log_path, "a") if log_path else None  # noqa: SIM115 (closed in stop)
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # `local` importable from anywhere
-        env = {**os.environ, **env}
+        env = service_env({**os.environ, **env})
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "local.no_aws", "stepwise.gateway", "--host", "127.0.0.1", "--port", "0"],
             env={**env, "PYTHONPATH": os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)},

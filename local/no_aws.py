@@ -150,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     if not argv:
         print("usage: python -m local.no_aws MODULE [ARGS...]", file=sys.stderr)
         return 2
+    from local._proc import die_with_parent
+
+    die_with_parent()
     install()
     sys.argv = argv
     runpy.run_module(argv[0], run_name="__main__", alter_sys=True)

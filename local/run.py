@@ -46,6 +46,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from local._proc import shared_line_log
 from local.datasets import planned_steps, upload_datasets
 from local.report import LOCAL_ASSUMPTIONS
 from stepwise_cli.cost import put_estimate
@@ -309,11 +310,7 @@ def run_local(config_path: Path, *, run_id: str | None = None, out_root: Path = 
         overrides = {**(overrides or {}), "agent_runtime_arn": USER_AGENT_ARN}
     cfg = {**load_local_config(config_path), **(overrides or {})}
     config = load_run_config(cfg)
-    run_id = run_id or f"{config_path.stem}-{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')}"
-    run_dir = Path(out_root) / run_id
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
-    run_dir.mkdir(parents=True)
+    run_id, run_dir = new_run_folder(Path(out_root), run_id, config_path.stem)
     (run_dir / "config.json").write_text(json.dumps(cfg, indent=2))
 
     log_dir = run_dir / "logs"
@@ -325,7 +322,7 @@ def run_local(config_path: Path, *, run_id: str | None = None, out_root: Path = 
     stack = LocalStack(bucket=bucket)
     with contextlib.ExitStack() as outputs:
         if quiet:
-            lambda_log = outputs.enter_context((log_dir / "lambdas.log").open("a"))
+            lambda_log = outputs.enter_context(contextlib.closing(shared_line_log(log_dir / "lambdas.log")))
             stream = outputs.enter_context(_SwitchableStream.into(lambda_log))
             outputs.enter_context(contextlib.redirect_stdout(stream))
         result, interrupted = _run(stack, config, cfg, config_path, run_id, run_dir, log_dir, simulator_options,
@@ -333,6 +330,35 @@ def run_local(config_path: Path, *, run_id: str | None = None, out_root: Path = 
     if interrupted:
         raise RunInterrupted(result)
     return result
+
+
+class RunFolderExists(FileExistsError):
+    """``--run-id`` names a run folder that exists: an earlier run's report, metrics and objects are
+    never overwritten (as `stepwise start` refuses a run id the stack has run)."""
+
+
+def new_run_folder(out_root: Path, run_id: str | None, stem: str,
+                   now: datetime | None = None) -> tuple[str, Path]:
+    """The run id and its new, empty folder under ``out_root``: ``run_id`` as given (`RunFolderExists`
+    when its folder exists), else ``STEM-YYYYMMDD-HHMMSS`` (UTC) with ``-2``, ``-3``, ... when runs started
+    in the same second. The folder is made here (``mkdir`` without ``exist_ok``), so two runs racing for
+    one id cannot share it."""
+    if run_id:
+        candidates = iter([run_id])
+    else:
+        base = f"{stem}-{(now or datetime.now(timezone.utc)).strftime('%Y%m%d-%H%M%S')}"
+        candidates = (base if n == 1 else f"{base}-{n}" for n in range(1, 10_000))
+    out_root.mkdir(parents=True, exist_ok=True)
+    for candidate in candidates:
+        try:
+            (out_root / candidate).mkdir()
+        except FileExistsError:
+            if run_id:
+                raise RunFolderExists(f"{out_root / run_id} exists: an earlier run of that id; give another "
+                                      f"--run-id, or remove the folder to start it again") from None
+            continue
+        return candidate, out_root / candidate
+    raise RunFolderExists(f"{out_root}: no free run id for {stem} in this second")
 
 
 class _SwitchableStream(io.TextIOBase):
@@ -636,7 +662,7 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
-    except (AgentNotStarted, FileNotFoundError) as exc:
+    except (AgentNotStarted, FileNotFoundError, RunFolderExists) as exc:
         print(f"stepwise run-local: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:  # RunInterrupted once run_local has stopped what it started

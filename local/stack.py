@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from local import REPO_ROOT
-from local._proc import restore_env, stop_process
+from local._proc import restore_env, service_env, stop_process
 from local.no_aws import endpoint_problems
 from local.workers import WorkerPool, workers_from_env
 from stepwise import layout
@@ -65,7 +65,8 @@ class SimulatorProcess:
             elif value is not False and value is not None:
                 args += [flag, str(value)]
         self._log = log_path.open("a") if log_path else None
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self._log, text=True, cwd=str(REPO_ROOT))
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self._log, text=True, cwd=str(REPO_ROOT),
+                                     env=service_env())
         self.url = ""
         self.env: dict[str, str] = {}
         deadline = time.monotonic() + timeout

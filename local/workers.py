@@ -29,7 +29,7 @@ import time
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-from local._proc import LoopbackHTTPServer, await_listening, stop_process
+from local._proc import LoopbackHTTPServer, await_listening, die_with_parent, service_env, shared_line_log, stop_process
 
 _LISTENING = re.compile(r"listening on http://127\.0\.0\.1:(\d+)")
 #: Environment variable: worker processes for run-local's handlers (0 = in-process).
@@ -53,7 +53,9 @@ class WorkerPool:
     """
 
     def __init__(self, n: int, *, log_path: str | None = None, timeout: float = 60.0) -> None:
-        self._log = open(log_path, "a") if log_path else None  # noqa: SIM115 (closed in stop)
+        # one writer of the file for every worker: their stdout and stderr come through one pipe each,
+        # line by line (local._proc.LineLog), never two buffers flushing into one file
+        self._log = shared_line_log(log_path) if log_path else None
         self.procs: list[subprocess.Popen] = []
         self.ports: list[int] = []
         self._timeout = timeout
@@ -73,7 +75,7 @@ class WorkerPool:
             if self._next is None:
                 try:
                     self.ports = [int(await_listening(proc, _LISTENING, what="Lambda worker", timeout=self._timeout,
-                                                      log=self._log).group(1)) for proc in self.procs]
+                                                      log=self._log, log_before=True).group(1)) for proc in self.procs]
                 except Exception:
                     self.stop()
                     raise
@@ -82,9 +84,10 @@ class WorkerPool:
 
     def _spawn(self) -> None:
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # `local` importable from anywhere
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
+        env = {**service_env(), "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p),
+               "PYTHONUNBUFFERED": "1"}  # each line leaves the worker as one write, not a block-buffer split
         proc = subprocess.Popen([sys.executable, "-m", "local.workers", "--port", "0"], env=env,
-                                stdout=subprocess.PIPE, stderr=self._log, text=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT if self._log else None, text=True)
         self.procs.append(proc)
 
     def call(self, handler_path: str, event: Any, context: dict[str, Any],
@@ -180,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="a local Lambda worker (run by local.workers.WorkerPool)")
     parser.add_argument("--port", type=int, default=0)
     args = parser.parse_args(argv)
+    die_with_parent()
     from local.no_aws import install
 
     install()  # a handler whose client missed its emulator's endpoint fails saying so, never reaching AWS

@@ -193,8 +193,10 @@ def main(argv: list[str] | None = None) -> int:
     group.add_argument("--port", type=int, help="port to bind on 127.0.0.1")
     parser.add_argument("--log-level", default="warning")
     args = parser.parse_args(argv)
+    from local._proc import die_with_parent
     from local.no_aws import install
 
+    die_with_parent()
     install()  # the agent's clients (the toolkit's result write to S3) reach moto, never AWS
     app = load_app(args.app)
     served = SessionControl(app, SessionTracker(app))

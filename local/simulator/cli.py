@@ -45,7 +45,10 @@ def _latency(specs: list[str]) -> dict[str, float]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from local._proc import die_with_parent
     from local.simulator import start_simulator
+
+    die_with_parent()  # started by a local stack: ends with it (a no-op when started by hand)
 
     handle = start_simulator(
         port=args.port,

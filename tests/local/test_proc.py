@@ -9,12 +9,14 @@ import subprocess
 import sys
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
 from local._proc import LISTEN_BACKLOG, LoopbackHTTPServer, await_listening, stop_process
 
 LISTENING = re.compile(r"listening on http://127\.0\.0\.1:(\d+)")
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def child(code: str) -> subprocess.Popen:
@@ -84,3 +86,92 @@ def test_local_servers_queue_a_map_s_burst_of_connections_where_http_server_s_de
     assert _connects_without_accept(LoopbackHTTPServer, burst) == burst
     assert LISTEN_BACKLOG >= burst
     assert _connects_without_accept(ThreadingHTTPServer, burst) < 16  # the default (5) overflows
+
+
+def test_a_line_log_written_by_many_threads_and_a_worker_pipe_keeps_every_line_whole(tmp_path):
+    """lambdas.log has one writer per process (`LineLog`): threads writing lines in pieces, with and
+    without their newline in the same call, never interleave inside a line, and a second `shared_line_log`
+    of the path is the same object, closed by its last user (two buffered file objects on one path split
+    lines at their buffer boundaries)."""
+    import threading
+
+    from local._proc import shared_line_log
+
+    path = tmp_path / "lambdas.log"
+    first, second = shared_line_log(path), shared_line_log(path)
+    assert first is second
+    barrier = threading.Barrier(8)
+
+    def writer(n: int) -> None:
+        barrier.wait()
+        for i in range(300):
+            line = f"{n}:{i}:" + "x" * (i * 7 % 5000)
+            first.write(line[: len(line) // 2])
+            first.write(line[len(line) // 2:] + "\n")
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    first.write("unfinished")
+    first.close()
+    assert not second.closed
+    second.close()
+    lines = path.read_text().splitlines()
+    assert len(lines) == 8 * 300 + 1 and lines[-1] == "unfinished"
+    for line in lines[:-1]:
+        n, i, xs = line.split(":")
+        assert xs == "x" * (int(i) * 7 % 5000), line[:80]
+    assert "\x00" not in path.read_text()
+
+
+def test_local_services_end_when_the_process_that_started_them_is_killed(tmp_path):
+    """A SIGKILL (or a SIGTERM to it alone) of a local run's Python process leaves no service behind: each
+    service started with `service_env` runs `die_with_parent` and ends within about a second (they ran on,
+    holding their ports and memory, before). The parent here starts a real Lambda worker pool and the
+    simulator's process, prints their pids, and is killed."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, time\n"
+        "from local.workers import WorkerPool\n"
+        "from local.stack import SimulatorProcess\n"
+        "pool = WorkerPool(1).wait()\n"
+        "sim = SimulatorProcess(region='us-east-1', log_path=None, options=None)\n"
+        "print(pool.procs[0].pid, sim.proc.pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                              cwd=str(ROOT), env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        pids = [int(p) for p in parent.stdout.readline().split()]
+        assert len(pids) == 2
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait(10)
+        deadline = time.monotonic() + 30
+        alive = pids
+        while alive and time.monotonic() < deadline:
+            alive = [p for p in alive if _alive(p)]
+            time.sleep(0.2)
+        assert alive == [], f"services still running after their parent was killed: {alive}"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (its parent, init, has not reaped it yet) is gone for our purpose
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
