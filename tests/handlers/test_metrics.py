@@ -88,6 +88,7 @@ def test_concurrent_invocations_in_one_process_log_with_their_own_keys():
 
     import io
 
+    logger.thread_safe_clear_keys()  # what an earlier test's bind() outside any invocation left on this thread
     out = io.StringIO()
     handler = logger.registered_handler
     stream, handler.stream = handler.stream, out  # not setStream: it flushes a stream an earlier test closed
