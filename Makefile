@@ -23,7 +23,8 @@ $(VENV)/.dev-installed: $(VENV)/.local-installed pyproject.toml
 	touch $@
 
 install-local: $(VENV)/.local-installed
-# The npm validators of the tests (asl-validator), exactly as tools/package-lock.json pins them.
+# The npm tools of the tests (asl-validator; aws-cdk, the CDK CLI that first-run.md deploys with and CI
+# synthesizes with), exactly as tools/package-lock.json pins them.
 TOOLS := tools/node_modules/.installed
 $(TOOLS): tools/package.json tools/package-lock.json
 	cd tools && npm ci --no-audit --no-fund --loglevel=error

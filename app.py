@@ -15,16 +15,12 @@ import os
 from pathlib import Path
 
 import aws_cdk as cdk
-from cdk_nag import AwsSolutionsChecks
 
+from infra.nag import apply_checks
 from infra.settings import StackSettings
 from infra.stack import StepwiseStack
 
-
-def apply_checks(app: cdk.App) -> None:
-    """cdk-nag's AwsSolutions rules on every construct of ``app`` (findings become synth errors)."""
-    cdk.Aspects.of(app).add(AwsSolutionsChecks(verbose=True))
-
+__all__ = ["apply_checks", "build_app", "default_context"]
 
 CDK_JSON = Path(__file__).resolve().with_name("cdk.json")
 
