@@ -352,12 +352,23 @@ class BatchRef(BaseModel):
     kind: str  # "train" | "eval"
     step: int
     generation_batch: int = 0
+    #: The callback task's ``TimeoutSecondsPath`` and ``HeartbeatSecondsPath`` (`stepwise.core.liveness.
+    #: rollout_timeouts`: the heartbeat always below the timeout): no heartbeat (no LLM call) for
+    #: ``heartbeat_seconds`` stops the rollout as a timeout. With the heartbeat off (``heartbeat_on`` false)
+    #: the gateway sends none and the heartbeat is ``max_rollout_time``, the timeout a second longer.
     timeout_seconds: int = 1800
-    #: The callback task's ``HeartbeatSecondsPath``: no heartbeat (no LLM call) for this long stops the
-    #: rollout as a timeout (`stepwise.core.planning.rollout_heartbeat`; == ``timeout_seconds`` when off).
     heartbeat_seconds: int = 1800
+    #: None in a batch planned before it was carried, when off was a heartbeat equal to the timeout
+    #: (`stepwise.core.liveness.RolloutTimeouts.of`); PlanStep always sets all three.
+    heartbeat_on: bool | None = None
     final: bool = False
     policy: SamplerPolicy | None = None
+
+    def timeouts(self) -> Any:
+        """The callback task's `stepwise.core.liveness.RolloutTimeouts` (``heartbeat_on`` resolved)."""
+        from stepwise.core.liveness import RolloutTimeouts
+
+        return RolloutTimeouts.of(self.timeout_seconds, self.heartbeat_seconds, self.heartbeat_on)
 
     def is_planned(self, planned: PlannedBatch | None) -> bool:
         """True when this is the batch ``planned`` (same kind, step and generation batch)."""

@@ -3,29 +3,102 @@ rollout's cause is named (`stepwise.core.liveness`)."""
 
 from __future__ import annotations
 
-from hypothesis import given, settings
+import math
+
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from stepwise.core.liveness import heartbeat_interval, heartbeat_on, rollout_timeouts, timeout_cause
+from stepwise.config import RunConfig
+from stepwise.core.liveness import (
+    HEARTBEAT_TIMEOUT,
+    TASK_TIMEOUT,
+    RolloutTimeouts,
+    heartbeat_interval,
+    rollout_timeouts,
+    timeout_cause,
+)
+
+#: The config space of the two fields, from RunConfig's own bounds.
+_FIELDS = RunConfig.model_json_schema()["properties"]
+MAX_ROLLOUT_TIME = _FIELDS["max_rollout_time"]["maximum"]
+MAX_HEARTBEAT = _FIELDS["rollout_heartbeat_seconds"]["maximum"]
+#: The largest TimeoutSeconds / HeartbeatSeconds the States Language takes (its default, 99999999).
+ASL_MAX_SECONDS = 99_999_999
+
+max_rollout_times = st.one_of(
+    st.floats(min_value=0, max_value=MAX_ROLLOUT_TIME, exclude_min=True, allow_nan=False),
+    st.integers(1, MAX_ROLLOUT_TIME).map(float),
+    st.sampled_from([1e-9, 0.5, 1.0, 1.000001, 2.0, 299.5, 300.0, 300.0001, MAX_ROLLOUT_TIME - 0.5, MAX_ROLLOUT_TIME]),
+)
 
 
-def test_the_heartbeat_is_on_only_below_the_timeout_and_off_means_the_timeout_itself():
-    assert rollout_timeouts(1800.0, 300) == (1800, 300)
-    assert rollout_timeouts(1799.2, 300) == (1800, 300)  # whole seconds, rounded up
-    assert rollout_timeouts(1800.0, 0) == (1800, 1800)  # 0 = off: Step Functions needs a positive heartbeat
-    assert rollout_timeouts(30.0, 300) == (30, 30)  # a heartbeat longer than the rollout is off too
-    assert heartbeat_on(1800, 300) and not heartbeat_on(30, 30) and not heartbeat_on(1800, 0)
+@st.composite
+def configs(draw) -> tuple[float, int]:
+    """``(max_rollout_time, rollout_heartbeat_seconds)``: anywhere, and around the boundary ``ceil(max_rollout_time)``."""
+    max_rollout_time = draw(max_rollout_times)
+    limit = max(1, math.ceil(max_rollout_time))
+    near = st.integers(max(0, limit - 2), min(MAX_HEARTBEAT, limit + 2))
+    heartbeat = draw(st.one_of(st.just(0), st.integers(0, MAX_HEARTBEAT), near))
+    return max_rollout_time, heartbeat
+
+
+def test_the_heartbeat_is_on_only_below_the_timeout_and_off_ends_the_task_at_the_timeout():
+    assert rollout_timeouts(1800.0, 300) == (1800, 300, True)
+    assert rollout_timeouts(1799.2, 300) == (1800, 300, True)  # whole seconds, rounded up
+    # 0 = off: the heartbeat (which nothing resets) is the rollout's limit, the task's timeout a second longer
+    assert rollout_timeouts(1800.0, 0) == (1801, 1800, False)
+    assert rollout_timeouts(120.0, 300) == (121, 120, False)  # examples/toy.json: a heartbeat longer than the rollout
+    assert rollout_timeouts(120.0, 120) == (121, 120, False)
+    assert rollout_timeouts(120.0, 119) == (120, 119, True)
+    assert rollout_timeouts(120.0, 0).max_rollout_seconds == rollout_timeouts(120.0, 60).max_rollout_seconds == 120
+
+
+@settings(max_examples=400, deadline=None)
+@given(configs())
+@example((120.0, 300)).via("examples/toy.json")
+@example((1800.0, 0)).via("the heartbeat off")
+@example((MAX_ROLLOUT_TIME, 0)).via("the largest timeout")
+def test_the_heartbeat_is_below_the_timeout_in_every_configuration(config):
+    """States Language (Step Functions developer guide, "Task workflow state"): HeartbeatSeconds is a positive
+    integer smaller than TimeoutSeconds. Off still ends the rollout exactly at ``max_rollout_time``, and every
+    end is named for the limit that caused it."""
+    max_rollout_time, heartbeat = config
+    t = rollout_timeouts(max_rollout_time, heartbeat)
+    limit = max(1, math.ceil(max_rollout_time))
+    assert all(isinstance(v, int) for v in t[:2])
+    assert 1 <= t.heartbeat_seconds < t.timeout_seconds <= ASL_MAX_SECONDS
+    assert t.heartbeat_on == (0 < heartbeat < limit)
+    # the rollout ends at its own limit, whichever timer fires: with the heartbeat off no heartbeat is sent,
+    # so the heartbeat ends the task after heartbeat_seconds, never before max_rollout_time
+    first_end_when_silent = min(t.timeout_seconds, t.heartbeat_seconds)
+    assert t.max_rollout_seconds == limit
+    if t.heartbeat_on:
+        assert (t.timeout_seconds, t.heartbeat_seconds) == (limit, heartbeat)
+        assert timeout_cause(HEARTBEAT_TIMEOUT, t).startswith(f"no LLM call for {heartbeat} s (rollout_heartbeat_seconds)")
+    else:
+        assert first_end_when_silent == limit
+        assert timeout_cause(HEARTBEAT_TIMEOUT, t) == f"no result within {limit} s (max_rollout_time)"
+    assert timeout_cause(TASK_TIMEOUT, t) == f"no result within {limit} s (max_rollout_time)"
+    # the batch carries the three values; read back, they are the same timeouts
+    assert RolloutTimeouts.of(*t) == t
+
+
+def test_a_batch_planned_before_the_flag_reads_as_it_did():
+    """A batch planned before BatchRef carried ``heartbeat_on`` (off = a heartbeat equal to the timeout)."""
+    assert RolloutTimeouts.of(30, 30, None) == (30, 30, False)
+    assert RolloutTimeouts.of(1800, 300, None) == (1800, 300, True)
+    assert timeout_cause(HEARTBEAT_TIMEOUT, RolloutTimeouts.of(30, 30, None)) == "no result within 30 s (max_rollout_time)"
 
 
 def test_a_silent_agent_and_a_slow_one_are_told_apart():
-    silent = timeout_cause("States.HeartbeatTimeout", timeout_seconds=1800, heartbeat_seconds=300)
-    assert silent.startswith("no LLM call for 300 s (rollout_heartbeat_seconds)")
-    slow = timeout_cause("States.Timeout", timeout_seconds=1800, heartbeat_seconds=300)
-    assert slow == "no result within 1800 s (max_rollout_time)"
-    # the heartbeat off (equal to the timeout): whichever fires, it is the overall timeout
-    assert timeout_cause("States.HeartbeatTimeout", timeout_seconds=30, heartbeat_seconds=30) == \
+    on = rollout_timeouts(1800.0, 300)
+    assert timeout_cause("States.HeartbeatTimeout", on).startswith("no LLM call for 300 s (rollout_heartbeat_seconds)")
+    assert timeout_cause("States.Timeout", on) == "no result within 1800 s (max_rollout_time)"
+    # the heartbeat off: whichever fires, it is the rollout's own limit
+    off = rollout_timeouts(30.0, 0)
+    assert timeout_cause("States.HeartbeatTimeout", off) == timeout_cause("States.Timeout", off) == \
         "no result within 30 s (max_rollout_time)"
-    assert timeout_cause("AgentRuntimeThrottled", timeout_seconds=30, heartbeat_seconds=10) is None
+    assert timeout_cause("AgentRuntimeThrottled", off) is None
 
 
 @settings(max_examples=200, deadline=None)

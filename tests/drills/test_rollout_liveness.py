@@ -53,25 +53,26 @@ def child():
     values = substitutions(function_arns=arns, bucket_name=BUCKET)
     sm = engine.create_state_machine(stack.moto, "liveness-child", PLACEHOLDER_RE.sub(lambda m: values[m.group(1)], text))
     run_id = f"liveness-{int(time.time())}"
-    init_run(stack, run_id, stack.config(batch_size=3))
+    init_run(stack, run_id, stack.config(batch_size=4))
     assert wait_ready(run_id)["ready"]
     p = plan(RunEvent.model_validate({"run": run_ref(run_id)}))
-    # the default heartbeat (300 s) is not below this config's max_rollout_time (30 s): off, i.e. the timeout
-    assert p["batch"]["heartbeat_seconds"] == p["batch"]["timeout_seconds"] == 30
-    batch = {**p["batch"], "timeout_seconds": TIMEOUT_S, "heartbeat_seconds": HEARTBEAT_S}
+    # the default heartbeat (300 s) is not below this config's max_rollout_time (30 s): off, i.e. the heartbeat
+    # is the rollout's limit and the task's timeout a second longer (the heartbeat must be below it)
+    assert (p["batch"]["timeout_seconds"], p["batch"]["heartbeat_seconds"], p["batch"]["heartbeat_on"]) == (31, 30, False)
+    batch = {**p["batch"], "timeout_seconds": TIMEOUT_S, "heartbeat_seconds": HEARTBEAT_S, "heartbeat_on": True}
     items = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=p["items_key"])["Body"].read())
     items = list({item["input_id"]: item for item in reversed(items)}.values())[::-1]  # one item per prompt
-    assert len(items) >= 3
+    assert len(items) >= 4
     yield stack, agent, sm, run_id, batch, items
     agent.stop()
     stack.stop()
 
 
-def _start(child, item) -> tuple[str, str, float]:
-    """Start one rollout child; (execution ARN, sid, when the agent was invoked)."""
-    stack, agent, sm, run_id, batch, items = child
+def _start(child, item, batch: dict | None = None) -> tuple[str, str, float]:
+    """Start one rollout child (of the fixture's batch, or ``batch``); (execution ARN, sid, when the agent was invoked)."""
+    stack, agent, sm, run_id, fixture_batch, items = child
     sfn = stack.moto.client("stepfunctions")
-    arn = sfn.start_execution(stateMachineArn=sm, name=f"child-{item['input_id']}", input=json.dumps({"run": run_ref(run_id), "batch": batch, "item": item,
+    arn = sfn.start_execution(stateMachineArn=sm, name=f"child-{item['input_id']}", input=json.dumps({"run": run_ref(run_id), "batch": batch or fixture_batch, "item": item,
                                                                     "result": None, "error": None}))["executionArn"]
     body = wait_for(lambda: next((b for b in agent.invocations if b["_rollout"]["input_id"] == item["input_id"]
                                   and b["_rollout"]["exp_id"].endswith(run_id)), None), 30)
@@ -132,4 +133,29 @@ def test_a_result_whose_notification_never_came_is_scored_late_not_zeroed(child)
     r = _record(child, sid)
     assert r["status"] == "ok" and r["late"] is True and r["error"] is None
     assert r["reward"] == 1.0 and len(r["records"]) == 1 and r["records"][0]["reward"] == 1.0  # trained on
+    assert sid not in agent.active_sessions(run_id)
+
+
+def test_with_the_heartbeat_off_a_silent_agent_ends_at_max_rollout_time_never_before(child):
+    """``rollout_heartbeat_seconds: 0`` (max_rollout_time 4 s): the task's HeartbeatSeconds (4) is below its
+    TimeoutSeconds (5), as the States Language requires, the gateway sends no heartbeat, and the silent
+    rollout ends at 4 s, not earlier, named for max_rollout_time (before: both were 4, the heartbeat equal to
+    the timeout)."""
+    from stepwise.core.liveness import rollout_timeouts
+    from stepwise.records import SessionRecord
+
+    stack, agent, sm, run_id, batch, items = child
+    timeouts = rollout_timeouts(4.0, 0)
+    assert timeouts == (5, 4, False)
+    off = {**batch, **timeouts._asdict()}
+    arn, sid, t0 = _start(child, items[3], off)
+    record = SessionRecord.model_validate(json.loads(stack.s3.get_object(Bucket=BUCKET, Key=session_key(sid))["Body"].read()))
+    assert record.heartbeat_seconds == 0  # the gateway sends no heartbeat for this task
+    ended = _ended(child, arn, 30)
+    held = time.monotonic() - t0
+    assert ended["status"] == "SUCCEEDED"
+    r = _record(child, sid)
+    assert r["status"] == "timeout" and r["reward"] == 0.0
+    assert r["error"]["cause"] == "no result within 4 s (max_rollout_time)", r["error"]
+    assert held >= 4 - 0.5, held  # t0 is taken when the agent was seen invoked, a moment after the task began
     assert sid not in agent.active_sessions(run_id)

@@ -209,3 +209,41 @@ def test_every_training_loop_task_retries_transient_service_errors() -> None:
     walk(asl["States"], False)
     assert {"Initialize run", "Check training session", "Submit training step", "Check training step",
             "Rebind sampler to new weights", "Save checkpoint", "Stop training session"} <= set(checked)
+
+
+# --- the rollout task's timeouts, as Step Functions resolves its paths ------------------------------
+
+#: Configurations around the boundary the heartbeat is on below: (max_rollout_time, rollout_heartbeat_seconds).
+TIMEOUT_CONFIGS = [(1800.0, 300), (1800.0, 0), (120.0, 300), (120.0, 120), (120.0, 119), (119.5, 120), (1.0, 0),
+                   (0.001, 5), (28800.0, 0), (28800.0, 28799)]
+
+
+def test_the_rollout_task_with_its_resolved_timeouts_is_a_valid_task_state() -> None:
+    """The callback task of the Map child ("Start rollout") with ``TimeoutSecondsPath`` / ``HeartbeatSecondsPath``
+    replaced by the values PlanStep puts there (`stepwise.core.liveness.rollout_timeouts`) for each of
+    :data:`TIMEOUT_CONFIGS`: asl-validator accepts every one (its schema: positive integers), and each keeps
+    the States Language's rule that asl-validator 4.0 does not check on literal values: HeartbeatSeconds
+    smaller than TimeoutSeconds (Step Functions developer guide, "Task workflow state"). Before: the heartbeat
+    off, or not below ``max_rollout_time``, gave a HeartbeatSeconds equal to TimeoutSeconds."""
+    from infra.definition import substitutions
+    from stepwise.core.liveness import rollout_timeouts
+    from tests.infra.test_stack_validators import asl_validate
+
+    arns = {spec.name: f"arn:aws:lambda:us-west-2:111122223333:function:stepwise-{spec.name.lower()}" for spec in FUNCTIONS}
+    asl = json.loads(render_definition(substitutions(function_arns=arns, bucket_name="stepwise-bucket"), load_definition()))
+    task = asl["States"]["Roll out generation batch"]["ItemProcessor"]["States"]["Start rollout"]
+    assert (task["TimeoutSecondsPath"], task["HeartbeatSecondsPath"]) == ("$.batch.timeout_seconds", "$.batch.heartbeat_seconds")
+    states = {}
+    for i, (max_rollout_time, heartbeat) in enumerate(TIMEOUT_CONFIGS):
+        t = rollout_timeouts(max_rollout_time, heartbeat)
+        assert 0 < t.heartbeat_seconds < t.timeout_seconds, (max_rollout_time, heartbeat, t)
+        state = {k: v for k, v in task.items() if k not in ("TimeoutSecondsPath", "HeartbeatSecondsPath", "Next", "End",
+                                                              "Catch")}
+        state.update(TimeoutSeconds=t.timeout_seconds, HeartbeatSeconds=t.heartbeat_seconds)
+        state.update({"Next": f"config {i + 1}"} if i + 1 < len(TIMEOUT_CONFIGS) else {"End": True})
+        states[f"config {i}"] = state
+    out = asl_validate(json.dumps({"StartAt": "config 0", "States": states}))
+    assert out.returncode == 0, out.stdout + out.stderr
+    # the validator does refuse a heartbeat that is no positive integer ("off cannot be 0")
+    states["config 0"]["HeartbeatSeconds"] = 0
+    assert asl_validate(json.dumps({"StartAt": "config 0", "States": states})).returncode != 0

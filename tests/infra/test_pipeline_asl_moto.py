@@ -133,10 +133,14 @@ def test_rollouts_that_time_out_score_zero_and_late_results_are_harmless(local):
     # the run fails naming it, the catch-all stops the session, nothing is trained.
     assert d["status"] == "FAILED" and d["error"] == "RolloutsFailed", d
     assert "all 4 rollouts of the train batch of step 0" in d["cause"] and "0 error, 4 timeout, 0 ok" in d["cause"]
-    assert "4 x States.Timeout" in d["cause"]
+    # the heartbeat is off (the default 300 s is not below 2 s): the task's HeartbeatSeconds is max_rollout_time
+    # and its TimeoutSeconds a second longer, so either ends it, each named for max_rollout_time
+    assert "no result within 2 s (max_rollout_time)" in d["cause"] and "no LLM call" not in d["cause"]
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix=rollouts_prefix(run_id, 0, 0))["Contents"]]
     records = [json.loads(s3.get_object(Bucket=BUCKET, Key=k)["Body"].read()) for k in keys]
     assert len(records) == 4 and {(r["status"], r["reward"]) for r in records} == {("timeout", 0.0)}
+    assert {r["error"]["error"] for r in records} <= {"States.HeartbeatTimeout", "States.Timeout"}
+    assert {r["error"]["cause"] for r in records} == {"no result within 2 s (max_rollout_time)"}
     assert all(r["sid"] for r in records)  # the timeout path still knows which session it closes
     assert sim.counters.get("optim_step", 0) == before
     assert _state(s3, run_id)["session_stopped"]

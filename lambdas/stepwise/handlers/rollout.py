@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from stepwise import metering
 from stepwise.aws import agentcore, task_tokens
 from stepwise.core.ledger import acr_usage, task_transitions
-from stepwise.core.liveness import heartbeat_on, timeout_cause
+from stepwise.core.liveness import timeout_cause
 from stepwise.gateway.session import API_KEY_DIGEST_FIELD, new_api_key
 from stepwise.events import FinishEvent, S3Notification, StartEvent
 from stepwise.handlers._common import (
@@ -85,6 +85,7 @@ def session_record(cfg: RunConfig, run_id: str, batch: BatchRef, sid: str, input
     if policy is None:
         raise ValueError("session_record needs batch.policy (StartRollout fills it from state.json)")
     sampling = cfg.eval_sampling_defaults if batch.kind == "eval" else cfg.sampling_defaults
+    timeouts = batch.timeouts()
     return SessionRecord(
         sid=sid,
         run_id=run_id,
@@ -104,9 +105,9 @@ def session_record(cfg: RunConfig, run_id: str, batch: BatchRef, sid: str, input
         max_total_tokens=cfg.max_tokens_per_rollout,
         sampling_seed=rollout_seed(cfg.seed, kind=batch.kind, step=batch.step,
                                    generation_batch=batch.generation_batch, index=index),
-        heartbeat_seconds=batch.heartbeat_seconds if heartbeat_on(batch.timeout_seconds, batch.heartbeat_seconds) else 0,
+        heartbeat_seconds=timeouts.heartbeat_seconds if timeouts.heartbeat_on else 0,
         started_at=now(),
-        deadline=now() + batch.timeout_seconds + SESSION_GRACE_S,
+        deadline=now() + timeouts.max_rollout_seconds + SESSION_GRACE_S,
         closed=False,
     )
 
@@ -346,7 +347,7 @@ def finish(event: FinishEvent) -> dict[str, Any]:
     key = None
     if event.error is not None:
         err = str(event.error.get("Error", "error"))
-        cause = timeout_cause(err, timeout_seconds=batch.timeout_seconds, heartbeat_seconds=batch.heartbeat_seconds)
+        cause = timeout_cause(err, batch.timeouts())
         status = "timeout" if cause is not None else "error"
         error = {"error": err, "cause": cause or str(event.error.get("Cause", ""))[:1000]}
         if status == "timeout" and sid is not None:
