@@ -62,7 +62,7 @@ from local.report import (
 )
 from local.stack import LocalStack, run_cleanup, run_sweeper, simulator_exit_code, training_session_status
 from stepwise import layout
-from stepwise.executions import ABNORMAL_END_STATUSES
+from stepwise.executions import ABNORMAL_END_STATUSES, run_id_stem
 from stepwise.stackinfo import StackInfo
 from stepwise_cli.commands._runs import Deployment, eval_accuracy, mean_reward
 from stepwise_cli.commands.watch import eval_when, kept_groups
@@ -297,10 +297,13 @@ def run_local(config_path: Path, *, run_id: str | None = None, out_root: Path = 
     ``{run_dir}/logs/lambdas.log``; the gateway and agents always log under ``logs/``.
 
     Raises:
-        stepwise.config.ConfigError: the config is invalid (nothing was started).
+        stepwise.config.ConfigError: the config is invalid, or (`RunRefused`) the run id breaks
+            `stepwise.executions.RUN_ID_RE` (nothing was started).
         RunInterrupted: a KeyboardInterrupt, after stopping everything, when interrupted (its ``result``).
     """
     from stepwise.config import load_run_config
+    from stepwise.core.preflight import RunRefused
+    from stepwise.executions import run_id_problem
 
     t_start = time.monotonic()
     config_path = Path(config_path)
@@ -310,6 +313,8 @@ def run_local(config_path: Path, *, run_id: str | None = None, out_root: Path = 
         overrides = {**(overrides or {}), "agent_runtime_arn": USER_AGENT_ARN}
     cfg = {**load_local_config(config_path), **(overrides or {})}
     config = load_run_config(cfg)
+    if run_id and (problem := run_id_problem(run_id)) is not None:  # the rule Init and `stepwise start` refuse by
+        raise RunRefused([problem])
     run_id, run_dir = new_run_folder(Path(out_root), run_id, config_path.stem)
     (run_dir / "config.json").write_text(json.dumps(cfg, indent=2))
 
@@ -340,13 +345,14 @@ class RunFolderExists(FileExistsError):
 def new_run_folder(out_root: Path, run_id: str | None, stem: str,
                    now: datetime | None = None) -> tuple[str, Path]:
     """The run id and its new, empty folder under ``out_root``: ``run_id`` as given (`RunFolderExists`
-    when its folder exists), else ``STEM-YYYYMMDD-HHMMSS`` (UTC) with ``-2``, ``-3``, ... when runs started
+    when its folder exists), else ``STEM-YYYYMMDD-HHMMSS`` (UTC; ``STEM`` as `stepwise.executions.run_id_stem`
+    makes it, so the id obeys the run-id rule) with ``-2``, ``-3``, ... when runs started
     in the same second. The folder is made here (``mkdir`` without ``exist_ok``), so two runs racing for
     one id cannot share it."""
     if run_id:
         candidates = iter([run_id])
     else:
-        base = f"{stem}-{(now or datetime.now(timezone.utc)).strftime('%Y%m%d-%H%M%S')}"
+        base = f"{run_id_stem(stem)}-{(now or datetime.now(timezone.utc)).strftime('%Y%m%d-%H%M%S')}"
         candidates = (base if n == 1 else f"{base}-{n}" for n in range(1, 10_000))
     out_root.mkdir(parents=True, exist_ok=True)
     for candidate in candidates:

@@ -3,7 +3,8 @@
 A run is identified by its run id. Its first execution is named after it; each continuation
 (continue-as-new, and `stepwise resume` when it starts a new execution) is named
 ``{run_id[:70]}--{segment}``: execution names are 1-80 characters, so the run id is cut to 70
-and a run id may not contain ``--`` (`stepwise_cli.commands._runs.RUN_ID_RE`).
+and a run id may not contain ``--``: `RUN_ID_RE`, which Init, ``stepwise start`` and ``run-local`` all
+enforce (`run_id_problem`) before anything bills.
 
 Statuses are DescribeExecution's ``status`` and the ``detail.status`` of EventBridge's
 "Step Functions Execution Status Change" events (the Step Functions API reference, and
@@ -18,6 +19,8 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import datetime, timezone
+from pathlib import PurePath
 from typing import Any
 
 __all__ = [
@@ -26,9 +29,14 @@ __all__ = [
     "EXECUTION_STATUS_CHANGE",
     "TERMINAL_STATUSES",
     "belongs_to",
+    "RUN_ID_RE",
+    "RUN_ID_RULE",
     "continuation_name",
+    "default_run_id",
     "execution_arn_of",
     "run_id_of_execution",
+    "run_id_problem",
+    "run_id_stem",
 ]
 
 #: Every status an execution ends in (all but RUNNING; PENDING_REDRIVE is a redrive's start).
@@ -41,6 +49,37 @@ EXECUTION_STATUS_CHANGE = "Step Functions Execution Status Change"
 #: The output key of an execution that handed its run over to the next one (continue-as-new; the
 #: ASL's "Handed over to the next execution" state): such a SUCCEEDED is no run end.
 HANDED_OVER_KEY = "handed_over_to"
+
+#: A run id: it is the first execution's name (Step Functions: 1-80 characters; these are a subset of the
+#: characters it allows), continuations append ``--{n}`` to its first 70 characters, and `belongs_to` /
+#: `run_id_of_execution` tell a run's executions apart by that suffix, so a run id has at most 70
+#: characters and no ``--``. ASCII only; matched whole (`run_id_problem` uses ``fullmatch``).
+RUN_ID_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_]|-(?!-)){0,69}")
+#: `RUN_ID_RE` in words, for the refusals.
+RUN_ID_RULE = ("1-70 of the letters A-Z and a-z, digits, '_' and '-', starting with a letter or digit, without "
+               "'--' (a run id is its first execution's name; continuations append --N)")
+
+
+def run_id_problem(run_id: Any) -> str | None:
+    """None when ``run_id`` is usable as a run id (`RUN_ID_RE`); else why not, naming the rule."""
+    if isinstance(run_id, str) and RUN_ID_RE.fullmatch(run_id):
+        return None
+    return f"run id {run_id!r} is not usable as an execution name: use {RUN_ID_RULE}"
+
+
+def run_id_stem(text: str) -> str:
+    """``text`` reduced to what `RUN_ID_RE` allows, for the front of a default run id: ASCII letters, digits and
+    ``_``, other characters as single ``-``, a letter or digit first, at most 48 characters (so
+    ``STEM-YYYYMMDD-HHMMSS-NNNN`` fits in 70), ``run`` when nothing is left."""
+    stem = "".join(c if c.isascii() and (c.isalnum() or c == "_") else "-" for c in text)
+    return re.sub(r"-{2,}", "-", stem).lstrip("-_")[:48].rstrip("-") or "run"
+
+
+def default_run_id(config_path: str | PurePath, now: datetime | None = None) -> str:
+    """``{config stem}-{YYYYMMDD-HHMMSS}`` (UTC), the stem as `run_id_stem` makes it: always a usable run id."""
+    now = now or datetime.now(timezone.utc)
+    return f"{run_id_stem(PurePath(config_path).stem)}-{now.strftime('%Y%m%d-%H%M%S')}"
+
 
 #: ``{prefix}--{segment}``: a continuation's execution name.
 CONTINUATION_RE = re.compile(r"^(?P<prefix>.+)--(?P<segment>\d+)$")

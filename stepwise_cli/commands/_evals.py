@@ -296,11 +296,11 @@ def parse_sets(items: list[str]) -> dict[str, Any]:
 
 def default_run_id(config: str, kind: str) -> str:
     """``{config stem}-{kind}-{YYYYMMDD-HHMMSS}`` (UTC), a valid run id."""
-    from stepwise_cli.commands.start import default_run_id as start_default
+    from stepwise.executions import default_run_id as start_default
 
     stem, _, stamp = start_default(config).rpartition("-")
     stem, _, day = stem.rpartition("-")
-    return f"{stem[:44]}-{kind}-{day}-{stamp}"
+    return f"{stem[:44].rstrip('-')}-{kind}-{day}-{stamp}"
 
 
 def launch(args: argparse.Namespace, overrides: dict[str, Any], kind: str) -> RunEvals:

@@ -13,18 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
 from stepwise import layout
-from stepwise.executions import belongs_to
+from stepwise.executions import belongs_to, run_id_problem
 from stepwise.stackinfo import StackInfo, StackNotFound, resolve
-
-#: Run ids become execution names (1-80 of [A-Za-z0-9_-]); continuations append ``--{n}`` to
-#: the first 70 characters, so run ids are kept to 70 characters and may not contain ``--``.
-RUN_ID_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9_]|-(?!-)){0,69}$")
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -76,11 +71,10 @@ def deployment(args: argparse.Namespace) -> Deployment:
 
 
 def validate_run_id(run_id: str) -> str:
-    if not RUN_ID_RE.match(run_id):
-        raise CommandError(
-            f"run id {run_id!r} is not usable as an execution name: use 1-70 of letters, digits, '_' and '-', "
-            "starting with a letter or digit, without '--' (continuations append --N)"
-        )
+    """``run_id`` if it is usable (`stepwise.executions.run_id_problem`); else CommandError naming the rule."""
+    problem = run_id_problem(run_id)
+    if problem is not None:
+        raise CommandError(problem)
     return run_id
 
 

@@ -21,11 +21,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from stepwise import layout
+from stepwise.executions import default_run_id
 from stepwise_cli.commands._runs import (
     EXIT_FAILED,
     EXIT_OK,
@@ -52,15 +52,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="if the run id exists, resume that run (as `stepwise resume RUN`) instead of refusing")
     parser.add_argument("--json", action="store_true", help="print {run_id, execution_arn, console_url} as JSON")
     add_stack_arguments(parser)
-
-
-def default_run_id(config_path: str, now: datetime | None = None) -> str:
-    """``{config stem}-{YYYYMMDD-HHMMSS}`` (UTC), made safe for an execution name."""
-    now = now or datetime.now(timezone.utc)
-    stem = "".join(c if c.isalnum() or c == "_" else "-" for c in Path(config_path).stem).strip("-") or "run"
-    while "--" in stem:
-        stem = stem.replace("--", "-")
-    return f"{stem[:54]}-{now.strftime('%Y%m%d-%H%M%S')}"
 
 
 def run_exists(dep: Deployment, run_id: str) -> bool:

@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from tests.support.pipeline import AGENT_ARN, BUCKET, REGION, Stack, init_run, new_run_id, session_creates
+from hypothesis import HealthCheck, example, given, settings
+from tests.drills.test_run_ids import names
+from tests.support.pipeline import AGENT_ARN, BUCKET, REGION, Stack, execution_arn, init_run, new_run_id, session_creates
 
 from stepwise.config import ConfigError
 from stepwise.core.preflight import RunRefused
@@ -179,3 +181,58 @@ def test_values_the_services_or_one_step_cannot_hold_are_refused(stack, override
     e = refused(stack, ConfigError, **overrides)
     [err] = [x for x in e.errors if x.startswith(f"{field}:")]
     assert limit in err and repr(overrides[field]) in err
+
+
+# ------------------------------------------------------------------------------ run ids (tests/drills/test_run_ids.py)
+
+
+class _PastTheCheck(Exception):
+    """Raised by the stand-in for the local stack: run-local got past its run-id check."""
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(names)
+@example("a--1")
+@example("r" * 71)
+@example("ok_run-1")
+def test_init_start_and_run_local_refuse_the_same_names_before_anything_bills(stack, monkeypatch, name):
+    """Init (a first execution named ``name``, with a config that is invalid anyway, so a usable name fails on
+    the config instead), ``stepwise start``'s check and ``run-local`` (an empty ``--run-id`` is none: both
+    then use `default_run_id`) (whose local stack is replaced by one
+    that raises: got that far = accepted) give the rule's verdict; a refusal names the rule and Init's leaves
+    no training session and no claimed run."""
+    import tempfile
+    from pathlib import Path
+
+    import local.run
+    from stepwise.events import InitEvent
+    from stepwise.handlers.init import initialize
+    from stepwise.executions import RUN_ID_RULE
+    from stepwise_cli.commands._runs import CommandError, validate_run_id
+    from tests.drills.test_run_ids import ROOT, usable
+
+    refused_by_rule = not usable(name)
+    before = session_creates(stack)
+    with pytest.raises(ConfigError) as init:
+        initialize(InitEvent(input={}, execution_arn=execution_arn("x") + name, execution_name=name))
+    assert isinstance(init.value, RunRefused) == refused_by_rule, init.value
+    assert (RUN_ID_RULE in str(init.value)) == refused_by_rule
+    assert session_creates(stack) == before
+    if refused_by_rule:
+        assert not RunStore(BUCKET, stack.s3).exists(state_key(name))
+
+    if name == "":  # no --run-id: both commands name the run `default_run_id(config)`, a usable id
+        return
+    if refused_by_rule:
+        with pytest.raises(CommandError, match="is not usable as an execution name"):
+            validate_run_id(name)
+    else:
+        assert validate_run_id(name) == name
+
+    monkeypatch.setattr(local.run, "LocalStack", lambda **_: (_ for _ in ()).throw(_PastTheCheck()))
+    with tempfile.TemporaryDirectory() as out:
+        with pytest.raises(RunRefused if refused_by_rule else _PastTheCheck) as run_local:
+            local.run.run_local(ROOT / "examples" / "toy.json", run_id=name, out_root=Path(out), progress=False)
+        if refused_by_rule:
+            assert RUN_ID_RULE in str(run_local.value)
+            assert list(Path(out).iterdir()) == []  # no run folder, nothing started

@@ -24,7 +24,7 @@ from stepwise.aws.runstore import RunNotFound, RunOwnedElsewhere, RunStore
 from stepwise.core.phases import is_failure_stop, resume_session_name, rewind_to_checkpoint, session_name_for
 from stepwise.core.selection import refresh_best
 from stepwise.events import InitEvent
-from stepwise.executions import resolve_run
+from stepwise.executions import resolve_run, run_id_problem
 from stepwise.handlers._common import bind, entrypoint, logger, now, poll_seconds, run_config, settings, store
 from stepwise.layout import config_key, dataset_index_key, dataset_shard_key, tokenizer_prefix
 from stepwise.records import Checkpoint, EvalSetRows, Ledger, RunState
@@ -243,6 +243,10 @@ def initialize(event: InitEvent) -> dict[str, Any]:
         logger.info("continuing run", extra={"segment": state.segment, "step": state.step})
         return _output(run_id, event.execution_arn, ready=state.session_status == sagemaker.RUNNING)
 
+    if (problem := run_id_problem(run_id)) is not None:  # a name Step Functions takes but continuations cannot
+        from stepwise.core.preflight import RunRefused
+
+        raise RunRefused([problem])
     try:
         existing, _ = rs.read_state(run_id)
     except RunNotFound:
