@@ -532,6 +532,17 @@ class RunConfig(BaseModel):
 
     # ------------------------------------------------------------------ field checks
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _exact_integers(cls, v: Any) -> Any:
+        """Every field, before its own checks: no integer in it (nested ones included) beyond
+        `limits.MAX_EXACT_INTEGER`, the one bound of every integer of a run config."""
+        if _inexact_integer(v):
+            raise ValueError(f"integers must be within +-{limits.MAX_EXACT_INTEGER:,} (2**53 - 1): a run config travels "
+                             "through Step Functions, whose numbers are doubles, and a larger one would not arrive "
+                             "as written")
+        return v
+
     @field_validator("region")
     @classmethod
     def _region(cls, v: str) -> str:
@@ -971,6 +982,21 @@ class _ShortRepr(reprlib.Repr):
 
 
 _SHORT_REPR = _ShortRepr()
+
+
+def _inexact_integer(value: Any) -> bool:
+    """Whether ``value`` is, or holds (in lists, tuples, dicts' keys and values), an integer that is not a bool and
+    lies beyond +-`limits.MAX_EXACT_INTEGER`. Each container is looked at once (a self-referring one ends)."""
+    stack, seen = [value], set()
+    while stack:
+        v = stack.pop()
+        if isinstance(v, int) and not isinstance(v, bool):
+            if not -limits.MAX_EXACT_INTEGER <= v <= limits.MAX_EXACT_INTEGER:
+                return True
+        elif isinstance(v, (dict, list, tuple, set, frozenset)) and id(v) not in seen:
+            seen.add(id(v))
+            stack.extend([*v.keys(), *v.values()] if isinstance(v, dict) else v)
+    return False
 
 
 def shown(value: Any) -> str:

@@ -107,3 +107,7 @@ LORA_RANK = model_range("LoraConfig", "Rank", service="sagemaker")
 LORA_ALPHA = model_range("LoraConfig", "Alpha", service="sagemaker")
 #: The largest value of a botocore ``integer`` shape (32-bit; ``long`` is 64-bit).
 MAX_INTEGER = 2**31 - 1
+#: The largest integer a run config may hold anywhere. The config is a Step Functions execution's input and
+#: travels in its state data, whose JSON numbers are IEEE 754 doubles: integers are exact only within
+#: +-(2**53 - 1) (RFC 8259, section 6); 2**53 + 1 would arrive as 2**53, 10**30 as 1e30.
+MAX_EXACT_INTEGER = 2**53 - 1
