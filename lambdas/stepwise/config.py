@@ -538,9 +538,8 @@ class RunConfig(BaseModel):
         """Every field, before its own checks: no integer in it (nested ones included) beyond
         `limits.MAX_EXACT_INTEGER`, the one bound of every integer of a run config."""
         if _inexact_integer(v):
-            raise ValueError(f"integers must be within +-{limits.MAX_EXACT_INTEGER:,} (2**53 - 1): a run config travels "
-                             "through Step Functions, whose numbers are doubles, and a larger one would not arrive "
-                             "as written")
+            raise ValueError(f"integers must be within +-{limits.MAX_EXACT_INTEGER:,} (2**53 - 1): Step Functions "
+                             "carries numbers as doubles")
         return v
 
     @field_validator("region")
