@@ -5,7 +5,8 @@ Context values (``-c key=value``; all optional, see docs/deploy.md and ``infra.s
 stackName, agentRuntimeArns, sagemakerRoleArns, agentRoleArns, notificationTopicArn,
 bulkRetentionDays, stallMinutes, rolloutFailureRateAlarm, logRetentionDays, destroyOnDelete,
 dataBuckets, kmsKeyArn, mlflowTrackingServerArns, wandbApiKeySecretArn, sweepMinutes, gatewayReservedConcurrency,
-sessionStartTimeoutSeconds, pollSeconds, createSageMakerRole, deployMathAgent.
+sessionStartTimeoutSeconds, pollSeconds, createSageMakerRole, deployMathAgent, agentDir, agentEntrypoint,
+agentRequirements.
 """
 
 from __future__ import annotations

@@ -100,6 +100,12 @@ class StackSettings:
         deploy_math_agent: build the example math agent's image for linux/arm64 and create its
             training runtime, role and grants (context ``deployMathAgent``; ``infra.agent_runtime``);
             its ARN is the ``MathAgentRuntimeArn`` output. Off by default.
+        agent_dir: a user's agent folder to build for linux/arm64 and deploy as a training runtime, with its
+            role and grants (context ``agentDir``; `infra.agent_folder`, ``infra.agent_runtime``); its ARN is the
+            ``AgentRuntimeArn`` output. '' = none.
+        agent_entrypoint: the folder's ``MODULE:ATTR`` (context ``agentEntrypoint``, default ``agent:app``).
+        agent_requirements: the folder's requirements file (context ``agentRequirements``, default
+            ``requirements.txt``).
     """
 
     agent_runtime_arns: tuple[str, ...] = ()
@@ -122,6 +128,9 @@ class StackSettings:
     poll_seconds: int | None = None
     create_sagemaker_role: bool = False
     deploy_math_agent: bool = False
+    agent_dir: str = ""
+    agent_entrypoint: str = ""
+    agent_requirements: str = ""
 
     @classmethod
     def from_context(cls, get: Callable[[str], Any]) -> "StackSettings":
@@ -159,7 +168,15 @@ class StackSettings:
             poll_seconds=_optional_int(get("pollSeconds"), "pollSeconds", *POLL_SECONDS_RANGE),
             create_sagemaker_role=_bool(get("createSageMakerRole"), "createSageMakerRole"),
             deploy_math_agent=_bool(get("deployMathAgent"), "deployMathAgent"),
+            **_agent_folder(get("agentDir"), get("agentEntrypoint"), get("agentRequirements")),
         )
+
+    def agent_folder(self):
+        """The `infra.agent_folder.AgentFolder` of ``agentDir`` (None when not given)."""
+        from infra.agent_folder import AgentFolder
+
+        return AgentFolder.of(self.agent_dir, self.agent_entrypoint or None, self.agent_requirements or None) \
+            if self.agent_dir else None
 
     def function_environment(self) -> dict[str, str]:
         """The handler functions' variables these settings set (only those given): the session-start
@@ -178,6 +195,26 @@ class StackSettings:
         if self.poll_seconds is not None:
             env[ENV_POLL_SECONDS] = str(self.poll_seconds)
         return env
+
+
+def _agent_folder(folder: Any, entrypoint: Any, requirements: Any) -> dict[str, str]:
+    """``agentDir`` / ``agentEntrypoint`` / ``agentRequirements``, checked (`infra.agent_folder.AgentFolder.of`)."""
+    from infra.agent_folder import AgentFolder, AgentFolderError
+
+    if folder in (None, ""):
+        if entrypoint not in (None, "") or requirements not in (None, ""):
+            raise SettingsError("context agentEntrypoint / agentRequirements need agentDir (the agent folder)")
+        return {}
+    for key, value in (("agentDir", folder), ("agentEntrypoint", entrypoint), ("agentRequirements", requirements)):
+        if value is not None and not isinstance(value, str):
+            raise SettingsError(f"context {key}: expected a string, got {value!r}")
+    try:
+        agent = AgentFolder.of(folder, entrypoint or None, requirements or None)
+        agent.extra_requirements()
+    except AgentFolderError as e:
+        raise SettingsError(f"context agentDir: {e}") from None
+    return {"agent_dir": str(agent.folder), "agent_entrypoint": agent.entrypoint,
+            "agent_requirements": agent.requirements.name if agent.requirements else ""}
 
 
 def _arns(value: Any, key: str, pattern: re.Pattern[str], shape: str) -> tuple[str, ...]:

@@ -16,7 +16,7 @@ from aws_cdk import aws_sns as sns
 from cdk_nag import NagSuppressions
 from constructs import Construct
 
-from infra.agent_runtime import ExampleAgentRuntime
+from infra.agent_runtime import AgentRuntime
 from infra.cleanup import Cleanup
 from infra.definition import substitutions
 from infra.functions import HandlerFunctions
@@ -38,6 +38,9 @@ OUTPUT_DASHBOARD = "DashboardName"
 #: With ``createSageMakerRole`` / ``deployMathAgent``: the session role and the example agent's runtime.
 OUTPUT_SAGEMAKER_ROLE = "SageMakerRoleArn"
 OUTPUT_MATH_AGENT_RUNTIME = "MathAgentRuntimeArn"
+#: With ``agentDir``: the user's agent folder's training runtime and its execution role.
+OUTPUT_AGENT_RUNTIME = "AgentRuntimeArn"
+OUTPUT_AGENT_ROLE = "AgentRuntimeRoleArn"
 
 #: Extra environment the stack gives every handler (defaults Init uses when the run config leaves them blank).
 ENV_DEFAULT_S3_OUTPUT_PATH = "STEPWISE_DEFAULT_S3_OUTPUT_PATH"
@@ -73,11 +76,14 @@ class StepwiseStack(Stack):
         # Each joins the grants as if it had been given in sagemakerRoleArns / agentRuntimeArns.
         self.session_role = (SessionRole(self, "SageMakerSessionRole", storage=self.storage,
                                          kms_key_arn=settings.kms_key_arn) if settings.create_sagemaker_role else None)
-        self.math_agent = ExampleAgentRuntime(self, "MathAgent", storage=self.storage) if settings.deploy_math_agent else None
+        self.math_agent = AgentRuntime(self, "MathAgent", storage=self.storage) if settings.deploy_math_agent else None
+        folder = settings.agent_folder()
+        self.agent = AgentRuntime(self, "Agent", storage=self.storage, folder=folder) if folder else None
         sagemaker_role_arns = settings.sagemaker_role_arns + ((self.session_role.role_arn,) if self.session_role else ())
         agent_runtime_arns = settings.agent_runtime_arns
-        if self.math_agent is not None and agent_runtime_arns:  # an allow-list: the new runtime joins it
-            agent_runtime_arns += (self.math_agent.runtime_arn,)
+        for runtime in (self.math_agent, self.agent):
+            if runtime is not None and agent_runtime_arns:  # an allow-list: the new runtime joins it
+                agent_runtime_arns += (runtime.runtime_arn,)
         self.gateway = Gateway(self, "Gateway", bucket=bucket, log_retention_days=settings.log_retention_days,
                                reserved_concurrency=settings.gateway_reserved_concurrency)
         self.functions = HandlerFunctions(
@@ -147,6 +153,12 @@ class StepwiseStack(Stack):
         if self.math_agent is not None:
             CfnOutput(self, OUTPUT_MATH_AGENT_RUNTIME, value=self.math_agent.runtime_arn,
                       description="The example math agent's training runtime: a run config's agent_runtime_arn")
+        if self.agent is not None:
+            CfnOutput(self, OUTPUT_AGENT_RUNTIME, value=self.agent.runtime_arn,
+                      description=f"The training runtime of the agent folder {folder.name} ({folder.entrypoint}): "
+                                  "a run config's agent_runtime_arn (stepwise agent config fills it in)")
+            CfnOutput(self, OUTPUT_AGENT_ROLE, value=self.agent.role_arn,
+                      description="The agent's execution role (the AgentCore Runtime execution role, documented)")
 
         _suppress_stack_level(self, settings)
 
@@ -284,7 +296,7 @@ def _suppress_stack_level(stack: Stack, settings: StackSettings) -> None:
                       "scoped to the configured runtimes.",
             "appliesTo": [{"regex": "/^Resource::arn:.*:bedrock-agentcore:.*:runtime\\/.*\\/runtime-endpoint\\/\\*$/"},
                           # the example math agent's runtime (deployMathAgent) joins the allow-list by its ARN attribute
-                          {"regex": "/^Resource::<MathAgentRuntime[0-9A-F]+\\.AgentRuntimeArn>\\/runtime-endpoint\\/\\*$/"}],
+                          {"regex": "/^Resource::<(Math)?AgentRuntime[0-9A-F]+\\.AgentRuntimeArn>\\/runtime-endpoint\\/\\*$/"}],
         })
     if not settings.sagemaker_role_arns and not settings.create_sagemaker_role:
         fallbacks.append({

@@ -4,7 +4,9 @@ region, whether each is gated, and whether the gateway parses its tool calls.
 The list is the SDK's own (``ServiceClient.list_base_models``: the SageMaker Public Hub's models with the
 training-session capability in that region), each described by the hub's ``DescribeHubContent``
 (`stepwise.aws.hub`): its hub content name and version (what ``base_model_arn`` may name), and ``GatedBucket``
-(a gated model needs ``accept_eula: true``). Unless ``--no-templates``, each model's tokenizer is loaded the
+(a gated model needs ``accept_eula: true``), and what a training session of it costs per hour
+(`stepwise.core.prices.session_price`: the dated table; where AWS publishes no figure, its high default, marked
+unconfirmed, with how to read the real one from the bill). Unless ``--no-templates``, each model's tokenizer is loaded the
 way Init loads it (the SDK's ``load_tokenizer``: its published id, then ``AutoTokenizer.from_pretrained``,
 which downloads the tokenizer files, not the weights) and its chat template is looked up in the toolkit's
 registry (``agentcore_rl_toolkit.rollout_gateway.response_schemas.resolve_schema_name``, the hashes of TRL's
@@ -53,12 +55,16 @@ def chat_template(model: Any, client: Any) -> dict[str, Any]:
 def describe_models(region: str, *, templates: bool = True, progress: Any = None) -> list[dict[str, Any]]:
     """The region's base models as dicts (see the module doc)."""
     from stepwise.aws.hub import base_models, hub_client
+    from stepwise.core.prices import session_price
 
     client = hub_client(region)
     rows = []
     for model in base_models(region, client):
+        price = session_price(model.name)
         row = {"model_id": model.model_id, "hub_content_name": model.name, "version": model.version,
-               "base_model_arn": model.arn, "gated": model.gated, "tokenizer": model.hf_model_id}
+               "base_model_arn": model.arn, "gated": model.gated, "tokenizer": model.hf_model_id,
+               "session_usd_per_hour": price.usd_per_hour, "session_price_confirmed": price.confirmed,
+               "session_price_source": price.source}
         if templates:
             if progress is not None:
                 progress(f"reading {model.model_id}'s chat template (downloads its tokenizer files) ...")
@@ -68,10 +74,11 @@ def describe_models(region: str, *, templates: bool = True, progress: Any = None
 
 
 def _table(rows: list[dict[str, Any]], templates: bool) -> str:
-    head = ["base_model_arn (hub content name)", "version", "model id", "gated"] + (
+    head = ["base_model_arn (hub content name)", "version", "model id", "gated", "session $/h"] + (
         ["chat template", "tool calls"] if templates else [])
     body = [[r["hub_content_name"], r["version"], r["model_id"],
-             "yes: accept_eula" if r["gated"] else "no"]
+             "yes: accept_eula" if r["gated"] else "no",
+             f"{r['session_usd_per_hour']:g}" + ("" if r["session_price_confirmed"] else " (default: confirm)")]
             + ([r.get("chat_template") or "-", "parsed" if r.get("tool_calls") else "not parsed"] if templates else [])
             for r in rows]
     widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
@@ -99,6 +106,12 @@ def run(args: argparse.Namespace) -> int:
         return 1
     print(f"base models training sessions offer in {region} (SageMaker Public Hub):")
     print(_table(rows, templates))
+    from stepwise.core.prices import SESSION_PRICE_HOWTO, SESSION_PRICES_AS_OF
+
+    if not all(r["session_price_confirmed"] for r in rows):
+        print(f"\nsession $/h: the price table of {SESSION_PRICES_AS_OF}; AWS publishes no per-hour figure for training "
+              f"sessions, so a '(default: confirm)' figure is a high placeholder for session_usd_per_hour and "
+              f"max_cost_usd: to read yours, {SESSION_PRICE_HOWTO}")
     print("\nput the hub content name (or the model's hub-content ARN, base_model_arn in --json, to pin its version) "
           "in the config's base_model_arn; a gated model also needs accept_eula: true (read its license first)")
     return 0

@@ -11,6 +11,10 @@
 3. One execution of the training loop is started, named after the run id, with the rewritten
    config as its input. The run id and the execution's console link are printed.
 
+Before anything starts, the run's projected cost (`stepwise_cli.cost.estimate`, as ``stepwise cost`` shows it)
+is printed, with a warning (`cap_warnings`) when nothing caps the run's spending (neither ``max_cost_usd`` nor
+``max_session_hours``) or when its session price is the price table's unconfirmed default.
+
 An existing run id (an execution of that name, or ``runs/{run_id}/state.json``) is refused,
 unless ``--resume`` is given, which hands over to `stepwise resume` (the config is then ignored:
 the run continues with the config it started with).
@@ -98,6 +102,31 @@ def upload_inputs(raw: dict[str, Any], *, s3: Any, bucket: str, run_id: str) -> 
     return out, uploaded
 
 
+def cap_warnings(cfg: Any, estimate: dict[str, Any]) -> list[str]:
+    """Warnings about what caps the run's spending (`stepwise.core.stopping` ends a run at ``max_cost_usd`` or
+    ``max_session_hours``): none when either is set, with a known price; else what the projection says it may
+    cost and how to cap it. ``estimate``: `stepwise_cli.cost.estimate`'s result for the run."""
+    from stepwise.core.ledger import usd
+    from stepwise.core.prices import SESSION_DEFAULT_USD_PER_HOUR, is_unconfirmed_default, session_price
+
+    out = []
+    run = estimate.get("run") or estimate["parts_per_step"]
+    span = f"for its {run['steps']} steps" if "steps" in run else "per step"
+    projected = (f"projected {usd(run['total'])} and {run['session_hours']:.2f} session-hours {span}"
+                 + ("" if "session" in run else " (the session not priced: no session_usd_per_hour)"))
+    if cfg.max_cost_usd is None and cfg.max_session_hours is None:
+        price = session_price(cfg.base_model_arn)
+        out.append(f"this run has no dollar or hour cap ({projected}): nothing but its steps ends it. Set max_cost_usd "
+                   f"(with session_usd_per_hour; the price table says {price.usd_per_hour:g} USD/h for this model"
+                   f"{'' if price.confirmed else ', a default to confirm'}) or max_session_hours")
+    if is_unconfirmed_default(cfg.session_usd_per_hour):
+        out.append(f"session_usd_per_hour is the price table's default ({SESSION_DEFAULT_USD_PER_HOUR:g} USD/h, "
+                   f"deliberately high: AWS publishes no figure for training sessions), so max_cost_usd ends the run "
+                   f"early rather than late; replace it with your account's figure (docs/my-agent.md, 'What a "
+                   f"session costs')")
+    return out
+
+
 def _read_raw(path: str) -> dict[str, Any]:
     """The config file's fields (JSON or YAML), without the reference fields that cannot apply
     serverless (`stepwise.config.drop_unsupported`: warned about by the validation before)."""
@@ -151,6 +180,8 @@ def start(args: argparse.Namespace, overrides: dict[str, Any] | None = None) -> 
     from stepwise_cli.cost import put_estimate
 
     est = put_estimate(dep.s3, dep.bucket, run_id, cfg, cfg.total_steps(rows["dataset_path"]) if "dataset_path" in rows else None)
+    for w in cap_warnings(cfg, est):  # before the execution starts: the last moment to cap it
+        print(f"warning: {w}", file=sys.stderr)
     resp = dep.sfn.start_execution(stateMachineArn=dep.state_machine_arn, name=run_id, input=json.dumps(rewritten))
     arn = resp["executionArn"]
     return {"run_id": run_id, "execution_arn": arn, "console_url": console_url(arn), "uploaded": uploaded,

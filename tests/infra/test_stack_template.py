@@ -707,9 +707,10 @@ def test_the_first_run_resources_are_off_by_default_and_least_privilege_when_ask
     assert trust["Principal"] == {"Service": "bedrock-agentcore.amazonaws.com"}
     assert set(trust["Condition"]) == {"StringEquals", "ArnLike"}
     agent = statements_of_role(scoped, agent_role)
-    assert set(actions_of(agent)) == {"ecr:BatchCheckLayerAvailability", "ecr:GetDownloadUrlForLayer", "ecr:BatchGetImage",
-                                      "ecr:GetAuthorizationToken", "logs:CreateLogGroup", "logs:DescribeLogStreams",
-                                      "logs:CreateLogStream", "logs:PutLogEvents", "s3:PutObject"}
+    # the execution role AgentCore Runtime documents (infra.agent_runtime.AGENT_RUNTIME_STATEMENTS), no more
+    from infra.agent_runtime import AGENT_RUNTIME_STATEMENTS
+
+    assert set(actions_of(agent)) == {a for actions in AGENT_RUNTIME_STATEMENTS.values() for a in actions}
     (put,) = [st for st in agent if actions_of([st]) == {"s3:PutObject"}]
     assert "rollout-results/*" in json.dumps(put["Resource"])
     assert {"SageMakerRoleArn", "MathAgentRuntimeArn"} <= set(scoped["Outputs"])
@@ -717,7 +718,7 @@ def test_the_first_run_resources_are_off_by_default_and_least_privilege_when_ask
     stack = scoped_app[0]
     assembly = stack.node.root.synth()
     manifest = json.loads(open(f"{assembly.directory}/{stack.artifact_id}.assets.json").read())
-    platforms = {i["source"].get("dockerBuildArgs", {}).get("AGENT", "lambda"): i["source"].get("platform")
+    platforms = {i["source"].get("dockerBuildArgs", {}).get("ENTRYPOINT", "lambda"): i["source"].get("platform")
                  for i in manifest["dockerImages"].values()}
     # AgentCore Runtime runs arm64 containers; the Lambda images stay x86_64
-    assert platforms == {"math_agent": "linux/arm64", "lambda": "linux/amd64"}
+    assert platforms == {"local.agents.math_agent:app": "linux/arm64", "lambda": "linux/amd64"}

@@ -6,14 +6,21 @@ copies of those pages and other pages quoting them, not checked live from this m
 region's prices before relying on a figure. Free tiers, Savings Plans and volume tiers are ignored
 (the first tier's price is used throughout).
 
-The SageMaker training session is not in the table: its price depends on the instance the service
-gives the session, so the run's config names it (``session_usd_per_hour``); without it the ledger
-counts session-hours only. Read by `stepwise.core.ledger` (the ledger in the run state and the
+The SageMaker training session is priced by the run's config (``session_usd_per_hour``): the ledger
+counts its seconds, and without the field it counts session-hours only. `SESSION_PRICES` says what to put
+there, per base model, as of ``SESSION_PRICES_AS_OF``: AWS publishes no per-hour figure for training
+sessions (searched that day: the Amazon SageMaker AI pricing page and the "Training session APIs" page of
+the SageMaker AI developer guide name none), so each real model's entry is `SESSION_DEFAULT_USD_PER_HOUR`, a
+deliberately high default the user must confirm from the account's bill (`SESSION_PRICE_HOWTO`); the local
+simulator's models cost nothing. `stepwise models` shows the figure, `stepwise start` warns while a run
+uses an unconfirmed default. Read by `stepwise.core.ledger` (the ledger in the run state and the
 step summaries), `stepwise_cli.cost` (`stepwise cost`, `stepwise validate`), the local report and
 the benchmarks. Pure constants: no I/O.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 #: When and where these prices were read.
 PRICES_AS_OF = "2026-12-01"
@@ -44,6 +51,64 @@ S3_FREE_PREFIXES = ("Delete", "Abort")
 #: session-second (``acr_vcpus``, ``acr_memory_gb``).
 ACR_USD_PER_VCPU_HOUR = 0.0895
 ACR_USD_PER_GB_HOUR = 0.00945
+
+
+#: The training session's price per hour, per base model (hub content name; the model id works too).
+SESSION_PRICES_AS_OF = "2026-12-07"
+
+#: USD per session-hour assumed where AWS publishes no figure: deliberately above what one 8-GPU H100
+#: instance costs on AWS's own pages (the stored "Amazon EC2 Capacity Blocks for ML" pricing page: p5.48xlarge,
+#: US East, $39.33 an hour), so a ``max_cost_usd`` computed with it ends a run early rather than late. Not a
+#: price: replace it with your account's figure (`SESSION_PRICE_HOWTO`).
+SESSION_DEFAULT_USD_PER_HOUR = 100.0
+
+#: How to read the real figure from the account, the page `stepwise models` and `stepwise start` point to.
+SESSION_PRICE_HOWTO = (
+    "run a short first run (examples/aws/gsm8k.json caps it), then divide its day's SageMaker charges (Cost "
+    "Explorer, service 'Amazon SageMaker', grouped by usage type; or the bill's SageMaker section) by the "
+    "session-hours the run's ledger counted (stepwise watch's last line); docs/my-agent.md, 'What a session costs'")
+
+
+@dataclass(frozen=True)
+class SessionPrice:
+    """What a training session of one base model costs per hour, and where the figure comes from.
+
+    Attributes:
+        usd_per_hour: USD per session-hour (``session_usd_per_hour``).
+        confirmed: True when ``source`` is a published price (or the local simulator's nothing); False for
+            `SESSION_DEFAULT_USD_PER_HOUR`, which the user must confirm.
+        source: where the figure comes from, in words.
+    """
+
+    usd_per_hour: float
+    confirmed: bool
+    source: str
+
+
+_UNPUBLISHED = SessionPrice(SESSION_DEFAULT_USD_PER_HOUR, False,
+                            f"no public AWS figure as of {SESSION_PRICES_AS_OF}: a high default to confirm")
+_SIMULATOR = SessionPrice(0.0, True, "the local SageMaker simulator (your CPU)")
+
+#: Hub content name (and model id) -> `SessionPrice`. Models not named here get `_UNPUBLISHED` too.
+SESSION_PRICES: dict[str, SessionPrice] = {
+    "openai-reasoning-gpt-oss-20b": _UNPUBLISHED,
+    "openai/gpt-oss-20b": _UNPUBLISHED,
+    "stepwise-tiny": _SIMULATOR,
+    "stepwise-tiny-gated": _SIMULATOR,
+}
+
+
+def session_price(model: str) -> SessionPrice:
+    """The `SessionPrice` of a base model named by its hub content name, model id or hub-content ARN
+    (``.../hub-content/HUB/Model/NAME[/VERSION]``); `SESSION_DEFAULT_USD_PER_HOUR` (unconfirmed) for any other."""
+    parts = model.split("/")
+    name = parts[3] if model.startswith("arn:") and len(parts) >= 4 else model
+    return SESSION_PRICES.get(name, _UNPUBLISHED)
+
+
+def is_unconfirmed_default(usd_per_hour: float | None) -> bool:
+    """Whether a config's ``session_usd_per_hour`` is still the table's unconfirmed default."""
+    return usd_per_hour is not None and usd_per_hour == SESSION_DEFAULT_USD_PER_HOUR
 
 
 def s3_request_class(operation: str) -> str | None:
