@@ -147,7 +147,8 @@ class Faults:
 class AgentProcess:
     """One agent app served in its own process on an inherited loopback socket."""
 
-    def __init__(self, spec: str, env: dict[str, str], log_path: str | None = None):
+    def __init__(self, spec: str, env: dict[str, str], log_path: str | None = None, *, python: str | None = None,
+                 cwd: str | None = None):
         self.spec = spec
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -157,8 +158,9 @@ class AgentProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self._log = open(log_path, "ab") if log_path else None  # noqa: SIM115 (closed in stop)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "local.agents.serve", spec, "--fd", str(sock.fileno())],
+            [python or sys.executable, "-m", "local.agents.serve", spec, "--fd", str(sock.fileno())],
             env=service_env(env),
+            cwd=cwd,
             pass_fds=(sock.fileno(),),
             stdout=self._log,
             stderr=subprocess.STDOUT if self._log else None,
@@ -271,7 +273,8 @@ class AcrEmulator:
     """Loopback ``InvokeAgentRuntime`` server.
 
     Args:
-        agents: runtime ARN -> ``MODULE[:ATTR]`` of its app; other ARNs resolve by
+        agents: runtime ARN -> ``MODULE[:ATTR]`` of its app (or a `local.agent_env.AgentLaunch`: an agent
+            folder's app in its own environment); other ARNs resolve by
             ``agent_spec_for_arn`` and start on first use (``autostart``).
         tps_limit: invokes per second per runtime before ThrottlingException; None = no limit.
         faults: faults armed at start-up.
@@ -451,7 +454,9 @@ class AcrEmulator:
             agent = self._agents.get(arn)
             if agent is not None:
                 return agent
-            spec = self._specs.get(arn)
+            # a spec, or a launch (`local.agent_env.AgentLaunch`: the agent folder's own interpreter and folder)
+            launch = self._specs.get(arn)
+            spec = getattr(launch, "spec", launch)
             if spec is None:
                 if not self.hosts(arn):
                     return None
@@ -467,7 +472,8 @@ class AcrEmulator:
                 target = split_spec(spec)[0]
                 name = os.path.splitext(os.path.basename(target))[0] if target.endswith(".py") else target.rsplit(".", 1)[-1]
                 log_path = os.path.join(self.log_dir, f"agent-{name}.log")
-            agent = AgentProcess(spec, env, log_path)
+            agent = AgentProcess(spec, {**env, **getattr(launch, "env", {})}, log_path,
+                                 python=getattr(launch, "python", None), cwd=getattr(launch, "cwd", None))
             try:
                 agent.wait_ready()
             except BaseException as exc:  # a Ctrl-C while it starts leaves it running no more than a failure

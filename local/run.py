@@ -108,6 +108,26 @@ def user_agent_spec(agent: str, cwd: Path | None = None) -> str:
     return f"{target}:{attr}"
 
 
+def user_agent(agent: str, cwd: Path | None = None):
+    """``--agent``'s agent folder (`infra.agent_folder.AgentFolder`): a folder (entrypoint ``agent:app``), a
+    ``PATH.py[:ATTR]`` (its folder, entrypoint ``FILE:ATTR``) or ``MODULE[:ATTR]`` (the current directory). Its
+    requirements file, when it has one, is what `local.agent_env` builds its environment from.
+
+    Raises:
+        infra.agent_folder.AgentFolderError: no such folder, file or module.
+    """
+    from infra.agent_folder import AgentFolder
+    from local.agents.serve import split_spec
+
+    base = Path(cwd or Path.cwd())
+    if (base / agent).is_dir():
+        return AgentFolder.of(base / agent, need_requirements=False)
+    target, attr = split_spec(agent)
+    if target.endswith(".py") or "/" in target or "\\" in target:
+        return AgentFolder.of_file(base / target, attr)
+    return AgentFolder.of(base, f"{target}:{attr}", need_requirements=False)
+
+
 #: Seconds the end of a run waits for asynchronous invocations still running (Track's last pages).
 DRAIN_SECONDS = 60.0
 #: The report page in the run folder (the Track function's page, copied as the run goes).
@@ -288,8 +308,9 @@ def run_local(config_path: Path, *, run_id: str | None = None, out_root: Path = 
               mirror_s3: bool = False, quiet: bool = False, agent: str | None = None) -> RunResult:
     """Run one training run through the local stack; see the module docstring.
 
-    ``agent``: the user's own agent app (``MODULE[:ATTR]`` or ``PATH.py[:ATTR]``, `user_agent_spec`), served
-    as the run's agent runtime (the config's ``agent_runtime_arn`` becomes `USER_AGENT_ARN`).
+    ``agent``: the user's own agent (a folder, ``PATH.py[:ATTR]`` or ``MODULE[:ATTR]``, `user_agent`), served
+    as the run's agent runtime (the config's ``agent_runtime_arn`` becomes `USER_AGENT_ARN`) from its own
+    environment when its folder has a requirements file (`local.agent_env`).
 
     Every object under ``runs/{run_id}/`` (rollout records, captured turns, summaries, the report) is
     copied into ``{run_dir}/s3/`` before moto stops; ``mirror_s3`` adds the agents' rollout results.
@@ -308,8 +329,10 @@ def run_local(config_path: Path, *, run_id: str | None = None, out_root: Path = 
     t_start = time.monotonic()
     config_path = Path(config_path)
     agents = None
-    if agent:
-        agents = {USER_AGENT_ARN: user_agent_spec(agent)}
+    if agent:  # its own environment and an import check before anything starts (local.agent_env)
+        from local.agent_env import prepare
+
+        agents = {USER_AGENT_ARN: prepare(user_agent(agent), log=None if quiet else print)}
         overrides = {**(overrides or {}), "agent_runtime_arn": USER_AGENT_ARN}
     cfg = {**load_local_config(config_path), **(overrides or {})}
     config = load_run_config(cfg)
@@ -615,10 +638,11 @@ def _jsonable(obj: Any) -> Any:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", type=Path, help="run config, JSON or YAML (RunConfig fields), e.g. examples/toy.json")
-    parser.add_argument("--agent", metavar="MODULE:APP | PATH.py[:APP]",
-                        help="train your own AgentCoreRLApp instead of the one agent_runtime_arn names: a module "
-                             "importable from the current directory, or a .py file (imported with its own folder "
-                             "first on the path); default attribute 'app'")
+    parser.add_argument("--agent", metavar="FOLDER | PATH.py[:APP] | MODULE:APP",
+                        help="train your own AgentCoreRLApp instead of the one agent_runtime_arn names: an agent "
+                             "folder (its agent.py's app), a .py file of one, or a module of the current directory "
+                             "(default attribute 'app'); a requirements.txt in the folder makes it run in its own "
+                             "cached environment (~/.cache/stepwise-agents), checked before the stack starts")
     parser.add_argument("--run-id", help="run id = execution name (default: CONFIG-STEM-UTCTIME)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="parent of the run folder (default runs-local)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -650,6 +674,8 @@ def _pairs(items: list[str], *, parse_json: bool) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from infra.agent_folder import AgentFolderError
+    from local.agent_env import AgentEnvironmentError
     from stepwise.config import ConfigError
 
     if threading.current_thread() is threading.main_thread():
@@ -668,7 +694,7 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
-    except (AgentNotStarted, FileNotFoundError, RunFolderExists) as exc:
+    except (AgentNotStarted, FileNotFoundError, RunFolderExists, AgentFolderError, AgentEnvironmentError) as exc:
         print(f"stepwise run-local: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:  # RunInterrupted once run_local has stopped what it started

@@ -1,5 +1,7 @@
 """Serve an agent app the way an ACR container does: ``python -m local.agents.serve MODULE[:ATTR]`` (or
-``PATH.py[:ATTR]``: a user's agent file outside this repository, with its own imports; `load_app`).
+``PATH.py[:ATTR]``: a user's agent file outside this repository, with its own imports; `load_app`). ``--check``
+only imports it (`local.agent_env` runs that before a run starts). It imports nothing of this repository but
+``local.no_aws``, so it also runs in an agent folder's own environment (`local.agent_env` copies both files).
 
 The app is any ASGI app built on the toolkit's ``AgentCoreRLApp`` (POST /invocations,
 GET /ping, session id in the ``X-Amzn-Bedrock-AgentCore-Runtime-Session-Id`` header).
@@ -184,13 +186,13 @@ class SessionControl:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import uvicorn
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("app", help="MODULE[:ATTR] or PATH.py[:ATTR] of the AgentCoreRLApp (ATTR defaults to 'app')")
     group = parser.add_mutually_exclusive_group(required=True)
     group.add_argument("--fd", type=int, help="inherited listening socket file descriptor")
     group.add_argument("--port", type=int, help="port to bind on 127.0.0.1")
+    group.add_argument("--check", action="store_true",
+                       help="only import the app and exit 0 (a missing module's ImportError is the exit's message)")
     parser.add_argument("--log-level", default="warning")
     args = parser.parse_args(argv)
     from local._proc import die_with_parent
@@ -199,6 +201,11 @@ def main(argv: list[str] | None = None) -> int:
     die_with_parent()
     install()  # the agent's clients (the toolkit's result write to S3) reach moto, never AWS
     app = load_app(args.app)
+    if args.check:
+        print(f"{args.app}: {type(app).__module__}.{type(app).__name__}")
+        return 0
+    import uvicorn
+
     served = SessionControl(app, SessionTracker(app))
     # Keep-alive longer than the caller's pool idle time (aiohttp: 15 s), or uvicorn's 5 s default
     # closes a pooled connection just as the ACR emulator reuses it ("Connection reset by peer").
