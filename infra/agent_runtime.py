@@ -30,8 +30,10 @@ application's traffic (docs/agent-contract.md).
   ``GetSamplingRules``, ``GetSamplingTargets``, which take no resource); ``cloudwatch:PutMetricData`` only in
   the ``bedrock-agentcore`` namespace; the workload access tokens of its own workload identity
   (``GetWorkloadAccessToken``, ``...ForJWT``, ``...ForUserId`` on the default directory and
-  ``workload-identity/{runtime name}-*``). The guide's ``bedrock:InvokeModel`` statement is left out on
-  purpose: the agent's model calls go to the gateway, never to Bedrock. Plus ``s3:PutObject`` on the run
+  ``workload-identity/{runtime name}-*``). ``logs:DescribeLogGroups`` is granted on ``*``: the guide writes
+  ``log-group:*``, the Service Authorization Reference lists no resource type for this list action. The
+  guide's ``bedrock:InvokeModel`` statement is left out on purpose: the agent's model calls go to the
+  gateway, never to Bedrock. Plus ``s3:PutObject`` on the run
   bucket's ``rollout-results/*``, where the toolkit's ``AgentCoreRLApp.save_result`` writes.
 """
 
@@ -137,9 +139,9 @@ class AgentRuntime(Construct):
             iam.PolicyStatement(actions=list(s["image"]), resources=[image.repository.repository_arn]),
             iam.PolicyStatement(actions=list(s["image_token"]), resources=["*"]),
             iam.PolicyStatement(actions=list(s["log_groups"]), resources=[logs]),
-            iam.PolicyStatement(actions=list(s["describe_log_groups"]),
-                                resources=[stack.format_arn(service="logs", resource="log-group", resource_name="*",
-                                                            arn_format=ArnFormat.COLON_RESOURCE_NAME)]),
+            # The guide writes log-group:*; the Service Authorization Reference gives DescribeLogGroups no resource
+            # type (a list action: '*'), which also covers the guide's form.
+            iam.PolicyStatement(actions=list(s["describe_log_groups"]), resources=["*"]),
             iam.PolicyStatement(actions=list(s["log_streams"]), resources=[f"{logs}:log-stream:*"]),
             iam.PolicyStatement(actions=list(s["traces"]), resources=["*"]),
             iam.PolicyStatement(actions=list(s["metrics"]), resources=["*"],
@@ -174,7 +176,7 @@ class AgentRuntime(Construct):
              "appliesTo": [
                  "Resource::*",
                  {"regex": f"/^Resource::arn:{_FIELD}:logs:{_FIELD}:{_FIELD}:log-group:"
-                           r"(\*|\/aws\/bedrock-agentcore\/runtimes\/\*(:log-stream:\*)?)$/"},
+                           r"\/aws\/bedrock-agentcore\/runtimes\/\*(:log-stream:\*)?$/"},
                  {"regex": f"/^Resource::arn:{_FIELD}:bedrock-agentcore:{_FIELD}:{_FIELD}:workload-identity-"
                            r"directory\/default\/workload-identity\/[A-Za-z0-9_]+-\*$/"},
                  {"regex": r"/^Resource::<StorageBucket[0-9A-F]+\.Arn>\/rollout-results\/\*$/"}]},
