@@ -18,6 +18,8 @@ from collections.abc import Iterator
 COMMANDS: dict[str, tuple[str, str]] = {
     "models": ("stepwise_cli.commands.models", "the base models training sessions offer in a region: gated or not, "
                "chat template and tool-call parsing"),
+    "agent": ("stepwise_cli.commands.agent", "your own agent folder: check its environment, deploy it as a training "
+              "runtime (cdk deploy -c agentDir=FOLDER), fill a config with its runtime"),
     "validate": ("stepwise_cli.commands.validate", "check a run config (and its datasets) without starting anything"),
     "start": ("stepwise_cli.commands.start", "validate a config, upload its local data, start a run on the deployed stack"),
     "watch": ("stepwise_cli.commands.watch", "follow a run until it ends: status, per-step reward, eval accuracy, plot"),
