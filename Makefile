@@ -46,10 +46,12 @@ test: $(VENV)/.dev-installed $(TOOLS)
 image-rehearsal: $(VENV)/.dev-installed
 	$(PY) scripts/image_rehearsal.py
 
-# The example agents' image (linux/arm64 for AgentCore Runtime): its locked wheels resolved for arm64, the same
-# versions installed and served by CPython 3.13 here (docs/first-run.md, "The agent's training runtime").
+# The agents' image (linux/arm64 for AgentCore Runtime): the example agents' locked wheels, then a sample agent
+# folder's (examples/agents/strands, copied outside the repository) requirements, resolved for arm64, the same
+# versions installed and served by CPython 3.13 here (docs/my-agent.md). AGENT_DIR=FOLDER rehearses your folder.
+AGENT_DIR ?=
 agent-rehearsal: $(VENV)/.dev-installed
-	$(PY) scripts/agent_image_rehearsal.py
+	$(PY) scripts/agent_image_rehearsal.py $(if $(AGENT_DIR),--folder $(AGENT_DIR))
 
 clean:
 	rm -rf $(VENV) runs-local cdk.out tools/node_modules

@@ -109,4 +109,6 @@ def test_the_agent_is_a_module_of_the_current_directory_or_a_file_and_a_broken_o
         user_agent_spec("missing.py", project)
     (project / "broken.py").write_text("import not_a_module_anywhere\n")
     run = _stepwise(project, "run-local", "run.json", "--agent", "broken.py", "--no-progress", "--out", "runs")
-    assert run.returncode == 2 and "did not start" in run.stderr and "broken.py" in run.stderr, run.stderr[-2000:]
+    # refused before the stack starts (local.agent_env's import check), quoting Python's own error
+    assert run.returncode == 2 and "broken:app does not import" in run.stderr, run.stderr[-2000:]
+    assert "No module named 'not_a_module_anywhere'" in run.stderr and "requirements.txt" in run.stderr
