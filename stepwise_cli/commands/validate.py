@@ -197,6 +197,12 @@ def run(args: argparse.Namespace) -> int:
         summary["eval_prompts"] = sum(min(n, cfg.eval_max_prompts) if cfg.eval_max_prompts > 0 else n for n in eval_rows)
         summary["eval_rollouts"] = summary["eval_prompts"] * cfg.eval_group_size
     summary.update(projection(cfg, summary.get("total_steps")))
+    from stepwise.core.prices import SESSION_PRICE_HOWTO, is_unconfirmed_default
+
+    if is_unconfirmed_default(cfg.session_usd_per_hour):
+        warnings.append(f"session_usd_per_hour is the price table's unconfirmed default ({cfg.session_usd_per_hour:g} "
+                        f"USD/h, deliberately high): to read your account's figure, {SESSION_PRICE_HOWTO}")
+        print(f"warning: {warnings[-1]}", file=sys.stderr)
     if args.json:
         print(json.dumps({"ok": True, "warnings": warnings, "summary": summary}, indent=2))
     else:

@@ -38,9 +38,12 @@ def test_models_lists_the_hubs_models_gated_or_not_with_their_chat_template(hub,
     for row in rows.values():  # the tiny tokenizer carries TRL's qwen3 template: the toolkit parses its tool calls
         assert (row["chat_template"], row["tool_calls"], row["template_problem"]) == ("qwen3", True, "")
         assert row["base_model_arn"].startswith("arn:aws:sagemaker:eu-central-1:aws:hub-content/SageMakerPublicHub/Model/")
+        # the price table's figure: the simulator's models cost nothing
+        assert (row["session_usd_per_hour"], row["session_price_confirmed"]) == (0.0, True)
     assert main(["models", "--no-templates"]) == 0
     text = capsys.readouterr().out
     assert "base models training sessions offer in eu-central-1" in text and "yes: accept_eula" in text
+    assert "session $/h" in text
     assert f"\n{GATED_MODEL_NAME}  " in text  # the hub content name leads each row: what base_model_arn takes
     assert "chat template" not in text
 

@@ -108,3 +108,38 @@ def test_a_region_other_than_the_stacks_is_refused_before_anything_is_uploaded(m
     assert "Contents" not in moto_dep.s3.list_objects_v2(Bucket=moto_dep.bucket, Prefix="datasets/elsewhere/")
     executions = moto_dep.sfn.list_executions(stateMachineArn=moto_dep.state_machine_arn)["executions"]
     assert all(e["name"] != "elsewhere" for e in executions)
+
+
+def test_an_uncapped_run_is_warned_with_its_projection_and_a_capped_one_is_not(moto_dep, tmp_path, capsys):
+    """A run with neither max_cost_usd nor max_session_hours starts with a warning naming its projected cost and the
+    price table's figure for its model; the price table's unconfirmed default is warned about until replaced."""
+    path, _ = _config(tmp_path)
+    assert main(["start", str(path), "--run-id", "uncapped", *moto_dep.flags]) == 0
+    err = capsys.readouterr().err
+    assert "warning: this run has no dollar or hour cap (projected $" in err and "session-hours for its" in err
+    assert "max_session_hours" in err and "the price table says 0 USD/h" in err  # BASE_CONFIG: the simulator's model
+
+    path, _ = _config(tmp_path, session_usd_per_hour=100.0, max_cost_usd=20.0)
+    assert main(["start", str(path), "--run-id", "default-price", *moto_dep.flags]) == 0
+    err = capsys.readouterr().err
+    assert "no dollar or hour cap" not in err
+    assert "session_usd_per_hour is the price table's default (100 USD/h" in err
+
+    path, _ = _config(tmp_path, session_usd_per_hour=42.0, max_cost_usd=20.0)
+    assert main(["start", str(path), "--run-id", "capped", *moto_dep.flags]) == 0
+    assert "warning:" not in capsys.readouterr().err
+    path, _ = _config(tmp_path, max_session_hours=1.0)
+    assert main(["start", str(path), "--run-id", "hour-capped", *moto_dep.flags]) == 0
+    assert "warning:" not in capsys.readouterr().err
+
+
+def test_the_aws_examples_are_priced_and_capped_for_a_first_run():
+    from pathlib import Path
+
+    from stepwise.config import load_run_config
+    from stepwise.core.prices import session_price
+
+    for path in sorted((Path(__file__).resolve().parents[2] / "examples" / "aws").glob("*.json")):
+        cfg = load_run_config(json.loads(path.read_text()))
+        assert cfg.session_usd_per_hour == session_price(cfg.base_model_arn).usd_per_hour, path
+        assert cfg.max_cost_usd is not None and cfg.max_session_hours is not None, path
