@@ -100,6 +100,9 @@ class StackSettings:
         deploy_math_agent: build the example math agent's image for linux/arm64 and create its
             training runtime, role and grants (context ``deployMathAgent``; ``infra.agent_runtime``);
             its ARN is the ``MathAgentRuntimeArn`` output. Off by default.
+        hugging_face_token_secret_arn: the Secrets Manager secret (full ARN) holding a Hugging Face token for a gated
+            tokenizer (context ``huggingFaceTokenSecretArn``): Init gets ``secretsmanager:GetSecretValue`` on it and
+            ``STEPWISE_HF_TOKEN_SECRET_ARN``, tried after ``HF_TOKEN`` (`stepwise.aws.hub`). '' = none.
         agent_dir: a user's agent folder to build for linux/arm64 and deploy as a training runtime, with its
             role and grants (context ``agentDir``; `infra.agent_folder`, ``infra.agent_runtime``); its ARN is the
             ``AgentRuntimeArn`` output. '' = none.
@@ -128,6 +131,7 @@ class StackSettings:
     poll_seconds: int | None = None
     create_sagemaker_role: bool = False
     deploy_math_agent: bool = False
+    hugging_face_token_secret_arn: str = ""
     agent_dir: str = ""
     agent_entrypoint: str = ""
     agent_requirements: str = ""
@@ -168,6 +172,8 @@ class StackSettings:
             poll_seconds=_optional_int(get("pollSeconds"), "pollSeconds", *POLL_SECONDS_RANGE),
             create_sagemaker_role=_bool(get("createSageMakerRole"), "createSageMakerRole"),
             deploy_math_agent=_bool(get("deployMathAgent"), "deployMathAgent"),
+            hugging_face_token_secret_arn=_one_arn(get("huggingFaceTokenSecretArn"), "huggingFaceTokenSecretArn",
+                                                   SECRET_ARN_RE, "arn:aws:secretsmanager:REGION:ACCOUNT:secret:NAME-AbCdEf"),
             **_agent_folder(get("agentDir"), get("agentEntrypoint"), get("agentRequirements")),
         )
 
@@ -182,14 +188,16 @@ class StackSettings:
         """The handler functions' variables these settings set (only those given): the session-start
         timeout, the poll interval, the notification topic (the session sweeper reports to it) and the
         W&B key's secret (`stepwise.settings`)."""
-        from stepwise.settings import (ENV_NOTIFICATION_TOPIC_ARN, ENV_POLL_SECONDS, ENV_SESSION_START_TIMEOUT,
-                                       ENV_WANDB_API_KEY_SECRET)
+        from stepwise.settings import (ENV_HF_TOKEN_SECRET, ENV_NOTIFICATION_TOPIC_ARN, ENV_POLL_SECONDS,
+                                       ENV_SESSION_START_TIMEOUT, ENV_WANDB_API_KEY_SECRET)
 
         env = {}
         if self.notification_topic_arn:
             env[ENV_NOTIFICATION_TOPIC_ARN] = self.notification_topic_arn
         if self.wandb_api_key_secret_arn:
             env[ENV_WANDB_API_KEY_SECRET] = self.wandb_api_key_secret_arn
+        if self.hugging_face_token_secret_arn:
+            env[ENV_HF_TOKEN_SECRET] = self.hugging_face_token_secret_arn
         if self.session_start_timeout_seconds is not None:
             env[ENV_SESSION_START_TIMEOUT] = str(self.session_start_timeout_seconds)
         if self.poll_seconds is not None:

@@ -10,6 +10,7 @@ the training sessions' role (``infra.session_role``) and the example math agent'
 from __future__ import annotations
 
 from aws_cdk import Aws, CfnOutput, CfnRule, CfnRuleAssertion, Fn, Stack, Token
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_s3_notifications as s3n
 from aws_cdk import aws_sns as sns
@@ -22,7 +23,7 @@ from infra.definition import substitutions
 from infra.functions import HandlerFunctions
 from infra.gateway import Gateway
 from infra.monitoring import Monitoring
-from infra.permissions import AgentRuntimes, TrackingServers, TrainingSessions
+from infra.permissions import AgentRuntimes, TrackingServers, TrainingSessions, add_statements
 from infra.session_role import SessionRole
 from infra.settings import SettingsError, StackSettings
 from infra.state_machine import TrainingLoop
@@ -177,6 +178,9 @@ class StepwiseStack(Stack):
         sessions.grant_lifecycle(fns["Init"])
         storage.grant_data_read_write(fns["Init"])
         agents.grant_lookup(fns["Init"])
+        if settings.hugging_face_token_secret_arn:  # a gated tokenizer's token (stepwise.aws.hub.token_sources)
+            add_statements(fns["Init"], iam.PolicyStatement(actions=["secretsmanager:GetSecretValue"],
+                                                            resources=[settings.hugging_face_token_secret_arn]))
         # PlanStep reads its execution's history before each step (its length: continue-as-new on a
         # budget; its new events: the cost ledger's state transitions), as StopSession, Cleanup and
         # ContinueRun do for an execution's last transitions.
@@ -222,7 +226,8 @@ def context_arn_regions(settings: StackSettings) -> dict[str, set[str]]:
     """Region -> the context keys whose ARNs name it (runtimes, topic, KMS key, tracking servers)."""
     named = {"agentRuntimeArns": settings.agent_runtime_arns, "notificationTopicArn": (settings.notification_topic_arn,),
              "kmsKeyArn": (settings.kms_key_arn,), "mlflowTrackingServerArns": settings.mlflow_tracking_server_arns,
-             "wandbApiKeySecretArn": (settings.wandb_api_key_secret_arn,)}
+             "wandbApiKeySecretArn": (settings.wandb_api_key_secret_arn,),
+             "huggingFaceTokenSecretArn": (settings.hugging_face_token_secret_arn,)}
     out: dict[str, set[str]] = {}
     for key, arns in named.items():
         for arn in arns:

@@ -10,7 +10,9 @@ adds the row counts to the summary — the same check Init runs before creating 
 (`stepwise.core.preflight`) against the deployed stack (``--stack`` / ``--bucket`` /
 ``--state-machine-arn`` / ``--region``, as the other commands find it): the run's region is the
 stack's, the agent runtime exists (GetAgentRuntime), is READY and is one the stack may invoke, and
-every S3 location is in a bucket the stack grants and reachable. The stack's grants
+every S3 location is in a bucket the stack grants and reachable, and the tokenizer can be loaded (the summary's
+``tokenizer_source`` says from where; a gated Hugging Face repository is refused unless the stack's secret,
+``huggingFaceTokenSecretArn``, holds a token with access: the tokens Init will have, not this shell's). The stack's grants
 (``STEPWISE_DATA_BUCKETS``, ``STEPWISE_AGENT_RUNTIME_ARNS``) are read from the deployed Init
 function's environment (found through the state machine's definition), else from this environment.
 """
@@ -96,9 +98,17 @@ def check_aws(cfg: RunConfig, args: argparse.Namespace) -> tuple["StackScope", l
     from stepwise.aws.s3_probe import probes
     from stepwise.core.preflight import refusals
 
+    from stepwise.aws.hub import token_sources
+    from stepwise.settings import ENV_HF_TOKEN_SECRET
+
     dep = deployment(args)
     scope = deployed_scope(dep)
-    return scope, refusals(cfg, scope, probes(dep.s3))
+    # The tokens Init will have: the stack's secret (read here with these credentials), not this shell's HF_TOKEN.
+    init_env = init_function_environment(dep)
+    found = probes(dep.s3, token_sources({ENV_HF_TOKEN_SECRET: init_env.get(ENV_HF_TOKEN_SECRET, "")}))
+    problems = refusals(cfg, scope, found)
+    args._tokenizer_source = found.found.get("tokenizer")
+    return scope, problems
 
 
 def _compact_projection(summary: dict[str, Any]) -> dict[str, Any]:
@@ -192,6 +202,9 @@ def run(args: argparse.Namespace) -> int:
     if scope is not None:
         summary["stack_region"] = scope.region
         summary["granted_buckets"] = ", ".join(scope.buckets)
+        source = getattr(args, "_tokenizer_source", None)
+        summary["tokenizer_source"] = source.describe() if source else (
+            f"tokenizer_path (s3) {cfg.tokenizer_path}" if cfg.tokenizer_path.startswith("s3://") else "not looked up")
     if (args.check_datasets or args.check_aws) and cfg.has_evals:
         eval_rows = [v for k, v in rows.items() if k.startswith("eval_")]
         summary["eval_prompts"] = sum(min(n, cfg.eval_max_prompts) if cfg.eval_max_prompts > 0 else n for n in eval_rows)

@@ -87,3 +87,39 @@ def test_a_gated_base_model_without_accept_eula_is_refused_and_accepted_with_it(
     err = capsys.readouterr().err
     assert "(1 problem(s))" in err and "accept_eula: the base model" in err and "is gated" in err
     assert main(["validate", write(tmp_path, {**cfg, "accept_eula": True}), "--check-aws"]) == 0
+
+
+def test_a_gated_tokenizer_without_a_token_init_will_have_is_refused_and_the_source_is_named(deployed, tmp_path, capsys):
+    """The tokenizer's Hugging Face repository is gated (a loopback hub, tests/support/hf_hub.py): refused before any
+    session while the stack has no secret with a token that has access (this shell's HF_TOKEN does not count: Init
+    will not have it); with the stack's secret, the summary says the tokenizer comes from there."""
+    import boto3
+
+    from tests.support.hf_hub import FakeHub
+
+    hub = FakeHub(public=set(), gated={"org/gated-tokenizer"}, tokens={"hf-good"})
+    deployed.mp.setenv("HF_ENDPOINT", hub.url)
+    deployed.mp.setenv("HF_TOKEN", "hf-good")  # the operator's token: not Init's
+    lam = boto3.client("lambda", region_name=REGION)
+    env = lam.get_function_configuration(FunctionName=deployed.init_arn)["Environment"]["Variables"]
+    try:
+        cfg = write(tmp_path, deployed.config(tokenizer_path="org/gated-tokenizer"))
+        sessions = deployed.sim.counters.get("CreateTrainingSession", 0)
+        assert main(["validate", cfg, "--check-aws"]) == 2
+        err = capsys.readouterr().err
+        assert "tokenizer_path: the tokenizer's Hugging Face repository 'org/gated-tokenizer' is gated" in err
+        assert "huggingFaceTokenSecretArn" in err
+        secret = boto3.client("secretsmanager", region_name=REGION).create_secret(
+            Name="hf-token", SecretString='{"HF_TOKEN": "hf-good"}')["ARN"]
+        lam.update_function_configuration(FunctionName=deployed.init_arn, Environment={
+            "Variables": {**env, "STEPWISE_HF_TOKEN_SECRET_ARN": secret}})
+        assert main(["validate", cfg, "--check-aws", "--json"]) == 0
+        summary = json.loads(capsys.readouterr().out)["summary"]
+        assert summary["tokenizer_source"] == (f"tokenizer_path org/gated-tokenizer (gated; token from the secret "
+                                               f"{secret}); the token has access")
+        assert deployed.sim.counters.get("CreateTrainingSession", 0) == sessions
+    finally:
+        lam.update_function_configuration(FunctionName=deployed.init_arn, Environment={"Variables": env})
+        deployed.mp.delenv("HF_ENDPOINT")
+        deployed.mp.delenv("HF_TOKEN")
+        hub.stop()

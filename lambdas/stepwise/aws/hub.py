@@ -9,6 +9,13 @@ model listed here is one the SDK, and so Init, accepts. The hub's ``DescribeHubC
 id and its ``GatedBucket`` marks a model whose license must be accepted, the flag the SDK's own trainers read
 (``sagemaker.train.common_utils.finetune_utils``: ``is_gated_model = document.get("GatedBucket", False)``).
 boto3 honours ``AWS_ENDPOINT_URL_SAGEMAKER`` (the local simulator's hub).
+
+The tokenizer (`tokenizer_source`): the SDK's ``load_tokenizer`` looks the model's ``HuggingfaceId`` up on the hub
+and calls ``AutoTokenizer.from_pretrained`` on it, which downloads from the Hugging Face Hub and reads its token
+from ``HF_TOKEN``. A gated repository needs a token whose account accepted the model's license: tried in order,
+``HF_TOKEN`` in the environment, then the Secrets Manager secret the stack names (`token_sources`). Its access is
+checked with the Hugging Face client's own ``auth_check`` (``GET /api/models/{id}/auth-check``; ``HF_ENDPOINT``
+redirects it, as it does the download) before any training session exists.
 """
 
 from __future__ import annotations
@@ -16,7 +23,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from stepwise.core.preflight import HubModel
+from stepwise.core.preflight import HubModel, TokenizerSource
+
+#: The environment variable the Hugging Face client reads its token from (and `token_sources` tries first).
+HF_TOKEN = "HF_TOKEN"
 
 PUBLIC_HUB = "SageMakerPublicHub"
 
@@ -93,3 +103,113 @@ def base_model_problem(region: str, base_model: str) -> HubModel | str:
         return f"the base model cannot be looked up (DescribeHubContent: {err.get('Code', '')}: {err.get('Message', '')})"
     except BotoCoreError as e:
         return f"the base model cannot be looked up ({e})"
+
+
+def token_sources(env: dict[str, str] | None = None, *, secret_reader: Any = None) -> list[tuple[str, Any]]:
+    """The Hugging Face tokens to try, in order: ``(where, token or a callable giving it)``: ``HF_TOKEN`` in ``env``
+    (default this process's), then the secret ``STEPWISE_HF_TOKEN_SECRET_ARN`` names (read lazily with
+    ``secret_reader(arn)``, default `stepwise.aws.secrets.secret_string`)."""
+    import os
+
+    from stepwise.settings import ENV_HF_TOKEN_SECRET
+
+    env = os.environ if env is None else env
+    out: list[tuple[str, Any]] = []
+    if env.get(HF_TOKEN):
+        out.append((HF_TOKEN, env[HF_TOKEN]))
+    arn = env.get(ENV_HF_TOKEN_SECRET, "")
+    if arn:
+        if secret_reader is None:
+            from stepwise.aws.secrets import secret_string as secret_reader
+        out.append((f"the secret {arn}", lambda: secret_reader(arn)))
+    return out
+
+
+def _repo(hf_id: str) -> bool:
+    """Whether ``hf_id`` names a Hugging Face repository (``org/name``), not a folder on this machine."""
+    import os
+
+    return not os.path.isdir(hf_id) and hf_id.count("/") == 1 and not hf_id.startswith((".", "/", "~"))
+
+
+def tokenizer_source(tokenizer_path: str, model: HubModel | None, tokens: list[tuple[str, Any]], *,
+                     endpoint: str | None = None) -> TokenizerSource:
+    """Where the run's tokenizer comes from and whether it can be loaded (`TokenizerSource`; the module doc).
+
+    ``tokens``: `token_sources`' list. ``endpoint``: the Hugging Face Hub (default ``HF_ENDPOINT``, else the
+    client's own). A hub that cannot be reached is a note ("not checked"), never a refusal."""
+    import os
+
+    if tokenizer_path.startswith("s3://"):
+        return TokenizerSource("tokenizer_path (s3)", tokenizer_path)
+    hf_id = tokenizer_path or (model.hf_model_id if model else "") or (model.model_id if model else "")
+    kind = "tokenizer_path" if tokenizer_path else "Hugging Face"
+    if not hf_id or not _repo(hf_id):
+        return TokenizerSource("local directory" if hf_id and os.path.isdir(hf_id) else kind, hf_id)
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    api = HfApi(endpoint=endpoint or os.environ.get("HF_ENDPOINT") or None)
+    try:
+        api.auth_check(hf_id, token=False)
+        return TokenizerSource(kind, hf_id, note="public: no token needed")
+    except GatedRepoError:
+        pass
+    except RepositoryNotFoundError:
+        return TokenizerSource(kind, hf_id, problem=f"the Hugging Face repository {hf_id!r} of the tokenizer does not "
+                                                    f"exist or is private; set tokenizer_path to an s3:// copy")
+    except Exception as e:  # noqa: BLE001 - the hub unreachable: Init's download would say more
+        return TokenizerSource(kind, hf_id, note=f"not checked: the Hugging Face Hub did not answer ({type(e).__name__})")
+    tried = []
+    for where, token in tokens:
+        try:
+            value = token() if callable(token) else token
+        except Exception as e:  # noqa: BLE001 - a secret we may not read: say so, try the next
+            tried.append(f"{where} (not readable: {type(e).__name__})")
+            continue
+        try:
+            api.auth_check(hf_id, token=value)
+            return TokenizerSource(kind, hf_id, gated=True, token_from=where, note="the token has access")
+        except GatedRepoError:
+            tried.append(f"{where} (no access: accept the model's license on its Hugging Face page with that account)")
+        except Exception as e:  # noqa: BLE001
+            return TokenizerSource(kind, hf_id, gated=True, token_from=where,
+                                   note=f"not checked: the Hugging Face Hub did not answer ({type(e).__name__})")
+    why = "; tried " + ", ".join(tried) if tried else ""
+    return TokenizerSource(kind, hf_id, gated=True, problem=(
+        f"the tokenizer's Hugging Face repository {hf_id!r} is gated and no token with access was found{why}: set "
+        f"{HF_TOKEN}, or deploy the stack with -c huggingFaceTokenSecretArn=ARN (a secret holding a token whose "
+        f"account accepted the license), or set tokenizer_path to an s3:// copy of the tokenizer files"))
+
+
+def tokenizer_probe(tokens: list[tuple[str, Any]] | None = None) -> Any:
+    """`stepwise.core.preflight.Probes.tokenizer`: `tokenizer_source` with ``tokens`` (default `token_sources`)."""
+    def probe(cfg: Any, model: HubModel) -> TokenizerSource:
+        return tokenizer_source(cfg.tokenizer_path, model, token_sources() if tokens is None else tokens)
+
+    return probe
+
+
+class hf_token_environment:  # noqa: N801 - a context manager, used like a function
+    """``HF_TOKEN`` set, while it is active, to the first of `token_sources` (the secret's value when the
+    environment has none), for ``AutoTokenizer.from_pretrained`` (Init's tokenizer download); restored after."""
+
+    def __enter__(self) -> None:
+        import os
+
+        self.saved = os.environ.get(HF_TOKEN)
+        if not self.saved:
+            for _, token in token_sources():
+                try:
+                    os.environ[HF_TOKEN] = token() if callable(token) else token
+                    break
+                except Exception:  # noqa: BLE001 - the preflight already said which source works
+                    continue
+
+    def __exit__(self, *exc: Any) -> None:
+        import os
+
+        if self.saved is None:
+            os.environ.pop(HF_TOKEN, None)
+        else:
+            os.environ[HF_TOKEN] = self.saved

@@ -53,13 +53,14 @@ def prefix_problem(s3: Any, bucket: str, key: str) -> str:
     return f"no files directly under s3://{bucket}/{prefix}"
 
 
-def probes(s3: Any) -> Any:
+def probes(s3: Any, tokens: list | None = None) -> Any:
     """The real lookups of the refusals before billing (`stepwise.core.preflight.Probes`): these S3
-    checks with client ``s3``, the runtime's `stepwise.aws.agentcore.runtime_problem` and the base model's
-    `stepwise.aws.hub.base_model_problem`."""
+    checks with client ``s3``, the runtime's `stepwise.aws.agentcore.runtime_problem`, the base model's
+    `stepwise.aws.hub.base_model_problem` and its tokenizer's `stepwise.aws.hub.tokenizer_source` (with ``tokens``,
+    default this process's `stepwise.aws.hub.token_sources`)."""
     from stepwise.aws.agentcore import runtime_problem
-    from stepwise.aws.hub import base_model_problem
+    from stepwise.aws.hub import base_model_problem, tokenizer_probe
     from stepwise.core.preflight import Probes
 
     return Probes(bucket=bucket_problem, prefix=prefix_problem, runtime=runtime_problem, s3=s3,
-                  base_model=base_model_problem)
+                  base_model=base_model_problem, tokenizer=tokenizer_probe(tokens))

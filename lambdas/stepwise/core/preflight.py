@@ -13,7 +13,9 @@ config's style), in two passes:
 2. lookups through the boundary modules, only for what passed 1: the runtime exists and is READY
    (`stepwise.aws.agentcore`), the buckets are reachable and the tokenizer prefix holds files
    (`stepwise.aws.s3_probe`), the base model is one the hub offers in the run's region and, when the hub
-   marks it gated, the config accepts its license (``accept_eula``; `stepwise.aws.hub`). Whether a dataset exists and parses is `stepwise.datasets.check_dataset`'s
+   marks it gated, the config accepts its license (``accept_eula``; `stepwise.aws.hub`), and its tokenizer can be
+   loaded: a gated Hugging Face repository needs a token that has access (`TokenizerSource`). Whether a dataset
+   exists and parses is `stepwise.datasets.check_dataset`'s
    (Init runs it right after).
 
 Nothing here creates, writes or bills anything.
@@ -114,6 +116,37 @@ class HubModel:
     display_name: str = ""
     gated: bool = False
     hf_model_id: str = ""
+
+
+@dataclass(frozen=True)
+class TokenizerSource:
+    """Where the run's tokenizer will come from (`stepwise.aws.hub.tokenizer_source`), in the order Init tries:
+    the config's ``tokenizer_path``; else the hub's published id for the base model, downloaded from the Hugging
+    Face Hub, anonymously or, for a gated repository, with a token from ``HF_TOKEN`` and then the stack's secret
+    (``STEPWISE_HF_TOKEN_SECRET_ARN``, CDK context ``huggingFaceTokenSecretArn``).
+
+    Attributes:
+        kind: ``tokenizer_path (s3)``, ``tokenizer_path``, ``local directory`` or ``Hugging Face``.
+        where: the S3 prefix, folder or repository id.
+        gated: the Hugging Face repository is gated (its files need an authorized token).
+        token_from: where the token comes from ('' = none).
+        problem: why it cannot be loaded ('' = it can, or it could not be checked: see ``note``).
+        note: what was (or could not be) checked, in words.
+    """
+
+    kind: str
+    where: str
+    gated: bool = False
+    token_from: str = ""
+    problem: str = ""
+    note: str = ""
+
+    def describe(self) -> str:
+        """One line for ``stepwise validate``."""
+        out = f"{self.kind} {self.where}"
+        if self.gated:
+            out += f" (gated; token from {self.token_from})" if self.token_from else " (gated; no token)"
+        return out + (f"; {self.note}" if self.note else "")
 
 
 def license_errors(cfg: RunConfig, model: HubModel) -> list[str]:
@@ -219,6 +252,10 @@ class Probes:
     calls: list[str] = field(default_factory=list)
     #: (region, base_model_arn) -> the hub's `HubModel`, or the problem in words; None = not looked up.
     base_model: Callable[[str, str], HubModel | str] | None = None
+    #: (config, the base model's `HubModel`) -> where the tokenizer comes from; None = not looked up.
+    tokenizer: Callable[[RunConfig, HubModel], TokenizerSource] | None = None
+    #: what `refusals` found the tokenizer's source to be (for ``stepwise validate``'s summary).
+    found: dict[str, Any] = field(default_factory=dict)
 
 
 def refusals(cfg: RunConfig, scope: StackScope, probes: Probes) -> list[str]:
@@ -236,6 +273,11 @@ def refusals(cfg: RunConfig, scope: StackScope, probes: Probes) -> list[str]:
             errors.append(f"base_model_arn: {found} (got {cfg.base_model_arn!r})")
         else:
             errors.extend(license_errors(cfg, found))
+            if probes.tokenizer is not None and not cfg.tokenizer_path.startswith("s3://"):
+                source = probes.tokenizer(cfg, found)
+                probes.found["tokenizer"] = source
+                if source.problem:
+                    errors.append(f"tokenizer_path: {source.problem} (got {cfg.tokenizer_path!r})")
     granted = set(scope.buckets)
     bucket_problems: dict[str, str] = {}
     for loc in locations:

@@ -222,8 +222,11 @@ def cache_tokenizer(cfg: RunConfig, created: sagemaker.CreatedSession, rs: RunSt
 
         tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer_path)
     else:
+        from stepwise.aws.hub import hf_token_environment
+
         svc = sagemaker.service_client(cfg)
-        tokenizer = load_tokenizer(created.base_model_arn, svc._get_hub_client(), created.hf_model_id)
+        with hf_token_environment():  # a gated repository: HF_TOKEN, else the stack's secret (refusals checked it)
+            tokenizer = load_tokenizer(created.base_model_arn, svc._get_hub_client(), created.hf_model_id)
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer.save_pretrained(tmp)
         files = [p for p in Path(tmp).iterdir() if p.is_file()]
