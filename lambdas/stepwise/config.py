@@ -241,6 +241,7 @@ class RunConfig(BaseModel):
         "ModelConfig.AcceptEula. A gated model (the SageMaker Public Hub marks it GatedBucket; `stepwise models` "
         "lists which) is refused before any session without it. Read the model's license before setting it",
     )
+    # --- the session: checkpoints, LoRA adapter, resume, encryption, network, tokenizer ---
     s3_output_path: str = Field("", description="s3:// prefix for checkpoints; '' = the SDK's default")
     model_package_group_arn: str = Field("", description="model package group for checkpoints; '' = the SDK's default")
     lora_rank: int = Field(32, ge=limits.LORA_RANK.lo, le=limits.LORA_RANK.hi,
@@ -258,7 +259,8 @@ class RunConfig(BaseModel):
         description="where the gateway loads the tokenizer: an s3:// prefix holding tokenizer files, a model id, "
         "or a local directory (local stack); "
         "'' = the SDK's own resolution for the base model (SageMaker Hub lookup of its HuggingFace id, "
-        "then AutoTokenizer.from_pretrained: the Init Lambda must reach the model hub)",
+        "then AutoTokenizer.from_pretrained: the Init Lambda must reach the model hub; a gated repository needs a "
+        "token with access, from HF_TOKEN or the stack's huggingFaceTokenSecretArn, checked before any session)",
     )
 
     # --- ACR / rollout ---
