@@ -4,9 +4,9 @@ Starts, on free loopback ports: moto (S3, Step Functions with execution, Lambda 
 invocations run the real handlers in-process), the SageMaker Training Sessions simulator,
 the rollout gateway (its own process, as in the Lambda) and the ACR emulator with the agent
 the config's ``agent_runtime_arn`` names (``runtime/NAME-...`` -> ``local/agents/NAME.py``), or, with
-``--agent MODULE:APP`` / ``--agent PATH.py[:APP]``, the user's own ``AgentCoreRLApp`` from wherever it lives
-(its module imported from the current directory, or its file with its own folder first on ``sys.path``),
-served for the config's runtime, which becomes `USER_AGENT_ARN` (`user_agent_spec`).
+``--agent FOLDER`` / ``--agent PATH.py[:APP]`` / ``--agent MODULE:APP``, the user's own ``AgentCoreRLApp`` from
+wherever it lives, in an environment built from its folder's own requirements (`local.agent_env`), imported from
+its folder, served for the config's runtime, which becomes `USER_AGENT_ARN` (`user_agent`).
 Then it creates the stack's resources (bucket + result notification, one function per
 ``stepwise.functions`` entry, the state machine from ``state_machine/`` with the stack's
 substitutions), uploads the datasets, starts the execution (name = run id) and follows it
