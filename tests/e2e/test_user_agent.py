@@ -61,8 +61,8 @@ def _project(tmp_path: Path) -> Path:
     (project / "scoring.py").write_text(SCORING)
     write_rows(project / "train.jsonl", 16, 0)
     cfg = json.loads((ROOT / "examples" / "toy.json").read_text())
-    cfg.update(dataset_path=str(project / "train.jsonl"), eval_dataset_path="", eval_every=0, batch_size=4,
-               responses_per_prompt=4, max_prompts=8, save_every=-1, steps_per_execution=20)
+    cfg.update(dataset_path=str(project / "train.jsonl"), eval_dataset_path="", eval_every=0, batch_size=2,
+               responses_per_prompt=2, max_prompts=4, save_every=-1, steps_per_execution=20)
     (project / "run.json").write_text(json.dumps(cfg))
     return project
 
@@ -84,7 +84,7 @@ def test_run_local_trains_a_users_own_agent_from_a_folder_outside_the_repository
     result = json.loads((run_dir / "result.json").read_text())
     assert result["status"] == "SUCCEEDED" and result["steps"] == 2 and result["session_status"] == "Stopped"
     results = [json.loads(p.read_text()) for p in (run_dir / "s3" / "rollout-results").rglob("*.json")]
-    assert len(results) == 2 * 4 * 4 and all(r["agent"] == "my_agent" for r in results)  # this agent, every rollout
+    assert len(results) == 2 * 2 * 2 and all(r["agent"] == "my_agent" for r in results)  # this agent, every rollout
     state = json.loads((run_dir / "state.json").read_text())
     assert state["policy_version"] == 2 and state["checkpoints"][-1]["reason"] == "final"  # two optimizer steps
     assert (run_dir / "logs" / "agent-agent.log").exists()
