@@ -51,6 +51,9 @@ EVERY_OPTION: dict[str, str] = {
     **{k: str(v) for k, v in SCOPED_CONTEXT.items()},
     "bulkRetentionDays": "7", "stallMinutes": "30", "rolloutFailureRateAlarm": "0.25", "logRetentionDays": "14",
     "destroyOnDelete": "true", "sweepMinutes": "10",
+    "agentDir": str(ROOT / "examples" / "agents" / "strands"), "agentEntrypoint": "agent:app",
+    "agentRequirements": "requirements.txt",
+    "huggingFaceTokenSecretArn": f"arn:aws:secretsmanager:{REGION}:{ACCOUNT}:secret:stepwise-hf-token-AbCdEf",
 }
 
 
