@@ -365,6 +365,16 @@ class RunConfig(BaseModel):
         "this step trains and rebinds (one Parallel state), and the losses correct for the lag with the "
         "sampling logprobs the datums carry. At most 1",
     )
+    sampler_binding: Literal["per_rollout", "next_turn", "turn_gate"] = Field(
+        "turn_gate",
+        description="what a turn samples while the training session loads new weights (load_weights_for_sampling), "
+        "which the service does not document: per_rollout = every turn of a rollout keeps its rollout's model "
+        "package (the service must serve several at once); next_turn = a rollout moves to the new package at "
+        "its next turn; turn_gate = the gateway holds new turns, the turns in flight finish, the load runs, "
+        "then turns resume on the new package (safe whatever the service does). `stepwise probe-service` "
+        "measures which are safe on an account and prints the line to put here. With max_staleness 1, "
+        "per_rollout and next_turn let Rebind load while the next step's rollouts run",
+    )
     overlong_buffer_len: int = Field(0, ge=0, description="DAPO overlong shaping buffer L_cache in tokens; 0 = off")
     overlong_penalty_factor: float = Field(1.0, ge=0, description="DAPO overlong shaping scale")
     save_weights_at_end: bool = Field(False, description="also save sampler weights (save_weights) at the end")

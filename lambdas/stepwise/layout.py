@@ -20,6 +20,8 @@ Layout (docs/internals.md, "S3 layout")::
     runs/{run_id}/evals/{step}/results.json                 every prompt's eval rollouts (EvalResults), beside summary.json
     runs/{run_id}/sessions/{sid}/task_token.json            task token of a rollout started before it moved into sessions/{sid}.json
     runs/{run_id}/sessions/{sid}/turns/{key}.json           captured gateway turns
+    runs/{run_id}/sampler/current.json                      the run's current sampler and its gate (RunSampler; Rebind)
+    runs/{run_id}/sampler/leases/{deadline}-{id}.json       a turn's lease on the gate (the gateway, turn_gate)
     sessions/{sid}.json                                     gateway session record (+ the rollout's task token)
     rollout-results/{run_id}/{input_id}/{sid}.json          written by the agent (toolkit result key)
     datasets/{run_id}/{file name}                           local dataset files the operator uploaded (CLI, local stack)
@@ -207,6 +209,40 @@ def turns_prefix(run_id: str, sid: str) -> str:
     return run_sessions_prefix(run_id) + f"{sid}/turns/"
 
 
+def sampler_prefix(run_id: str) -> str:
+    """``runs/{run_id}/sampler/``: the run's current sampler and the turn leases on its gate
+    (`stepwise.core.sampler_binding`)."""
+    return run_prefix(run_id) + "sampler/"
+
+
+def current_sampler_key(run_id: str) -> str:
+    """``runs/{run_id}/sampler/current.json``: the run's current sampler and its gate (`stepwise.records.RunSampler`),
+    written by Rebind around each load, read by the gateway for ``next_turn`` and ``turn_gate`` sessions."""
+    return sampler_prefix(run_id) + "current.json"
+
+
+def leases_prefix(run_id: str) -> str:
+    """``runs/{run_id}/sampler/leases/``: one object per turn sampling under a ``turn_gate`` (Rebind lists it)."""
+    return sampler_prefix(run_id) + "leases/"
+
+
+#: Whole milliseconds in a lease key's deadline: fixed width, so keys sort by deadline.
+_LEASE_RE = re.compile(r"/(?P<ms>\d{15})-(?P<uid>[0-9a-f]{32})\.json$")
+
+
+def lease_key(run_id: str, deadline: float, lease_id: str) -> str:
+    """``runs/{run_id}/sampler/leases/{deadline ms:015d}-{lease_id}.json``: a turn's lease, its deadline
+    (epoch seconds) in its name so that one listing tells which leases are live (`lease_deadline`).
+    ``lease_id``: 32 hex characters (a uuid4's ``hex``)."""
+    return leases_prefix(run_id) + f"{round(deadline * 1000):015d}-{lease_id}.json"
+
+
+def lease_deadline(key: str) -> float | None:
+    """The deadline (epoch seconds) of a `lease_key`, or None for any other key."""
+    m = _LEASE_RE.search(key)
+    return None if m is None else int(m.group("ms")) / 1000
+
+
 def results_exp_id(run_id: str) -> str:
     """The toolkit ``exp_id`` of a run: the agent writes ``{exp_id}/{input_id}/{sid}.json``."""
     return f"{RESULTS_PREFIX}{run_id}"
@@ -266,6 +302,8 @@ KEY_KINDS: tuple[tuple[re.Pattern[str], str], ...] = tuple((re.compile(rx), kind
     (f"^{_pattern(config_key(_ID))}$", "config"),
     (f"^{_pattern(task_token_key(_ID, _ID))}$", "task_token"),
     (f"^{_pattern(turns_prefix(_ID, _ID))}", "turn"),
+    (f"^{_pattern(leases_prefix(_ID))}", "lease"),
+    (f"^{_pattern(current_sampler_key(_ID))}$", "sampler"),
     (f"^{_pattern(session_key(_ID))}$", "session"),
     (r"/starts/[^/]+\.json$", "start_marker"),
     (r"/rollouts/", "rollout"),

@@ -340,6 +340,29 @@ class SamplerPolicy(BaseModel):
                    sampler_model_package_arn=state.sampler_model_package_arn, policy_version=state.policy_version)
 
 
+class RunSampler(SamplerPolicy):
+    """``runs/{run_id}/sampler/current.json``: the run's current sampler and its gate, written by Rebind
+    around each load (`stepwise.core.sampler_binding`); the gateway reads it for the sessions whose
+    ``sampler_binding`` is ``next_turn`` or ``turn_gate``.
+
+    ``gate`` ``closed`` holds new turns until ``gate_deadline`` (epoch seconds; Rebind renews it while the
+    load runs, so a run that died with its gate closed reopens by itself). ``loading_model_package_arn``
+    / ``loading_policy_version`` name the package being loaded (``""`` when none). ``closed_at``,
+    ``opened_at`` (epoch seconds) and ``turns_at_load`` (turns in flight when the load started) are what
+    the step reports of its gate."""
+
+    model_config = ConfigDict(extra="allow")
+
+    gate: Literal["open", "closed"] = "open"
+    gate_deadline: float = 0.0
+    closed_at: float | None = None
+    opened_at: float | None = None
+    turns_at_load: int | None = None
+    loading_model_package_arn: str = ""
+    loading_policy_version: int = 0
+    updated_at: float = 0.0
+
+
 class BatchRef(BaseModel):
     """One generation batch: ``$.plan.batch`` (also handed to every rollout child).
 
@@ -432,6 +455,10 @@ class SessionRecord(BaseModel):
     #: The rollout task's heartbeat timeout (``BatchRef.heartbeat_seconds``); 0 = the gateway sends no
     #: heartbeat. The gateway heartbeats the task (``task_token``) on the agent's LLM calls.
     heartbeat_seconds: int = 0
+    #: What a turn samples while the training session loads new weights (`stepwise.core.sampler_binding`):
+    #: ``per_rollout`` (this record's package, also what a record written before the field means),
+    #: ``next_turn`` or ``turn_gate`` (the run's current sampler, ``runs/{run_id}/sampler/current.json``).
+    sampler_binding: Literal["per_rollout", "next_turn", "turn_gate"] = "per_rollout"
 
     def resolved_tokenizer_prefix(self) -> str:
         """The S3 prefix of the run's cached tokenizer (`stepwise.layout.tokenizer_prefix` by default)."""

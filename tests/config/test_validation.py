@@ -132,6 +132,7 @@ BAD_VALUES = [
     ("max_num_gen_batches", 0, "greater than or equal to 1"),
     ("max_staleness", -1, "greater than or equal to 0"),
     ("max_staleness", 2, "overlaps a step's training with the next step's rollouts"),
+    ("sampler_binding", "per_turn", "'per_rollout', 'next_turn' or 'turn_gate'"),
     ("overlong_buffer_len", -1, "greater than or equal to 0"),
     ("overlong_buffer_len", 262144, "max_tokens_per_rollout (262144)"),
     ("overlong_penalty_factor", -1.0, "greater than or equal to 0"),
