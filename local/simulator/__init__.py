@@ -93,6 +93,10 @@ class SimulatorHandle:
     def session_statuses(self) -> dict[str, str]:
         return self.simulator.session_statuses()
 
+    def sampling_in_flight(self) -> int:
+        """Sampling operations (not loads) accepted and not yet answered, over every session."""
+        return self.simulator.sampling_in_flight()
+
     def session_seconds(self) -> dict[str, dict[str, float | None]]:
         """Per session: ``created``, ``stop_requested``, ``ended`` and the ``seconds`` it served (creation
         to the stop request; `local.simulator.service.Simulator.session_seconds`)."""
@@ -127,6 +131,16 @@ class SimulatorHandle:
             self.simulator.warmup_seconds = float(warmup_seconds)
         if binding_seconds is not None:
             self.simulator.binding_seconds = float(binding_seconds)
+
+    def set_serving(self, mode: str, *, contention_seconds: float | None = None) -> None:
+        """What a session samples once it loaded new weights (``several``, ``latest``, ``switching``,
+        ``disturbing``: `local.simulator.service`), for the sessions' next samples; ``contention_seconds``
+        slows each sampling operation that runs while a training operation of its session runs."""
+        from local.simulator.service import check_serving
+
+        self.simulator.serving = check_serving(mode)
+        if contention_seconds is not None:
+            self.simulator.sampling_contention_seconds = float(contention_seconds)
 
     def expire_session(self, name: str) -> None:
         """Move the session ``name`` to ``Expired`` now (see also the ``expire`` fault)."""
@@ -184,7 +198,10 @@ def start_simulator(
     ``session_start`` (``ok`` | ``hang`` | ``fail``), ``warmup_seconds`` / ``binding_seconds`` (503
     answers after Running / after a save, default 0), ``sampling_workers`` (default 2),
     ``fault_seed``, ``torch_threads`` (default 1, set process-wide; None leaves torch's),
-    ``state_dir`` (keep model packages on disk there, so a restarted simulator still has them). ``faults``: specs like ``"throttle:ExecuteTrainingOperation:2"``;
+    ``state_dir`` (keep model packages on disk there, so a restarted simulator still has them),
+    ``serving`` (what a session samples once it loaded new weights: ``several`` (default), ``latest``,
+    ``switching`` or ``disturbing``; `local.simulator.service`), ``sampling_contention_seconds`` (added to
+    a sampling operation that runs while a training operation runs, default 0). ``faults``: specs like ``"throttle:ExecuteTrainingOperation:2"``;
     ``latency``: ``{"optim_step": 0.5, ...}``.
     """
     from local.simulator.server import SimulatorHTTPServer, serve_in_thread

@@ -29,6 +29,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--latency", action="append", default=[], metavar="TARGET=SECONDS",
         help="delay an operation kind or API, e.g. optim_step=0.5 or sample=0.05",
     )
+    parser.add_argument("--serving", choices=("several", "latest", "switching", "disturbing"), default="several",
+                        help="what a session samples once it loaded new weights: several (the package named, "
+                             "default), latest (only the package loaded last; refuses others), switching (the "
+                             "package loaded last, whatever is named), disturbing (a load spoils samples in flight)")
+    parser.add_argument("--sampling-contention-seconds", type=float, default=0.0,
+                        help="added to each sampling operation that runs while a training operation runs (default 0)")
     parser.add_argument("--fault-seed", type=int, default=0)
     parser.add_argument("--state-dir", default=None, help="keep model packages here across restarts (default: memory only)")
     parser.add_argument("--verbose", action="store_true", help="log every request")
@@ -65,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
         binding_seconds=args.binding_seconds,
         fault_seed=args.fault_seed,
         state_dir=args.state_dir,
+        serving=args.serving,
+        sampling_contention_seconds=args.sampling_contention_seconds,
     )
     print(f"# SageMaker Training Sessions simulator on {handle.url} (base model: stepwise-tiny)")
     print("# Point the SDK and boto3 at it:")

@@ -5,7 +5,7 @@
   model (``/v1/training-sessions/{trainingSessionName}/operations[/{operationId}]`` and
   ``.../sampling-operations[/{operationId}]``).
 * ``/_simulator/state`` (GET) and ``/_simulator/faults`` (POST ``{"faults": [...],
-  "latency": {...}, "clear": bool}``): counters, sessions (their statuses and the seconds each
+  "latency": {...}, "clear": bool, "serving": mode}``): counters, sessions (their statuses and the seconds each
   served, ``session_seconds``) and fault control for drills run from another process.
 
 Errors carry the botocore error code in ``__type`` and ``x-amzn-ErrorType``.
@@ -23,7 +23,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from local._proc import LoopbackHTTPServer
-from local.simulator.service import Simulator
+from local.simulator.service import Simulator, check_serving
 from local.simulator.validation import CONTROL, RUNTIME, ApiError, error
 
 _ROUTES = [
@@ -120,9 +120,11 @@ class _Handler(BaseHTTPRequestHandler):
                     sim.faults.add(spec)
                 for target, seconds in (req.get("latency") or {}).items():
                     sim.faults.set_latency(target, float(seconds))
-                for key in ("warmup_seconds", "binding_seconds"):
+                for key in ("warmup_seconds", "binding_seconds", "sampling_contention_seconds"):
                     if key in req:
                         setattr(sim, key, float(req[key]))
+                if "serving" in req:
+                    sim.serving = check_serving(str(req["serving"]))
                 for name in req.get("expire", []):
                     sim.expire_session(str(name))
             except (ValueError, TypeError) as e:

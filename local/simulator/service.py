@@ -23,6 +23,16 @@ service's error code. Semantics (docs/internals.md, the simulator):
   the same sequence number with another token is a ``ConflictException``.
 * Saves register model packages (ARNs in the session's model package group) holding exact
   copies of the weights (and, for saveState, the optimizer state).
+* What a session samples once it loaded new weights (``loadWeightsForSampling``), which the service
+  does not document, is the ``serving`` option (`SERVING`, `stepwise.core.sampler_binding` names the
+  same behaviours): ``several`` (default) samples the package a sample names, whatever was loaded;
+  ``latest`` samples only the package loaded last (``modelPackageArn`` absent = that one) and refuses
+  a sample naming another with a ``ValidationException``; ``switching`` answers every sample with the
+  package loaded last, whatever it names; ``disturbing`` samples the named package like ``several``,
+  but a sample in flight while a load begins or ends answers garbage logprobs (the second half of each
+  sequence's are 1.0 lower than the model's). A sample is in flight from its ``ExecuteSamplingOperation``
+  to its completion and samples the weights it was accepted with. ``sampling_contention_seconds``
+  slows every sampling operation that runs while a training operation of its session runs.
 """
 
 from __future__ import annotations
@@ -66,6 +76,11 @@ RUNTIME_OPERATIONS = frozenset(
 _ACTIVE = ("Created", "Scheduled", "Running")
 _STOP_NOOP = ("Stopping", "Stopped", "Failed", "Expired", "Deleting", "DeletionFailed")
 _DELETABLE = ("Stopped", "Failed", "Expired", "DeletionFailed")
+
+#: What a session samples once it loaded new weights (module docstring).
+SERVING = ("several", "latest", "switching", "disturbing")
+#: How much lower the garbage logprobs of a disturbed sample are (``serving="disturbing"``).
+DISTURBED_LOGPROB_SHIFT = 1.0
 
 TRAINING_KINDS = {
     "forward": "forward",
@@ -135,6 +150,10 @@ class Session:
     cond: threading.Condition = field(default_factory=threading.Condition)
     worker: threading.Thread | None = None
     tokens: collections.Counter = field(default_factory=collections.Counter)
+    loaded_arn: str = ""  # the package loaded for sampling last ("" = the base model)
+    loads_begun: int = 0
+    loads_done: int = 0
+    training_busy: bool = False
 
 
 class Simulator:
@@ -155,6 +174,8 @@ class Simulator:
         fault_seed: int = 0,
         torch_threads: int | None = 1,
         state_dir: str | None = None,
+        serving: str = "several",
+        sampling_contention_seconds: float = 0.0,
     ) -> None:
         if session_start not in ("ok", "hang", "fail"):
             raise ValueError(f"session_start must be ok, hang or fail, got {session_start!r}")
@@ -166,6 +187,8 @@ class Simulator:
         self.session_start = session_start
         self.warmup_seconds = float(warmup_seconds)
         self.binding_seconds = float(binding_seconds)
+        self.serving = check_serving(serving)
+        self.sampling_contention_seconds = float(sampling_contention_seconds)
         self.faults = FaultPlan(seed=fault_seed)
         if torch_threads:
             # Process-wide. The model's matrices are 64 wide: intra-op threads only add
@@ -249,6 +272,18 @@ class Simulator:
                 if op.status == "Pending":
                     op.finish("Skipped", error_details=f"The training session expired before this operation ran: {reason}")
             s.cond.notify_all()
+
+    def sampling_in_flight(self) -> int:
+        """Sample and computeLogprobs operations accepted and not yet answered, over every session (drills
+        that must act while a sample is in flight wait for this to be positive)."""
+        with self._lock:
+            sessions = list(self._sessions.values())
+        n = 0
+        for s in sessions:
+            with s.cond:
+                n += sum(1 for op in s.ops.values() if op.seq is None and op.kind != "load_weights_for_sampling"
+                         and op.status in ("Pending", "InProgress"))
+        return n
 
     def session_weights(self, name: str) -> dict[str, Any]:
         """A copy of a session's current trainable weights (for tests comparing states)."""
@@ -727,7 +762,11 @@ class Simulator:
                     return
                 op = s.training_ops[s.next_seq]
             if op.status == "Pending":
-                self._run(op, lambda op=op: self._apply_training(s, op))
+                s.training_busy = True
+                try:
+                    self._run(op, lambda op=op: self._apply_training(s, op))
+                finally:
+                    s.training_busy = False
             with s.cond:
                 s.next_seq += 1
                 s.cond.notify_all()
@@ -831,19 +870,55 @@ class Simulator:
             raise error(RUNTIME, "validation", f"model package {arn!r} does not exist")
         if mp is not None and self.binding_seconds and time.time() - mp.created < self.binding_seconds:
             raise error(RUNTIME, "unavailable", f"model package {arn!r} was saved moments ago; the session is still binding it")
-        op = Operation(id=self._new_op_id(), kind=SAMPLING_KINDS[member], member=member, config=config)
+        kind = SAMPLING_KINDS[member]
+        op = Operation(id=self._new_op_id(), kind=kind, member=member, config=config)
+        if kind == "load_weights_for_sampling":
+            with s.cond:
+                s.ops[op.id] = op
+            self._sampling_pool.submit(self._run_load, s, op)
+            return {"operationId": op.id}
         with s.cond:
+            serves = self._serves(s, arn)
+            flight = (s.loads_begun, s.loads_done)
             s.ops[op.id] = op
-        self._sampling_pool.submit(self._run, op, lambda: self._apply_sampling(s, op))
+        self._sampling_pool.submit(self._run, op, lambda: self._apply_sampling(s, op, serves, flight))
         return {"operationId": op.id}
 
-    def _apply_sampling(self, s: Session, op: Operation) -> dict[str, Any]:
+    def _serves(self, s: Session, arn: str) -> str:
+        """The package a sample naming ``arn`` runs on, by the ``serving`` option (module docstring);
+        raises the ``latest`` refusal. Called with ``s.cond`` held."""
+        if self.serving in ("several", "disturbing"):
+            return arn
+        if self.serving == "switching" or not arn or arn == s.loaded_arn:
+            return s.loaded_arn
+        raise error(RUNTIME, "validation",
+                    f"model package {arn!r} is not loaded for sampling in training session {s.name!r}, which serves "
+                    f"{s.loaded_arn or 'the base model'}; load it with loadWeightsForSampling")
+
+    def _run_load(self, s: Session, op: Operation) -> None:
+        """``loadWeightsForSampling``: in flight from the moment it runs (a sample accepted meanwhile
+        overlaps it) to its end; completed, the session serves the package (``loaded_arn``)."""
+        with s.cond:
+            s.loads_begun += 1
+        try:
+            self._run(op, lambda: self._apply_sampling(s, op, op.config["modelPackageArn"], (0, 0)))
+        finally:
+            with s.cond:
+                if op.status == "Completed":
+                    s.loaded_arn = op.config["modelPackageArn"]
+                s.loads_done += 1
+
+    def _apply_sampling(self, s: Session, op: Operation, serves: str, flight: tuple[int, int]) -> dict[str, Any]:
+        """Run a sampling operation on the package ``serves``; ``flight``: the session's (loads begun,
+        loads done) when the operation was accepted (``disturbing`` compares them at its end)."""
         c = op.config
         vocab = self._base.cfg.vocab_size
         if op.kind == "load_weights_for_sampling":
-            self._sampler(c["modelPackageArn"])
+            self._sampler(serves)
             return {}
-        sampler = self._sampler(c.get("modelPackageArn") or "")
+        if self.sampling_contention_seconds and s.training_busy:
+            time.sleep(self.sampling_contention_seconds)
+        sampler = self._sampler(serves)
         prompt = engine.model_input_tokens(c["prompt"], vocab, "prompt")
         if not prompt:
             raise engine.OperationFailed("prompt has no tokens")
@@ -851,6 +926,14 @@ class Simulator:
             s.tokens["prefill"] += len(prompt)
             return {"logprobs": sampler.prompt_logprobs(prompt)}
         seqs = sampler.sample(prompt, int(c["numSamples"]), c["samplingParams"])
+        if self.serving == "disturbing":
+            with s.cond:
+                disturbed = flight[0] != flight[1] or (s.loads_begun, s.loads_done) != flight
+            if disturbed:
+                self.count("disturbed_samples")
+                for q in seqs:
+                    half = len(q["logprobs"]) // 2
+                    q["logprobs"] = q["logprobs"][:half] + [x - DISTURBED_LOGPROB_SHIFT for x in q["logprobs"][half:]]
         s.tokens["prefill"] += len(prompt)
         s.tokens["sample"] += sum(len(q["tokens"]) for q in seqs)
         self.count("sampled_sequences", len(seqs))
@@ -866,6 +949,13 @@ class Simulator:
         if op.seq is not None:
             raise error(RUNTIME, "not_found", f"Operation {op.id!r} is a training operation; use GetTrainingOperationResult")
         return self._wait_answer(op)
+
+
+def check_serving(mode: str) -> str:
+    """``mode`` if it is one of `SERVING`; raises ValueError naming them."""
+    if mode not in SERVING:
+        raise ValueError(f"serving must be one of {', '.join(SERVING)}, got {mode!r}")
+    return mode
 
 
 def _paginate(items: list, token: str | None, limit: int) -> tuple[list, str | None]:
