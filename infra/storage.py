@@ -17,6 +17,8 @@ from stepwise.layout import (  # the key prefixes and the bulk tag (docs/interna
     RUNS_PREFIX,
     SAGEMAKER_OUTPUT_PREFIX,
     SESSIONS_PREFIX,
+    current_sampler_key,
+    leases_prefix,
     run_sessions_prefix,
     tokenizer_prefix,
 )
@@ -152,15 +154,17 @@ class Storage(Construct):
                   self._list_bucket())
 
     def grant_gateway_objects(self, role: iam.IGrantable) -> None:
-        """The gateway's objects: read ``sessions/*`` and ``runs/*/tokenizer/*``, read/write the captured
-        turns ``runs/*/sessions/*``."""
+        """The gateway's objects: read ``sessions/*``, ``runs/*/tokenizer/*`` and the run's current sampler
+        ``runs/*/sampler/current.json``, read/write the captured turns ``runs/*/sessions/*``, write and delete
+        the turn leases ``runs/*/sampler/leases/*`` (`stepwise.gateway.binding`)."""
         objects = self.bucket.arn_for_objects
         add_statements(role,
                   iam.PolicyStatement(actions=["s3:GetObject"],
                                       resources=[objects(f"{SESSIONS_PREFIX}*"), objects(f"{tokenizer_prefix('*')}*"),
-                                                 objects(f"{run_sessions_prefix('*')}*")]),
+                                                 objects(f"{run_sessions_prefix('*')}*"), objects(current_sampler_key("*"))]),
                   iam.PolicyStatement(actions=["s3:PutObject", "s3:PutObjectTagging"],
-                                      resources=[objects(f"{run_sessions_prefix('*')}*")]),
+                                      resources=[objects(f"{run_sessions_prefix('*')}*"), objects(f"{leases_prefix('*')}*")]),
+                  iam.PolicyStatement(actions=["s3:DeleteObject"], resources=[objects(f"{leases_prefix('*')}*")]),
                   self._list_bucket())
 
     def grant_session_output(self, role: iam.IGrantable) -> None:

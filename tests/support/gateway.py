@@ -74,8 +74,8 @@ def api_key(sid: str) -> str:
     return API_KEYS.get(sid, sid)
 
 
-def open_session(s3: Any, run_id: str, *, sid: str | None = None, **fields: Any) -> tuple[str, dict]:
-    """Write a session record as StartRollout does, with a fresh api key (`api_key` returns it);
+def open_session(s3: Any, run_id: str, *, sid: str | None = None, bucket: str = BUCKET, **fields: Any) -> tuple[str, dict]:
+    """Write a session record as StartRollout does, with a fresh api key (`api_key` returns it), in ``bucket``;
     returns (sid, record)."""
     from stepwise.gateway.session import API_KEY_DIGEST_FIELD, new_api_key
 
@@ -92,7 +92,7 @@ def open_session(s3: Any, run_id: str, *, sid: str | None = None, **fields: Any)
         "deadline": time.time() + 3600, "closed": False, API_KEY_DIGEST_FIELD: digest,
     }
     record.update(fields)
-    s3.put_object(Bucket=BUCKET, Key=session_key(sid), Body=json.dumps(record).encode())
+    s3.put_object(Bucket=bucket, Key=session_key(sid), Body=json.dumps(record).encode())
     return sid, record
 
 
@@ -184,12 +184,12 @@ class ReferenceGateway:
         self.server.shutdown()
 
 
-def serve_ours(s3: Any, factory: Any, **settings: Any) -> Any:
-    """Our gateway app served on a loopback thread."""
+def serve_ours(s3: Any, factory: Any, *, bucket: str = BUCKET, **settings: Any) -> Any:
+    """Our gateway app served on a loopback thread (on ``bucket``)."""
     from stepwise.gateway import start_gateway
     from stepwise.gateway.app import GatewaySettings, build_app
 
-    app = build_app(GatewaySettings(bucket=BUCKET, **settings), s3=s3, sampler_factory=factory)
+    app = build_app(GatewaySettings(bucket=bucket, **settings), s3=s3, sampler_factory=factory)
     return start_gateway(app=app)
 
 

@@ -12,7 +12,10 @@ Per turn request (``POST /v1/chat/completions`` or ``/v1/messages``):
 3. 400 unless the body is a JSON object with the field types the adapter reads.
 4. 429 if the session's persisted turns reach ``max_turns`` or their sampled tokens reach
    ``max_total_tokens`` (counted from S3, so across containers).
-5. Otherwise the toolkit adapter runs the turn (render, sample, parse, reply), while the rollout's
+5. The turn's sampler is chosen by the record's ``sampler_binding`` (`stepwise.gateway.binding`): the
+   record's package, the run's current one, or the current one behind the run's turn gate, which may
+   hold the turn while new weights load (503 past ``HOLD_LIMIT_SECONDS``).
+6. Otherwise the toolkit adapter runs the turn (render, sample, parse, reply), while the rollout's
    task is heartbeaten beside it (`stepwise.gateway.heartbeat`: an LLM call is the agent's sign of
    life; at most once per interval, never on the request's path); its
    ``record_turn`` is captured and written to S3 before the response completes. A session
@@ -49,7 +52,10 @@ from stepwise.functions import GATEWAY_FUNCTION
 from stepwise.layout import session_key, turns_prefix
 from stepwise.records import SessionRecord
 
+from stepwise.aws.sampler_gate import store_over
+
 from . import _toolkit
+from .binding import GateHeld, SamplerBindings
 from .heartbeat import TaskHeartbeats
 from .recorder import PendingTurn, S3TurnRecorder
 from .renderers import RoutingRenderer, RunRenderers, S3TokenizerLoader, TokenizerLoader
@@ -304,7 +310,7 @@ def build_app(
         heartbeats: the rollout tasks' heartbeat sender (default: `TaskHeartbeats` with Step Functions clients).
 
     The app exposes ``app[GATEWAY]`` (a dict with ``stats``, ``recorder``, ``backend``,
-    ``renderers``) for tests and measurements.
+    ``renderers``, ``bindings``) for tests and measurements.
     """
     _toolkit.check_toolkit_version()
     settings = settings or GatewaySettings.from_env()
@@ -319,11 +325,24 @@ def build_app(
     directory = SessionDirectory(s3, settings.bucket)
     renderers = RunRenderers(tokenizer_loader or S3TokenizerLoader(s3, settings.bucket))
     recorder = S3TurnRecorder(s3, settings.bucket, current_scope, record_for=lambda sid: directory.record(sid))
+    bindings = SamplerBindings(store_over(s3, settings.bucket), clock=clock)
+
+    async def retry_turn(record: SessionRecord, error: Exception) -> SessionRecord | None:
+        """A turn the service refused, retried once on a newer sampler (``next_turn``; `SamplerBindings.retry_record`)."""
+        retried = await bindings.retry_record(record)
+        scope = current_scope()
+        if retried is not None and scope is not None:
+            logger.info("turn retried on a newer sampler", extra={"error": type(error).__name__,
+                                                                  "policy_version": retried.policy_version})
+            scope.record = retried  # the captured turn names the package that sampled it
+        return retried
+
     sampler = SessionSamplerBackend(
         lambda: (scope.record if (scope := current_scope()) is not None else None),
         sampler_factory,
         cache_size=settings.sampler_cache_size,
         current_seed=lambda: (scope.seed if (scope := current_scope()) is not None else None),
+        retry=retry_turn,
     )
     backend = _TimedBackend(sampler)
     renderer = RoutingRenderer(lambda: (scope.renderer if (scope := current_scope()) is not None else None))
@@ -398,7 +417,11 @@ def build_app(
         sid, record, seed = admitted
         metering.bind_run(record.run_id)
         async with heartbeats.during(record):
-            return await serve(request, handler, protocol, sid, record, seed, t0)
+            try:
+                async with bindings.turn(record, holder=sid_digest(sid)) as turn_record:
+                    return await serve(request, handler, protocol, sid, turn_record, seed, t0)
+            except GateHeld as e:
+                return refuse(protocol, 503, "api_error", str(e))
 
     async def serve(request: web.Request, handler: Any, protocol: Protocol, sid: str, record: SessionRecord,
                     seed: int | None, t0: float) -> web.StreamResponse:
@@ -457,7 +480,7 @@ def build_app(
 
     app.middlewares.append(guard)
     app[GATEWAY] = {"stats": stats, "recorder": recorder, "backend": sampler, "renderers": renderers,
-                    "adapters": adapters, "directory": directory, "heartbeats": heartbeats}
+                    "adapters": adapters, "directory": directory, "heartbeats": heartbeats, "bindings": bindings}
     return app
 
 

@@ -19,7 +19,7 @@ import contextvars
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from agentcore_rl_toolkit.rollout_gateway.trajectory import TurnRecord
@@ -120,11 +120,15 @@ class SessionSamplerBackend:
             inject scripted samplers here.
         cache_size: samplers kept (LRU); evicted SDK clients are retired.
         current_seed: returns the sampler seed of the turn being served, or None (unseeded).
+        retry: ``(record, error) -> record or None``: after the sampler failed a turn, the record to retry
+            it with once (``next_turn``: a newer sampler, `stepwise.gateway.binding`), or None to fail it.
     """
 
     def __init__(self, current_record: Callable[[], SessionRecord | None], factory: SamplerFactory | None = None,
-                 cache_size: int = 8, current_seed: Callable[[], int | None] | None = None) -> None:
+                 cache_size: int = 8, current_seed: Callable[[], int | None] | None = None,
+                 retry: Callable[[SessionRecord, Exception], Awaitable[SessionRecord | None]] | None = None) -> None:
         self._current_record = current_record
+        self._retry = retry
         self._current_seed = current_seed or (lambda: None)
         self._factory = factory or SdkSamplerFactory()
         self._cache: OrderedDict[tuple, Any] = OrderedDict()
@@ -167,12 +171,20 @@ class SessionSamplerBackend:
 
     async def generate(self, *, prompt_ids: list[int], sampling_params: dict, session_id: str | None = None,
                        image_data: Any = None, video_data: Any = None) -> TurnRecord:
-        backend = self.backend_for(self._record(session_id))
+        record = self._record(session_id)
+        backend = self.backend_for(record)
         seed = self._current_seed()
         if seed is not None:
             sampling_params = {**sampling_params, "seed": seed}
         token = _TURN_SEED.set(seed)
         try:
-            return await backend.generate(prompt_ids=prompt_ids, sampling_params=sampling_params, session_id=session_id)
+            try:
+                return await backend.generate(prompt_ids=prompt_ids, sampling_params=sampling_params, session_id=session_id)
+            except Exception as error:
+                retried = await self._retry(record, error) if self._retry is not None else None
+                if retried is None:
+                    raise
+                return await self.backend_for(retried).generate(prompt_ids=prompt_ids, sampling_params=sampling_params,
+                                                                session_id=session_id)
         finally:
             _TURN_SEED.reset(token)
