@@ -80,11 +80,14 @@ OVERLAPPED_STEP_CHOICES = {
     "What comes next?": "Train or eval batch?",
     "Train or eval batch?": "Compute advantages and filter groups",
     "Enough groups to train?": "Train this step while rolling out the next",
-    "Sampler rebound?": "Plan next action",  # the rebind runs after both branches join
+    # sampler_binding turn_gate (the default): the rebind runs after both branches join
+    "Rebound while rolling out?": "Rebind sampler to new weights",
+    "Sampler rebound?": "Plan next action",
 }
 OVERLAP_PARALLEL = "Train this step while rolling out the next"
 OVERLAP_BRANCH_CHOICES = {
-    "This step's training done?": "This step trained",
+    "This step's training done?": "Rebind in this branch?",
+    "Rebind in this branch?": "This step trained",
     "Next step's rollouts planned?": "Roll out the next step's generation batch",
 }
 

@@ -102,6 +102,36 @@ def test_an_overlapped_run_trains_every_step_once_on_rollouts_at_most_one_versio
     assert state["ahead_batch"] is None and sim.running_sessions() == []
 
 
+def test_with_per_rollout_the_training_branch_rebinds_while_the_next_steps_rollouts_run(local):
+    """``sampler_binding: per_rollout`` (a service that serves several packages): the load overlaps the
+    rollouts rolled out ahead, inside the Parallel state, and the run never rebinds after the join; each
+    rollout still samples its own batch's package, and the run's current sampler names the last one."""
+    from stepwise.layout import current_sampler_key
+
+    moto, sim, agent, sm_arn, s3, base, arns = local
+    sfn = moto.client("stepfunctions")
+    run_id = f"overlap-inbranch-{uuid.uuid4().hex[:6]}"
+    # 3 steps, no checkpoint: step 1 rolls out step 2's batch ahead (step 0 samples the base model)
+    cfg = dict(base, save_every=0, max_prompts=6, sampler_binding="per_rollout")
+    arn = sfn.start_execution(stateMachineArn=sm_arn, name=run_id, input=json.dumps(cfg))["executionArn"]
+    d = _wait(sfn, arn)
+    assert d["status"] == "SUCCEEDED", d.get("cause")
+    state = _state(s3, run_id)
+    assert (state["step"], state["policy_version"], state["finished"]) == (3, 3, True)
+    assert _entered(sfn, arn, "Rebind sampler while the next step rolls out") >= 3
+    assert _entered(sfn, arn, "Rebind sampler to new weights") == 0
+    assert _entered(sfn, arn, "Roll out the next step's generation batch") == 1
+    summaries = {s: _json(s3, summary_key(run_id, s)) for s in range(3)}
+    assert [summaries[s]["staleness/max"] for s in range(3)] == [0.0, 0.0, 1.0]
+    records = [_json(s3, k) for k in _keys(s3, rollouts_prefix(run_id, 2, 0))]
+    assert {r["policy_version"] for r in records} == {1}
+    assert {_json(s3, session_key(r["sid"]))["sampler_binding"] for r in records} == {"per_rollout"}
+    current = _json(s3, current_sampler_key(run_id))
+    assert (current["gate"], current["policy_version"]) == ("open", 3)
+    assert current["sampler_model_package_arn"] == summaries[2]["sampler_model_package_arn"]
+    assert sim.running_sessions() == []
+
+
 def test_a_failed_training_operation_in_the_parallel_state_stops_the_session_and_fails(local):
     moto, sim, agent, sm_arn, s3, base, arns = local
     sfn = moto.client("stepfunctions")

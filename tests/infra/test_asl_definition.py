@@ -151,16 +151,24 @@ def test_overlapped_step_is_a_parallel_of_training_and_the_next_steps_rollouts()
     assert enough["Choices"][1] == {"Variable": "$.advantages.decision", "StringEquals": "train",
                                     "Next": "Submit training step"}
     par = states["Train this step while rolling out the next"]
-    # The sampler is rebound after both branches join, by the sequential loop's Rebind state: no AWS
-    # documentation says a session keeps serving the previous model package while it loads the next, so
-    # no rollout may sample while the sampler changes under it.
-    assert par["Type"] == "Parallel" and par["ResultPath"] is None and par["Next"] == "Rebind sampler to new weights"
+    # Where the sampler is rebound is the run's sampler_binding (stepwise.core.sampler_binding): with
+    # turn_gate (the default) after both branches join, by the sequential loop's Rebind state, so no rollout
+    # samples while the sampler changes; with per_rollout or next_turn inside the training branch, while
+    # the next step's rollouts run. The branch's last answer says which happened.
+    assert par["Type"] == "Parallel" and par["Next"] == "Rebound while rolling out?"
+    assert par["ResultSelector"] == {"rebound.$": "$[0].op.rebound"} and par["ResultPath"] == "$.overlap"
+    after = states["Rebound while rolling out?"]
+    assert after["Choices"] == [{"Variable": "$.overlap.rebound", "BooleanEquals": True, "Next": "Plan next action"}]
+    assert after["Default"] == "Rebind sampler to new weights"
     assert states["Sampler rebound?"]["Choices"][0]["Next"] == "Plan next action"
     assert par["Catch"] == [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.error", "Next": STOP_ON_FAILURE}]
     train, roll = par["Branches"]
     resources = {st.get("Resource") for st in train["States"].values()}
-    assert {"${SubmitTrainFunctionArn}", "${PollOperationFunctionArn}"} <= resources
-    assert "${RebindFunctionArn}" not in resources and "${RebindFunctionArn}" not in json.dumps(roll)
+    assert {"${SubmitTrainFunctionArn}", "${PollOperationFunctionArn}", "${RebindFunctionArn}"} <= resources
+    assert train["States"]["Rebind in this branch?"]["Choices"] == [
+        {"Variable": "$.op.rebind_in_branch", "BooleanEquals": True, "Next": "Rebind sampler while the next step rolls out"}]
+    assert train["States"]["Rebind in this branch?"]["Default"] == "This step trained"
+    assert "${RebindFunctionArn}" not in json.dumps(roll)
     plan = roll["States"][roll["StartAt"]]
     assert plan["Resource"] == "${PlanStepFunctionArn}" and plan["Parameters"]["ahead_of_step.$"] == "$.advantages.step"
     ahead_map = roll["States"]["Roll out the next step's generation batch"]

@@ -79,6 +79,7 @@ def session_record(cfg: RunConfig, run_id: str, batch: BatchRef, sid: str, input
     batch it fixes ``sampling_seed`` (`stepwise.core.seeding.rollout_seed`), from which the gateway
     seeds each turn's sample.
     """
+    from stepwise.core.sampler_binding import rebind_during_rollouts, session_binding
     from stepwise.core.seeding import rollout_seed
 
     policy = batch.policy
@@ -106,6 +107,8 @@ def session_record(cfg: RunConfig, run_id: str, batch: BatchRef, sid: str, input
         sampling_seed=rollout_seed(cfg.seed, kind=batch.kind, step=batch.step,
                                    generation_batch=batch.generation_batch, index=index),
         heartbeat_seconds=timeouts.heartbeat_seconds if timeouts.heartbeat_on else 0,
+        sampler_binding=session_binding(cfg.sampler_binding, loads_during_rollouts=rebind_during_rollouts(
+            cfg.sampler_binding, cfg.max_staleness)),
         started_at=now(),
         deadline=now() + timeouts.max_rollout_seconds + SESSION_GRACE_S,
         closed=False,
