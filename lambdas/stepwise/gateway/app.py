@@ -418,14 +418,15 @@ def build_app(
         metering.bind_run(record.run_id)
         async with heartbeats.during(record):
             try:
-                async with bindings.turn(record, holder=sid_digest(sid)) as turn_record:
-                    return await serve(request, handler, protocol, sid, turn_record, seed, t0)
+                async with bindings.turn(record, holder=sid_digest(sid)) as bound:
+                    return await serve(request, handler, protocol, sid, bound.record, seed, t0, bound.release)
             except GateHeld as e:
                 return refuse(protocol, 503, "api_error", str(e))
 
     async def serve(request: web.Request, handler: Any, protocol: Protocol, sid: str, record: SessionRecord,
-                    seed: int | None, t0: float) -> web.StreamResponse:
-        """Run the admitted turn (``handler``: the toolkit adapter's route) in its request scope, then persist it."""
+                    seed: int | None, t0: float, release: Callable[[], Any]) -> web.StreamResponse:
+        """Run the admitted turn (``handler``: the toolkit adapter's route) in its request scope, then persist it;
+        ``release``: the turn's gate lease, released beside the captured turn's write (the sample is done)."""
         with logger.append_context_keys(run_id=record.run_id, sid=sid_digest(sid), step=record.step,
                                         policy_version=record.policy_version):
             try:
@@ -446,7 +447,7 @@ def build_app(
                 response = await handler(request)
                 written = sum(len(p.body) for p in scope.pending)
                 try:
-                    await _uncancellable(recorder.flush(scope.pending))
+                    await _uncancellable(asyncio.gather(recorder.flush(scope.pending), release()))
                     if scope.ride is not None:
                         scope.ride.commit()
                 except Exception:

@@ -16,15 +16,18 @@ The rules are `stepwise.core.sampler_binding`; the objects `stepwise.aws.sampler
   every ``LEASE_RENEW_SECONDS``; it is deleted when the turn ends. A gateway that dies mid-turn holds
   the gate until its lease's deadline only.
 
-`SamplerBindings.turn` is the one entry point: an async context manager yielding the session record
-to serve the turn with (its ``sampler_model_package_arn`` and ``policy_version`` replaced by the
-sampler chosen), so the sampling seam and the turn recorder both see the package actually sampled.
+`SamplerBindings.turn` is the one entry point: an async context manager yielding a `TurnBinding`: the
+session record to serve the turn with (its ``sampler_model_package_arn`` and ``policy_version`` replaced
+by the sampler chosen, so the sampling seam and the turn recorder both see the package actually
+sampled), and ``release()``, which the gateway awaits beside the captured turn's PUT once the sample is
+done (the lease guards the sample, not the write): the lease's DELETE adds no round trip to the turn.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -34,6 +37,22 @@ from stepwise.aws import sampler_gate
 from stepwise.aws.runstore import RunStore
 from stepwise.core import sampler_binding as rules
 from stepwise.records import RunSampler, SamplerPolicy, SessionRecord
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TurnBinding:
+    """The record a turn samples with, and the release of its lease (a no-op but for ``turn_gate``;
+    idempotent, never raises: a lease left behind expires at its deadline)."""
+
+    record: SessionRecord
+    _release: Callable[[], Awaitable[None]] | None = None
+
+    async def release(self) -> None:
+        release, self._release = self._release, None
+        if release is not None:
+            await release()
 
 
 class GateHeld(RuntimeError):
@@ -104,19 +123,24 @@ class SamplerBindings:
         return sampler
 
     @contextlib.asynccontextmanager
-    async def turn(self, record: SessionRecord, holder: str = "") -> AsyncIterator[SessionRecord]:
-        """Serve one turn of ``record``'s session: yields the record to sample with. Raises `GateHeld`."""
+    async def turn(self, record: SessionRecord, holder: str = "") -> AsyncIterator[TurnBinding]:
+        """Serve one turn of ``record``'s session: yields the record to sample with (and the lease's
+        release). Raises `GateHeld`."""
         binding = record.sampler_binding
         self.stats.turns[binding] = self.stats.turns.get(binding, 0) + 1
         if binding == "per_rollout":
-            yield record
+            yield TurnBinding(record)
             return
         if binding == "next_turn":
             current = await self.current(record.run_id)
-            yield with_sampler(record, rules.turn_sampler(binding, policy_of(record), current))
+            yield TurnBinding(with_sampler(record, rules.turn_sampler(binding, policy_of(record), current)))
             return
-        async with self._gated(record.run_id, holder) as current:
-            yield with_sampler(record, rules.turn_sampler(binding, policy_of(record), current))
+        async with self._gated(record.run_id, holder) as (current, release):
+            bound = TurnBinding(with_sampler(record, rules.turn_sampler(binding, policy_of(record), current)), release)
+            try:
+                yield bound
+            finally:
+                await _uncancellable(bound.release())
 
     async def retry_record(self, record: SessionRecord) -> SessionRecord | None:
         """``next_turn``: the record to retry a refused turn with (a newer sampler), or None."""
@@ -129,7 +153,7 @@ class SamplerBindings:
         return with_sampler(record, target)
 
     @contextlib.asynccontextmanager
-    async def _gated(self, run_id: str, holder: str) -> AsyncIterator[RunSampler | None]:
+    async def _gated(self, run_id: str, holder: str) -> AsyncIterator[tuple[RunSampler | None, Callable[[], Awaitable[None]]]]:
         started = self.clock()
         lease_id = uuid.uuid4().hex
         held_since: float | None = None
@@ -153,24 +177,46 @@ class SamplerBindings:
         if held_since is not None:
             self.stats.held_seconds += self.clock() - held_since
         lease = [key]
-        renewer = asyncio.create_task(self._renew(run_id, lease_id, holder, lease))
-        try:
-            yield current
-        finally:
-            renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await renewer
-            await _uncancellable(asyncio.to_thread(sampler_gate.drop_lease, self.store, lease[0]))
+        released: list[bool] = []
+        lock = asyncio.Lock()  # a renewal (PUT, swap, DELETE) is never cut by the release: no orphaned lease
+        renewer = asyncio.create_task(self._renew(run_id, lease_id, holder, lease, lock, released))
 
-    async def _renew(self, run_id: str, lease_id: str, holder: str, lease: list[str]) -> None:
+        async def release() -> None:
+            async with lock:
+                if released:
+                    return
+                released.append(True)
+                renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await renewer
+            try:
+                await asyncio.to_thread(sampler_gate.drop_lease, self.store, lease[0])
+            except Exception as e:  # it expires at its deadline: Rebind waits that long at most
+                logger.warning("turn lease not deleted", extra={"error": type(e).__name__, "detail": str(e)[:200]})
+
+        try:
+            yield current, release
+        finally:
+            await _uncancellable(release())
+
+    async def _renew(self, run_id: str, lease_id: str, holder: str, lease: list[str], lock: asyncio.Lock,
+                     released: list[bool]) -> None:
         """Every ``renew_s``: a lease with a new deadline, then the old one deleted (``lease[0]``: the live key)."""
         while True:
             await self.sleep(self.renew_s)
-            key = await asyncio.to_thread(sampler_gate.put_lease, self.store, run_id, self.clock() + self.lease_s,
-                                          lease_id, holder)
-            old, lease[0] = lease[0], key
-            self.stats.renewals += 1
-            await asyncio.to_thread(sampler_gate.drop_lease, self.store, old)
+            try:
+                # Under the lock, which the release takes before it cancels this task: a cancelled
+                # to_thread whose work item had not started yet never runs, and its lease would outlive the turn.
+                async with lock:
+                    if released:
+                        return
+                    key = await asyncio.to_thread(sampler_gate.put_lease, self.store, run_id,
+                                                  self.clock() + self.lease_s, lease_id, holder)
+                    old, lease[0] = lease[0], key
+                    self.stats.renewals += 1
+                    await asyncio.to_thread(sampler_gate.drop_lease, self.store, old)
+            except Exception as e:  # the next renewal tries again; the live lease still holds until its deadline
+                logger.warning("turn lease not renewed", extra={"error": type(e).__name__, "detail": str(e)[:200]})
 
 
 async def _uncancellable(coro: Awaitable[None]) -> None:
