@@ -93,9 +93,9 @@ class SimulatorHandle:
     def session_statuses(self) -> dict[str, str]:
         return self.simulator.session_statuses()
 
-    def sampling_in_flight(self) -> int:
-        """Sampling operations (not loads) accepted and not yet answered, over every session."""
-        return self.simulator.sampling_in_flight()
+    def sampling_in_flight(self, session: str | None = None) -> int:
+        """Sampling operations (not loads) accepted and not yet answered, in ``session`` or every session."""
+        return self.simulator.sampling_in_flight(session)
 
     def session_seconds(self) -> dict[str, dict[str, float | None]]:
         """Per session: ``created``, ``stop_requested``, ``ended`` and the ``seconds`` it served (creation
@@ -132,13 +132,18 @@ class SimulatorHandle:
         if binding_seconds is not None:
             self.simulator.binding_seconds = float(binding_seconds)
 
-    def set_serving(self, mode: str, *, contention_seconds: float | None = None) -> None:
+    def set_serving(self, mode: str | None, *, session: str | None = None, contention_seconds: float | None = None) -> None:
         """What a session samples once it loaded new weights (``several``, ``latest``, ``switching``,
-        ``disturbing``: `local.simulator.service`), for the sessions' next samples; ``contention_seconds``
-        slows each sampling operation that runs while a training operation of its session runs."""
+        ``disturbing``: `local.simulator.service`), for the sessions' next samples: every session's, or
+        with ``session`` that one's (now or once it is created; None: the simulator's again);
+        ``contention_seconds`` slows each sampling
+        operation that runs while a training operation of its session runs."""
         from local.simulator.service import check_serving
 
-        self.simulator.serving = check_serving(mode)
+        if session is not None:
+            self.simulator.set_session_serving(session, mode)
+        elif mode is not None:
+            self.simulator.serving = check_serving(mode)
         if contention_seconds is not None:
             self.simulator.sampling_contention_seconds = float(contention_seconds)
 

@@ -150,6 +150,7 @@ class Session:
     cond: threading.Condition = field(default_factory=threading.Condition)
     worker: threading.Thread | None = None
     tokens: collections.Counter = field(default_factory=collections.Counter)
+    serving: str | None = None  # this session's serving mode (None = the simulator's)
     loaded_arn: str = ""  # the package loaded for sampling last ("" = the base model)
     loads_begun: int = 0
     loads_done: int = 0
@@ -188,6 +189,7 @@ class Simulator:
         self.warmup_seconds = float(warmup_seconds)
         self.binding_seconds = float(binding_seconds)
         self.serving = check_serving(serving)
+        self.session_serving: dict[str, str] = {}  # session name -> its serving mode (`set_session_serving`)
         self.sampling_contention_seconds = float(sampling_contention_seconds)
         self.faults = FaultPlan(seed=fault_seed)
         if torch_threads:
@@ -273,11 +275,11 @@ class Simulator:
                     op.finish("Skipped", error_details=f"The training session expired before this operation ran: {reason}")
             s.cond.notify_all()
 
-    def sampling_in_flight(self) -> int:
-        """Sample and computeLogprobs operations accepted and not yet answered, over every session (drills
-        that must act while a sample is in flight wait for this to be positive)."""
+    def sampling_in_flight(self, session: str | None = None) -> int:
+        """Sample and computeLogprobs operations accepted and not yet answered, in ``session`` or every
+        session (drills that must act while a sample is in flight wait for this to be positive)."""
         with self._lock:
-            sessions = list(self._sessions.values())
+            sessions = [s for s in self._sessions.values() if session is None or s.name == session]
         n = 0
         for s in sessions:
             with s.cond:
@@ -380,6 +382,7 @@ class Simulator:
                 ready_at=now + self.session_start_seconds,
                 start_mode=self.session_start,
                 trainer=trainer,
+                serving=self.session_serving.get(name),
             )
             self._sessions[name] = s
         s.worker = threading.Thread(target=self._training_worker, args=(s,), name=f"sim-train-{name}", daemon=True)
@@ -884,12 +887,29 @@ class Simulator:
         self._sampling_pool.submit(self._run, op, lambda: self._apply_sampling(s, op, serves, flight))
         return {"operationId": op.id}
 
+    def set_session_serving(self, name: str, mode: str | None) -> None:
+        """Serve the session ``name`` (existing, or created later) in ``mode`` whatever the simulator's
+        ``serving`` (drills that probe several behaviours at once on one simulator); None = the simulator's again."""
+        mode = None if mode is None else check_serving(mode)
+        with self._lock:
+            if mode is None:
+                self.session_serving.pop(name, None)
+            else:
+                self.session_serving[name] = mode
+            s = self._sessions.get(name)
+            if s is not None:
+                s.serving = mode
+
+    def serving_of(self, s: Session) -> str:
+        return s.serving or self.serving
+
     def _serves(self, s: Session, arn: str) -> str:
         """The package a sample naming ``arn`` runs on, by the ``serving`` option (module docstring);
         raises the ``latest`` refusal. Called with ``s.cond`` held."""
-        if self.serving in ("several", "disturbing"):
+        serving = self.serving_of(s)
+        if serving in ("several", "disturbing"):
             return arn
-        if self.serving == "switching" or not arn or arn == s.loaded_arn:
+        if serving == "switching" or not arn or arn == s.loaded_arn:
             return s.loaded_arn
         raise error(RUNTIME, "validation",
                     f"model package {arn!r} is not loaded for sampling in training session {s.name!r}, which serves "
@@ -926,7 +946,7 @@ class Simulator:
             s.tokens["prefill"] += len(prompt)
             return {"logprobs": sampler.prompt_logprobs(prompt)}
         seqs = sampler.sample(prompt, int(c["numSamples"]), c["samplingParams"])
-        if self.serving == "disturbing":
+        if self.serving_of(s) == "disturbing":
             with s.cond:
                 disturbed = flight[0] != flight[1] or (s.loads_begun, s.loads_done) != flight
             if disturbed:
