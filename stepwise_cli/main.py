@@ -32,6 +32,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("stepwise_cli.commands.compare", "two runs' evals side by side: per eval set, per metric, per prompt"),
     "screen": ("stepwise_cli.commands.screen", "drop the training prompts always or never solved at group size K"),
     "cost": ("stepwise_cli.commands.cost", "estimate the stack's Lambda, Step Functions and S3 cost per step and per run"),
+    "probe-service": ("stepwise_cli.commands.probe_service", "ask a real training session what it samples while it "
+                      "loads new weights; prints the sampler_binding to run with (creates and stops its own session)"),
     "simulator": ("local.simulator.cli", "run the SageMaker Training Sessions simulator (tiny model) on a loopback port"),
     "run-local": ("local.run", "run a whole training run on this machine (moto, simulator, gateway, ACR emulator)"),
 }

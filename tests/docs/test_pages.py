@@ -14,7 +14,7 @@ from stepwise_cli.main import COMMANDS
 from state_machine.definition import load_asl
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
-OPERATOR_COMMANDS = ("start", "watch", "stop", "resume", "runs", "cost")
+OPERATOR_COMMANDS = ("start", "watch", "stop", "resume", "runs", "cost", "probe-service")
 
 
 def _mermaid_blocks(text: str) -> list[str]:
