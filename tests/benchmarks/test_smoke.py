@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import cost_model, dapo_vs_grpo, dataset_memory, gateway_overhead, reference_vs_pipeline, scaling
+from benchmarks import (cost_model, dapo_vs_grpo, dataset_memory, gateway_overhead, reference_vs_pipeline, sampler_binding,
+                        scaling)
 from benchmarks._common import percentile
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,6 +34,14 @@ def test_gateway_overhead_measures_both_gateways(tmp_path: Path) -> None:
     row = json.loads((tmp_path / "gateway_overhead.json").read_text())["short"]
     assert row["ours_ms"]["50"] > 0 and row["toolkit_ms"]["50"] > 0
     assert row["s3_bytes_per_turn"] > 100  # the captured turn object
+
+
+def test_sampler_binding_counts_each_bindings_requests_per_turn(tmp_path: Path) -> None:
+    assert sampler_binding.main(["--rounds", "2", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "sampler_binding.json").read_text())["per_turn"]
+    assert rows["per_rollout"]["binding_requests_per_turn"] == {}
+    assert rows["turn_gate"]["binding_requests_per_turn"] == {"PUT lease": 1.0, "GET sampler": 1.0, "DELETE lease": 1.0}
+    assert set(rows["next_turn"]["binding_requests_per_turn"]) <= {"GET sampler"}
 
 
 def test_reference_config_maps_the_toy_config_onto_the_toolkit_config() -> None:
