@@ -142,7 +142,10 @@ class SimulatorHandle:
 
         if session is not None:
             self.simulator.set_session_serving(session, mode)
-        elif mode is not None:
+            if contention_seconds is not None:
+                self.simulator.set_session_contention(session, contention_seconds)
+            return
+        if mode is not None:
             self.simulator.serving = check_serving(mode)
         if contention_seconds is not None:
             self.simulator.sampling_contention_seconds = float(contention_seconds)

@@ -151,6 +151,7 @@ class Session:
     worker: threading.Thread | None = None
     tokens: collections.Counter = field(default_factory=collections.Counter)
     serving: str | None = None  # this session's serving mode (None = the simulator's)
+    contention_seconds: float | None = None  # this session's sampling contention (None = the simulator's)
     loaded_arn: str = ""  # the package loaded for sampling last ("" = the base model)
     loads_begun: int = 0
     loads_done: int = 0
@@ -190,6 +191,7 @@ class Simulator:
         self.binding_seconds = float(binding_seconds)
         self.serving = check_serving(serving)
         self.session_serving: dict[str, str] = {}  # session name -> its serving mode (`set_session_serving`)
+        self.session_contention: dict[str, float] = {}  # session name -> its sampling contention, seconds
         self.sampling_contention_seconds = float(sampling_contention_seconds)
         self.faults = FaultPlan(seed=fault_seed)
         if torch_threads:
@@ -383,6 +385,7 @@ class Simulator:
                 start_mode=self.session_start,
                 trainer=trainer,
                 serving=self.session_serving.get(name),
+                contention_seconds=self.session_contention.get(name),
             )
             self._sessions[name] = s
         s.worker = threading.Thread(target=self._training_worker, args=(s,), name=f"sim-train-{name}", daemon=True)
@@ -900,6 +903,18 @@ class Simulator:
             if s is not None:
                 s.serving = mode
 
+    def set_session_contention(self, name: str, seconds: float | None) -> None:
+        """Slow the sampling operations of session ``name`` (existing or created later) that run beside one of
+        its training operations by ``seconds`` (None: the simulator's ``sampling_contention_seconds`` again)."""
+        with self._lock:
+            if seconds is None:
+                self.session_contention.pop(name, None)
+            else:
+                self.session_contention[name] = float(seconds)
+            s = self._sessions.get(name)
+            if s is not None:
+                s.contention_seconds = None if seconds is None else float(seconds)
+
     def serving_of(self, s: Session) -> str:
         return s.serving or self.serving
 
@@ -936,8 +951,9 @@ class Simulator:
         if op.kind == "load_weights_for_sampling":
             self._sampler(serves)
             return {}
-        if self.sampling_contention_seconds and s.training_busy:
-            time.sleep(self.sampling_contention_seconds)
+        contention = self.sampling_contention_seconds if s.contention_seconds is None else s.contention_seconds
+        if contention and s.training_busy:
+            time.sleep(contention)
         sampler = self._sampler(serves)
         prompt = engine.model_input_tokens(c["prompt"], vocab, "prompt")
         if not prompt:
