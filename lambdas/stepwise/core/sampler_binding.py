@@ -106,8 +106,11 @@ def rebind_during_rollouts(binding: SamplerBinding, max_staleness: int) -> bool:
     bindings that let a load overlap rollouts (``per_rollout``, ``next_turn``) rebind inside the
     training branch, so the next step does not wait for the load; ``turn_gate`` rebinds after the
     branches join, where no turn is in flight and the gate costs nothing (a gate closed inside the
-    branch would pause the rollouts for as long as the load, which is no faster).
+    branch would pause the rollouts for as long as the load, which is no faster). Beyond 1, rollouts are
+    always in flight (deep asynchrony): every binding loads during them, so the gateway must enforce it.
     """
+    if max_staleness >= 2:
+        return True
     return max_staleness >= 1 and binding != "turn_gate"
 
 
