@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from agentcore_rl_toolkit.backends.experimental.sagemaker.config import Config as ReferenceConfig
 from agentcore_rl_toolkit.backends.experimental.sagemaker.config import load_config as reference_load_config
@@ -142,6 +142,7 @@ def test_a_config_whose_extension_does_not_say_is_read_by_its_content(tmp_path, 
                               st.one_of(st.integers(-10**6, 10**6), st.booleans(), st.text(alphabet="abcxyz _-.", max_size=20),
                                         st.lists(st.integers(0, 9), max_size=3)), max_size=6),
        suffix=st.sampled_from(["", ".example", ".conf", ".txt", ".cfg", ".in"]))
+@example(config={"a": "._"}, suffix="")  # read as a float, then float('.') raised: a string stays a string
 def test_content_decides_json_or_yaml_for_any_config_under_any_uninformative_name(tmp_path, config, suffix):
     as_json = tmp_path / f"a{suffix}"
     as_json.write_text(json.dumps(config))
