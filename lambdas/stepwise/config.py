@@ -380,7 +380,7 @@ class RunConfig(BaseModel):
     save_weights_at_end: bool = Field(False, description="also save sampler weights (save_weights) at the end")
     train_op_timeout: float = Field(600.0, gt=0, description="seconds to wait on each training operation")
     seed: int = Field(
-        0, ge=0, le=2**63 - 1,
+        0, ge=0, le=limits.MAX_EXACT_INTEGER,
         description="seeds every sampling call (SamplingParams.seed) from (seed, step, rollout, turn), so two runs "
         "with the same config and seed give the same curve whatever their run ids; change it for an independent "
         "repeat. Data order is file order",

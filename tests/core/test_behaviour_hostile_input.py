@@ -96,7 +96,11 @@ def test_the_config_bounds_the_seed_so_every_seed_can_be_derived():
     base = {"role_arn": "arn:aws:iam::123456789012:role/R", "base_model_arn": "stepwise-tiny",
             "agent_runtime_arn": "arn:aws:bedrock-agentcore:us-east-1:123456789012:runtime/a-1",
             "dataset_path": "s3://stack-bucket/train.jsonl"}
-    cfg = load_run_config({**base, "seed": 2 ** 63 - 1})
-    assert 0 <= rollout_seed(cfg.seed, kind="train", step=0, generation_batch=0, index=0) < 2 ** SEED_BITS
-    with pytest.raises(ConfigError, match="seed: "):
-        load_run_config({**base, "seed": 10 ** 5000})  # str() of it, the derivation's input, raises
+    from stepwise.core.service_limits import MAX_EXACT_INTEGER
+
+    for seed in (0, MAX_EXACT_INTEGER):  # the largest the config admits (Step Functions carries doubles)
+        cfg = load_run_config({**base, "seed": seed})
+        assert 0 <= rollout_seed(cfg.seed, kind="train", step=0, generation_batch=0, index=0) < 2 ** SEED_BITS
+    for seed in (2 ** 63 - 1, 10 ** 5000):  # str() of the last, the derivation's input, raises
+        with pytest.raises(ConfigError, match="seed: "):
+            load_run_config({**base, "seed": seed})
