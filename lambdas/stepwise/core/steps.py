@@ -268,6 +268,9 @@ class StepOutcome:
         metrics: ``sampler/*`` reward metrics, the behaviour metrics and ``sampling/*``.
         train_metrics: when ``ready``: ``staleness/*``, ``sampler/num_datums`` and ``advantages/*``.
         datums: when ``ready``: the forward_backward datums (possibly none: the step is skipped).
+        advantages_P: when ``ready``: the advantages the datums carry, one ``advantages_G`` per group of
+            ``train_groups`` (per member, or per member and turn under a per-turn estimator): what a
+            person reads of a trained rollout (`stepwise.views`) is this, never a recomputation.
     """
 
     status: str
@@ -277,6 +280,7 @@ class StepOutcome:
     metrics: dict[str, Any]
     train_metrics: dict[str, Any] = field(default_factory=dict)
     datums: list[dict[str, Any]] = field(default_factory=list)
+    advantages_P: list[list] = field(default_factory=list)
 
 
 def compute_step(batches: Sequence[Sequence[RolloutRecord]], cfg: RunConfig, *, policy_version: int,
@@ -315,4 +319,5 @@ def compute_step(batches: Sequence[Sequence[RolloutRecord]], cfg: RunConfig, *, 
     outcome.train_metrics["sampler/num_datums"] = len(datums)
     outcome.train_metrics.update(advantage_metrics(advantages_P, [estimator_rewards(g, cfg) for g in train_groups]))
     outcome.datums = datums
+    outcome.advantages_P = advantages_P
     return outcome
