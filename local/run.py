@@ -607,20 +607,17 @@ def _ledger_check(stack: LocalStack, run_dir: Path) -> dict[str, Any]:
                         memory_mb={f.name: f.memory_mb for f in (*FUNCTIONS, GATEWAY_FUNCTION)},
                         sim_sessions=sim_sessions, session_names=names, acr=acr)
 def write_local_report(run_dir: Path, run_id: str) -> Path | None:
-    """``{run_dir}/report.html``: the page the Track function wrote last (in the folder's copy of the
-    bucket), else one rebuilt from the run's objects there (`stepwise report RUN_FOLDER` does the
-    same); None when neither can be made (the failure is logged)."""
+    """``{run_dir}/report.html``: the run's page rebuilt from the run's objects in the folder's copy of the
+    bucket (`stepwise.views.run.rebuild_page`, what `stepwise report RUN_FOLDER` does), so it holds the
+    table of the step a failed run ended at even when the run's last Track invocation had not finished;
+    its links to older steps lead into ``s3/runs/RUN_ID/report/``. None when it cannot be made (logged)."""
     target = run_dir / REPORT_FILE
-    page = run_dir / "s3" / layout.report_key(run_id)
     try:
-        if page.is_file():
-            shutil.copyfile(page, target)
-        else:
-            from stepwise import runview
-            from stepwise_cli.sources import DirStore
+        from stepwise.views.run import rebuild_page
+        from stepwise_cli.sources import DirStore
 
-            target.write_text(runview.rebuild_page(DirStore(run_dir / "s3"), run_id, updated_at="end of run-local"),
-                              encoding="utf-8")
+        target.write_text(rebuild_page(DirStore(run_dir / "s3"), run_id, updated_at="end of run-local",
+                                       link_prefix=f"s3/{layout.report_prefix(run_id)}"), encoding="utf-8")
         return target
     except Exception:
         log.exception("writing the report page")

@@ -3,7 +3,7 @@
 ``RUN`` names either a run id (the deployed stack, found as every operator command finds it:
 `stepwise_cli.commands._runs.deployment`) or a local run folder ``runs-local/RUN_ID``, whose ``s3/``
 is the copy of the run's objects `stepwise run-local` keeps when its stack stops. Both are read
-through the same store interface (`stepwise.runview.Store`), so a command shows a local run and a
+through the same store interface (`stepwise.views.store.Store`), so a command shows a local run and a
 deployed one the same way.
 """
 

@@ -15,7 +15,9 @@ Layout (docs/internals.md, "S3 layout")::
     runs/{run_id}/steps/{step}/summary.json                 the step's metrics
     runs/{run_id}/summary.json                              the run's end: status, reason, checkpoints (StopSession, Cleanup)
     runs/{run_id}/report/index.html                         the run report page (the Track function)
-    runs/{run_id}/report/{steps|evals}/{step}.json          a step's sample table and tracking warnings (never overwritten)
+    runs/{run_id}/report/{steps|evals}/{step}.json          a step's sample table (never overwritten)
+    runs/{run_id}/report/{steps|evals}/{step}.html          the same table as a page of its own (the report page links it)
+    runs/{run_id}/report/index.json                         what the report page is drawn from (ReportIndex), kept as the run goes
     runs/{run_id}/evals/{step}/...                          eval generation batches (same shape as gen{g})
     runs/{run_id}/evals/{step}/results.json                 every prompt's eval rollouts (EvalResults), beside summary.json
     runs/{run_id}/sessions/{sid}/task_token.json            task token of a rollout started before it moved into sessions/{sid}.json
@@ -187,6 +189,23 @@ def report_table_key(run_id: str, kind: str, step: int) -> str:
     """One step's (``kind="train"``) or eval's (``"eval"``) sample table and tracking warnings:
     written once by the Track function, never overwritten (its presence marks the step published)."""
     return report_prefix(run_id) + f"{'steps' if kind == 'train' else 'evals'}/{step}.json"
+
+
+def report_step_page_key(run_id: str, kind: str, step: int) -> str:
+    """One step's (or eval's) sample table as a page of its own, beside the report page (which links it
+    relatively: ``steps/{step}.html``) once the step is no longer among the page's newest."""
+    return report_prefix(run_id) + report_step_page_name(kind, step)
+
+
+def report_step_page_name(kind: str, step: int) -> str:
+    """The step page's key relative to the report page's folder (the page's link)."""
+    return f"{'steps' if kind == 'train' else 'evals'}/{step}.html"
+
+
+def report_index_key(run_id: str) -> str:
+    """What the report page is drawn from (`stepwise.records.ReportIndex`): curves, failures, the newest
+    steps and the trackers' outbox, kept by the Track function with conditional writes."""
+    return report_prefix(run_id) + "index.json"
 
 
 def session_key(sid: str) -> str:

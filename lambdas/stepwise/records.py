@@ -582,3 +582,61 @@ class EvalResults(BaseModel):
     pass_k: list[int] = Field(default_factory=list)
     eval_sets: list[str] = Field(default_factory=list)
     prompts: list[EvalPrompt] = Field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------- the report (what a person reads)
+
+
+class TrackItem(BaseModel):
+    """A summary waiting for the run's trackers (MLflow, W&B): a step's or eval's (``kind`` ``train`` |
+    ``eval``, its ``step``) or the run's end (``kind`` ``run``). ``done`` names the trackers that logged it
+    (a retried Track invocation skips them), ``warnings`` what failed; ``attempts`` counts the tries."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    kind: str
+    step: int | None = None
+    done: list[str] = Field(default_factory=list)
+    warnings: list[str] = Field(default_factory=list)
+    attempts: int = 0
+
+
+class TrackLease(BaseModel):
+    """Which Track invocation may call the run's trackers, until when (epoch seconds: its own Lambda
+    timeout, so a lease of an invocation that died lapses when its Lambda would have been stopped)."""
+
+    holder: str
+    expires_at: float
+
+
+class ReportIndex(BaseModel):
+    """``runs/{run_id}/report/index.json``: what the run's report page is drawn from, kept by the Track
+    function as the run goes (conditional writes), so publishing a step reads this one object instead
+    of every earlier step's summary and sample table (`stepwise.views.index`).
+
+    Attributes:
+        series: ``{kind: {summary key: [[first step, last step, sum, count], ...]}}``: each curve's points,
+            exact for the newest steps and merged in pairs further back, so its size is bounded.
+        failures: failed and zeroed rollouts by cause over the run (`stepwise.views.rollout.failure_groups`
+            entries merged), the most common first, bounded.
+        warnings: the newest tracking warnings, ``[kind, step, text]``.
+        recent: the newest published ``[kind, step]`` (the page shows their sample tables inline).
+        published: the ``[kind, step]`` published lately (a retried invocation adds nothing twice).
+        counts: ``{kind: steps published}``; ``last``: ``{kind: newest step published}``.
+        latest: ``{kind: a few figures of the newest summary}`` (the header's cost and reward).
+        pending: summaries waiting for the trackers (`TrackItem`), in order.
+        lease: the Track invocation calling the trackers now (`TrackLease`), None when none.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    series: dict[str, dict[str, list[list[float]]]] = Field(default_factory=dict)
+    failures: list[dict[str, Any]] = Field(default_factory=list)
+    warnings: list[list[Any]] = Field(default_factory=list)
+    recent: list[list[Any]] = Field(default_factory=list)
+    published: list[list[Any]] = Field(default_factory=list)
+    counts: dict[str, int] = Field(default_factory=dict)
+    last: dict[str, int] = Field(default_factory=dict)
+    latest: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    pending: list[TrackItem] = Field(default_factory=list)
+    lease: TrackLease | None = None

@@ -15,7 +15,9 @@ import argparse
 from datetime import datetime, timezone
 from pathlib import Path
 
-from stepwise import layout, runview
+from stepwise import layout
+from stepwise.views.run import rebuild_page
+from stepwise.views.store import Unreadable
 from stepwise_cli.commands._runs import EXIT_OK, CommandError, add_stack_arguments, fail
 from stepwise_cli.sources import open_run
 
@@ -46,7 +48,11 @@ def _run(args: argparse.Namespace) -> int:
                            else Path(f"{source.run_id}-report.html"))
         _check_writable(out, "--out")  # before the page is built (seconds: its charts)
         stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-        page = runview.rebuild_page(source.store, source.run_id, updated_at=f"{stamp} (rebuilt by stepwise report)")
+        try:  # a damaged config.json or state.json is one line naming it, not a traceback
+            page = rebuild_page(source.store, source.run_id, updated_at=f"{stamp} (rebuilt by stepwise report)",
+                                link_prefix=_link_prefix(source, out))
+        except Unreadable as e:
+            raise CommandError(str(e)) from None
         _write(out, page.encode("utf-8"), "--out")
         print(f"report of run {source.run_id}: {out} ({len(page.encode()) / 1024:.0f} KiB)")
         return EXIT_OK
@@ -64,6 +70,18 @@ def _run(args: argparse.Namespace) -> int:
                                         ExpiresIn=max(1, min(args.expires, 7 * 24 * 3600)))
     print(url)
     return EXIT_OK
+
+
+def _link_prefix(source, out: Path) -> str:
+    """Where the page's links to older steps' pages lead from ``out``: the run folder's copy of the
+    bucket (``s3/runs/RUN_ID/report/``) for a local run, else nowhere this machine has (the step pages
+    are in the bucket beside the deployed page)."""
+    if source.folder is None:
+        return ""
+    import os
+
+    target = source.folder / "s3" / layout.report_prefix(source.run_id)
+    return os.path.relpath(target, out.resolve().parent).replace(os.sep, "/") + "/"
 
 
 def _check_writable(path: Path, flag: str) -> None:

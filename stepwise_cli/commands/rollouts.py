@@ -8,9 +8,13 @@ prompt), each rollout on a line::
       member  sid       reward   adv     status   policy  dur_s  turns  tools  tokens  reason / cause
            0  1a2b3c4d   1.000  +0.775   ok           19    0.8      1      0       3
 
-``adv`` is the advantage ComputeAdvantages' estimator gives (GRPO on the shaped rewards; none for
-eval rollouts), ``policy`` the policy version the rollout sampled with, ``reason / cause`` why a
-reward was zeroed or a rollout failed. ``--show SID`` (a unique prefix is enough) prints that
+Each group says whether the step trained it (``trained``), DAPO filtered it (``filtered``: its rewards
+carry no signal) or cut it (``surplus``: beyond ``batch_size``), or the step trained nothing
+(``untrained``). ``reward`` is the shaped reward the estimator saw, ``adv`` the advantage the rollout's
+datums carried (``-`` for a group that was not trained, and for eval rollouts): both from the core
+function ComputeAdvantages trains with (`stepwise.views.steps`), never recomputed here. ``policy`` is
+the policy version the rollout sampled with, ``reason / cause`` why a reward was zeroed or a rollout
+failed. The columns are `stepwise.views.columns.ROLLOUT_COLUMNS`. ``--show SID`` (a unique prefix is enough) prints that
 rollout's conversation as the model saw it (system, user, assistant with its tool calls, tool
 results; each assistant turn marked trained or not) and then each of its TraceRecords token by
 token: the prompt, the trained span (loss mask 1, between ``⟪`` and ``⟫``, green on a terminal)
@@ -25,8 +29,10 @@ import re
 import sys
 from typing import Any
 
-from stepwise import runview
-from stepwise.core.rollouts import PICKS, GroupView, pick_groups
+from stepwise.views import columns as cols
+from stepwise.views import store as views
+from stepwise.views.run import read_step
+from stepwise.views.steps import PICKS, GroupView, StepView, pick_groups
 from stepwise_cli.commands._runs import EXIT_OK, CommandError, add_stack_arguments, fail, fmt
 from stepwise_cli.sources import open_run
 
@@ -63,21 +69,17 @@ def safe(text: Any) -> str:
     return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text).replace("\r\n", "\n"))
 
 
-HEADER = (f"  {'member':>6}  {'sid':<8}  {'reward':>6}  {'adv':>7}  {'status':<7}  {'policy':>6}  {'dur_s':>5}  "
-          f"{'turns':>5}  {'tools':>5}  {'tokens':>6}  reason / cause")
+HEADER = cols.line(cols.header())
 
 
 def group_lines(index: int, group: GroupView) -> list[str]:
-    """A group's heading and one line per rollout."""
+    """A group's heading (its mark: trained, filtered, surplus, untrained, eval) and one line per rollout
+    (`stepwise.views.columns.ROLLOUT_COLUMNS`)."""
     tag = "informative" if group.informative else "all equal"
-    lines = [f"group {index} {safe(group.input_id)} (gen {group.generation_batch}): mean {group.mean_reward:.3f}, "
-             f"std {group.reward_std:.3f}, {tag}", HEADER]
+    lines = [f"group {index} {safe(group.input_id)} (gen {group.generation_batch}): {group.selection}, mean "
+             f"{group.mean_reward:.3f}, std {group.reward_std:.3f}, {tag}", HEADER]
     for r in group.rollouts:
-        adv = "-" if r.advantage is None else f"{r.advantage:+.3f}"
-        lines.append(
-            f"  {r.member:>6}  {safe(r.sid or '-')[:8]:<8}  {r.reward:>6.3f}  {adv:>7}  {r.status:<7}  "
-            f"{'-' if r.policy_version is None else r.policy_version:>6}  {fmt(r.duration_s, '.1f'):>5}  "
-            f"{r.num_turns:>5}  {r.tool_calls:>5}  {r.sampled_tokens:>6}  {safe(r.cause or '')}")
+        lines.append(cols.line([safe(t) for t in cols.cells(cols.row(r))]))
     return lines
 
 
@@ -159,29 +161,39 @@ def _run(args: argparse.Namespace) -> int:
     source = open_run(args.run, args)
     store, run_id = source.store, source.run_id
     kind = "eval" if args.eval else "train"
-    steps = runview.steps_with_rollouts(store, run_id, kind)
+    try:
+        cfg = views.read_config(store, run_id)  # a damaged config.json is one line naming it, not a traceback
+    except views.Unreadable as e:
+        raise CommandError(str(e)) from None
+    steps = views.steps_with_rollouts(store, run_id, kind)
     if not steps:
         raise CommandError(f"run {run_id} has no {kind} rollout records yet ({source.where})")
     step = steps[-1] if args.step is None else args.step
     if step not in steps:
         raise CommandError(f"run {run_id} has no {kind} rollouts at step {step}; steps with rollouts: "
                            f"{steps[0]}..{steps[-1]} ({len(steps)})")
-    cfg = runview.run_config(store, run_id)
-    rollouts = runview.step_rollouts(store, run_id, step, kind)
-    groups = runview.step_groups(store, run_id, step, kind, cfg, rollouts)
+    try:
+        view = read_step(store, run_id, step, kind, cfg)
+    except views.Unreadable as e:
+        raise CommandError(str(e)) from None
+    groups = view.groups
     color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty() and not args.json)
     if args.show is not None:
         if not args.show.strip():
             raise CommandError("--show needs a sid (or a unique prefix of one)")
-        return _show(source, rollouts, groups, args, step, kind, color)
+        return _show(source, view, args, step, kind, color)
     chosen = _select(groups, args)
     if args.json:
         print(json.dumps({"run_id": run_id, "kind": kind, "step": step, "source": source.where,
+                          **{k: v for k, v in view.to_json().items() if k not in ("groups", "kind", "step")},
                           "groups": [dict(g.to_json(), index=k) for k, g in chosen]}, indent=2))
         return EXIT_OK
-    versions = sorted({r.policy_version for g in groups for r in g.rollouts if r.policy_version is not None})
-    print(f"run {run_id}, {kind} step {step}: {len(rollouts)} rollouts in {len(groups)} groups, policy version(s) "
-          f"{', '.join(map(str, versions)) or '-'}  ({source.where})")
+    versions = sorted({r.record.policy_version for r in view.rollouts if r.record.policy_version is not None})
+    marks = ", ".join(f"{n} {k}" for k, n in view.counts().items())
+    print(f"run {run_id}, {kind} step {step}: {len(view.rollouts)} rollouts in {len(groups)} groups ({marks}), "
+          f"policy version(s) {', '.join(map(str, versions)) or '-'}  ({source.where})")
+    if view.note:
+        print(f"  {view.note}")
     for k, g in chosen:
         print()
         print("\n".join(group_lines(k, g)))
@@ -189,31 +201,33 @@ def _run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _show(source: Any, rollouts: list[dict[str, Any]], groups: list[GroupView], args: argparse.Namespace,
-          step: int, kind: str, color: bool) -> int:
-    record = runview.find_rollout(rollouts, args.show)
+def _show(source: Any, step_view: StepView, args: argparse.Namespace, step: int, kind: str, color: bool) -> int:
+    rollouts = [r.record for r in step_view.rollouts]
+    record = views.find_rollout(rollouts, args.show)
     if record is None:
-        matches = sorted(r["sid"] for r in rollouts if isinstance(r.get("sid"), str) and r["sid"].startswith(args.show))
+        matches = sorted(r.sid for r in rollouts if isinstance(r.sid, str) and r.sid.startswith(args.show))
         if matches:
             shown = ", ".join(safe(m) for m in matches[:5]) + (", ..." if len(matches) > 5 else "")
             raise CommandError(f"sid prefix {safe(args.show)!r} matches {len(matches)} rollouts at {kind} step {step} "
                                f"({shown}): give more of the sid")
         raise CommandError(f"no rollout whose sid starts with {safe(args.show)!r} at {kind} step {step} "
                            f"({len(rollouts)} rollouts; `stepwise rollouts {args.run} --step {step}` lists them)")
-    view = next(r for g in groups for r in g.rollouts if r.sid == record.get("sid"))
-    tokenizer = runview.load_tokenizer(source.store, source.run_id)
-    detail = runview.rollout_detail(source.store, source.run_id, record, tokenizer=tokenizer)
+    view = next(r for r in step_view.rollouts if r.sid == record.sid)
+    tokenizer = views.load_tokenizer(source.store, source.run_id)
+    trained = None if view.selection == "eval" else view.selection == "trained"
+    detail = views.rollout_detail(source.store, source.run_id, record, trained=trained, tokenizer=tokenizer)
     if args.json:
         print(json.dumps({"run_id": source.run_id, "kind": kind, "step": step, "source": source.where,
                           "rollout": view.to_json(),
                           "tokenizer": tokenizer is not None, **detail}, indent=2))
         return EXIT_OK
     adv = "-" if view.advantage is None else f"{view.advantage:+.3f}"
-    print(f"rollout {safe(view.sid)} of run {source.run_id}, {kind} step {step}, group {safe(view.input_id)} "
-          f"member {view.member}")
+    r = view.record
+    print(f"rollout {safe(view.sid)} of run {source.run_id}, {kind} step {step}, group {safe(r.input_id)} "
+          f"member {view.member} ({view.selection})")
     print(f"  reward {view.reward:.3f}  advantage {adv}  status {view.status}  policy version "
-          f"{view.policy_version if view.policy_version is not None else '-'}  duration {fmt(view.duration_s, '.1f')} s  "
-          f"turns {view.num_turns}  tool calls {view.tool_calls}  sampled tokens {view.sampled_tokens}")
+          f"{r.policy_version if r.policy_version is not None else '-'}  duration {fmt(r.duration_s, '.1f')} s  "
+          f"turns {r.num_turns}  tool calls {r.tool_calls}  sampled tokens {r.sampled_tokens}")
     if view.cause:
         print(f"  reason / cause: {safe(view.cause)}")
     print("\nconversation:")
@@ -224,4 +238,6 @@ def _show(source: Any, rollouts: list[dict[str, Any]], groups: list[GroupView], 
         print(span_text(spans, color=color))
     if not detail["records"]:
         print("\nno TraceRecord: nothing of this rollout was trained")
+    elif trained is False:
+        print(f"\nnothing of this rollout was trained: its group was {view.selection}")
     return EXIT_OK

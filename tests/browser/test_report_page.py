@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from stepwise import runview
+from stepwise.views.page import CURVE_PANELS
+from stepwise.views.run import rebuild_page
 from stepwise_cli.sources import DirStore
 from tests.support.browser import Browser, chromium_path
 from tests.support.runs import write_run
@@ -37,7 +38,7 @@ def page(tmp_path_factory) -> Path:
         "final_weights": {"step": 2, "kind": "state", "reason": "final",
                           "model_package_arn": "arn:aws:sagemaker:us-east-1:123456789012:model-package/g/2"}}).encode())
     path = root / "report.html"
-    path.write_text(runview.rebuild_page(store, RUN, updated_at="test"), encoding="utf-8")
+    path.write_text(rebuild_page(store, RUN, updated_at="test"), encoding="utf-8")
     return path
 
 
@@ -46,8 +47,8 @@ def test_a_person_sees_the_curves_a_steps_table_and_an_expanded_rollout(page):
         b.open(page.as_uri())
         assert b.js("document.title") == f"Stepwise run {RUN}"
         assert b.js("document.getElementById('run-status').textContent") == "FINISHED"
-        # the curves: six SVG panels, the reward line drawn through both steps, the eval point drawn
-        assert b.js("document.querySelectorAll('#charts svg').length") == 6
+        # the curves: one SVG panel each, the reward line drawn through both steps, the eval point drawn
+        assert b.js("document.querySelectorAll('#charts svg').length") == len(CURVE_PANELS)
         reward = b.js("""(() => { const p = document.querySelector('g[id="curve-sampler/mean_reward"] path');
                          const r = p.getBoundingClientRect(); return [p.getAttribute('d').split('L').length, r.width]; })()""")
         assert reward[0] == 2 and reward[1] > 100  # two points, drawn across the plot

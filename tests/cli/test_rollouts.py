@@ -23,8 +23,8 @@ def test_a_step_shows_its_groups_with_rewards_advantages_and_causes(moto_dep, ca
     write_to_s3(moto_dep.s3, moto_dep.bucket, RUN)
     assert main(["rollouts", RUN, "--step", "0", *moto_dep.flags]) == 0
     text = capsys.readouterr().out
-    assert "run inspect-me, train step 0: 4 rollouts in 2 groups" in text
-    assert "group 0 s0p0 (gen 0): mean 0.500, std 0.500, informative" in text
+    assert "run inspect-me, train step 0: 4 rollouts in 2 groups (2 trained)" in text
+    assert "group 0 s0p0 (gen 0): trained, mean 0.500, std 0.500, informative" in text
     assert "+1.000" in text and "-1.000" in text
     assert "States.Timeout: no result in 120 s" in text and "no reward in the result" in text
 
@@ -33,6 +33,7 @@ def test_a_step_shows_its_groups_with_rewards_advantages_and_causes(moto_dep, ca
     assert [r["reward"] for r in g0["rollouts"]] == [1.0, 0.0]
     assert [r["advantage"] for r in g0["rollouts"]] == compute_grpo_advantages([1.0, 0.0])
     assert g0["rollouts"][1]["status"] == "timeout" and g0["rollouts"][0]["policy_version"] == 0
+    assert g0["selection"] == "trained" and out["decision"] == "train" and out["selection"] == {"trained": 2}
     assert [g["input_id"] for g in _json(capsys, RUN, "--step", "1", "--worst", "-n", "1", *moto_dep.flags)["groups"]] == ["s1p1"]
     assert _json(capsys, RUN, *moto_dep.flags)["step"] == 1  # the newest step by default
     evals = _json(capsys, RUN, "--eval", *moto_dep.flags)
@@ -110,7 +111,8 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from stepwise_cli.commands.rollouts import _GREEN, _RESET, group_lines, message_lines, span_text  # noqa: E402
-from stepwise.core.rollouts import GroupView, RolloutView  # noqa: E402
+from stepwise.records import RolloutRecord  # noqa: E402
+from stepwise.views.steps import GroupView, RolloutView  # noqa: E402
 
 _TEXT = st.one_of(st.text(max_size=30), st.sampled_from(["\x1b]0;owned\x07", "\x1b[2J\x1b[H", "a\rb", "\x9b31m", "\x00"]))
 
@@ -128,10 +130,11 @@ def test_a_rollouts_text_never_sends_terminal_control_characters(text):
                 {"role": "branch", "content": text}]
     spans = [{"region": "prompt", "trained": False, "tokens": 1, "text": text},
              {"region": "response", "trained": True, "tokens": 1, "text": text}]
-    view = RolloutView(sid=text, i=0, member=0, input_id=text, row=0, generation_batch=0, reward=0.0, reward_reason=text,
-                       advantage=None, status="error", cause=text, policy_version=None, duration_s=None, num_turns=0,
-                       tool_calls=0, sampled_tokens=0, truncated_turns=0, ill_formed_turns=0)
-    out = "\n".join([*message_lines(messages), span_text(spans), *group_lines(0, GroupView(text, 0, [view], [0.0]))])
+    record = RolloutRecord(sid=text, i=0, input_id=text, row=0, step=0, reward=0.0, reward_reason=text, status="error",
+                           error={"error": text, "cause": text})
+    view = RolloutView(record, 0.0, None, "untrained", text)
+    out = "\n".join([*message_lines(messages), span_text(spans),
+                      *group_lines(0, GroupView(text, 0, "untrained", [view], [0.0]))])
     assert re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]", out) is None, repr(out)
     colored = span_text(spans, color=True).replace(_GREEN, "").replace(_RESET, "").replace("\x1b[2m", "")
     assert "\x1b" not in colored, repr(colored)

@@ -102,8 +102,9 @@ def test_a_tracking_failure_is_a_warning_on_the_page_never_a_failed_invocation(r
 
     out = publish(notification(layout.summary_key(RUN, 1)))["published"][0]  # does not raise
     assert out["warnings"] == 1
-    table = json.loads(_get(s3, layout.report_table_key(RUN, "train", 1)))
-    (warning,) = table["warnings"]
+    assert json.loads(_get(s3, layout.report_table_key(RUN, "train", 1)))["groups"]  # the table is there
+    ((kind, step, warning),) = json.loads(_get(s3, layout.report_index_key(RUN)))["warnings"]
+    assert (kind, step) == ("train", 1)
     assert warning.startswith(f"MLflow tracking to {cfg['mlflow_tracking_uri']} failed at train step 1: ")
     page = _get(s3, layout.report_key(RUN)).decode()
     assert 'id="warnings"' in page and "MLflow tracking to" in page
@@ -149,7 +150,7 @@ def test_each_track_invocation_is_in_the_runs_cost_ledger_even_a_failed_one(run,
     invoke(notification(layout.summary_key(RUN, 0)))  # a repeated notification is billed too
     assert track_requests() == before + 2
 
-    monkeypatch.setattr(track, "publish_step", lambda *a: (_ for _ in ()).throw(RuntimeError("S3 said no")))
+    monkeypatch.setattr(track, "publish_step", lambda *a, **kw: (_ for _ in ()).throw(RuntimeError("S3 said no")))
     with pytest.raises(RuntimeError):
         invoke(notification(layout.summary_key(RUN, 1)))
     assert track_requests() == before + 3
@@ -169,18 +170,20 @@ def test_a_render_started_after_an_invocation_asked_serves_it(monkeypatch):
         time.sleep(0.3)
         return len(calls)
 
-    monkeypatch.setattr(track, "_render", slow_render)
-    monkeypatch.setattr(track, "_LAST_RENDER", {})
-    first = threading.Thread(target=track.render, args=("r",))
+    from stepwise.views import publish as views_publish
+
+    monkeypatch.setattr(views_publish, "_render", lambda store, run_id, cfg, prefix: slow_render(run_id))
+    monkeypatch.setattr(views_publish, "_LAST_RENDER", {})
+    first = threading.Thread(target=views_publish.render, args=(None, "r", None))
     first.start()
     time.sleep(0.1)  # the first render is under way: the next two asked after it started
-    later = [threading.Thread(target=track.render, args=("r",)) for _ in range(2)]
+    later = [threading.Thread(target=views_publish.render, args=(None, "r", None)) for _ in range(2)]
     for t in later:
         t.start()
     for t in (first, *later):
         t.join()
     assert calls == ["r", "r"]  # the first, then one for both later callers (it started after they asked)
-    assert track.render("r") == 3  # asked after every render started: renders again
+    assert views_publish.render(None, "r", None) == 3  # asked after every render started: renders again
 
 
 def test_write_summary_only_writes_the_summary(run):

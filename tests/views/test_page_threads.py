@@ -1,4 +1,4 @@
-"""`stepwise.core.report.svg_chart` from several threads at once (the local stack runs several Track
+"""`stepwise.views.page.svg_chart` from several threads at once (the local stack runs several Track
 invocations on threads of one worker process): matplotlib is not thread-safe (its mathtext parser drew a
 symlog axis's ``$\\mathdefault{0}$`` tick label with a ``ValueError`` under concurrent use), so the charts
 are drawn one at a time and every thread gets the page a lone thread gets."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 
-from stepwise.core.report import svg_chart
+from stepwise.views.page import svg_chart
 
 LINES = [("time/rollout_duration_p50", "duration p50 (s)", "line", [(s, 0.1 * s * s) for s in range(20)]),
          ("time/rollout_duration_p95", "duration p95 (s)", "dashed", [(s, 0.3 * s * s) for s in range(20)])]

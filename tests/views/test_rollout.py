@@ -1,4 +1,4 @@
-"""stepwise.core.rollouts: groups, advantages, picks, conversations and trained spans as a person reads them.
+"""stepwise.views.rollout: conversations, trained spans and failure causes as a person reads them.
 
 The TraceRecords are made by the real replay (`stepwise.core.replay.replay_turns`, the toolkit's
 TrajectoryManager) from captured turns, so "trained" means what the datums train.
@@ -9,17 +9,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stepwise.core.advantages import compute_advantages, compute_grpo_advantages
 from stepwise.core.replay import record_to_json, replay_turns
-from stepwise.core.rollouts import (
-    conversation,
-    failure_groups,
-    group_views,
-    pick_groups,
-    sample_groups,
-    token_spans,
-    trained_turns,
-)
+from stepwise.views.rollout import conversation, failure_groups, token_spans, trained_turns
 from tests.core.test_replay import SID, SUB_SYS, SUB_USER, T1, T2, T3, turn_body
 
 
@@ -34,67 +25,6 @@ STEP = [rollout(0, "p0", 0, 1.0), rollout(1, "p0", 1, 0.0), rollout(2, "p0", 2, 
         rollout(3, "p1", 0, 1.0), rollout(4, "p1", 1, 1.0), rollout(5, "p1", 2, 1.0),
         rollout(6, "p2", 0, 0.0, status="timeout", error={"error": "States.Timeout", "cause": "late"}),
         rollout(7, "p2", 1, 0.0), rollout(8, "p2", 2, 0.5)]
-
-
-def test_groups_carry_each_members_reward_advantage_status_and_cause():
-    groups = group_views(reversed(STEP))  # any input order: item order decides
-    assert [g.input_id for g in groups] == ["p0", "p1", "p2"]
-    for g in groups:
-        assert g.advantages_G == compute_grpo_advantages(g.rewards_G)
-        assert [r.advantage for r in g.rollouts] == g.advantages_G
-        assert [r.member for r in g.rollouts] == [0, 1, 2]
-    p0, p1, p2 = groups
-    assert p0.rollouts[0].advantage > 0 > p0.rollouts[1].advantage
-    assert p0.rollouts[2].cause == "no reward" and p0.rollouts[2].reward_reason == "no reward"
-    assert p1.informative is False and p1.advantages_G == [0.0, 0.0, 0.0]
-    assert (p2.rollouts[0].status, p2.rollouts[0].cause) == ("timeout", "States.Timeout: late")
-    assert p2.rollouts[0].policy_version == 3 and p2.rollouts[0].duration_s == 1.5
-
-
-def test_eval_rollouts_have_no_advantage_and_shaped_rewards_reach_the_estimator():
-    assert all(r.advantage is None for g in group_views(STEP, train=False) for r in g.rollouts)
-    shaped = group_views(STEP, rewards_of=lambda r: r["reward"] - 0.25 * (r["member"] == 0))
-    assert shaped[1].rewards_G == [0.75, 1.0, 1.0] and shaped[1].informative  # the penalty made p1 informative
-
-
-def test_advantages_are_the_runs_estimator_over_the_whole_step():
-    """The view shows what ComputeAdvantages trained with: the run's estimator, over every group at
-    once (reinforce_pp_baseline normalizes over the batch, so one group alone would differ)."""
-    for estimator in ("rloo", "dr_grpo", "reinforce_pp_baseline"):
-        groups = group_views(STEP, estimator=estimator)
-        expected = compute_advantages(estimator, [g.rewards_G for g in groups])
-        assert [g.advantages_G for g in groups] == expected
-        assert [[r.advantage for r in g.rollouts] for g in groups] == expected
-    assert group_views(STEP, estimator="rloo")[0].advantages_G != compute_grpo_advantages([1.0, 0.0, 0.0])
-
-
-def test_a_per_turn_estimator_shows_each_turns_advantage_and_reads_turn_rewards_for_its_signal():
-    turns = {0: [1.0, 0.0], 1: [0.0, 1.0], 2: [0.0, 0.0]}  # p0: same returns for members 0 and 1
-    step = [dict(r, turn_rewards=turns[r["member"]], reward=sum(turns[r["member"]])) for r in STEP[:3]]
-    (g,) = group_views(step, estimator="per_turn_rloo", turn_rewards_of=lambda r: r["turn_rewards"])
-    expected = compute_advantages("per_turn_rloo", [[turns[m] for m in range(3)]])[0]
-    assert [r.turn_advantages for r in g.rollouts] == expected
-    assert [r.advantage for r in g.rollouts] == [a[0] for a in expected]
-    assert g.informative
-    same = [dict(r, turn_rewards=[0.5, 0.5]) for r in step]
-    (flat,) = group_views(same, estimator="per_turn_rloo", turn_rewards_of=lambda r: r["turn_rewards"])
-    assert not flat.informative and all(a == 0.0 for r in flat.rollouts for a in r.turn_advantages)
-
-
-def test_generation_batches_are_separate_groups():
-    two = [rollout(0, "p0", 0, 1.0), rollout(1, "p0", 1, 0.0), rollout(0, "p0", 0, 0.0, gen=1),
-           rollout(1, "p0", 1, 0.0, gen=1)]
-    assert [(g.generation_batch, g.rewards_G) for g in group_views(two)] == [(0, [1.0, 0.0]), (1, [0.0, 0.0])]
-
-
-def test_picks_order_groups_by_mean_or_spread():
-    groups = group_views(STEP)
-    assert [g.input_id for g in pick_groups(groups, "best")] == ["p1", "p0", "p2"]
-    assert [g.input_id for g in pick_groups(groups, "worst", 1)] == ["p2"]
-    assert pick_groups(groups, "informative")[0].input_id == "p0"  # [1, 0, 0] spreads most
-    assert [label for label, _ in sample_groups(groups)] == ["best", "worst", "mixed"]
-    assert len({id(g) for _, g in sample_groups(groups)}) == 3
-    assert [label for label, _ in sample_groups(groups[:1])] == ["best"]
 
 
 def test_conversation_shows_each_message_once_with_tool_calls_and_the_trained_turns():
@@ -122,6 +52,8 @@ def test_a_sub_agent_branch_is_marked_and_a_turn_outside_every_record_is_not_tra
     cut = [record_to_json(r) for r in replay_turns(SID, [T1, T2, T3], 0.5, max_context_tokens=5)]
     assert trained_turns([T1, T2, T3], cut) == [True, False, True]  # turn 2's token was cut off the record
     assert conversation([T1])[-1]["trained"] is None  # no records: unknown, not "not trained"
+    assert [m["trained"] for m in conversation([T1, T2, T3], records, trained=False) if "turn" in m] == [False] * 3
+    assert [m["trained"] for m in conversation([T1, T2, T3], records, trained=None) if "turn" in m] == [None] * 3
 
 
 def test_token_spans_of_a_replayed_record_split_prompt_trained_and_masked():
@@ -142,24 +74,6 @@ def test_spans_partition_the_tokens_and_follow_the_loss_mask(token_ids, data):
     assert flat == mask
     assert all(not s.trained for s in spans if s.region == "prompt")
     assert all(a.trained != b.trained for a, b in zip(spans[1:], spans[2:]))  # maximal runs
-
-
-@settings(max_examples=100, deadline=None)
-@given(st.lists(st.fixed_dictionaries({}, optional={
-    "sid": st.one_of(st.none(), st.text(max_size=5)), "i": st.one_of(st.integers(-3, 5), st.text(max_size=2)),
-    "input_id": st.text(max_size=3), "member": st.integers(0, 4), "status": st.sampled_from(["ok", "error", "x"]),
-    "reward": st.one_of(st.floats(allow_nan=True), st.none(), st.text(max_size=2)),
-    "error": st.one_of(st.none(), st.dictionaries(st.text(max_size=3), st.text(max_size=3))),
-    "records": st.just([]), "duration_s": st.one_of(st.none(), st.floats())}), max_size=12))
-def test_records_of_any_shape_are_shown_not_refused(records):
-    groups = group_views(records)
-    assert sum(len(g.rollouts) for g in groups) == len(records)
-    assert all(isinstance(r.reward, float) for g in groups for r in g.rollouts)
-    for g in groups:
-        assert isinstance(g.mean_reward, float) and isinstance(g.reward_std, float) and g.to_json()
-    for pick in ("best", "worst", "informative"):
-        assert len(pick_groups(groups, pick)) == len(groups)
-    failure_groups(records)
 
 
 def test_failures_are_counted_by_cause_most_common_first():

@@ -18,10 +18,15 @@ Tracking never fails a run, but a failure is never silent: `summary_warning` ret
 which ``handlers._common.write_summary`` stores in the step or eval summary under
 :data:`WARNING_KEY` (and ``stepwise watch`` prints); the other hooks log it.
 
-Hooks (the pipeline calls them where it writes summaries):
-``log_step_metrics(cfg, run_id, step, summary)`` after ``steps/{step}/summary.json`` is written or
-extended, ``log_step_metrics(..., kind="eval")`` after ``evals/{step}/summary.json``, and
-``finish_run(cfg, run_id, status)`` when the run ends.
+The Track function calls it (`stepwise.handlers.track.TRACKERS`: `log_summary` per step or eval
+summary, `finish_tracking` at the run's end), one invocation of a run at a time, after the report page
+is written (`stepwise.views.publish`).
+
+**Timeouts.** MLflow's client defaults (a 120 s request timeout, 7 retries with a backoff factor of 2:
+one call can hold for about 20 minutes against a server that accepts connections and never answers)
+do not fit in Track's 300 s. `_client` sets `HTTP_TIMEOUTS` unless the environment sets them already:
+each request times out after 10 s and is retried twice (backoff factor 1), so one HTTP call ends within
+about 40 s, and Track abandons a `log_summary` still running after `CALL_SECONDS` (a warning).
 """
 
 from __future__ import annotations
@@ -49,6 +54,16 @@ MAX_PARAM_VALUE_LENGTH = 6000
 _KEY_BAD_CHARS = re.compile(r"[^A-Za-z0-9_\-. /:]")
 
 _RUNS: dict[tuple[str, str, str], str] = {}  # (tracking uri, experiment, run id) -> MLflow run id
+
+#: MLflow's HTTP client settings for Track (environment variables MLflow reads at every request;
+#: one already set in the environment wins): 10 s per request, 2 retries, backoff factor 1.
+HTTP_TIMEOUTS = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "10", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+                 "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
+#: The most one `log_summary` or `finish_tracking` may take in Track before it is abandoned with a
+#: warning: a first call makes up to five HTTP calls (experiment, run search, run creation, params,
+#: metrics) when the server answers; against one that never answers, the first of them fails after
+#: about 40 s (`HTTP_TIMEOUTS`).
+CALL_SECONDS = 60.0
 
 
 def enabled(cfg: RunConfig) -> bool:
@@ -89,6 +104,8 @@ def flat_params(cfg: RunConfig) -> dict[str, str]:
 
 
 def _client(uri: str) -> Any:
+    for var, value in HTTP_TIMEOUTS.items():
+        os.environ.setdefault(var, value)
     if uri.startswith("file:"):
         # MLflow 3 keeps its file store behind an opt-in; a file: URI in the config is that opt-in.
         os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
@@ -193,3 +210,16 @@ def finish_run(cfg: RunConfig, run_id: str, status: str = "FINISHED", *, strict:
             raise
         log.warning("MLflow tracking could not end run %s: %s", run_id, e)
         return None
+
+
+def log_summary(cfg: RunConfig, run_id: str, kind: str, step: int, summary: Mapping[str, Any],
+                table: Mapping[str, Any] | None = None) -> str | None:
+    """Track's call (`stepwise.views.publish.Tracker.log`): `log_step_metrics`, raising what MLflow
+    raises (the table is W&B's; MLflow gets the summary's numbers)."""
+    return log_step_metrics(cfg, run_id, step, summary, kind=kind, strict=True)
+
+
+def finish_tracking(cfg: RunConfig, run_id: str, status: str, ended: Mapping[str, Any] | None = None) -> str | None:
+    """Track's call at the run's end: `finish_run` with the run's end status (FINISHED, KILLED, else
+    FAILED), raising what MLflow raises."""
+    return finish_run(cfg, run_id, status if status in ("FINISHED", "FAILED", "KILLED") else "FAILED", strict=True)

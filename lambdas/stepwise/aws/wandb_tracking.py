@@ -3,7 +3,8 @@
 On when the run config sets ``wandb_project`` (the reference loop's field, `train_grpo.py`'s
 ``wandb.init(project=config.wandb_project, name=config.wandb_run_name)``), with ``wandb_run_name``
 (default: the run id) and ``wandb_entity``. Called only by the Track function, beside the training
-loop, once per step or eval summary and once at the run's end.
+loop, once per step or eval summary and once at the run's end, by one Track invocation of a run at a
+time (`stepwise.views.publish`: the report index's lease), so two calls never write one W&B run at once.
 
 One run, however many executions: Lambdas are stateless, so every call opens the W&B run with
 ``wandb.init(id=wandb_run_id(run_id), resume="allow")`` (a deterministic id, the run id itself), logs,
@@ -14,8 +15,9 @@ being dropped as out of order.
 
 What is logged per summary: its finite numbers (the summary's own slash-namespaced names, as MLflow
 gets them: `stepwise.aws.tracking.numeric_metrics`), ``step``, and the step's sample table as a
-``wandb.Table`` under ``samples/train`` or ``samples/eval`` (one row per rollout of the best, worst and
-mixed group: reward, advantage, status, reason, turns, the conversation and the trained text).
+``wandb.Table`` under ``samples/train`` or ``samples/eval`` (one row per rollout of the sampled groups:
+the columns of `stepwise.views.columns.ROLLOUT_COLUMNS`, the group's mark, the conversation and the
+trained text).
 
 The API key: ``wandb.Settings(api_key=...)`` from the Secrets Manager secret the stack names
 (``STEPWISE_WANDB_API_KEY_SECRET_ARN``, CDK context ``wandbApiKeySecretArn``; `stepwise.aws.secrets`);
@@ -24,14 +26,25 @@ without one, W&B's own ``WANDB_API_KEY`` / ``WANDB_MODE`` apply (the local stack
 (``WANDB_DIR``, ``WANDB_CACHE_DIR``, ``WANDB_CONFIG_DIR``, ``WANDB_DATA_DIR`` default there: a Lambda's
 only writable place).
 
-A failure is never silent and never fails a step: `step_warning` returns it as one line of text,
-which Track keeps with the step's sample table and shows on the report page (as MLflow's).
+**Files.** Each call makes a run folder (``run-{time}-{id}``, with its logs, history and the table's
+file) under ``WANDB_DIR``. Where this module chose ``WANDB_DIR`` itself (`WANDB_ROOT`, under the Lambda's
+``/tmp``, whose 512 MB a container keeps across invocations) the folder is removed once the call
+finished (W&B uploaded it), and so is the table's staging copy; where the environment names
+``WANDB_DIR`` (the local stack: the run folder, where an offline run is the data) it is kept.
+
+**Timeouts.** `SETTINGS_TIMEOUTS` bound W&B's own waits (its start, its finish, its GraphQL and file
+uploads, each with few retries), so a call ends within `CALL_SECONDS`; Track abandons one that does not
+(a warning). A W&B server that hangs costs the W&B point, never the page.
+
+A failure is never silent and never fails a step: Track keeps it as a warning on the report page (as
+MLflow's); `step_warning` returns it as one line of text.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
 import tempfile
 import threading
 from collections.abc import Mapping
@@ -47,9 +60,30 @@ WANDB_ROOT = os.path.join(tempfile.gettempdir(), "wandb")
 #: wandb's global state (``wandb.run``) is per process: one W&B run open at a time in a process
 #: (the local stack runs several Track invocations on threads of one worker process).
 _LOCK = threading.Lock()
-#: Sample table columns (one row per rollout of the step's sampled groups).
-TABLE_COLUMNS = ["step", "kind", "group_label", "group", "member", "sid", "reward", "advantage", "status",
-                 "reason", "policy_version", "turns", "tool_calls", "conversation", "trained_text"]
+#: W&B's own waits (`wandb.Settings`): its start and finish, GraphQL requests and file uploads, seconds
+#: and retries. W&B's defaults wait 90 s to start and retry uploads for minutes.
+SETTINGS_TIMEOUTS: dict[str, Any] = {
+    "init_timeout": 30.0, "finish_timeout": 30.0, "finish_timeout_raises": True,
+    "x_graphql_timeout_seconds": 10.0, "x_graphql_retry_max": 2,
+    "x_file_stream_timeout_seconds": 10.0, "x_file_stream_retry_max": 2,
+    "x_file_transfer_timeout_seconds": 20.0, "x_file_transfer_retry_max": 2,
+}
+#: The most one `log_step` or `finish_run` may take in Track before it is abandoned with a warning (its
+#: start, log and finish under `SETTINGS_TIMEOUTS`).
+CALL_SECONDS = 75.0
+#: How long a call waits for another call of this process to let W&B's global run go.
+LOCK_SECONDS = 30.0
+
+
+def _columns() -> list[str]:
+    from stepwise.views.columns import ROLLOUT_COLUMNS
+
+    return [c.key for c in ROLLOUT_COLUMNS]
+
+
+#: Sample table columns (one row per rollout of the step's sampled groups): the rollout row's
+#: (`stepwise.views.columns.ROLLOUT_COLUMNS`) between the group's and the texts.
+TABLE_COLUMNS = ["step", "kind", "group_label", "group", "selection", *_columns(), "conversation", "trained_text"]
 
 
 def enabled(cfg: RunConfig) -> bool:
@@ -64,15 +98,16 @@ def wandb_run_id(run_id: str) -> str:
 
 
 def table_rows(table: Mapping[str, Any]) -> list[list[Any]]:
-    """A sample table (`stepwise.core.report.sample_table`) as `TABLE_COLUMNS` rows."""
+    """A sample table (`stepwise.views.tables.sample_table`) as `TABLE_COLUMNS` rows."""
     rows = []
+    keys = _columns()
     for g in table.get("groups") or []:
         for r in g.get("rollouts") or []:
+            values = r.get("row") if isinstance(r.get("row"), Mapping) else r
             convo = "\n".join(f"[{m.get('role')}] {m.get('content', '')}" for m in r.get("messages") or [])
             trained = "".join(s.get("text") or "" for spans in r.get("records") or [] for s in spans if s.get("trained"))
-            rows.append([table.get("step"), table.get("kind"), g.get("label"), g.get("input_id"), r.get("member"),
-                         r.get("sid"), r.get("reward"), r.get("advantage"), r.get("status"), r.get("cause") or "",
-                         r.get("policy_version"), r.get("num_turns"), r.get("tool_calls"), convo, trained])
+            rows.append([table.get("step"), table.get("kind"), g.get("label"), g.get("input_id"), g.get("selection"),
+                         *[values.get(k) for k in keys], convo, trained])
     return rows
 
 
@@ -85,6 +120,35 @@ def _api_key() -> str | None:
     from stepwise.aws.secrets import secret_string
 
     return secret_string(arn)
+
+
+def _ours() -> bool:
+    """W&B's folder is the one this module chose under the Lambda's ``/tmp`` (`WANDB_ROOT`), not one the
+    environment named (the local stack's run folder)."""
+    return os.path.realpath(os.environ.get("WANDB_DIR", WANDB_ROOT)) == os.path.realpath(WANDB_ROOT)
+
+
+def _remove_files(run: Any) -> None:
+    """Remove what one call left under `WANDB_ROOT`: the run's folder and the staging copies of its
+    table (W&B has uploaded both by the time ``finish`` returns)."""
+    if not _ours():
+        return
+    sync_dir = getattr(getattr(run, "settings", None), "sync_dir", None)
+    for path in (sync_dir, os.environ.get("WANDB_DATA_DIR"), os.environ.get("WANDB_ARTIFACT_DIR")):
+        if path and os.path.realpath(path).startswith(os.path.realpath(WANDB_ROOT) + os.sep):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _locked() -> Any:
+    class _Held:
+        def __enter__(self) -> None:
+            if not _LOCK.acquire(timeout=LOCK_SECONDS):
+                raise TimeoutError(f"another W&B call of this process held W&B for {LOCK_SECONDS:.0f} s")
+
+        def __exit__(self, *exc: Any) -> None:
+            _LOCK.release()
+
+    return _Held()
 
 
 def _open(cfg: RunConfig, run_id: str, part: str) -> Any:
@@ -105,7 +169,8 @@ def _open(cfg: RunConfig, run_id: str, part: str) -> Any:
         name=cfg.wandb_run_name or run_id, resume="allow", dir=os.environ["WANDB_DIR"],
         config=cfg.model_dump(mode="json"), tags=["stepwise", cfg.algorithm],
         settings=wandb.Settings(console="off", silent=True, x_disable_stats=True, x_disable_meta=True,
-                                x_disable_machine_info=True, save_code=False, x_sync_dir_suffix=part, **extra))
+                                x_disable_machine_info=True, save_code=False, x_sync_dir_suffix=part,
+                                **SETTINGS_TIMEOUTS, **extra))
     run.define_metric("step")
     run.define_metric("*", step_metric="step")
     return run
@@ -124,12 +189,15 @@ def log_step(cfg: RunConfig, run_id: str, kind: str, step: int, summary: Mapping
     row: dict[str, Any] = {"step": int(step), **numeric_metrics(summary)}
     if table is not None:
         row[f"samples/{kind}"] = wandb.Table(columns=TABLE_COLUMNS, data=table_rows(table))
-    with _LOCK:
+    with _locked():
         run = _open(cfg, run_id, f"{kind}{int(step)}")
         try:
             run.log(row)
         finally:
-            run.finish()
+            try:
+                run.finish()
+            finally:
+                _remove_files(run)
     return wandb_run_id(run_id)
 
 
@@ -146,19 +214,28 @@ def step_warning(cfg: RunConfig, run_id: str, kind: str, step: int, summary: Map
         return text[:1000]
 
 
-def finish(cfg: RunConfig, run_id: str, status: str, ended: Mapping[str, Any] | None = None) -> str | None:
+def finish_run(cfg: RunConfig, run_id: str, status: str, ended: Mapping[str, Any] | None = None) -> str | None:
     """Mark the W&B run's end: ``stop_status`` and ``stop_reason`` in its summary, exit code 0 for
-    FINISHED, 1 otherwise. Returns a failure's text (logged), None on success or when off."""
+    FINISHED, 1 otherwise. Returns the W&B run id (None when off); raises what W&B raises."""
     if not enabled(cfg):
         return None
-    try:
-        with _LOCK:
-            run = _open(cfg, run_id, "end")
+    with _locked():
+        run = _open(cfg, run_id, "end")
+        try:
+            run.summary["stop_status"] = status
+            run.summary["stop_reason"] = str((ended or {}).get("reason") or "")
+        finally:
             try:
-                run.summary["stop_status"] = status
-                run.summary["stop_reason"] = str((ended or {}).get("reason") or "")
-            finally:
                 run.finish(exit_code=0 if status == "FINISHED" else 1)
+            finally:
+                _remove_files(run)
+    return wandb_run_id(run_id)
+
+
+def finish(cfg: RunConfig, run_id: str, status: str, ended: Mapping[str, Any] | None = None) -> str | None:
+    """`finish_run`; a failure's text (logged) instead of an exception, None on success or when off."""
+    try:
+        finish_run(cfg, run_id, status, ended)
         return None
     except Exception as e:
         text = f"W&B tracking to project {cfg.wandb_project} could not end run {run_id}: {type(e).__name__}: {e}"

@@ -1,24 +1,27 @@
-"""The run report page: one self-contained HTML page per run, rebuilt as the run goes.
+"""The run report page, and each step's sample table as a page of its own: HTML, self-contained.
 
-Pure: `render_page(ReportInputs) -> str` from what the run stores (config, state, the step and eval
-summaries, the run's end, and one *sample table* per step made by `sample_table`). No network is
-needed to view it: the styles are inline, the curves are SVG drawn by matplotlib (no script), and a
+Pure: `render_page(PageInputs) -> str` and `render_step_page(run_id, table) -> str`, from typed inputs
+(`stepwise.config.RunConfig`, `stepwise.records.RunState`, the run's end record, the
+`stepwise.records.ReportIndex` and the newest sample tables of `stepwise.views.tables`). No network is
+needed to view a page: the styles are inline, the curves are SVG drawn by matplotlib (no script), and a
 rollout expands to its turns with the HTML ``<details>`` element.
 
-- Header: run id, status and how it ended (the stop reason), algorithm and model, the training
-  session, policy version, checkpoints with their model package ARNs and the final weights, every
-  config field (collapsed), and tracking warnings (MLflow / W&B failures: never a failed step).
-- Curves (`CURVE_PANELS`): reward (mean, min and max) with eval accuracy; behaviour per rollout
-  (turns, tool calls, sampled tokens, duration p50/p95); fractions (truncated and ill-formed turns,
-  zero-advantage groups, failed rollouts); staleness; failures (error, timeout, zeroed rollouts);
-  step time. Each line is an SVG group ``id="curve-{summary key}"``.
-- A sample table per step (newest first), kept for every step: the step's best, worst and a mixed
-  group (`stepwise.core.rollouts.sample_groups`), each rollout a row (reward, advantage, status,
-  reason) that expands to its conversation, the trained tokens highlighted (``<mark class="trained">``).
-- The run's failed and zeroed rollouts grouped by cause (`stepwise.core.rollouts.failure_groups`).
+- Header: run id, status and how it ended, algorithm and model, the training session and its final
+  state (``Stopped`` once the run stopped it), the best model (the eval that scored best and its model
+  package), what the run cost (the ledger's final line, or the total so far), policy version,
+  checkpoints with their model package ARNs, every config field (collapsed), tracking warnings.
+- Curves (`CURVE_PANELS`) from the index's points (bounded: `stepwise.views.index`). Each line is an
+  SVG group ``id="curve-{summary key}"``; adding a curve is one line in `CURVE_PANELS`.
+- The run's failed and zeroed rollouts by cause (from every published step, and the step the run
+  failed at).
+- The newest `stepwise.views.index.RECENT` sample tables inline, newest first; older ones are pages of
+  their own beside this one (``steps/{step}.html``, ``evals/{step}.html``), the newest
+  `stepwise.views.index.LINKED` of them linked. Each group is marked trained, filtered, surplus,
+  untrained or eval (`stepwise.views.steps.Selection`); only a trained group's rollouts show an
+  advantage and trained tokens (``<mark class="trained">``).
 
-Sizes are bounded so a long run's page stays readable: every text is cut to `MAX_TEXT` characters
-and a step table holds at most `MAX_GROUPS` groups.
+The page's size is bounded whatever the run's length: inline tables, links, curve points, failure
+causes and warnings are all capped.
 """
 
 from __future__ import annotations
@@ -30,19 +33,22 @@ import re
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from stepwise.core.rollouts import GroupView, conversation, failure_groups, sample_groups, token_spans
+from stepwise import layout
+from stepwise.records import ReportIndex, RunState
+from stepwise.views import columns as cols
+from stepwise.views import index as ix
 
-__all__ = ["CURVE_PANELS", "MAX_GROUPS", "MAX_TEXT", "ReportInputs", "render_page", "sample_table", "svg_chart"]
+if TYPE_CHECKING:
+    from stepwise.config import RunConfig
 
-#: Characters of one message or token span kept in a sample table.
-MAX_TEXT = 2000
-#: Groups per step in a sample table (best, worst, mixed).
-MAX_GROUPS = 3
+__all__ = ["CURVE_PANELS", "PageInputs", "curve_keys", "render_page", "render_step_page", "render_table",
+           "svg_chart"]
 
-#: ``(title, [(summary key, label, style)], y-axis)``: style ``line``, ``dashed`` or ``points``;
-#: ``eval/accuracy`` comes from the eval summaries; ``rollouts/failed_fraction`` is derived.
+#: ``(title, [(summary key, label, style)], y-axis)``: style ``line``, ``dashed`` or ``points``; ``eval/...``
+#: keys come from the eval summaries; ``rollouts/failed_fraction`` is derived. A new curve is one line here
+#: (it is indexed from the next step on: `stepwise.views.index.add_step`).
 CURVE_PANELS: tuple[tuple[str, tuple[tuple[str, str, str], ...], str], ...] = (
     ("Reward", (("sampler/mean_reward", "mean training reward", "line"),
                 ("sampler/reward_min", "min", "dashed"), ("sampler/reward_max", "max", "dashed"),
@@ -55,129 +61,56 @@ CURVE_PANELS: tuple[tuple[str, tuple[tuple[str, str, str], ...], str], ...] = (
     ("Fractions", (("behaviour/truncated_turns_fraction", "truncated turns", "line"),
                    ("behaviour/ill_formed_turns_fraction", "ill-formed turns", "line"),
                    ("advantages/zero_groups_fraction", "zero-advantage groups", "line"),
+                   ("sampling/filtered_fraction", "groups filtered (DAPO)", "dashed"),
                    ("rollouts/failed_fraction", "failed rollouts", "dashed")), "fraction"),
     ("Staleness", (("staleness/mean", "mean", "line"), ("staleness/max", "max", "dashed")), "policy versions"),
     ("Failures", (("rollouts/num_error", "error", "line"), ("rollouts/num_timeout", "timeout", "line"),
                   ("sampler/zeroed_rollouts", "zeroed rewards", "dashed")), "rollouts per step"),
     ("Step time", (("time/rollout", "rollout", "line"), ("time/train", "train", "line"),
                    ("time/step_wall", "step wall", "dashed")), "seconds"),
+    ("Cost", (("cost/total_usd", "run so far", "line"), ("cost/step_usd", "this step", "dashed")), "USD"),
 )
 
 
+def curve_keys(kind: str) -> list[str]:
+    """The summary keys `CURVE_PANELS` draws from a ``train`` or ``eval`` summary (what the index keeps)."""
+    keys = [k for _, lines, _ in CURVE_PANELS for k, _, _ in lines]
+    return [k for k in keys if k.startswith("eval/") == (kind == "eval")]
+
+
 @dataclass
-class ReportInputs:
+class PageInputs:
     """What the page is made of.
 
     Attributes:
         run_id: the run.
-        config: ``config.json`` (RunConfig JSON).
-        state: ``state.json`` (RunState JSON), {} before Init wrote it.
-        steps / evals: ``{step: summary}`` of the train steps and evals.
-        tables: ``{(kind, step): sample table}`` (`sample_table`), kind ``train`` | ``eval``.
+        config: the run's config (None when ``config.json`` is not there yet).
+        state: ``state.json`` (None before Init wrote it).
+        index: the report index (curves, failures, warnings, the newest steps).
+        tables: the sample tables shown inline (`stepwise.views.tables.sample_table`), any order.
         ended: the run's end record (``runs/{run_id}/summary.json``), None while it runs.
-        updated_at: ISO time of this rendering.
+        updated_at: when this rendering was made (text).
+        link_prefix: what the links to the step pages start with (``""``: they sit beside the page, as
+            in the bucket; a local run folder's ``report.html`` links into ``s3/runs/{run_id}/report/``).
     """
 
     run_id: str
-    config: Mapping[str, Any] = field(default_factory=dict)
-    state: Mapping[str, Any] = field(default_factory=dict)
-    steps: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
-    evals: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
-    tables: Mapping[tuple[str, int], Mapping[str, Any]] = field(default_factory=dict)
+    config: RunConfig | None = None
+    state: RunState | None = None
+    index: ReportIndex = field(default_factory=ReportIndex)
+    tables: Sequence[Mapping[str, Any]] = ()
     ended: Mapping[str, Any] | None = None
     updated_at: str = ""
-
-
-# ---------------------------------------------------------------------------- sample tables
-
-
-def clip(text: Any, limit: int = MAX_TEXT) -> str:
-    """``text`` cut to ``limit`` characters, saying how many were left out."""
-    text = "" if text is None else str(text)
-    return text if len(text) <= limit else f"{text[:limit]}… [{len(text) - limit} more characters]"
-
-
-def _clipped(message: Mapping[str, Any]) -> dict[str, Any]:
-    """A `conversation` message with its texts cut: content, tool call id / name / arguments, tool_call_id, name."""
-    out = {**message, "content": clip(message.get("content"))}
-    for key in ("tool_call_id", "name"):
-        if key in out:
-            out[key] = clip(out[key], 200)
-    if message.get("tool_calls"):
-        out["tool_calls"] = [{k: clip(v, 200 if k != "arguments" else MAX_TEXT) for k, v in call.items()}
-                             for call in message["tool_calls"]]
-    return out
-
-
-def sample_table(kind: str, step: int, groups: Sequence[GroupView], rollouts: Sequence[Mapping[str, Any]],
-                 turns_of: Any, decode: Any = None, summary: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """One step's sample table: its best, worst and a mixed group, every member with its
-    conversation and trained spans, and the step's failures by cause.
-
-    Args:
-        kind, step: the batch (``train`` | ``eval``).
-        groups: the step's groups (`stepwise.core.rollouts.group_views`).
-        rollouts: the step's rollout records (their ``records`` hold the TraceRecords).
-        turns_of: ``sid -> captured turns`` (called for the sampled groups' rollouts only).
-        decode: ``token ids -> text`` (the run's tokenizer), None for counts only.
-        summary: the step's summary (a few of its metrics head the table).
-
-    Returns:
-        ``{"kind", "step", "metrics", "groups": [{"label", ...GroupView.to_json(), "rollouts":
-        [{...RolloutView, "messages", "records"}]}], "failures"}``: JSON, texts cut to `MAX_TEXT`.
-    """
-    by_sid = {r.get("sid"): r for r in rollouts}
-    out_groups = []
-    for label, g in sample_groups(groups)[:MAX_GROUPS]:
-        members = []
-        for view in g.rollouts:
-            record = by_sid.get(view.sid) or {}
-            traces = [t for t in record.get("records") or [] if isinstance(t, Mapping)]
-            turns = turns_of(view.sid) if view.sid else []
-            messages = [_clipped(m) for m in conversation(turns, traces)]
-            spans = [[{**s.to_json(), "text": None if s.text is None else clip(s.text)}
-                      for s in token_spans(t, decode)] for t in traces]
-            members.append({**view.to_json(), "messages": messages, "records": spans})
-        out_groups.append({"label": label, **{k: v for k, v in g.to_json().items() if k != "rollouts"},
-                           "rollouts": members})
-    keep = ("sampler/mean_reward", "eval/accuracy", "advantages/zero_groups_fraction", "policy_version", "decision")
-    return {"kind": kind, "step": step, "groups": out_groups, "failures": failure_groups(rollouts),
-            "metrics": {k: v for k, v in (summary or {}).items() if k in keep}}
+    link_prefix: str = ""
 
 
 # ---------------------------------------------------------------------------- curves
 
 
-def _number(v: Any) -> float | None:
-    if not isinstance(v, (int, float)) or isinstance(v, bool):
-        return None
-    try:
-        f = float(v)
-    except OverflowError:  # an int beyond float's range
-        return None
-    return f if math.isfinite(f) else None
-
-
-#: The largest magnitude a curve draws (larger finite values are drawn at it): matplotlib's axis range of
-#: values near the float limit (+-1.7e308) overflows (``ValueError: arange: cannot compute length``).
-PLOT_LIMIT = 1e300
-
-
-def series(inputs: ReportInputs, key: str) -> list[tuple[int, float]]:
-    """``[(step, value)]`` of a summary key over the run (``eval/accuracy`` from the evals;
-    ``rollouts/failed_fraction`` = (error + timeout) / rollouts)."""
-    source = inputs.evals if key.startswith("eval/") else inputs.steps
-    out = []
-    for step in sorted(source):
-        s = source[step]
-        if key == "rollouts/failed_fraction":
-            n, e, t = (_number(s.get(k)) for k in ("sampler/num_rollouts", "rollouts/num_error", "rollouts/num_timeout"))
-            value = (e + t) / n if n and e is not None and t is not None else None
-        else:
-            value = _number(s.get(key))
-        if value is not None:
-            out.append((int(step), max(-PLOT_LIMIT, min(PLOT_LIMIT, value))))
-    return out
+def series(index: ReportIndex, key: str) -> list[tuple[float, float]]:
+    """``[(step, value)]`` of a summary key over the run, from the index (``eval/...`` from the evals;
+    values within +-`stepwise.views.index.PLOT_LIMIT`)."""
+    return ix.series(index, "eval" if key.startswith("eval/") else "train", key)
 
 
 #: Serializes `svg_chart` within a process. Matplotlib is not thread-safe (its FAQ, "Working with threads":
@@ -238,9 +171,9 @@ def _svg_chart(title: str, lines: Sequence[tuple[str, str, str, list[tuple[int, 
     return re.sub(r"\s*<metadata>.*?</metadata>", "", text, count=1, flags=re.S)  # RDF namespaces only
 
 
-def charts(inputs: ReportInputs) -> list[str]:
+def charts(index: ReportIndex) -> list[str]:
     """Every `CURVE_PANELS` panel's SVG."""
-    return [svg_chart(title, [(k, label, style, series(inputs, k)) for k, label, style in lines], ylabel)
+    return [svg_chart(title, [(k, label, style, series(index, k)) for k, label, style in lines], ylabel)
             for title, lines, ylabel in CURVE_PANELS]
 
 
@@ -259,12 +192,25 @@ details.rollout{margin:2px 0 2px 8px}details.rollout>summary{cursor:pointer;font
 .role{font-weight:600;font-family:system-ui,sans-serif}.msg.system{border-color:#8250df}.msg.user{border-color:#0969da}.msg.assistant{border-color:#1a7f37}
 .msg.tool{border-color:#bf8700}.msg.branch{border-color:#cf222e}.tokens{margin:4px 0 4px 14px;padding:6px 8px;background:#f6f8fa;white-space:pre-wrap;
 font-family:ui-monospace,Menlo,monospace;font-size:12.5px}mark.trained{background:#aceebb;color:#0f3d1c}.prompt{color:#6e7781}.masked{color:#57606a;text-decoration:underline dotted}
-.group{margin:6px 0 10px}.label{font-weight:600;text-transform:uppercase;font-size:11px;color:#57606a;margin-right:6px}.legend{font-size:12px;color:#57606a}
+.sel{display:inline-block;padding:0 6px;border-radius:8px;font-size:11px;margin-right:6px;background:#eef1f4}.sel-trained{background:#dafbe1}
+.sel-filtered,.sel-surplus,.sel-untrained{background:#fff1e5}.group{margin:6px 0 10px}.label{font-weight:600;text-transform:uppercase;font-size:11px;color:#57606a;margin-right:6px}.legend{font-size:12px;color:#57606a}
 """
+
+
 
 
 def _e(value: Any) -> str:
     return html.escape("" if value is None else str(value), quote=True)
+
+
+def _number(v: Any) -> float | None:
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        return None
+    try:
+        f = float(v)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) else None
 
 
 def _fmt(value: Any, spec: str = ".3f") -> str:
@@ -274,52 +220,102 @@ def _fmt(value: Any, spec: str = ".3f") -> str:
     return "-" if v is None else format(v, spec)
 
 
-def _status(inputs: ReportInputs) -> tuple[str, str]:
+def _usd(value: Any) -> str:
+    v = _number(value)
+    return "-" if v is None else f"${v:,.2f}" if abs(v) >= 0.01 or v == 0 else f"${v:.4f}"
+
+
+def _status(inputs: PageInputs) -> tuple[str, str]:
     """``(status, how it ended)``: RUNNING until the run's end record; then its status and reason."""
-    ended = inputs.ended
-    if ended and not (inputs.state.get("owner_execution_arn") and ended.get("execution_arn")
-                      and inputs.state["owner_execution_arn"] != ended["execution_arn"]):  # else resumed since
+    ended, st = inputs.ended, inputs.state
+    if ended and not (st is not None and st.owner_execution_arn and ended.get("execution_arn")
+                      and st.owner_execution_arn != ended["execution_arn"]):  # else resumed since
         return str(ended.get("status", "ENDED")), str(ended.get("reason") or "")
-    reason = inputs.state.get("stop_reason")
+    reason = st.stop_reason if st is not None else None
     return ("STOPPING" if reason else "RUNNING"), str(reason or "")
 
 
-def _header(inputs: ReportInputs) -> str:
+def session_text(state: RunState | None) -> str:
+    """The training session's name and state: ``Stopped`` once the run stopped it (StopSession's
+    StopTrainingSession answered and the ledger closed its seconds: it bills no more), else the status
+    the run last read (``Creating``, ``Running``, ...)."""
+    if state is None:
+        return "-"
+    status = "Stopped" if state.session_stopped else state.session_status
+    return f"{state.training_session_name} ({status})"
+
+
+def best_text(cfg: RunConfig | None, state: RunState | None) -> str:
+    """The best model: the eval that scored best on the selection metric and its model package
+    (`stepwise.core.selection`), or why there is none."""
+    if state is None or state.eval_only:
+        return "-" if state is None else "none (an eval-only run trains no model)"
+    best = state.best
+    if best is None:
+        return "none yet (no eval recorded)" if not state.eval_history else "none"
+    metric = "eval/accuracy"
+    if cfg is not None:
+        from stepwise.core.selection import criterion
+
+        metric = criterion(cfg).metric
+    arn = best.model_package_arn or "the base model (no package)"
+    gone = " (deleted)" if best.model_package_arn and best.model_package_arn in state.deleted_packages else ""
+    return f"eval after step {best.step}: {metric} {best.value:.4g} · {arn}{gone}"
+
+
+def cost_text(state: RunState | None, index: ReportIndex) -> str:
+    """What the run cost: the ledger's final line once the session stopped, else the total so far (the
+    newest step summary's ``cost/total_usd``)."""
+    final = state.ledger.final if state is not None else None
+    if final and final.get("line"):
+        return str(final["line"]) + (f" · {final['estimate_line']}" if final.get("estimate_line") else "")
+    latest = index.latest.get("train") or {}
+    if _number(latest.get("cost/total_usd")) is not None:
+        return f"{_usd(latest['cost/total_usd'])} so far (through step {latest.get('step')})"
+    return "-"
+
+
+def _header(inputs: PageInputs) -> str:
     cfg, st = inputs.config, inputs.state
+    c: dict[str, Any] = cfg.model_dump(mode="json") if cfg is not None else {}
     status, how = _status(inputs)
-    rows = [("algorithm", f"{cfg.get('algorithm', '-')} ({cfg.get('loss', '-')} loss)"),
-            ("model", cfg.get("base_model_arn", "-")), ("agent runtime", cfg.get("agent_runtime_arn", "-")),
-            ("batch", f"{cfg.get('batch_size', '-')} prompts x {cfg.get('responses_per_prompt', '-')} responses"),
-            ("training session", f"{st.get('training_session_name', '-')} ({st.get('session_status', '-')})"),
-            ("steps done", st.get("step", len(inputs.steps))), ("policy version", st.get("policy_version", "-")),
-            ("sampler", st.get("sampler_model_package_arn") or "base model"),
+    rows = [("algorithm", f"{c.get('algorithm', '-')} ({c.get('loss', '-')} loss, {c.get('advantage_estimator', '-')} advantages)"),
+            ("model", c.get("base_model_arn", "-")), ("agent runtime", c.get("agent_runtime_arn", "-")),
+            ("batch", f"{c.get('batch_size', '-')} prompts x {c.get('responses_per_prompt', '-')} responses"),
+            ("training session", session_text(st)),
+            ("steps done", st.step if st is not None else inputs.index.counts.get("train", 0)),
+            ("policy version", st.policy_version if st is not None else "-"),
+            ("sampler", (st.sampler_model_package_arn if st is not None else "") or "base model"),
+            ("best model", best_text(cfg, st)),
+            ("cost", cost_text(st, inputs.index)),
             ("how it ended", how or ("-" if status == "RUNNING" else "finished"))]
     out = [f'<h1>Run {_e(inputs.run_id)}</h1><p><span class="badge {_e(status)}" id="run-status">{_e(status)}</span>'
            f'<span class="legend">updated {_e(inputs.updated_at)}</span></p><table id="run-header">']
-    out += [f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in rows]
+    out += [f'<tr id="row-{_e(k.replace(" ", "-"))}"><th>{_e(k)}</th><td>{_e(v)}</td></tr>' for k, v in rows]
     out.append("</table>")
-    checkpoints = list(st.get("checkpoints") or [])
+    checkpoints = list(st.checkpoints) if st is not None else []
     final = (inputs.ended or {}).get("final_weights")
+    deleted = set(st.deleted_packages) if st is not None else set()
     out.append("<h3>Checkpoints</h3>")
     if checkpoints or final:
         out.append('<table id="checkpoints"><tr><th>step</th><th>kind</th><th>reason</th><th>model package ARN</th></tr>')
-        for c in checkpoints:
-            out.append(f"<tr><td class=num>{_e(c.get('step'))}</td><td>{_e(c.get('kind'))}</td><td>{_e(c.get('reason'))}</td>"
-                       f"<td><code>{_e(c.get('model_package_arn'))}</code></td></tr>")
-        if final:
+        for ck in checkpoints:
+            gone = " (deleted)" if ck.model_package_arn in deleted else ""
+            out.append(f"<tr><td class=num>{_e(ck.step)}</td><td>{_e(ck.kind)}</td><td>{_e(ck.reason)}</td>"
+                       f"<td><code>{_e(ck.model_package_arn)}</code>{_e(gone)}</td></tr>")
+        if isinstance(final, Mapping):
             out.append(f"<tr><td class=num>{_e(final.get('step'))}</td><td>final weights</td><td>{_e(final.get('reason'))}</td>"
                        f"<td><code>{_e(final.get('model_package_arn'))}</code></td></tr>")
         out.append("</table>")
     else:
         out.append("<p>none yet</p>")
-    warnings = [(kind, step, w) for (kind, step), t in sorted(inputs.tables.items()) for w in t.get("warnings") or []]
-    if warnings:
+    if inputs.index.warnings:
         out.append('<h3>Tracking warnings</h3><div id="warnings">')
-        out += [f'<div class="warning">{_e(kind)} step {_e(step)}: {_e(w)}</div>' for kind, step, w in warnings[-20:]]
+        out += [f'<div class="warning">{_e(kind)} step {_e(step)}: {_e(w)}</div>' for kind, step, w in inputs.index.warnings]
         out.append("</div>")
     out.append('<details id="config"><summary>config</summary><table>')
     out += [f"<tr><th>{_e(k)}</th><td><code>{_e(json.dumps(v) if not isinstance(v, str) else v)}</code></td></tr>"
-            for k, v in sorted(cfg.items())]
+            for k, v in sorted(c.items())]
     out.append("</table></details>")
     return "".join(out)
 
@@ -328,83 +324,134 @@ def _role_class(role: str) -> str:
     return re.sub(r"[^a-z]", "", role.lower()) or "other"
 
 
-def _rollout(member: Mapping[str, Any], kind: str) -> str:
-    adv = "-" if member.get("advantage") is None else f"{member['advantage']:+.3f}"
-    ok = member.get("status") == "ok"
-    summary = (f"member {_e(member.get('member'))} · reward {_fmt(member.get('reward'))} · adv {_e(adv)} · "
-               f"<span class='{'status-ok' if ok else 'status-bad'}'>{_e(member.get('status'))}</span> · "
-               f"policy {_e(member.get('policy_version'))} · {_e(member.get('num_turns'))} turns · "
-               f"{_e(member.get('tool_calls'))} tool calls · {_fmt(member.get('duration_s'), '.1f')} s"
-               + (f" · {_e(member.get('cause'))}" if member.get("cause") else ""))
-    out = [f'<details class="rollout" data-sid="{_e(member.get("sid"))}"><summary>{summary}</summary>']
+#: What a turn's ``trained`` mark reads as (None: an eval's, never trained).
+_TRAINED_TAG = {True: "trained", False: "not trained"}
+
+
+def _rollout(member: Mapping[str, Any], columns: Sequence[Sequence[Any]], kind: str) -> str:
+    values = member.get("row") if isinstance(member.get("row"), Mapping) else {}
+    parts = []
+    for key, head, fmt in columns:
+        text = cols.text(values.get(key), fmt)
+        if key == "status":
+            ok = values.get(key) == "ok"
+            parts.append(f"<span class='{'status-ok' if ok else 'status-bad'}'>{_e(text)}</span>")
+        elif text not in ("", "-") or key not in ("cause",):
+            parts.append(f"{_e(head)} {_e(text)}")
+    out = [f'<details class="rollout" data-sid="{_e(member.get("sid"))}"><summary>{" · ".join(parts)}</summary>']
     for m in member.get("messages") or []:
         role = str(m.get("role", "?"))
         tags = [role]
         if "turn" in m:
-            tags += [f"turn {m['turn']}", {True: "trained", False: "not trained"}.get(m.get("trained"), "training unknown"),
-                     f"{m.get('output_tokens', 0)} tokens, {m.get('finish_reason') or '-'}"]
+            tags.append(f"turn {m['turn']}")
+            if m.get("trained") in _TRAINED_TAG:
+                tags.append(_TRAINED_TAG[m["trained"]])
+            tags.append(f"{m.get('output_tokens', 0)} tokens, {m.get('finish_reason') or '-'}")
         if m.get("tool_call_id"):
             tags.append(f"result of {m['tool_call_id']}")
         calls = "".join(f"\n→ tool call {_e(c.get('name'))}({_e(c.get('arguments'))})" for c in m.get("tool_calls") or [])
         out.append(f'<div class="msg {_role_class(role)}"><span class="role">{_e(" · ".join(tags))}</span>\n'
                    f"{_e(m.get('content'))}{calls}</div>")
+    trained_group = member.get("selection") == "trained"
     for n, spans in enumerate(member.get("records") or [], 1):
-        parts = []
+        pieces = []
         for s in spans:
             text = s.get("text") if s.get("text") is not None else f"<{s.get('tokens')} tokens>"
             if s.get("trained"):
-                parts.append(f'<mark class="trained">{_e(text)}</mark>')
+                pieces.append(f'<mark class="trained">{_e(text)}</mark>')
             else:
-                parts.append(f'<span class="{"prompt" if s.get("region") == "prompt" else "masked"}">{_e(text)}</span>')
-        out.append(f'<div class="legend">record {n}: tokens as trained (highlighted = loss mask 1)</div>'
-                   f'<div class="tokens">{"".join(parts)}</div>')
-    if kind == "train" and not member.get("records"):
+                pieces.append(f'<span class="{"prompt" if s.get("region") == "prompt" else "masked"}">{_e(text)}</span>')
+        legend = ("tokens as trained (highlighted = loss mask 1)" if trained_group else
+                  "tokens sampled (an eval rollout: never trained)" if kind == "eval" else
+                  f"tokens sampled (not trained: its group was {member.get('selection')})")
+        out.append(f'<div class="legend">record {n}: {legend}</div><div class="tokens">{"".join(pieces)}</div>')
+    if kind == "train" and trained_group and not member.get("records"):
         out.append('<div class="legend">no TraceRecord: nothing of this rollout was trained</div>')
     out.append("</details>")
     return "".join(out)
 
 
-def _table(table: Mapping[str, Any]) -> str:
+_SELECTION_TEXT = {"trained": "trained", "filtered": "filtered (all rewards equal: no signal)",
+                   "surplus": "surplus (cut by the truncation to batch_size)", "untrained": "not trained",
+                   "eval": "eval (never trained)"}
+
+
+def render_table(table: Mapping[str, Any]) -> str:
+    """A sample table as an HTML section ``id="{kind}-{step}"``."""
     kind, step = table.get("kind", "train"), table.get("step")
     metrics = table.get("metrics") or {}
     head = ", ".join(f"{k} {_fmt(v) if _number(v) is not None else _e(v)}" for k, v in metrics.items())
+    counts = table.get("selection") or {}
+    if counts and kind == "train":
+        head += (" · " if head else "") + "groups: " + ", ".join(f"{n} {k}" for k, n in counts.items())
+    columns = table.get("columns") or [[c.key, c.header, c.fmt] for c in cols.ROLLOUT_COLUMNS]
     out = [f'<section class="step" id="{_e(kind)}-{_e(step)}" data-kind="{_e(kind)}" data-step="{_e(step)}">'
-           f"<h3>{'Eval' if kind == 'eval' else 'Step'} {_e(step)}</h3><div class='legend'>{head}</div>"]
+           f"<h3>{'Eval' if kind == 'eval' else 'Step'} {_e(step)}</h3><div class='legend'>{_e(head)}</div>"]
+    if table.get("note"):
+        out.append(f"<div class='legend note'>{_e(table['note'])}</div>")
     for g in table.get("groups") or []:
         rewards = ", ".join(_fmt(r, ".2f") for r in g.get("rewards_G") or [])
-        out.append(f'<div class="group"><span class="label">{_e(g.get("label"))}</span>group <code>{_e(g.get("input_id"))}</code>'
-                   f" (gen {_e(g.get('generation_batch'))}): mean {_fmt(g.get('mean_reward'))}, rewards [{rewards}]")
-        out += [_rollout(m, kind) for m in g.get("rollouts") or []]
+        sel = str(g.get("selection") or "")
+        out.append(f'<div class="group" data-selection="{_e(sel)}"><span class="label">{_e(g.get("label"))}</span>'
+                   f'<span class="sel sel-{_e(sel)}">{_e(_SELECTION_TEXT.get(sel, sel))}</span>'
+                   f"group <code>{_e(g.get('input_id'))}</code> (gen {_e(g.get('generation_batch'))}): "
+                   f"mean {_fmt(g.get('mean_reward'))}, rewards [{rewards}]")
+        out += [_rollout(m, columns, str(kind)) for m in g.get("rollouts") or []]
         out.append("</div>")
     out.append("</section>")
     return "".join(out)
 
 
-def _failures(inputs: ReportInputs) -> str:
-    merged: dict[tuple[str, str], dict[str, Any]] = {}
-    for _, table in sorted(inputs.tables.items()):
-        for f in table.get("failures") or []:
-            entry = merged.setdefault((f["status"], f["cause"]), {**f, "count": 0, "examples": []})
-            entry["count"] += f["count"]
-            entry["examples"] = (entry["examples"] + list(f.get("examples") or []))[:3]
-    if not merged:
+def _failures(index: ReportIndex) -> str:
+    if not index.failures:
         return '<p id="failures">no failed or zeroed rollout</p>'
     out = ['<table id="failures"><tr><th>count</th><th>status</th><th>cause</th><th>examples (step, sid)</th></tr>']
-    for f in sorted(merged.values(), key=lambda f: -f["count"]):
-        ex = "; ".join(f"{e.get('kind')} {e.get('step')} {str(e.get('sid'))[:8]}" for e in f["examples"])
-        out.append(f"<tr><td class=num>{f['count']}</td><td>{_e(f['status'])}</td><td>{_e(f['cause'])}</td><td>{_e(ex)}</td></tr>")
+    for f in index.failures:
+        ex = "; ".join(f"{e.get('kind')} {e.get('step')} {str(e.get('sid'))[:8]}" for e in f.get("examples") or [])
+        out.append(f"<tr><td class=num>{_e(f.get('count'))}</td><td>{_e(f.get('status'))}</td><td>{_e(f.get('cause'))}</td>"
+                   f"<td>{_e(ex)}</td></tr>")
     out.append("</table>")
     return "".join(out)
 
 
-def render_page(inputs: ReportInputs) -> str:
-    """The whole page (UTF-8 HTML, no external reference)."""
-    tables = sorted(inputs.tables.values(), key=lambda t: (int(t.get("step", 0)), t.get("kind") == "train"), reverse=True)
-    body = [_header(inputs), '<h2>Curves</h2><div class="charts" id="charts">', *charts(inputs), "</div>",
-            "<h2>Failed and zeroed rollouts by cause</h2>", _failures(inputs),
-            f'<h2>Sample rollouts per step</h2><p class="legend">{len(tables)} tables, newest first: each step\'s best, '
-            "worst and a mixed group; click a rollout to read its turns, trained tokens highlighted.</p>",
-            *(_table(t) for t in tables)]
+def _document(title: str, body: Sequence[str]) -> str:
     return ("<!DOCTYPE html><html lang=en><head><meta charset=utf-8>"
-            f"<meta name=viewport content='width=device-width, initial-scale=1'><title>Stepwise run {_e(inputs.run_id)}</title>"
+            f"<meta name=viewport content='width=device-width, initial-scale=1'><title>{_e(title)}</title>"
             f"<style>{_STYLE}</style></head><body>{''.join(body)}</body></html>")
+
+
+def _key(t: Mapping[str, Any]) -> tuple[int, bool]:
+    return (int(t.get("step", 0)), t.get("kind") == "train")
+
+
+def render_page(inputs: PageInputs) -> str:
+    """The whole page (UTF-8 HTML, no external reference)."""
+    shown = [list(e) for e in inputs.index.recent[-ix.RECENT:]]
+    tables = sorted((t for t in inputs.tables if [t.get("kind"), t.get("step")] in shown), key=_key, reverse=True)
+    older = [e for e in inputs.index.recent[:-ix.RECENT]][::-1]
+    links = "".join(f'<li><a href="{_e(inputs.link_prefix + layout.report_step_page_name(k, s))}">'
+                    f"{'eval' if k == 'eval' else 'step'} {_e(s)}</a></li>" for k, s in older)
+    counts = inputs.index.counts
+    total = counts.get("train", 0) + counts.get("eval", 0)
+    body = [_header(inputs), '<h2>Curves</h2><div class="charts" id="charts">', *charts(inputs.index), "</div>",
+            "<h2>Failed and zeroed rollouts by cause</h2>", _failures(inputs.index),
+            f'<h2>Sample rollouts per step</h2><p class="legend">{len(tables)} of {total} tables ('
+            f"{counts.get('train', 0)} steps, {counts.get('eval', 0)} evals), newest first: each step's best, worst "
+            "and a mixed group, marked trained, filtered or surplus; click a rollout to read its turns, trained "
+            "tokens highlighted.</p>", *(render_table(t) for t in tables)]
+    if older:
+        body.append(f'<h3>Older steps</h3><ul id="older" class="legend">{links}</ul>')
+    if total > len(tables) + len(older):
+        body.append('<p class="legend">every step\'s table is a page of its own beside this one: '
+                    f"<code>{_e(inputs.link_prefix)}steps/STEP.html</code>, <code>{_e(inputs.link_prefix)}evals/STEP.html"
+                    f"</code> (<code>stepwise report {_e(inputs.run_id)} --step STEP</code>)</p>")
+    return _document(f"Stepwise run {inputs.run_id}", body)
+
+
+def render_step_page(run_id: str, table: Mapping[str, Any], *, updated_at: str = "") -> str:
+    """A step's (or eval's) sample table as a page of its own, linking back to the run's page."""
+    kind, step = table.get("kind", "train"), table.get("step")
+    back = "../index.html"
+    body = [f'<p class="legend"><a href="{back}">run {_e(run_id)}</a> · {"eval" if kind == "eval" else "step"} '
+            f"{_e(step)} · {_e(updated_at)}</p>", render_table(table)]
+    return _document(f"Stepwise run {run_id}, {'eval' if kind == 'eval' else 'step'} {step}", body)
