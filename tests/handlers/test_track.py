@@ -207,3 +207,32 @@ def test_keys_that_are_not_summaries_are_ignored(run):
 ])
 def test_stop_reason_maps_to_the_run_end_status(reason, status):
     assert session._tracking_status(reason) == status
+
+
+def test_the_page_of_a_run_that_failed_at_a_step_shows_that_steps_failed_rollouts(run):
+    """A run whose every rollout of a step failed ends at ComputeAdvantages (RolloutsFailed): that step has
+    rollout records but no summary, so no notification published its table, and the page Track wrote at the
+    run's end said "no failed or zeroed rollout" (`stepwise report` rebuilt it right). The run's end now
+    publishes the table of the batch the run ended at."""
+    from stepwise.records import PlannedBatch, RunState
+
+    s3 = run
+    for i in range(4):
+        sid = f"f2{i:02d}0000-0000-4000-8000-000000000000"
+        s3.put_object(Bucket=BUCKET, Key=layout.rollout_key(RUN, 2, 0, sid, "train"), Body=json.dumps({
+            "sid": sid, "i": i, "input_id": f"s2p{i // 2}", "row": i // 2, "member": i % 2, "kind": "train", "step": 2,
+            "reward": 0.0, "status": "error", "error": {"error": "AgentError", "cause": "the agent crashed"},
+            "reward_reason": "error: AgentError"}).encode())
+    state = RunState.model_validate(json.loads(_get(s3, layout.state_key(RUN))))
+    state.step, state.current_batch = 2, PlannedBatch(kind="train", step=2, rows=[0, 1], responses_per_prompt=2)
+    state.stop_reason = "failed: RolloutsFailed"
+    s3.put_object(Bucket=BUCKET, Key=layout.state_key(RUN), Body=state.model_dump_json().encode())
+    s3.put_object(Bucket=BUCKET, Key=layout.run_summary_key(RUN), Body=json.dumps({
+        "status": "FAILED", "reason": "failed: RolloutsFailed", "execution_arn": "arn:exec"}).encode())
+
+    publish(notification(layout.run_summary_key(RUN)))
+    page = _get(s3, layout.report_key(RUN)).decode()
+    assert "no failed or zeroed rollout" not in page
+    failures = page[page.index('id="failures"'):page.index("</table>", page.index('id="failures"'))]
+    assert "AgentError: the agent crashed" in failures and ">4<" in failures
+    assert 'id="train-2"' in page and "the run ended at it" in page

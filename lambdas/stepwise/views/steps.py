@@ -252,12 +252,12 @@ def _selection(g: Group, kept: set[int], trains: bool, status: str, cfg: RunConf
 
 
 def _why_untrained(decision: str | None, status: str, datums: list) -> str:
+    if decision is None:
+        return "no summary for this step: it is in progress, or the run ended at it (nothing of it was trained)"
     if decision == "skip" or (status == "ready" and not datums):
         return "the step was skipped: no trainable datum (the reference skips the update)"
     if decision == "cap_reached" or status == "cap_reached":
         return "DAPO's max_num_gen_batches was reached before batch_size informative groups: the run stopped"
-    if decision is None:
-        return "no summary for this step: it is in progress, or the run ended at it"
     return f"decision {decision}: nothing trained"
 
 
