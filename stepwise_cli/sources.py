@@ -110,6 +110,12 @@ def open_run(target: str, args: argparse.Namespace) -> RunSource:
     run_id = validate_run_id(target)
     dep = deployment(args)
     store = RunStore(dep.bucket, dep.s3)
-    if store.get_json_or(layout.config_key(run_id)) is None:
+    from stepwise.views.store import Unreadable, read_json
+
+    try:
+        config = read_json(store, layout.config_key(run_id))
+    except Unreadable as e:  # a damaged config.json: one line naming it
+        raise CommandError(str(e)) from None
+    if config is None:
         raise CommandError(f"run {run_id!r} not found: s3://{dep.bucket}/{layout.config_key(run_id)} does not exist")
     return RunSource(run_id, store, f"s3://{dep.bucket}/{layout.run_prefix(run_id)}", deployment=dep)

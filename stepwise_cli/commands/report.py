@@ -59,7 +59,7 @@ def _run(args: argparse.Namespace) -> int:
     dep = source.deployment
     assert dep is not None
     key = layout.report_key(source.run_id)
-    if source.store.get_json_or(layout.state_key(source.run_id)) is None or not _exists(dep, key):
+    if not _exists(dep, layout.state_key(source.run_id)) or not _exists(dep, key):
         raise CommandError(f"run {source.run_id} has no report page yet (s3://{dep.bucket}/{key}): the Track "
                            "function writes it after the first step; `stepwise report RUN --rebuild` builds it here")
     if args.download:

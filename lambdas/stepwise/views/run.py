@@ -53,8 +53,11 @@ def fold(store: Any, run_id: str, cfg: RunConfig, *, tokenizer: Tokenizer | None
     wrote, and a table made here for every step or eval with rollout records and none. The stored
     index's tracking warnings are kept."""
     index = ReportIndex()
-    stored, _ = read_index(store, run_id)
-    index.warnings = list(stored.warnings)
+    try:
+        stored, _ = read_index(store, run_id)
+        index.warnings = list(stored.warnings)
+    except (ValueError, TypeError):  # a damaged index only loses its tracking warnings: the rest is rebuilt
+        pass
     tables: dict[tuple[str, int], dict[str, Any]] = {}
     for kind in ("train", "eval"):
         folder = step_folder(kind)
