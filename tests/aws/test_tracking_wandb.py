@@ -13,8 +13,9 @@ from stepwise.config import ConfigError, load_run_config
 from tests.support.runs import config
 from tests.support.wandb_reader import history
 
-TABLE = {"step": 0, "kind": "train", "groups": [{"label": "best", "input_id": "p0", "rollouts": [
-    {"member": 0, "sid": "s", "reward": 1.0, "advantage": 1.0, "status": "ok", "num_turns": 1,
+TABLE = {"step": 0, "kind": "train", "groups": [{"label": "best", "input_id": "p0", "selection": "trained", "rollouts": [
+    {"sid": "s", "member": 0, "row": {"member": 0, "sid": "s", "reward": 1.0, "advantage": 1.0, "status": "ok",
+                                      "num_turns": 1, "cause": ""},
      "messages": [{"role": "user", "content": "What digit comes after 6?"}, {"role": "assistant", "content": "7"}],
      "records": [[{"region": "prompt", "trained": False, "text": "<prompt>"}, {"region": "response", "trained": True, "text": "7"}]]}]}]}
 
@@ -50,6 +51,50 @@ def test_rows_carry_the_conversation_and_the_trained_text():
     assert len(row) == len(wandb_tracking.TABLE_COLUMNS)
     named = dict(zip(wandb_tracking.TABLE_COLUMNS, row))
     assert named["conversation"] == "[user] What digit comes after 6?\n[assistant] 7" and named["trained_text"] == "7"
+    assert (named["selection"], named["advantage"], named["reward"]) == ("trained", 1.0, 1.0)
+
+
+def test_the_rollout_columns_are_the_w_and_b_tables_columns():
+    """A column added to `stepwise.views.columns.ROLLOUT_COLUMNS` is a column of the W&B table too."""
+    from stepwise.views.columns import ROLLOUT_COLUMNS
+
+    assert [c.key for c in ROLLOUT_COLUMNS] == wandb_tracking.TABLE_COLUMNS[5:-2]
+
+
+def _files(root):
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() or p.is_symlink())
+
+
+def test_calls_leave_no_folder_behind_in_the_lambdas_tmp(monkeypatch, tmp_path):
+    """On Lambda W&B writes under ``/tmp`` (`WANDB_ROOT`): every call left a ``run-{time}-{id}`` folder (its
+    logs, history and the table's file, tens of KB) and nothing removed it, so a long run filled the
+    container's 512 MB. Now a call removes what it wrote there once W&B finished: the folder holds the same
+    files after the fifth call as after the first (W&B's own service log, one line per call, aside)."""
+    root = tmp_path / "wandb"
+    monkeypatch.setattr(wandb_tracking, "WANDB_ROOT", str(root))
+    for var, sub in (("WANDB_DIR", ""), ("WANDB_CACHE_DIR", "cache"), ("WANDB_CONFIG_DIR", "config"),
+                     ("WANDB_DATA_DIR", "data"), ("WANDB_ARTIFACT_DIR", "artifacts")):
+        monkeypatch.setenv(var, str(root / sub) if sub else str(root))
+    monkeypatch.setenv("WANDB_MODE", "offline")  # no server here: W&B writes exactly what it would upload
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cfg = load_run_config(config(wandb_project="stepwise-tests"))
+    seen = []
+    for step in range(5):
+        assert wandb_tracking.step_warning(cfg, "run-tmp", "train", step, {"step": step, "sampler/mean_reward": 0.5},
+                                           {**TABLE, "step": step}) is None
+        seen.append(_files(root))
+    assert wandb_tracking.finish(cfg, "run-tmp", "FINISHED") is None
+    seen.append(_files(root))
+    assert not any("run-" in f.split("/")[-2] if "/" in f else False for f in seen[-1]), seen[-1]
+    assert all(files == seen[0] for files in seen), seen
+
+
+def test_a_wandb_dir_the_environment_names_is_kept(offline):
+    """The local stack names ``WANDB_DIR`` (the run folder): its offline runs are the data, never removed."""
+    cfg = load_run_config(config(wandb_project="stepwise-tests"))
+    for step in range(2):
+        assert wandb_tracking.step_warning(cfg, "run-keep", "train", step, {"step": step, "sampler/mean_reward": 0.5}) is None
+    assert len(history(offline, "run-keep")[1]) == 2
 
 
 def test_a_failure_is_a_warning_not_an_exception(offline, monkeypatch):

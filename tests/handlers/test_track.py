@@ -106,6 +106,7 @@ def test_a_tracking_failure_is_a_warning_on_the_page_never_a_failed_invocation(r
     ((kind, step, warning),) = json.loads(_get(s3, layout.report_index_key(RUN)))["warnings"]
     assert (kind, step) == ("train", 1)
     assert warning.startswith(f"MLflow tracking to {cfg['mlflow_tracking_uri']} failed at train step 1: ")
+    assert json.loads(_get(s3, layout.report_table_key(RUN, "train", 1)))["warnings"] == [warning]  # watch reads it
     page = _get(s3, layout.report_key(RUN)).decode()
     assert 'id="warnings"' in page and "MLflow tracking to" in page
     summary = json.loads(_get(s3, layout.summary_key(RUN, 1)))

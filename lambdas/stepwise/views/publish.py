@@ -10,13 +10,14 @@ table (`benchmarks/report_cost.py` measures it).
 
 1. makes the step's sample table (`stepwise.views.tables.sample_table` of
    `stepwise.views.steps.step_view`: groups, shaping, advantages and marks from the core function
-   ComputeAdvantages trains with);
+   ComputeAdvantages trains with) and writes it, and the table as a page of its own; the table's presence
+   marks the step published (a repeated notification stops at it, after checking that the index has
+   the step: an invocation that ended between the two writes is completed by its retry);
 2. adds the step to the index (curve points, failures, the newest steps, an item for the trackers),
    conditional on the index's ETag; a step already in it is not added twice;
-3. writes the table (its presence marks the step published: a repeated notification stops here), the
-   table as a page of its own, and the report page (`render`);
+3. writes the report page (`render`);
 4. lets the trackers log what waits (`drain`), then re-renders the page when one of them failed (its
-   warning shows there).
+   warning shows there, and with the step's table, where `stepwise watch` reads it).
 
 The page never waits for a tracker: it is written before any tracker is called, and each tracker call
 runs under a deadline that fits in the invocation (`Tracker.seconds`: its own timeouts; a call still
@@ -240,19 +241,31 @@ def _write_table(store: Any, run_id: str, kind: str, step: int, table: Mapping[s
 
 def publish_step(store: Any, run_id: str, cfg: RunConfig, kind: str, step: int, *,
                  trackers: Sequence[Tracker] = (), deadline: float | None = None) -> Published:
-    """Publish a step's (``kind="train"``) or eval's summary (the module docstring's steps 1-4)."""
+    """Publish a step's (``kind="train"``) or eval's summary (the module docstring's steps 1-4).
+
+    The table is written before the index names the step (a tracker reading the outbox always finds
+    it); a notification that finds the table checks that the index has the step too (an invocation that
+    ended between the two writes is completed by its retry) and otherwise stops there."""
     t0 = time.monotonic()
     out = Published(kind, step)
     active = [t.name for t in trackers if t.enabled(cfg)]
-    if _exists(store, layout.report_table_key(run_id, kind, step)):
+    table_key = layout.report_table_key(run_id, kind, step)
+    summary_key = layout.step_summary_key(run_id, step_folder(kind), step)
+    keys = curve_keys(kind)
+    if _exists(store, table_key):
         out.duplicate = True
+        index, _ = read_index(store, run_id)
+        if not ix.is_published(index, kind, step):
+            summary, table = read_json(store, summary_key), store.get_json_or(table_key)
+            update_index(store, run_id, lambda i: (None, ix.add_step(i, kind, step, summary, table, curve_keys=keys,
+                                                                     track=bool(active))))
+            out.page_bytes = render(store, run_id, cfg)
     else:
-        summary = read_json(store, layout.step_summary_key(run_id, step_folder(kind), step))
+        summary = read_json(store, summary_key)
         table = make_table(store, run_id, cfg, kind, step, summary, load_tokenizer(store, run_id))
-        keys = curve_keys(kind)
-        update_index(store, run_id, lambda index: (None, ix.add_step(index, kind, step, summary, table,
-                                                                     curve_keys=keys, track=bool(active))))
         _write_table(store, run_id, kind, step, table)
+        update_index(store, run_id, lambda i: (None, ix.add_step(i, kind, step, summary, table, curve_keys=keys,
+                                                                 track=bool(active))))
         out.page_bytes = render(store, run_id, cfg)
     out.warnings, out.tracked = drain(store, run_id, cfg, trackers, deadline=deadline)
     if out.warnings:
@@ -281,9 +294,9 @@ def publish_end(store: Any, run_id: str, cfg: RunConfig, *, trackers: Sequence[T
         table = make_table(store, run_id, cfg, kind, step, None, tokenizer)
         if not table["groups"]:
             continue
+        _write_table(store, run_id, kind, step, table)
         update_index(store, run_id, lambda index, k=kind, s=step, t=table: (None, ix.add_step(
             index, k, s, None, t, curve_keys=(), track=False)))
-        _write_table(store, run_id, kind, step, table)
     if any(t.enabled(cfg) for t in trackers):
         update_index(store, run_id, lambda index: (None, _enqueue_end(index)))
     out.page_bytes = render(store, run_id, cfg)
@@ -390,6 +403,8 @@ def drain(store: Any, run_id: str, cfg: RunConfig, trackers: Sequence[Tracker], 
             update_index(store, run_id, lambda i, tn=t.name, w=text: (None, _record(i, kind, step, tn, w)))
             if text:
                 warnings.append(text)
+                if step is not None:
+                    _table_warning(store, run_id, kind, step, text)
         logged += 1
     return warnings, logged
 
@@ -398,6 +413,15 @@ def _release(index: ReportIndex, holder: str, names: list[str], force: bool) -> 
     before = index.lease
     released = ix.release(index, holder, names, force=force)
     return released, index.lease != before
+
+
+def _table_warning(store: Any, run_id: str, kind: str, step: int, text: str) -> None:
+    """Keep a tracker's warning with the step's table too (`stepwise watch` prints it from there)."""
+    key = layout.report_table_key(run_id, kind, step)
+    table = store.get_json_or(key)
+    if isinstance(table, dict) and text not in (table.get("warnings") or []):
+        table["warnings"] = [*(table.get("warnings") or []), text]
+        store.put_json(key, table)
 
 
 def _start(index: ReportIndex, kind: str, step: int | None, holder: str) -> tuple[bool, bool]:
