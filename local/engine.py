@@ -105,6 +105,7 @@ class _Registered:
     timeout_s: int
     arn: str
     handler: Handler | None = None
+    beside_loop: bool = False
 
 
 @dataclass
@@ -280,9 +281,10 @@ class LambdaDispatcher:
             self._limits_started = False
 
     def register(self, function_name: str, *, handler_path: str, memory_mb: int, timeout_s: int, arn: str,
-                 handler: Handler | None = None) -> None:
-        """Route invocations of ``function_name`` to ``handler_path`` (``module.function``) or ``handler``."""
-        self._functions[function_name] = _Registered(handler_path, memory_mb, timeout_s, arn, handler)
+                 handler: Handler | None = None, beside_loop: bool = False) -> None:
+        """Route invocations of ``function_name`` to ``handler_path`` (``module.function``) or ``handler``;
+        ``beside_loop`` (`stepwise.functions.FunctionSpec.beside_loop`): to the workers' low-priority process."""
+        self._functions[function_name] = _Registered(handler_path, memory_mb, timeout_s, arn, handler, beside_loop)
 
     def _resolve(self, name: str) -> tuple[_Registered, Handler]:
         reg = self._functions.get(name)
@@ -301,7 +303,8 @@ class LambdaDispatcher:
         if self.workers is not None and reg is not None and reg.handler_path and reg.handler is None:
             context = {"function_name": function_name, "memory_limit_in_mb": reg.memory_mb,
                        "invoked_function_arn": reg.arn, "timeout_s": reg.timeout_s}
-            payload, kind, peak, handler_seconds = self.workers.call(reg.handler_path, event, context, reg.timeout_s)
+            payload, kind, peak, handler_seconds = self.workers.call(reg.handler_path, event, context, reg.timeout_s,
+                                                                     beside_loop=reg.beside_loop)
         else:
             reg, handler = self._resolve(function_name)
             ctx = LambdaContext(function_name, reg.memory_mb, reg.arn, reg.timeout_s)
@@ -1251,7 +1254,7 @@ def create_functions(moto: MotoServer, *, prefix: str = "stepwise-local") -> dic
                 Environment={"Variables": env},
             )["FunctionArn"]
         moto.dispatcher.register(name, handler_path=spec.handler, memory_mb=spec.memory_mb,
-                                 timeout_s=spec.timeout_s, arn=arn)
+                                 timeout_s=spec.timeout_s, arn=arn, beside_loop=spec.beside_loop)
         arns[spec.name] = arn
     return arns
 

@@ -23,6 +23,9 @@ class FunctionSpec:
         memory_mb: Lambda memory size in MB.
         timeout_s: Lambda timeout in seconds.
         description: what the function does (shown in the console).
+        beside_loop: it produces what a person reads, beside the training loop (Track): the local stack
+            runs it in a worker process of lower CPU priority than the loop's (`local.workers`), so the
+            page never slows a step on the machine's few cores.
     """
 
     name: str
@@ -30,6 +33,7 @@ class FunctionSpec:
     memory_mb: int = 1024
     timeout_s: int = 300
     description: str = ""
+    beside_loop: bool = False
 
 
 FUNCTIONS: tuple[FunctionSpec, ...] = (
@@ -49,7 +53,8 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
     FunctionSpec("StopSession", "stepwise.handlers.session.stop_handler", 512, 120, "Stop the training session (every terminal path)"),
     FunctionSpec("Cleanup", "stepwise.handlers.session.cleanup_handler", 512, 120, "EventBridge: execution aborted/timed out/failed -> stop the session"),
     FunctionSpec("SweepSessions", "stepwise.handlers.sweeper.handler", 512, 300, "Every few minutes: stop the training sessions of this stack that no execution drives"),
-    FunctionSpec("Track", "stepwise.handlers.track.handler", 2048, 300, "S3 summary notification -> MLflow, W&B and the run report page (off the training loop)"),
+    FunctionSpec("Track", "stepwise.handlers.track.handler", 2048, 300, "S3 summary notification -> MLflow, W&B and the run report page (off the training loop)",
+                 beside_loop=True),
 )
 
 #: The function of the gateway image (``lambdas/Dockerfile.gateway``), not the handler image. It
