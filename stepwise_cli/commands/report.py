@@ -7,6 +7,12 @@ of it (``--expires`` seconds, default 3600; the page needs no network once opene
 ``runs-local/RUN_ID/report.html`` from the run's objects the folder keeps (``--out`` to write it
 elsewhere). ``--rebuild`` rebuilds a deployed run's page from its objects here, into ``--out``
 (default ``RUN_ID-report.html``): for a run older than the Track function, or to check it.
+
+``--step N`` (``--eval``: an eval's) is one step's sample table as a page of its own
+(``runs/{run_id}/report/steps/{N}.html``, which the run's page links once the step is no longer among
+its newest): a presigned URL of it (or ``--download PATH``) on the deployed stack; for a local run
+folder (or with ``--rebuild``) the page made from the step's objects, written to ``--out`` (default
+``RUN_FOLDER/report-step-N.html`` / ``RUN_ID-step-N.html``).
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--expires", type=int, default=3600, help="deployed run: URL lifetime in seconds (default 3600)")
     parser.add_argument("--rebuild", action="store_true", help="rebuild the page here from the run's objects")
     parser.add_argument("--out", type=Path, help="where a rebuilt page goes (local run: RUN/report.html)")
+    parser.add_argument("--step", type=int, help="one step's sample table as a page of its own")
+    parser.add_argument("--eval", action="store_true", help="with --step: an eval's table instead of a training step's")
     add_stack_arguments(parser)
 
 
@@ -42,7 +50,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.eval and args.step is None:
+        raise CommandError("--eval needs --step N (the eval's step)")
     source = open_run(args.run, args)
+    if args.step is not None:
+        return _step_page(source, args)
     if source.folder is not None or args.rebuild:
         out = args.out or (source.folder / LOCAL_REPORT if source.folder is not None
                            else Path(f"{source.run_id}-report.html"))
@@ -69,6 +81,45 @@ def _run(args: argparse.Namespace) -> int:
     url = dep.s3.generate_presigned_url("get_object", Params={"Bucket": dep.bucket, "Key": key},
                                         ExpiresIn=max(1, min(args.expires, 7 * 24 * 3600)))
     print(url)
+    return EXIT_OK
+
+
+def _step_page(source, args: argparse.Namespace) -> int:
+    """``--step N``: the step's page (the deployed one's URL, or one made here from the step's objects)."""
+    kind = "eval" if args.eval else "train"
+    key = layout.report_step_page_key(source.run_id, kind, args.step)
+    if source.folder is None and not args.rebuild:
+        dep = source.deployment
+        assert dep is not None
+        if not _exists(dep, key):
+            raise CommandError(f"run {source.run_id} has no page for {kind} step {args.step} yet (s3://{dep.bucket}/{key}): "
+                               "the Track function writes it when it publishes the step; --rebuild makes it here")
+        if args.download:
+            _write(args.download, source.store.get_bytes(key), "--download")
+            print(f"{kind} step {args.step} of run {source.run_id}: {args.download}")
+            return EXIT_OK
+        print(dep.s3.generate_presigned_url("get_object", Params={"Bucket": dep.bucket, "Key": key},
+                                            ExpiresIn=max(1, min(args.expires, 7 * 24 * 3600))))
+        return EXIT_OK
+    from stepwise.views.publish import make_table, now_text
+    from stepwise.views.page import render_step_page
+    from stepwise.views.store import load_tokenizer, read_config, read_json, step_folder, steps_with_rollouts
+
+    name = f"report-{'eval' if args.eval else 'step'}-{args.step}.html"
+    out = args.out or (source.folder / name if source.folder is not None else Path(f"{source.run_id}-{name[7:]}"))
+    _check_writable(out, "--out")
+    if args.step not in steps_with_rollouts(source.store, source.run_id, kind):
+        raise CommandError(f"run {source.run_id} has no {kind} rollouts at step {args.step}")
+    try:
+        cfg = read_config(source.store, source.run_id)
+        summary = read_json(source.store, layout.step_summary_key(source.run_id, step_folder(kind), args.step))
+    except Unreadable as e:
+        raise CommandError(str(e)) from None
+    table = source.store.get_json_or(layout.report_table_key(source.run_id, kind, args.step)) or make_table(
+        source.store, source.run_id, cfg, kind, args.step, summary, load_tokenizer(source.store, source.run_id))
+    page = render_step_page(source.run_id, table, updated_at=f"{now_text()} (rebuilt by stepwise report)")
+    _write(out, page.encode("utf-8"), "--out")
+    print(f"{kind} step {args.step} of run {source.run_id}: {out} ({len(page.encode()) / 1024:.0f} KiB)")
     return EXIT_OK
 
 

@@ -48,3 +48,4 @@ def test_a_damaged_run_file_is_one_line_naming_it(moto_dep, capsys, tmp_path, co
     assert main(deployed) == EXIT_FAILED
     line = _one_line(capsys)
     assert f"s3://{moto_dep.bucket}/{key}" in line, line
+
