@@ -105,3 +105,12 @@ def test_groups_with_the_same_mean_are_not_labelled_best_and_worst():
     alike = [rollout(i, f"p{i // 2}", i % 2, 1.0) for i in range(4)]
     assert [label for label, _ in sample_groups(step_view(alike, cfg(batch_size=2, responses_per_prompt=2)).groups)] \
         == ["sample"]
+
+
+def test_records_the_core_cannot_read_are_shown_and_nothing_is_claimed_about_them():
+    """A TraceRecord with a field the replay does not know: ComputeAdvantages could not have read it either.
+    The step is still shown (its rollouts, rewards, causes), marked ``unknown``, with no advantage."""
+    bad = [r.model_copy(update={"records": [{"token_ids": [1, 2], "loss_mask": [1], "nonsense": 1}]}) for r in STEP[:3]]
+    view = step_view(bad, cfg(batch_size=1, responses_per_prompt=3), decision="train")
+    assert {g.selection for g in view.groups} == {"unknown"} and "could not be read" in view.note
+    assert all(r.advantage is None for r in view.rollouts) and len(view.rollouts) == 3

@@ -373,7 +373,7 @@ def _rollout(member: Mapping[str, Any], columns: Sequence[Sequence[Any]], kind: 
 
 _SELECTION_TEXT = {"trained": "trained", "filtered": "filtered (all rewards equal: no signal)",
                    "surplus": "surplus (cut by the truncation to batch_size)", "untrained": "not trained",
-                   "eval": "eval (never trained)"}
+                   "eval": "eval (never trained)", "unknown": "not known (see the note)"}
 
 
 def render_table(table: Mapping[str, Any]) -> str:

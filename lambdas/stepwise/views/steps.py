@@ -37,9 +37,10 @@ if TYPE_CHECKING:
 __all__ = ["PICKS", "GroupView", "RolloutView", "SELECTIONS", "Selection", "StepView", "pick_groups",
            "sample_groups", "step_view"]
 
-Selection = Literal["trained", "filtered", "surplus", "untrained", "eval"]
-#: Every mark a group can carry, in the order a legend lists them.
-SELECTIONS: tuple[str, ...] = ("trained", "filtered", "surplus", "untrained", "eval")
+Selection = Literal["trained", "filtered", "surplus", "untrained", "eval", "unknown"]
+#: Every mark a group can carry, in the order a legend lists them (``unknown``: the records could not be
+#: read as ComputeAdvantages reads them, so nothing is claimed about the group).
+SELECTIONS: tuple[str, ...] = ("trained", "filtered", "surplus", "untrained", "eval", "unknown")
 
 #: How `pick_groups` orders groups: best mean reward first, worst first, most informative (largest
 #: reward spread) first, or prompt order.
@@ -211,7 +212,14 @@ def step_view(records: Iterable[RolloutRecord], cfg: RunConfig, *, kind: str = "
     batches = _batches(records)
     if not batches:
         return StepView(kind, step, [], decision, "", 0, "no rollout record")
-    outcome = _outcome(batches, cfg)
+    try:
+        outcome = _outcome(batches, cfg)
+    except Exception as e:  # records ComputeAdvantages could not have read either: show them, claim nothing
+        view = _eval_view(records, step, selection="unknown")
+        view.kind, view.decision, view.status = kind, decision, "unknown"
+        view.note = f"the step's records could not be read as ComputeAdvantages reads them ({type(e).__name__}: " \
+                    f"{str(e)[:300]}): no group is marked and no advantage shown"
+        return view
     full = {(r.generation_batch, r.i): r for r in records}
     trains = decision == "train" or (decision is None and outcome.status == "ready" and bool(outcome.datums))
     advantages = {id(g): a for g, a in zip(outcome.train_groups, outcome.advantages_P, strict=False)}
@@ -279,7 +287,7 @@ def _group_view(g: Group, selection: str, advantages_G: list, full: dict[tuple[i
                      advantages_G)
 
 
-def _eval_view(records: list[RolloutRecord], step: int) -> StepView:
+def _eval_view(records: list[RolloutRecord], step: int, selection: str = "eval") -> StepView:
     groups: dict[tuple[int, str], list[RolloutRecord]] = {}
     for r in sorted(records, key=lambda r: (r.generation_batch, r.i, r.member)):
         groups.setdefault((r.generation_batch, r.input_id), []).append(r)
@@ -287,8 +295,8 @@ def _eval_view(records: list[RolloutRecord], step: int) -> StepView:
     for (gen, input_id), members in groups.items():
         members.sort(key=lambda r: (r.member, r.i))
         rewards = [float(r.reward) for r in members]
-        views = [RolloutView(r, float(r.reward), None, "eval", failure_cause(r.model_dump())) for r in members]
-        out.append(GroupView(input_id, gen, "eval", views, rewards, rewards, []))
+        views = [RolloutView(r, float(r.reward), None, selection, failure_cause(r.model_dump())) for r in members]
+        out.append(GroupView(input_id, gen, selection, views, rewards, rewards, []))
     return StepView("eval", step, out, "eval", "eval", 0, "")
 
 
