@@ -1,27 +1,31 @@
-"""What the run report costs per step, and that the training loop no longer pays for tracking.
+"""What publishing one step costs the Track function at step 10, 100 and 1,000 of a run.
 
-    .venv/bin/python benchmarks/report_cost.py [--steps 20 100] [--reps 10]
+    .venv/bin/python -m benchmarks.report_cost [--steps 10 100 1000] [--reps 3]
 
-1. **Track per step** (moto S3, in this process): a run of N steps written as the pipeline writes it
-   (`tests.support.runs`: 2 groups x 2 rollouts of a two-turn calculator agent per step, real
-   tokenizer, real replay), every step's table already published; then the Track function publishes
-   step N-1's summary: seconds, S3 requests by operation and bytes written (the step's table, the page).
-   The page's size grows with the steps (a table per step, bounded by `core.report.MAX_TEXT`); its
-   requests are O(N) GETs (every summary and table, read 16 at a time).
-2. **The loop's path**: ``handlers._common.write_summary`` (what Rebind calls once per step) with an
-   MLflow file store configured, before this change (``tracking.summary_warning`` inline, then the S3
-   PUT) and after (the PUT only; Track logs it beside the loop), median of ``--reps``.
+A synthetic run folder of ``max(--steps)`` steps in moto's S3 (in this process): step 1 of
+`tests.support.runs` (2 groups x 2 two-turn rollouts of a calculator agent with a tool call, the tiny
+model's real tokenizer, TraceRecords from the real replay) copied under every step number (new sids, so
+every step has its own records and captured turns), and the run "so far" published the way the Track
+function leaves it: a sample table per step (the table Track made for step 1, copied) and, for the code
+with a report index (`stepwise.views`), the index those steps give. Then Track publishes step N (its
+summary's S3 notification through `stepwise.handlers.track.track`), ``--reps`` times on fresh copies
+of that step: S3 requests by operation, wall and CPU seconds (CPU of this process, moto's S3 included),
+bytes written, and the page's size.
 
-Prints one table per part.
+Trackers off (no MLflow, no W&B): their cost per step does not depend on the step number.
+
+It runs against whichever code is importable, so the same script measures the code before the report
+index: ``PYTHONPATH=OTHER_CHECKOUT/lambdas:OTHER_CHECKOUT python -m benchmarks.report_cost`` from that
+checkout (it needs only `stepwise.handlers.track.track` and `tests.support.runs`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -30,40 +34,112 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "lambdas")]
 
 BUCKET = "stepwise-report-bench"
+RUN = "bench-run"
 
 
-def _run(s3, run_id: str, steps: int, mlflow_uri: str = "") -> None:
+def _has_index() -> bool:
+    try:
+        import stepwise.views.index  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class Bucket:
+    """Puts and gets of the benchmark's own setup (not counted)."""
+
+    def __init__(self, s3) -> None:
+        self.s3 = s3
+
+    def get(self, key: str) -> bytes:
+        return self.s3.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+
+    def put(self, key: str, body: bytes) -> None:
+        self.s3.put_object(Bucket=BUCKET, Key=key, Body=body)
+
+    def keys(self, prefix: str) -> list[str]:
+        out = []
+        for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix):
+            out += [o["Key"] for o in page.get("Contents", [])]
+        return out
+
+
+def _template(b: Bucket) -> dict[str, bytes]:
+    """Step 1's objects: its summary, rollout records and their captured turns (keys with ``/steps/1/``
+    and the sids ``t1...``)."""
     from stepwise import layout
-    from tests.support import runs
 
-    runs.write_to_s3(s3, BUCKET, run_id, **({"mlflow_tracking_uri": mlflow_uri} if mlflow_uri else {}))
-    # steps 2..N-1: copies of step 1's objects (summaries, records, turns), as a longer run leaves them
-    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix=layout.summaries_prefix(run_id, "steps") + "1/")["Contents"]]
-    turns = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix=layout.run_sessions_prefix(run_id))["Contents"]]
-    for step in range(2, steps):
-        for key in keys:
-            body = s3.get_object(Bucket=BUCKET, Key=key)["Body"].read().decode()
-            new_key = key.replace("/steps/1/", f"/steps/{step}/")
-            body = body.replace('"step": 1', f'"step": {step}').replace("t1", f"t{step}x")
-            s3.put_object(Bucket=BUCKET, Key=new_key.replace("t1", f"t{step}x"), Body=body.encode())
-        for key in turns:
-            if "/t1" in key:
-                s3.put_object(Bucket=BUCKET, Key=key.replace("/t1", f"/t{step}x"),
-                              Body=s3.get_object(Bucket=BUCKET, Key=key)["Body"].read())
+    out = {k: b.get(k) for k in b.keys(layout.summaries_prefix(RUN, "steps") + "1/")}
+    for k in b.keys(layout.run_sessions_prefix(RUN)):
+        if "/t1" in k:
+            out[k] = b.get(k)
+    return out
 
 
-def track_cost(steps: int) -> dict:
-    import boto3
+def _copy_step(b: Bucket, template: dict[str, bytes], step: int, tag: str = "") -> None:
+    """Step 1's objects under ``step`` (sids ``t{step}x{tag}...``)."""
+    new_sid = f"t{step}x{tag}"
+    for key, body in template.items():
+        text = body.decode().replace('"step": 1', f'"step": {step}').replace('"t1', f'"{new_sid}')
+        new_key = key.replace("/steps/1/", f"/steps/{step}/").replace("/t1", f"/{new_sid}")
+        b.put(new_key, text.encode())
 
-    from stepwise import layout, settings
+
+def _publish(key: str) -> dict:
     from stepwise.events import S3Notification
-    from stepwise.handlers import _common, track
+    from stepwise.handlers import track
 
-    s3 = boto3.client("s3", region_name="us-east-1")
-    run_id = f"bench-{steps}"
-    _run(s3, run_id, steps)
+    event = {"Records": [{"s3": {"bucket": {"name": BUCKET}, "object": {"key": key}}}]}
+    return track.track(S3Notification.model_validate(event))
+
+
+def _mark_published(b: Bucket, table: dict, steps: range) -> None:
+    """The run's steps ``steps`` as Track leaves them: a table each (step 1's, renumbered) and, with a
+    report index, the index those steps give (`stepwise.views.index.add_step`, what Track writes)."""
+    from stepwise import layout
+
+    summaries = {}
+    for step in steps:
+        t = {**table, "step": step}
+        b.put(layout.report_table_key(RUN, "train", step), json.dumps(t).encode())
+        summaries[step] = json.loads(b.get(layout.summary_key(RUN, step)))
+    if not _has_index():
+        return
+    from stepwise.records import ReportIndex
+    from stepwise.views import index as ix
+    from stepwise.views.page import curve_keys
+
+    try:
+        index = ReportIndex.model_validate_json(b.get(layout.report_index_key(RUN)))
+    except Exception:
+        index = ReportIndex()
+    for step in steps:
+        ix.add_step(index, "train", step, summaries[step], {**table, "step": step}, curve_keys=curve_keys("train"),
+                    track=False)
+    b.put(layout.report_index_key(RUN), index.model_dump_json().encode())
+
+
+def _measure(s3, b: Bucket, template: dict[str, bytes], step: int, rep: int) -> dict:
+    """Track publishing step ``step`` (a fresh copy of its objects, not yet published)."""
+    from stepwise import layout
+
+    for key in b.keys(layout.report_prefix(RUN)):
+        if key.endswith((f"/steps/{step}.json", f"/steps/{step}.html")):
+            s3.delete_object(Bucket=BUCKET, Key=key)
+    if _has_index():  # a fresh copy: the index has not seen this step either
+        from stepwise.records import ReportIndex
+
+        try:
+            index = ReportIndex.model_validate_json(b.get(layout.report_index_key(RUN)))
+            index.published = [e for e in index.published if e != ["train", step]]
+            b.put(layout.report_index_key(RUN), index.model_dump_json().encode())
+        except Exception:
+            pass
+    for key in b.keys(layout.summaries_prefix(RUN, "steps") + f"{step}/"):
+        s3.delete_object(Bucket=BUCKET, Key=key)
+    _copy_step(b, template, step, tag=f"r{rep}")
     calls: Counter = Counter()
-    written = Counter()
+    written: Counter = Counter()
 
     def count(params, model, **_):
         calls[model.name] += 1
@@ -72,86 +148,77 @@ def track_cost(steps: int) -> dict:
             written[params["Key"]] += len(body) if isinstance(body, (bytes, str)) else len(body.getvalue())
 
     s3.meta.events.register("before-parameter-build.s3", count)
-    with _common.use_dependencies(_common.Dependencies.of(settings.current(), s3=s3)):
-        def publish(step: int):
-            event = {"Records": [{"s3": {"bucket": {"name": BUCKET}, "object": {"key": layout.summary_key(run_id, step)}}}]}
-            return track.track(S3Notification.model_validate(event))
-
-        for step in range(steps - 1):  # the run so far, published
-            publish(step)
-        calls.clear()
-        written.clear()
-        t0 = time.perf_counter()
-        publish(steps - 1)
-        seconds = time.perf_counter() - t0
-    table = written[layout.report_table_key(run_id, "train", steps - 1)]
-    page = written[layout.report_key(run_id)]
-    return {"steps": steps, "seconds": seconds, "requests": dict(calls), "table_bytes": table, "page_bytes": page,
-            "put_bytes": sum(written.values())}
+    t0, c0 = time.perf_counter(), time.process_time()
+    try:
+        _publish(layout.summary_key(RUN, step))
+    finally:
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        s3.meta.events.unregister("before-parameter-build.s3", count)
+    return {"wall": wall, "cpu": cpu, "requests": dict(calls), "page": written.get(layout.report_key(RUN), 0),
+            "written": sum(written.values())}
 
 
-def loop_path(reps: int) -> dict:
+def run(steps: list[int], reps: int) -> list[dict]:
     import boto3
 
     from stepwise import layout, settings
-    from stepwise.aws import tracking
-    from stepwise.config import RunConfig
-    from stepwise.handlers import _common
+    from stepwise.handlers import _common, track
+    from tests.support import runs
 
     s3 = boto3.client("s3", region_name="us-east-1")
-    with tempfile.TemporaryDirectory() as tmp:
-        run_id = "bench-loop"
-        _run(s3, run_id, 2, mlflow_uri=f"file:{tmp}/mlruns")
-        summary = json.loads(s3.get_object(Bucket=BUCKET, Key=layout.summary_key(run_id, 1))["Body"].read())
-        summary.update({f"train/metric_{i}": float(i) for i in range(40)})  # a real summary has ~55 numbers
-        with _common.use_dependencies(_common.Dependencies.of(settings.current(), s3=s3)):
-            cfg = RunConfig.model_validate(json.loads(s3.get_object(Bucket=BUCKET, Key=layout.config_key(run_id))["Body"].read()))
-
-            def before(step: int) -> None:  # write_summary as it was: MLflow inline, then the PUT
-                warning = tracking.summary_warning(cfg, run_id, step, summary)
-                body = {**summary, tracking.WARNING_KEY: warning} if warning else summary
-                _common.store().put_json(layout.summary_key(run_id, step), body)
-
-            out = {}
-            for name, fn in (("before (MLflow inline)", before),
-                             ("after (S3 only)", lambda step: _common.write_summary(run_id, step, summary))):
-                fn(100)  # warm: MLflow's run created, imports done
-                times = []
-                for rep in range(reps):
-                    t0 = time.perf_counter()
-                    fn(101 + rep)
-                    times.append(time.perf_counter() - t0)
-                out[name] = statistics.median(times)
+    s3.create_bucket(Bucket=BUCKET)
+    b = Bucket(s3)
+    runs.write_to_s3(s3, BUCKET, RUN)
+    state = json.loads(b.get(layout.state_key(RUN)))
+    state.update(step=max(steps) + 1, policy_version=max(steps) + 1)
+    b.put(layout.state_key(RUN), json.dumps(state).encode())
+    template = _template(b)
+    out = []
+    with _common.use_dependencies(_common.Dependencies.of(settings.current(), s3=s3)):
+        if hasattr(track, "TRACKERS"):
+            track.TRACKERS = ()
+        _publish(layout.summary_key(RUN, 0))
+        _publish(layout.summary_key(RUN, 1))  # its table is every synthetic step's
+        table = json.loads(b.get(layout.report_table_key(RUN, "train", 1)))
+        done = 2
+        t_setup = time.perf_counter()
+        for n in sorted(steps):
+            for step in range(done, n):
+                _copy_step(b, template, step)
+            _mark_published(b, table, range(done, n))
+            done = n
+            rows = [_measure(s3, b, template, n, rep) for rep in range(reps)]
+            q = Counter()
+            for r in rows:
+                q.update(r["requests"])
+            out.append({"step": n, "wall": statistics.median(r["wall"] for r in rows),
+                        "cpu": statistics.median(r["cpu"] for r in rows),
+                        "requests": {k: v / reps for k, v in q.items()}, "page": rows[-1]["page"],
+                        "written": rows[-1]["written"], "setup_s": time.perf_counter() - t_setup})
+            print(f"  step {n}: {out[-1]['wall']:.2f} s ({len(rows)} reps)", file=sys.stderr, flush=True)
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, nargs="+", default=[20, 100])
-    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--steps", type=int, nargs="+", default=[10, 100, 1000])
+    parser.add_argument("--reps", type=int, default=3)
     args = parser.parse_args()
-    import os
-
+    os.environ.update(STEPWISE_BUCKET=BUCKET, AWS_DEFAULT_REGION="us-east-1", AWS_ACCESS_KEY_ID="x",
+                      AWS_SECRET_ACCESS_KEY="x", POWERTOOLS_METRICS_NAMESPACE="Bench",
+                      POWERTOOLS_METRICS_DISABLED="true", POWERTOOLS_LOG_LEVEL="ERROR")
     from moto import mock_aws
 
-    os.environ.update(STEPWISE_BUCKET=BUCKET, AWS_DEFAULT_REGION="us-east-1", AWS_ACCESS_KEY_ID="x",
-                      AWS_SECRET_ACCESS_KEY="x", POWERTOOLS_METRICS_NAMESPACE="Bench")
     with mock_aws():
-        import boto3
-
-        boto3.client("s3", region_name="us-east-1").create_bucket(Bucket=BUCKET)
-        print("| steps so far | Track seconds (last step) | S3 GET | S3 LIST | S3 PUT | step table bytes | page bytes |")
-        print("|---|---|---|---|---|---|---|")
-        for n in args.steps:
-            r = track_cost(n)
-            q = r["requests"]
-            print(f"| {n} | {r['seconds']:.2f} | {q.get('GetObject', 0)} | {q.get('ListObjectsV2', 0)} | "
-                  f"{q.get('PutObject', 0)} | {r['table_bytes']:,} | {r['page_bytes']:,} |")
-        print()
-        print("| write_summary (the loop's path, once per step) | median seconds |")
-        print("|---|---|")
-        for name, seconds in loop_path(args.reps).items():
-            print(f"| {name} | {seconds:.4f} |")
+        rows = run(args.steps, args.reps)
+    print(f"code: {'report index (stepwise.views)' if _has_index() else 'before the report index'}; "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print("| publishing step | S3 GET | S3 LIST | S3 HEAD | S3 PUT | wall s | CPU s | page bytes | bytes written |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        q = r["requests"]
+        print(f"| {r['step']:,} | {q.get('GetObject', 0):g} | {q.get('ListObjectsV2', 0):g} | {q.get('HeadObject', 0):g} | "
+              f"{q.get('PutObject', 0):g} | {r['wall']:.2f} | {r['cpu']:.2f} | {r['page']:,} | {r['written']:,} |")
 
 
 if __name__ == "__main__":

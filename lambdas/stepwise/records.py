@@ -616,7 +616,7 @@ class ReportIndex(BaseModel):
 
     Attributes:
         series: ``{kind: {summary key: [[first step, last step, sum, count], ...]}}``: each curve's points,
-            exact for the newest steps and merged in pairs further back, so its size is bounded.
+            exact for the newest steps and merged into aligned bins further back, so its size is bounded.
         failures: failed and zeroed rollouts by cause over the run (`stepwise.views.rollout.failure_groups`
             entries merged), the most common first, bounded.
         warnings: the newest tracking warnings, ``[kind, step, text]``.

@@ -7,8 +7,9 @@ bounded whatever the number of steps:
 
 - curves (`add_step`): per summary key of `stepwise.views.page.CURVE_PANELS`, points ``[first step,
   last step, sum, count]``; the newest `TAIL` are single steps, and when a curve holds more than
-  `MAX_POINTS` the older ones are merged in pairs (a bucket is drawn at its mean, at its middle step):
-  the resolution of the run's beginning halves as it grows, the size never does. TensorBoard keeps a
+  `MAX_POINTS` the older ones are merged into aligned bins of a power-of-two width (a bin is drawn at
+  its mean, at its middle step): the resolution of the run's beginning halves as the run doubles, the
+  size never grows. TensorBoard keeps a
   bounded reservoir of each scalar for the same reason (its default: 1,000 points per tag);
 - failures by cause (`MAX_CAUSES`, the rest counted as one ``other causes`` entry), the newest
   tracking warnings (`MAX_WARNINGS`), the newest published steps (`RECENT` shown inline, `LINKED`
@@ -32,9 +33,9 @@ __all__ = ["LINKED", "MAX_ATTEMPTS", "MAX_CAUSES", "MAX_POINTS", "MAX_WARNINGS",
            "next_item", "record_outcome", "release", "series", "start_item", "take_lease"]
 
 #: The newest points of a curve kept one per step.
-TAIL = 64
-#: The most points a curve holds before its older ones are merged in pairs.
-MAX_POINTS = 256
+TAIL = 32
+#: The most points a curve holds before its older ones are merged (into half as many).
+MAX_POINTS = 128
 #: Failure causes kept (the rest are counted together).
 MAX_CAUSES = 40
 #: Tracking warnings kept (the newest).
@@ -84,9 +85,16 @@ def curve_values(summary: Mapping[str, Any], keys: Iterable[str]) -> dict[str, f
     return out
 
 
+def _short(value: float) -> float:
+    """A curve value kept to 6 significant digits (a point of a drawn curve; the index stays small)."""
+    return float(f"{value:.6g}")
+
+
 def add_point(points: list[list[float]], step: int, value: float) -> None:
     """Add ``(step, value)`` to a curve in place (sorted by step). A single-step point of the same step is
-    replaced (a retry); a step inside a merged bucket is added to it; then merged when too many."""
+    replaced (a retry); a step inside a merged bucket is added to it; then merged when too many. Values
+    are kept to 6 significant digits."""
+    value = _short(value)
     lo, hi = 0, len(points)
     while lo < hi:
         mid = (lo + hi) // 2
@@ -99,7 +107,7 @@ def add_point(points: list[list[float]], step: int, value: float) -> None:
         return
     if lo > 0 and points[lo - 1][0] <= step <= points[lo - 1][1]:
         b = points[lo - 1]
-        b[2] += value
+        b[2] = _short(b[2] + value)
         b[3] += 1
         return
     points.insert(lo, [step, step, value, 1])
@@ -108,14 +116,26 @@ def add_point(points: list[list[float]], step: int, value: float) -> None:
 
 
 def _compact(points: list[list[float]]) -> None:
+    """Merge the points older than the newest `TAIL` into aligned bins of a power-of-two width (doubled
+    until the curve holds at most half of `MAX_POINTS`): the resolution of the run's beginning is the same
+    all along, and halves as the run doubles."""
     head, tail = points[:-TAIL], points[-TAIL:]
-    merged = []
-    for k in range(0, len(head) - 1, 2):
-        a, b = head[k], head[k + 1]
-        merged.append([a[0], b[1], a[2] + b[2], a[3] + b[3]])
-    if len(head) % 2:
-        merged.append(head[-1])
-    points[:] = merged + tail
+    width = 1
+    while width < max((int(b[1]) - int(b[0]) + 1 for b in head), default=1):
+        width *= 2
+    while True:
+        bins: dict[int, list[float]] = {}
+        for first, last, total, count in head:
+            b = bins.get(int(first) // width)
+            if b is None:
+                bins[int(first) // width] = [first, last, total, count]
+            else:
+                b[1], b[2], b[3] = max(b[1], last), _short(b[2] + total), b[3] + count
+        head = [bins[k] for k in sorted(bins)]
+        if len(head) + len(tail) <= MAX_POINTS // 2:
+            break
+        width *= 2
+    points[:] = head + tail
 
 
 def series(index: ReportIndex, kind: str, key: str) -> list[tuple[float, float]]:
