@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from stepwise import layout
-from stepwise_cli.commands._runs import best_model, best_text
+from stepwise.views.summary import best_model, best_text
 from stepwise_cli.commands.watch import eval_when
 
 

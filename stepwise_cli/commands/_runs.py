@@ -184,17 +184,8 @@ def run_weights(state: dict[str, Any] | None) -> tuple[list[dict[str, Any]], dic
     return [c.model_dump(include=fields) for c in known.checkpoints], (final.model_dump(include=fields) if final else None)
 
 
-def best_model(state: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The run's best model (`stepwise.core.selection`): ``{step, value, model_package_arn}`` of the eval
-    that scored best (``model_package_arn`` ``""`` = the base model), or None (no eval, an eval-only run)."""
-    if not state or state.get("eval_only") or not isinstance(state.get("best"), dict):
-        return None
-    return state["best"]
-
-
-def best_text(best: dict[str, Any], base_model: str = "") -> str:
-    arn = best.get("model_package_arn") or f"the base model{f' {base_model}' if base_model else ''} (no package)"
-    return f"eval after step {best.get('step')} ({best.get('value'):.4g}): {arn}"
+# The run's best model, said as the report page says it (`stepwise.views.summary`, the read side's one home).
+from stepwise.views.summary import best_model, best_text  # noqa: E402,F401
 
 
 def checkpoint_text(c: dict[str, Any]) -> str:

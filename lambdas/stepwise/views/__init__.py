@@ -14,6 +14,7 @@ Modules, from the data up:
   damaged file (one line naming it);
 - `steps`: a step's `StepView` (groups marked trained / filtered / surplus / untrained / eval) from
   `compute_step`; `rollout`: one rollout's conversation, trained spans and failure cause;
+- `summary`: the lines about a whole run said the same everywhere (best model, session, cost);
 - `columns`: the columns of a rollout row (terminal, page and W&B read one list: adding a column is one
   line there); `tables`: a step's sample table (JSON);
 - `index`: the report index, the bounded summary of the run the page is drawn from (curves, failures,

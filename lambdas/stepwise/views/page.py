@@ -39,6 +39,7 @@ from stepwise import layout
 from stepwise.records import ReportIndex, RunState
 from stepwise.views import columns as cols
 from stepwise.views import index as ix
+from stepwise.views import summary
 
 if TYPE_CHECKING:
     from stepwise.config import RunConfig
@@ -220,11 +221,6 @@ def _fmt(value: Any, spec: str = ".3f") -> str:
     return "-" if v is None else format(v, spec)
 
 
-def _usd(value: Any) -> str:
-    v = _number(value)
-    return "-" if v is None else f"${v:,.2f}" if abs(v) >= 0.01 or v == 0 else f"${v:.4f}"
-
-
 def _status(inputs: PageInputs) -> tuple[str, str]:
     """``(status, how it ended)``: RUNNING until the run's end record; then its status and reason."""
     ended, st = inputs.ended, inputs.state
@@ -235,44 +231,21 @@ def _status(inputs: PageInputs) -> tuple[str, str]:
     return ("STOPPING" if reason else "RUNNING"), str(reason or "")
 
 
-def session_text(state: RunState | None) -> str:
-    """The training session's name and state: ``Stopped`` once the run stopped it (StopSession's
-    StopTrainingSession answered and the ledger closed its seconds: it bills no more), else the status
-    the run last read (``Creating``, ``Running``, ...)."""
-    if state is None:
-        return "-"
-    status = "Stopped" if state.session_stopped else state.session_status
-    return f"{state.training_session_name} ({status})"
-
-
-def best_text(cfg: RunConfig | None, state: RunState | None) -> str:
-    """The best model: the eval that scored best on the selection metric and its model package
-    (`stepwise.core.selection`), or why there is none."""
+def best_line(cfg: RunConfig | None, state: RunState | None) -> str:
+    """The best model (`stepwise.views.summary.best_text`) with the metric it was chosen on, or why there
+    is none."""
     if state is None or state.eval_only:
         return "-" if state is None else "none (an eval-only run trains no model)"
-    best = state.best
+    best = summary.best_model(state.model_dump(mode="json"))
     if best is None:
-        return "none yet (no eval recorded)" if not state.eval_history else "none"
+        return "none yet (no eval recorded)"
     metric = "eval/accuracy"
     if cfg is not None:
         from stepwise.core.selection import criterion
 
         metric = criterion(cfg).metric
-    arn = best.model_package_arn or "the base model (no package)"
-    gone = " (deleted)" if best.model_package_arn and best.model_package_arn in state.deleted_packages else ""
-    return f"eval after step {best.step}: {metric} {best.value:.4g} · {arn}{gone}"
-
-
-def cost_text(state: RunState | None, index: ReportIndex) -> str:
-    """What the run cost: the ledger's final line once the session stopped, else the total so far (the
-    newest step summary's ``cost/total_usd``)."""
-    final = state.ledger.final if state is not None else None
-    if final and final.get("line"):
-        return str(final["line"]) + (f" · {final['estimate_line']}" if final.get("estimate_line") else "")
-    latest = index.latest.get("train") or {}
-    if _number(latest.get("cost/total_usd")) is not None:
-        return f"{_usd(latest['cost/total_usd'])} so far (through step {latest.get('step')})"
-    return "-"
+    gone = " (deleted)" if best["model_package_arn"] and best["model_package_arn"] in state.deleted_packages else ""
+    return f"{summary.best_text(best)}{gone} · chosen on {metric}"
 
 
 def _header(inputs: PageInputs) -> str:
@@ -282,12 +255,13 @@ def _header(inputs: PageInputs) -> str:
     rows = [("algorithm", f"{c.get('algorithm', '-')} ({c.get('loss', '-')} loss, {c.get('advantage_estimator', '-')} advantages)"),
             ("model", c.get("base_model_arn", "-")), ("agent runtime", c.get("agent_runtime_arn", "-")),
             ("batch", f"{c.get('batch_size', '-')} prompts x {c.get('responses_per_prompt', '-')} responses"),
-            ("training session", session_text(st)),
+            ("training session", summary.session_text(st.model_dump(mode="json") if st is not None else None)),
             ("steps done", st.step if st is not None else inputs.index.counts.get("train", 0)),
             ("policy version", st.policy_version if st is not None else "-"),
             ("sampler", (st.sampler_model_package_arn if st is not None else "") or "base model"),
-            ("best model", best_text(cfg, st)),
-            ("cost", cost_text(st, inputs.index)),
+            ("best model", best_line(cfg, st)),
+            ("cost", summary.cost_line(st.model_dump(mode="json") if st is not None else None,
+                                       inputs.index.latest.get("train"))),
             ("how it ended", how or ("-" if status == "RUNNING" else "finished"))]
     out = [f'<h1>Run {_e(inputs.run_id)}</h1><p><span class="badge {_e(status)}" id="run-status">{_e(status)}</span>'
            f'<span class="legend">updated {_e(inputs.updated_at)}</span></p><table id="run-header">']
