@@ -307,6 +307,8 @@ def _rollout(member: Mapping[str, Any], columns: Sequence[Sequence[Any]], kind: 
     parts = []
     for key, head, fmt in columns:
         text = cols.text(values.get(key), fmt)
+        if key == "sid":
+            text = text[:8]  # as the terminal shows it; the whole sid is the row's data-sid
         if key == "status":
             ok = values.get(key) == "ok"
             parts.append(f"<span class='{'status-ok' if ok else 'status-bad'}'>{_e(text)}</span>")
