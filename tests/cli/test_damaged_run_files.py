@@ -25,27 +25,25 @@ def _one_line(capsys) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("damage", sorted(DAMAGE))
 @pytest.mark.parametrize(("command", "file"), [("report", "state.json"), ("report", "config.json"),
                                                ("rollouts", "config.json")])
-def test_a_damaged_run_file_is_one_line_naming_it(moto_dep, capsys, tmp_path, command, file, damage):
+def test_a_damaged_run_file_is_one_line_naming_it(moto_dep, capsys, tmp_path, command, file):
     write_to_s3(moto_dep.s3, moto_dep.bucket, RUN)
     key = layout.state_key(RUN) if file == "state.json" else layout.config_key(RUN)
     folder = tmp_path / RUN
     mirror_run_objects(moto_dep.s3, moto_dep.bucket, RUN, folder / "s3", results=False)
-    (folder / "s3" / key).write_bytes(DAMAGE[damage])
-    moto_dep.s3.put_object(Bucket=moto_dep.bucket, Key=key, Body=DAMAGE[damage])
-
     argv = COMMANDS[command]
-    assert main([argv[0], str(folder), *argv[1:], *(["--out", str(tmp_path / "p.html")] if command == "report" else [])]) \
-        == EXIT_FAILED
-    line = _one_line(capsys)
-    assert str(folder / "s3" / key) in line and "damaged" in line, line
+    for damage in sorted(DAMAGE):
+        (folder / "s3" / key).write_bytes(DAMAGE[damage])
+        moto_dep.s3.put_object(Bucket=moto_dep.bucket, Key=key, Body=DAMAGE[damage])
+        out = ["--out", str(tmp_path / "p.html")] if command == "report" else []
+        assert main([argv[0], str(folder), *argv[1:], *out]) == EXIT_FAILED, damage
+        line = _one_line(capsys)
+        assert str(folder / "s3" / key) in line and "damaged" in line, (damage, line)
 
-    deployed = [argv[0], RUN, *argv[1:], *moto_dep.flags]
-    if command == "report":
-        deployed += ["--rebuild", "--out", str(tmp_path / "q.html")]
-    assert main(deployed) == EXIT_FAILED
-    line = _one_line(capsys)
-    assert f"s3://{moto_dep.bucket}/{key}" in line, line
-
+        deployed = [argv[0], RUN, *argv[1:], *moto_dep.flags]
+        if command == "report":
+            deployed += ["--rebuild", "--out", str(tmp_path / "q.html")]
+        assert main(deployed) == EXIT_FAILED, damage
+        line = _one_line(capsys)
+        assert f"s3://{moto_dep.bucket}/{key}" in line, (damage, line)
