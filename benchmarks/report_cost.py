@@ -14,6 +14,11 @@ bytes written, and the page's size.
 
 Trackers off (no MLflow, no W&B): their cost per step does not depend on the step number.
 
+``--tmp``: what a Track invocation writes under ``/tmp`` (Lambda's ephemeral storage, kept by a container
+across invocations), with W&B on (offline: what it writes is what it would upload) and the run's
+tokenizer loaded: the peak during each of the first invocations (sampled every 5 ms) and what is left
+after, in a ``TMPDIR`` of its own.
+
 It runs against whichever code is importable, so the same script measures the code before the report
 index: ``PYTHONPATH=OTHER_CHECKOUT/lambdas:OTHER_CHECKOUT python -m benchmarks.report_cost`` from that
 checkout (it needs only `stepwise.handlers.track.track` and `tests.support.runs`).
@@ -199,16 +204,82 @@ def run(steps: list[int], reps: int) -> list[dict]:
     return out
 
 
+def _tree_bytes(root: str) -> int:
+    total = 0
+    for folder, _, files in os.walk(root):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(folder, f)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def tmp_use(invocations: int) -> list[dict]:
+    """Peak and residual bytes under ``TMPDIR`` of each of the first Track invocations of a run with W&B."""
+    import threading
+
+    import boto3
+
+    from stepwise import layout, settings
+    from stepwise.handlers import _common
+    from tests.support import runs
+
+    root = os.environ["TMPDIR"]
+    s3 = boto3.client("s3", region_name="us-east-1")
+    s3.create_bucket(Bucket=BUCKET)
+    runs.write_to_s3(s3, BUCKET, RUN, wandb_project="stepwise-bench")
+    b = Bucket(s3)
+    template = _template(b)
+    out = []
+    with _common.use_dependencies(_common.Dependencies.of(settings.current(), s3=s3)):
+        for step in range(invocations):
+            if step >= 2:
+                _copy_step(b, template, step)
+            peak = [0]
+            done = threading.Event()
+
+            def poll() -> None:
+                while not done.is_set():
+                    peak[0] = max(peak[0], _tree_bytes(root))
+                    time.sleep(0.005)
+
+            before = _tree_bytes(root)
+            poller = threading.Thread(target=poll, daemon=True)
+            poller.start()
+            _publish(layout.summary_key(RUN, step))
+            done.set()
+            poller.join()
+            out.append({"invocation": step + 1, "before": before, "peak": peak[0], "after": _tree_bytes(root)})
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, nargs="+", default=[10, 100, 1000])
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--tmp", type=int, metavar="N", help="measure /tmp over the first N invocations (W&B on)")
     args = parser.parse_args()
+    if args.tmp:
+        import tempfile
+
+        os.environ["TMPDIR"] = tempfile.mkdtemp(prefix="stepwise-track-tmp-")
+        tempfile.tempdir = None  # gettempdir() reads TMPDIR again (W&B's folder is under it)
+        os.environ.update(WANDB_MODE="offline", WANDB_SILENT="true")
+        os.environ.pop("WANDB_DIR", None)
     os.environ.update(STEPWISE_BUCKET=BUCKET, AWS_DEFAULT_REGION="us-east-1", AWS_ACCESS_KEY_ID="x",
                       AWS_SECRET_ACCESS_KEY="x", POWERTOOLS_METRICS_NAMESPACE="Bench",
                       POWERTOOLS_METRICS_DISABLED="true", POWERTOOLS_LOG_LEVEL="ERROR")
     from moto import mock_aws
 
+    if args.tmp:
+        with mock_aws():
+            rows = tmp_use(args.tmp)
+        print("| Track invocation | /tmp bytes before | peak during | after |")
+        print("|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['invocation']} | {r['before']:,} | {r['peak']:,} | {r['after']:,} |")
+        return
     with mock_aws():
         rows = run(args.steps, args.reps)
     print(f"code: {'report index (stepwise.views)' if _has_index() else 'before the report index'}; "

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import Duration, RemovalPolicy, Size
 from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
@@ -93,6 +93,7 @@ class HandlerFunctions(Construct):
                 description=spec.description[:256],
                 memory_size=spec.memory_mb,
                 timeout=Duration.seconds(spec.timeout_s),
+                ephemeral_storage_size=Size.mebibytes(spec.ephemeral_mb),
                 environment=env,
                 role=role,
                 log_group=log_group,

@@ -23,6 +23,7 @@ class FunctionSpec:
         memory_mb: Lambda memory size in MB.
         timeout_s: Lambda timeout in seconds.
         description: what the function does (shown in the console).
+        ephemeral_mb: its ``/tmp`` (Lambda ephemeral storage) in MB, 512 to 10,240 (512: Lambda's default).
         beside_loop: it produces what a person reads, beside the training loop (Track): the local stack
             runs it in a worker process of lower CPU priority than the loop's (`local.workers`), so the
             page never slows a step on the machine's few cores.
@@ -33,6 +34,7 @@ class FunctionSpec:
     memory_mb: int = 1024
     timeout_s: int = 300
     description: str = ""
+    ephemeral_mb: int = 512
     beside_loop: bool = False
 
 
@@ -53,8 +55,14 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
     FunctionSpec("StopSession", "stepwise.handlers.session.stop_handler", 512, 120, "Stop the training session (every terminal path)"),
     FunctionSpec("Cleanup", "stepwise.handlers.session.cleanup_handler", 512, 120, "EventBridge: execution aborted/timed out/failed -> stop the session"),
     FunctionSpec("SweepSessions", "stepwise.handlers.sweeper.handler", 512, 300, "Every few minutes: stop the training sessions of this stack that no execution drives"),
+    # Track, sized from measurement (benchmarks/README.md section 10): publishing a step takes the same
+    # requests at step 10 and 1,000 (about 1 CPU second with moto in process), and each tracker call has a
+    # deadline (MLflow 60 s, W&B 75 s) inside the 300 s with 15 s to spare (a test holds the sum); /tmp
+    # peaks at the run's tokenizer (copied, loaded, removed) plus ~35 KB of W&B files, removed after each
+    # call (~1 KB of W&B's service log stays per call), so Lambda's default 512 MB; 2,048 MB for matplotlib
+    # and the tokenizer (the local stack measured 440-500 MB at most, several invocations in one process).
     FunctionSpec("Track", "stepwise.handlers.track.handler", 2048, 300, "S3 summary notification -> MLflow, W&B and the run report page (off the training loop)",
-                 beside_loop=True),
+                 ephemeral_mb=512, beside_loop=True),
 )
 
 #: The function of the gateway image (``lambdas/Dockerfile.gateway``), not the handler image. It

@@ -154,6 +154,7 @@ def test_every_registered_function_exists_with_its_handler_memory_and_timeout(de
         _, props = by_cmd[spec.handler]
         assert props["PackageType"] == "Image"
         assert props["MemorySize"] == spec.memory_mb and props["Timeout"] == spec.timeout_s, spec.name
+        assert props["EphemeralStorage"] == {"Size": spec.ephemeral_mb}, spec.name
         env = props["Environment"]["Variables"]
         assert env["STEPWISE_BUCKET"] == {"Ref": _bucket_lid(template)}
         assert env["POWERTOOLS_METRICS_NAMESPACE"] == "Stepwise"
