@@ -75,7 +75,10 @@ def test_the_report_page_is_kept_in_the_run_folder_and_draws_in_a_browser(finish
     page = finished.run_dir / "report.html"
     assert finished.report == page
     text = page.read_text()
-    assert all(f'id="train-{s}"' in text for s in range(STEPS)) and 'id="eval-20"' in text
+    from stepwise.views.index import RECENT
+
+    inline = [f"train-{s}" for s in range(STEPS - RECENT + 1, STEPS)] + ["eval-20"]  # the newest 5 tables
+    assert all(f'id="{i}"' in text for i in inline) and 'id="train-0"' not in text
     lambdas = finished.timing["lambdas"]
     assert lambdas["Track"]["errors"] == 0 and lambdas["Track"]["count"] >= STEPS + 3 + 1  # steps, evals, the end
     if chromium_path() is None:
@@ -85,7 +88,10 @@ def test_the_report_page_is_kept_in_the_run_folder_and_draws_in_a_browser(finish
         assert b.js("document.getElementById('run-status').textContent") == "FINISHED"
         points = b.js("document.querySelector('g[id=\"curve-sampler/mean_reward\"] path').getAttribute('d').split('L').length")
         assert points == STEPS
-        assert b.js("document.querySelectorAll('section.step').length") == STEPS + 3
+        assert b.js("document.querySelectorAll('section.step').length") == RECENT
+        links = b.js("[...document.querySelectorAll('#older a')].map(a => a.getAttribute('href'))")
+        assert len(links) == STEPS + 3 - RECENT  # every older step and eval a link away, each a page of its own
+        assert all((page.parent / href).is_file() for href in links), links
         b.click("#train-19 details.rollout summary")
         assert b.js("[...document.querySelectorAll('#train-19 details.rollout')][0].querySelectorAll('.msg').length") == 3
         assert b.js("document.querySelector('#train-19 details.rollout mark.trained').checkVisibility()") is True
