@@ -59,8 +59,9 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
     # requests at step 10 and 1,000 (about 1 CPU second with moto in process), and each tracker call has a
     # deadline (MLflow 60 s, W&B 75 s) inside the 300 s with 15 s to spare (a test holds the sum); /tmp
     # peaks at the run's tokenizer (copied, loaded, removed) plus ~35 KB of W&B files, removed after each
-    # call (~1 KB of W&B's service log stays per call), so Lambda's default 512 MB; 2,048 MB for matplotlib
-    # and the tokenizer (the local stack measured 440-500 MB at most, several invocations in one process).
+    # call (~1 KB of W&B's service log stays per call), so Lambda's default 512 MB. Memory: the image
+    # rehearsal (scripts/image_rehearsal.py: the image's CPython 3.13 and wheels) measures a step's Track at
+    # 258 MB peak; 2,048 MB stays for the CPU Lambda gives with it (about 1.2 vCPU: matplotlib's curves).
     FunctionSpec("Track", "stepwise.handlers.track.handler", 2048, 300, "S3 summary notification -> MLflow, W&B and the run report page (off the training loop)",
                  ephemeral_mb=512, beside_loop=True),
 )
