@@ -115,7 +115,7 @@ def shown_rollouts(store):
     return {r.sid: (r.selection, r.advantage, r.turn_advantages) for g in view.groups for r in g.rollouts}
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(steps())
 def test_the_advantage_shown_for_every_trained_rollout_is_the_one_in_its_datum(step):
     cfg, records = step
