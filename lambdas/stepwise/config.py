@@ -510,7 +510,7 @@ class RunConfig(BaseModel):
         None,
         description="end the run when the eval stops improving: {metric, mode, patience, min_delta}; needs "
         "eval_every > 0. Its metric, mode and min_delta also choose the best model package (without it: "
-        "eval/accuracy, max, 0)",
+        "the first eval set's accuracy, eval/accuracy or eval/NAME/accuracy, max, 0)",
     )
     keep_model_packages: Literal["all", "best_and_last"] = Field(
         "all",

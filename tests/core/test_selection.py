@@ -194,3 +194,42 @@ def test_an_early_stopping_metric_that_loads_is_a_key_the_eval_summary_holds(par
     prompts = [EvalPrompt(eval_set=s, row=0, input_id=s or "u", fingerprint="f", rewards_G=[1.0, 0.0, 1.0, 0.0],
                           statuses_G=["ok"] * 4, successes=2) for s in ("", "hard")]
     assert c.early_stopping.metric in eval_metrics(prompts, ["", "hard"], c.pass_ks), metric
+
+
+@settings(max_examples=100, deadline=None)
+@given(unnamed=st.booleans(), named=st.lists(st.sampled_from(["gsm", "math", "held-out"]), unique=True, max_size=3),
+       early=st.booleans())
+def test_the_selection_metric_is_a_key_the_runs_eval_summary_holds_for_any_eval_sets(unnamed, named, early):
+    """Whatever eval sets a run names (the unnamed one, named ones, both) and with or without
+    early_stopping, the selection metric is one of the keys its eval writes (`eval_metrics`), so every
+    eval records a point and a best (before: ``eval/accuracy`` whatever the sets, absent with only named
+    sets, so the best stayed null and retention deleted the best package)."""
+    from stepwise.core.evals import EvalPrompt, eval_metrics
+    from stepwise.core.selection import criterion
+
+    if not unnamed and not named:
+        return
+    sets = {"eval_dataset_path": "s3://bucket-name/e.jsonl"} if unnamed else {}
+    sets |= {"eval_datasets": {n: f"s3://bucket-name/{n}.jsonl" for n in named}} if named else {}
+    c = cfg(batch_size=1, eval_every=2, **sets, **({"early_stopping": {"patience": 2}} if early and unnamed else {}))
+    names = list(c.eval_set_paths)
+    prompts = [EvalPrompt(eval_set=n, row=i, input_id=f"p{i}", fingerprint="f", rewards_G=[1.0], statuses_G=["ok"],
+                          successes=1) for i, n in enumerate(names)]
+    summary = eval_metrics(prompts, names, c.pass_ks)
+    assert criterion(c).metric in summary
+    s = state(dataset_rows=10)
+    assert record_eval_point(s, c, 0, summary, "") and s.best is not None
+
+
+def test_best_and_last_with_only_a_named_eval_set_keeps_the_best_package():
+    """The hostile-use case: ``best_and_last``, one eval set in ``eval_datasets``, no early_stopping; the
+    eval scores 0.9 at step 1, then 0.2 and 0.2. The best is step 1 and its package is kept (before:
+    ``best`` null and the step-1 package deleted with the intermediate ones)."""
+    c = cfg(batch_size=1, eval_every=1, eval_datasets={"held": "s3://bucket-name/h.jsonl"},
+            keep_model_packages="best_and_last")
+    s = state(dataset_rows=10, step=3, sampler_model_package_arn="w3", created_packages=["w1", "w2", "w3"])
+    for step, value in ((1, 0.9), (2, 0.2), (3, 0.2)):
+        record_eval_point(s, c, step, {"eval/held/accuracy": value, "eval/held/n": 4}, f"w{step}")
+    assert s.best is not None and s.best.step == 1 and s.best.model_package_arn == "w1"
+    delete, kept = packages_to_delete(s)
+    assert "w1" in kept and "w1" not in delete and delete == ["w2"]

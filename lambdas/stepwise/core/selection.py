@@ -2,7 +2,9 @@
 which of its model packages retention deletes.
 
 The selection metric is ``early_stopping``'s ``metric`` / ``mode`` / ``min_delta`` when the run sets
-that block, else ``eval/accuracy``, higher is better, any gain counts (`criterion`). Every eval of a
+that block, else the accuracy of the run's first eval set (``eval/accuracy`` for the unnamed
+``eval_dataset_path``, else ``eval/NAME/accuracy`` of the first of ``eval_datasets``: the key its eval
+summaries hold), higher is better, any gain counts (`criterion`). Every eval of a
 training run (the baseline at step 0 included) appends one `stepwise.records.EvalPoint` to
 ``state.eval_history``: the metric's value and the model package the eval sampled from, which is the
 sampler's weights after that step (SubmitTrain's ``save_weights`` after every optimizer step, so
@@ -48,9 +50,16 @@ class Criterion(NamedTuple):
 
 
 def criterion(cfg: RunConfig) -> Criterion:
-    """``early_stopping``'s metric, mode and min_delta, else ``eval/accuracy``, max, 0."""
+    """``early_stopping``'s metric, mode and min_delta, else the first eval set's accuracy, max, 0:
+    ``eval/accuracy`` for the unnamed set, ``eval/NAME/accuracy`` when the run has only named sets
+    (`stepwise.config.RunConfig.eval_set_paths` order; `stepwise.core.evals.metric_key`)."""
+    from stepwise.core.evals import metric_key
+
     es = cfg.early_stopping
-    return Criterion(es.metric, es.mode, es.min_delta) if es is not None else Criterion("eval/accuracy", "max", 0.0)
+    if es is not None:
+        return Criterion(es.metric, es.mode, es.min_delta)
+    first = next(iter(cfg.eval_set_paths), "")
+    return Criterion(metric_key(first, "accuracy"), "max", 0.0)
 
 
 def improves(value: float, best: float | None, mode: str, min_delta: float) -> bool:
@@ -146,3 +155,4 @@ def packages_to_delete(state: RunState) -> tuple[list[str], list[str]]:
     created = list(dict.fromkeys(state.created_packages))
     delete = [arn for arn in created if arn not in keep and arn not in state.deleted_packages]
     return delete, [arn for arn in created if arn in keep]
+
