@@ -112,6 +112,16 @@ class SimulatorHandle:
         """Delay an operation kind (``optim_step``, ``sample``, ...) or API name by ``seconds``."""
         self.simulator.faults.set_latency(target, seconds)
 
+    def grant_sessions(self, pattern: str | None) -> None:
+        """Refuse, as IAM would, calls naming a training session outside ``pattern`` (fnmatch, like the
+        stack's grant ``training-session/stepwise-*``) with AccessDeniedException; None = every name."""
+        self.simulator.granted_sessions = pattern
+
+    def seed_model_packages(self, session_name: str, n: int) -> list[str]:
+        """Register ``n`` model packages of the session's current weights (a long run's packages, for
+        retention drills); returns their ARNs in creation order."""
+        return self.simulator.seed_model_packages(session_name, n)
+
     def clear_faults(self) -> None:
         """Disarm every fault and latency."""
         self.simulator.faults.clear()

@@ -38,6 +38,7 @@ service's error code. Semantics (docs/internals.md, the simulator):
 from __future__ import annotations
 
 import collections
+import fnmatch
 import itertools
 import json
 import threading
@@ -194,6 +195,10 @@ class Simulator:
         self.session_contention: dict[str, float] = {}  # session name -> its sampling contention, seconds
         self.sampling_contention_seconds = float(sampling_contention_seconds)
         self.faults = FaultPlan(seed=fault_seed)
+        #: An IAM grant on the caller's side: a call naming a training session whose name does not match
+        #: this pattern (fnmatch, like an IAM resource ``training-session/stepwise-*``) is refused with
+        #: AccessDeniedException, as IAM refuses it for a role granted that pattern only. None = all.
+        self.granted_sessions: str | None = None
         if torch_threads:
             # Process-wide. The model's matrices are 64 wide: intra-op threads only add
             # synchronisation, and on a loaded machine they thrash (10-50x slower sampling).
@@ -320,6 +325,11 @@ class Simulator:
         if injected == "unavailable":
             raise error(service, "unavailable", f"{operation}: the service is not ready (injected fault)")
         name = params.get("TrainingSessionName") or params.get("trainingSessionName")
+        if not name and str(params.get("ResourceArn", "")).startswith(self._session_arn("")):
+            name = str(params["ResourceArn"]).rsplit("/", 1)[-1]  # ListTags / AddTags of a session
+        if name and self.granted_sessions and not fnmatch.fnmatchcase(str(name), self.granted_sessions):
+            raise error(service, "access_denied", f"not authorized to perform {operation} on training-session/{name} "
+                                                  f"(the caller is granted training-session/{self.granted_sessions})")
         if name and self.faults.take(("expire",), operation):
             self.expire_session(str(name), "the training session expired (injected fault)")
         delay = self.faults.latency(operation)
@@ -421,6 +431,40 @@ class Simulator:
         if s.last_received_seq is not None:
             d["LastReceivedSequenceNumber"] = s.last_received_seq
         return d
+
+    def _session_of_arn(self, arn: str) -> Session:
+        prefix = self._session_arn("")
+        if not arn.startswith(prefix):
+            raise error(CONTROL, "validation", f"ResourceArn {arn!r}: the simulator tags training sessions only")
+        return self._get_session(CONTROL, arn[len(prefix):])
+
+    def _op_ListTags(self, p: dict[str, Any]) -> dict[str, Any]:
+        """ListTags of a training session's ARN: the tags it was created with and those AddTags added
+        (what DescribeTrainingSession's ``Tags`` also returns)."""
+        s = self._session_of_arn(p["ResourceArn"])
+        with self._lock:
+            tags = list(s.request.get("Tags") or [])
+        page, token = _paginate(tags, p.get("NextToken"), p.get("MaxResults") or 50)
+        return {"Tags": page, **({"NextToken": token} if token else {})}
+
+    def _op_AddTags(self, p: dict[str, Any]) -> dict[str, Any]:
+        """AddTags to a training session's ARN: a key already present takes the new value (botocore
+        ``AddTags``: "overwrites the value"); answers the session's tags."""
+        s = self._session_of_arn(p["ResourceArn"])
+        with self._lock:
+            tags = {t["Key"]: t["Value"] for t in s.request.get("Tags") or []}
+            tags.update({t["Key"]: t["Value"] for t in p["Tags"]})
+            s.request["Tags"] = [{"Key": k, "Value": v} for k, v in tags.items()]
+            return {"Tags": list(s.request["Tags"])}
+
+    def seed_model_packages(self, session_name: str, n: int) -> list[str]:
+        """Register ``n`` model packages of a session's current weights, as ``n`` save_weights would
+        (one weights object shared by all: a drill's thousand packages cost one copy); returns their ARNs
+        in creation order. For drills that need a long run's packages (retention), not a run."""
+        s = self._get_session(CONTROL, session_name)
+        assert s.trainer is not None
+        weights = engine.snapshot_weights(s.trainer)
+        return [self._register_package(s, "weights", "", weights).arn for _ in range(n)]
 
     def _op_DescribeTrainingSession(self, p: dict[str, Any]) -> dict[str, Any]:
         return {"TrainingSessionDetail": self._detail(self._get_session(CONTROL, p["TrainingSessionName"]))}

@@ -40,6 +40,8 @@ _CODES = {
         "throttle": ("ThrottlingException", 400),
         "internal": ("InternalFailure", 500),
         "unavailable": ("ServiceUnavailable", 503),
+        # IAM's refusal of a call the caller's policy does not grant (JSON 1.1: 400)
+        "access_denied": ("AccessDeniedException", 400),
     },
     RUNTIME: {
         "validation": ("ValidationException", 400),
@@ -51,6 +53,7 @@ _CODES = {
         # Not among the runtime's modelled errors: what a warming-up or binding runtime answers is
         # undocumented; the SDK retries it as transient by its 503 (exceptions.is_retryable).
         "unavailable": ("ServiceUnavailableException", 503),
+        "access_denied": ("AccessDeniedException", 403),
     },
 }
 

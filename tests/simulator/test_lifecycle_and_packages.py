@@ -205,3 +205,41 @@ def test_simulators_sharing_a_state_dir_never_reuse_an_arn_see_each_others_saves
     finally:
         a.stop()
         b.stop()
+
+
+def test_a_sessions_tags_are_kept_and_returned_by_describe_and_list_tags_and_add_tags_overwrites(sim):
+    """Tags as botocore's ``sagemaker`` model has them: CreateTrainingSession's ``Tags`` come back in
+    DescribeTrainingSession's ``TrainingSessionDetail.Tags`` and from ListTags of the session's ARN;
+    AddTags adds a key and overwrites an existing one, seen by both."""
+    sm = control_client(sim)
+    name = "tagged-session"
+    arn = sm.create_training_session(**session_request(sim, name), Tags=[
+        {"Key": "stepwise:run-id", "Value": "run-a"}, {"Key": "stepwise:bucket", "Value": "bucket-a"}])["TrainingSessionArn"]
+    detail = sm.describe_training_session(TrainingSessionName=name)["TrainingSessionDetail"]
+    assert {t["Key"]: t["Value"] for t in detail["Tags"]} == {"stepwise:run-id": "run-a", "stepwise:bucket": "bucket-a"}
+    assert sm.list_tags(ResourceArn=arn)["Tags"] == detail["Tags"]
+    sm.add_tags(ResourceArn=arn, Tags=[{"Key": "stepwise:run-id", "Value": "run-b"}, {"Key": "team", "Value": "x"}])
+    tags = {t["Key"]: t["Value"] for t in sm.list_tags(ResourceArn=arn)["Tags"]}
+    assert tags == {"stepwise:run-id": "run-b", "stepwise:bucket": "bucket-a", "team": "x"}
+    detail = sm.describe_training_session(TrainingSessionName=name)["TrainingSessionDetail"]
+    assert {t["Key"]: t["Value"] for t in detail["Tags"]} == tags
+    with pytest.raises(ClientError, match="ResourceNotFound"):
+        sm.list_tags(ResourceArn=arn.replace(name, "no-such-session"))
+    sm.stop_training_session(TrainingSessionName=name)
+
+
+def test_a_grant_on_session_names_refuses_the_others_as_iam_would(sim):
+    """``grant_sessions("stepwise-*")`` models the stack's IAM grant: a call naming a session outside it
+    is refused with AccessDeniedException (a foreign ``my-stepwise-x``), one inside is answered."""
+    sm = control_client(sim)
+    sm.create_training_session(**session_request(sim, "my-stepwise-x"))
+    sm.create_training_session(**session_request(sim, "stepwise-granted"))
+    sim.grant_sessions("stepwise-*")
+    try:
+        with pytest.raises(ClientError, match="AccessDeniedException"):
+            sm.describe_training_session(TrainingSessionName="my-stepwise-x")
+        assert sm.describe_training_session(TrainingSessionName="stepwise-granted")["TrainingSessionDetail"]
+        sm.stop_training_session(TrainingSessionName="stepwise-granted")
+    finally:
+        sim.grant_sessions(None)
+    sm.stop_training_session(TrainingSessionName="my-stepwise-x")
