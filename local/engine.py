@@ -12,8 +12,10 @@ internals; ``tests/local/test_engine_contract.py`` fails loudly when a moto upgr
 
 Faults a drill injects (`InvocationFaults`, ``dispatcher.faults``): throttle a named function (its next
 synchronous invocations answer Lambda's 429 TooManyRequestsException, which a ``lambda:invoke`` task
-reports as ``Lambda.TooManyRequestsException``), and delay or drop its asynchronous invocations (an S3
-notification delivered late, or never: S3 event notifications are at-least-once and may arrive late).
+reports as ``Lambda.TooManyRequestsException``), delay or drop its asynchronous invocations (an S3
+notification delivered late, or never: S3 event notifications are at-least-once and may arrive late),
+and hide new executions from DescribeExecution for a while (`InvocationFaults.hide_new_executions`:
+Step Functions' reads are eventually consistent).
 
 Lambda's limits are enforced per invocation (``local/limits.py``, in `run_handler`, in this
 process and in the worker processes alike): a handler that runs past its ``FunctionSpec.timeout_s``
@@ -186,7 +188,8 @@ class InvocationFaults:
 
     ``function`` is a function name or its logical name (``FinishRollout`` matches
     ``stepwise-local-FinishRollout``); ``match`` (optional) picks invocations by their event.
-    Counters of what fired: ``throttled``, ``delayed``, ``dropped``.
+    Counters of what fired: ``throttled``, ``delayed``, ``dropped``, ``unseen`` (DescribeExecution
+    answers of `hide_new_executions`: Step Functions' reads are eventually consistent too).
     """
 
     def __init__(self) -> None:
@@ -194,9 +197,11 @@ class InvocationFaults:
         self._throttles: list[_Fault] = []
         self._delays: list[_Fault] = []
         self._drops: list[_Fault] = []
+        self._unseen: list[tuple[float, Callable[[str], bool] | None]] = []
         self.throttled = 0
         self.delayed = 0
         self.dropped = 0
+        self.unseen = 0
 
     def throttle(self, function: str, n: int = 1, *, match: Callable[[Any], bool] | None = None) -> None:
         """The next ``n`` synchronous invocations of ``function`` (those ``match`` accepts) answer
@@ -214,6 +219,27 @@ class InvocationFaults:
         """The next ``n`` asynchronous (Event) invocations of ``function`` never run."""
         with self._lock:
             self._drops.append(_Fault(function, n, match))
+
+    def hide_new_executions(self, seconds: float, *, match: Callable[[str], bool] | None = None) -> None:
+        """From now on, DescribeExecution answers ExecutionDoesNotExist for an execution (those whose ARN
+        ``match`` accepts) until it is ``seconds`` old: Step Functions' eventual consistency, under which
+        an execution just started (a continue-as-new successor) can read as not existing for a while."""
+        with self._lock:
+            self._unseen.append((float(seconds), match))
+
+    def show_new_executions(self) -> None:
+        """Disarm every `hide_new_executions`: DescribeExecution sees each execution at once again."""
+        with self._lock:
+            self._unseen.clear()
+
+    def hidden_for(self, execution_arn: str) -> float:
+        """How many seconds after its start execution ``execution_arn`` reads as not existing (0 = seen)."""
+        with self._lock:
+            return max((s for s, m in self._unseen if m is None or m(execution_arn)), default=0.0)
+
+    def count_unseen(self) -> None:
+        with self._lock:
+            self.unseen += 1
 
     def _take(self, faults: list[_Fault], function_name: str, event: Any) -> _Fault | None:
         with self._lock:
@@ -432,6 +458,17 @@ def check_seam() -> None:
     if "get_execution_history(" not in inspect.getsource(history):
         raise SeamBroken("moto's StepFunctionResponse.get_execution_history changed; port local/engine.py's "
                          "paged_execution_history")
+    describe = getattr(StepFunctionResponse.describe_execution, "__stepwise_original__",
+                       StepFunctionResponse.describe_execution)
+    from moto.stepfunctions import models as sfn_base_models
+
+    from moto.stepfunctions.parser.backend.execution import Execution as ParserExecution
+
+    if ("stepfunction_backend.describe_execution(" not in inspect.getsource(describe)
+            or "self.start_date = " not in inspect.getsource(sfn_base_models.Execution.__init__)
+            or "start_date" not in inspect.getsource(ParserExecution.__init__)):
+        raise SeamBroken("moto's StepFunctionResponse.describe_execution changed; port local/engine.py's "
+                         "unseen_new_executions")
     for name in _JSONPATH_MODULES:
         if not callable(getattr(importlib.import_module(name), "parse", None)):
             raise SeamBroken(f"{name} no longer calls jsonpath_ng's parse; port local/engine.py's cached_json_paths")
@@ -546,6 +583,36 @@ def paged_execution_history() -> Iterator[None]:
         return ActionResult(history)
 
     with _replaced(StepFunctionResponse, "get_execution_history", get_execution_history):
+        yield
+
+
+@contextlib.contextmanager
+def unseen_new_executions(faults: InvocationFaults) -> Iterator[None]:
+    """Let a drill make DescribeExecution eventually consistent (`InvocationFaults.hide_new_executions`):
+    an execution younger than the armed window answers ExecutionDoesNotExist, as Step Functions may
+    answer for an execution just started. moto always sees its executions at once; with nothing armed
+    this changes nothing."""
+    import datetime
+
+    from moto.core.utils import utcnow
+    from moto.stepfunctions.exceptions import ExecutionDoesNotExist
+    from moto.stepfunctions.responses import StepFunctionResponse
+
+    original = StepFunctionResponse.describe_execution
+
+    def describe_execution(self: Any) -> Any:
+        arn = self._get_param("executionArn")
+        hidden = faults.hidden_for(arn)
+        if hidden > 0:
+            execution = self.stepfunction_backend.describe_execution(arn)  # one that really does not exist raises
+            started = execution.start_date  # aware in the ASL interpreter's executions, naive in moto's own
+            if (utcnow() - started.replace(tzinfo=None) if started.tzinfo is None
+                    else datetime.datetime.now(datetime.timezone.utc) - started).total_seconds() < hidden:
+                faults.count_unseen()
+                raise ExecutionDoesNotExist(f"Execution Does Not Exist: '{arn}'")
+        return original(self)
+
+    with _replaced(StepFunctionResponse, "describe_execution", describe_execution):
         yield
 
 
@@ -1130,6 +1197,7 @@ class MotoServer:
         self._patch.enter_context(early_task_outcomes())
         self._patch.enter_context(cached_json_paths())
         self._patch.enter_context(paged_execution_history())
+        self._patch.enter_context(unseen_new_executions(self.dispatcher.faults))
         self._patch.enter_context(atomic_object_writes())
         self._patch.enter_context(aws_error_names())
         self._patch.enter_context(kept_alive_connections(self.connections))

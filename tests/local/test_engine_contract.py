@@ -783,3 +783,26 @@ def test_without_the_fix_moto_loses_the_early_outcome():
     out = json.loads(desc["output"])
     assert out["success"]["Error"] in ("States.Timeout", "States.HeartbeatTimeout"), out
     assert "InvalidToken" in json.dumps(out["heartbeat"]), out
+
+
+def test_a_new_execution_can_read_as_not_existing_for_a_while_as_step_functions_eventual_reads_allow():
+    """`InvocationFaults.hide_new_executions`: DescribeExecution of an execution younger than the window
+    answers ExecutionDoesNotExist (boto3's modelled error, as Step Functions answers), then its real
+    status; an execution outside ``match``, and one that does not exist at all, answer as moto does."""
+    with engine.MotoServer() as moto:
+        sm = engine.create_state_machine(moto, "unseen-test", json.dumps(
+            {"StartAt": "Wait", "States": {"Wait": {"Type": "Wait", "Seconds": 30, "End": True}}}))
+        sfn = moto.client("stepfunctions")
+        moto.dispatcher.faults.hide_new_executions(1.5, match=lambda arn: arn.endswith("--1"))
+        hidden = sfn.start_execution(stateMachineArn=sm, name="run--1")["executionArn"]
+        seen = sfn.start_execution(stateMachineArn=sm, name="run")["executionArn"]
+        with pytest.raises(sfn.exceptions.ExecutionDoesNotExist):
+            sfn.describe_execution(executionArn=hidden)
+        assert sfn.describe_execution(executionArn=seen)["status"] == "RUNNING"
+        with pytest.raises(sfn.exceptions.ExecutionDoesNotExist):
+            sfn.describe_execution(executionArn=hidden.replace("run--1", "never-started"))
+        time.sleep(1.6)
+        assert sfn.describe_execution(executionArn=hidden)["status"] == "RUNNING"
+        assert moto.dispatcher.faults.unseen == 1
+        for arn in (hidden, seen):
+            sfn.stop_execution(executionArn=arn)
