@@ -81,3 +81,27 @@ def test_marking_refuses_a_run_that_moved_on_since_the_verdict():
                     _state(stopped=True)):
         with pytest.raises(SweepConflict):
             mark_swept(changed, "stepwise-s", "arn:owner", None, "x")
+
+
+def test_a_run_refused_its_session_never_has_it_swept():
+    from stepwise.core.sweeping import REFUSED
+
+    state = _state(stopped=True)
+    state.session_status = REFUSED
+    assert not sweep_verdict("stepwise-s", state, GONE).stop
+
+
+@settings(max_examples=200, deadline=None)
+@given(tag_bucket=st.one_of(st.none(), st.sampled_from(["ours", "theirs"])),
+       tag_run=st.one_of(st.none(), st.sampled_from(["run-a", "run-b"])),
+       tag_exec=st.one_of(st.none(), st.sampled_from(["arn:x1", "arn:x2"])), caller=st.sampled_from(["", "arn:x1"]))
+def test_a_session_is_adopted_only_when_its_tags_name_this_bucket_this_run_and_this_execution(
+        tag_bucket, tag_run, tag_exec, caller):
+    from stepwise.core.sweeping import TAG_EXECUTION, adoption_problem
+
+    tags = {k: v for k, v in ((TAG_BUCKET, tag_bucket), (TAG_RUN_ID, tag_run), (TAG_EXECUTION, tag_exec)) if v}
+    problem = adoption_problem("stepwise-run-a-x", tags, "run-a", "ours", "Running", caller)
+    ours = tag_bucket == "ours" and tag_run == "run-a" and (not caller or not tag_exec or tag_exec == caller)
+    assert (problem == "") == ours, (tags, problem)
+    if problem:
+        assert problem.startswith("training session 'stepwise-run-a-x' already exists (Running)") and "run id" in problem

@@ -321,12 +321,14 @@ def default_output_path(run_id: str) -> str | None:
     return f"{base if base.endswith('/') else base + '/'}{run_id}/"
 
 
-def create_session(cfg: RunConfig, session_name: str, run_id: str = "") -> CreatedSession:
+def create_session(cfg: RunConfig, session_name: str, run_id: str = "", execution_arn: str = "") -> CreatedSession:
     """CreateTrainingSession as ``ServiceClient.create_lora_training_client`` builds it, without its wait,
     plus ``ModelConfig.AcceptEula`` when the config accepts the base model's license (``accept_eula``).
 
-    Idempotent: a session of that name that already exists (a retried Init) is adopted. Tagged
-    with ``run_id`` and this stack's bucket (`stepwise.core.sweeping.session_tags`).
+    Idempotent: a session of that name that already exists (a retried Init) is adopted, only when its
+    tags name this run and this stack's bucket (`stepwise.core.sweeping.adoption_problem`); otherwise
+    `SessionNotOurs` is raised and nothing is created. Tagged with ``run_id`` and this stack's bucket
+    (`stepwise.core.sweeping.session_tags`).
     Uses the SDK's base-model resolution, default model package group and output path, LoRA
     config and request builder (private helpers; kept in this one function).
     """
@@ -354,7 +356,7 @@ def create_session(cfg: RunConfig, session_name: str, run_id: str = "") -> Creat
 
     bucket = current().bucket
     if run_id and bucket:  # the sweeper finds this stack's sessions by these (stepwise.core.sweeping)
-        args["Tags"] = [*args.get("Tags", []), *session_tags(run_id, bucket)]
+        args["Tags"] = [*args.get("Tags", []), *session_tags(run_id, bucket, execution_arn)]
     if cfg.accept_eula:  # the SDK's builder never sends it (botocore's ModelConfig has it, for gated models)
         args["ModelConfig"]["AcceptEula"] = True
     try:
@@ -362,7 +364,42 @@ def create_session(cfg: RunConfig, session_name: str, run_id: str = "") -> Creat
     except ClientError as e:
         if e.response.get("Error", {}).get("Code") != "ResourceInUse":
             raise
+        # A session of that name exists: a retried Init's own (adopted), or another stack's or an
+        # earlier run's of the same id (refused: never train, sample or stop on it).
+        problem = adoption_problem(session_name, existing_session(control_plane(cfg.region), session_name),
+                                   run_id, bucket, execution_arn)
+        if problem:
+            raise SessionNotOurs(problem) from None
     return CreatedSession(session_name, base_arn, hf_id, mpg)
+
+
+class SessionNotOurs(RuntimeError):
+    """A training session of the run's name exists and its tags do not name this run of this stack
+    (`stepwise.core.sweeping.adoption_problem`): the run is refused, the session left alone."""
+
+
+def existing_session(cp: Any, session_name: str) -> dict[str, Any] | None:
+    """DescribeTrainingSession's ``TrainingSessionDetail`` of ``session_name``, or None when no such
+    session exists (ResourceNotFound)."""
+    try:
+        return session_detail(cp, session_name)
+    except ClientError as e:
+        if e.response.get("Error", {}).get("Code") in ("ResourceNotFound", "ResourceNotFoundException"):
+            return None
+        raise
+
+
+def adoption_problem(session_name: str, detail: dict[str, Any] | None, run_id: str, bucket: str,
+                     execution_arn: str = "") -> str:
+    """Why the existing session ``detail`` (`existing_session`) may not be used by run ``run_id`` of
+    the stack whose bucket is ``bucket``, started by ``execution_arn``; '' when it may (its tags name
+    them: `stepwise.core.sweeping.adoption_problem`) or when there is none."""
+    from stepwise.core.sweeping import adoption_problem as problem_of
+
+    if detail is None:
+        return ""
+    tags = {t["Key"]: t["Value"] for t in detail.get("Tags") or [] if "Key" in t}
+    return problem_of(session_name, tags, run_id, bucket, str(detail.get("TrainingSessionStatus", "")), execution_arn)
 
 
 def list_active_sessions(cp: Any, name_contains: str = "stepwise-") -> list[str]:
@@ -395,6 +432,26 @@ def delete_model_package(cfg: RunConfig, model_package_arn: str) -> bool:
     then DeleteModelPackage; its S3 artifacts are left where the session wrote them). Idempotent: True
     when it deleted the package, False when it was already gone."""
     return bool(service_client(cfg).delete_model_package(model_package_arn).model_package_deleted)
+
+
+def model_package_problem(region: str, model_package_arn: str) -> str:
+    """'' when ``model_package_arn`` exists and is ready to load (``Completed``), else the problem in
+    words: it does not exist (deleted, by retention ``best_and_last`` say), is not ready, or cannot be
+    read. DescribeModelPackage with ``IncludedData=MetadataOnly``: no ``kms:Decrypt`` on the key of an
+    encrypted package (botocore's ``sagemaker`` model), and the status is all this needs."""
+    from sagemaker.train.training_session.service_client import _model_package_absent
+
+    try:
+        resp = control_plane(region).describe_model_package(ModelPackageName=model_package_arn,
+                                                            IncludedData="MetadataOnly")
+    except ClientError as e:
+        if _model_package_absent(e):
+            return "the model package does not exist (deleted?); name one that exists"
+        return f"cannot read the model package: {describe_error(e)}"
+    status = str(resp.get("ModelPackageStatus", ""))
+    if status and status != "Completed":
+        return f"the model package is {status}, not Completed"
+    return ""
 
 
 def describe_session(cp: Any, session_name: str) -> tuple[str, str]:

@@ -14,8 +14,11 @@ config's style), in two passes:
    (`stepwise.aws.agentcore`), the buckets are reachable and the tokenizer prefix holds files
    (`stepwise.aws.s3_probe`), the base model is one the hub offers in the run's region and, when the hub
    marks it gated, the config accepts its license (``accept_eula``; `stepwise.aws.hub`), and its tokenizer can be
-   loaded: a gated Hugging Face repository needs a token that has access (`TokenizerSource`). Whether a dataset
-   exists and parses is `stepwise.datasets.check_dataset`'s
+   loaded: a gated Hugging Face repository needs a token that has access (`TokenizerSource`); the model
+   package the run resumes from or evaluates (``resume_from_model_package``, ``eval_model_package_arn``)
+   exists and is ready (`stepwise.aws.sagemaker.model_package_problem`: one retention deleted is refused
+   here, not in load_state after a session billed). Whether a dataset exists and parses is
+   `stepwise.datasets.check_dataset`'s
    (Init runs it right after).
 
 Nothing here creates, writes or bills anything.
@@ -256,6 +259,8 @@ class Probes:
     tokenizer: Callable[[RunConfig, HubModel], TokenizerSource] | None = None
     #: what `refusals` found the tokenizer's source to be (for ``stepwise validate``'s summary).
     found: dict[str, Any] = field(default_factory=dict)
+    #: (region, model package ARN) -> '' when it exists and is ready, else the problem; None = not looked up.
+    model_package: Callable[[str, str], str] | None = None
 
 
 def refusals(cfg: RunConfig, scope: StackScope, probes: Probes) -> list[str]:
@@ -278,6 +283,13 @@ def refusals(cfg: RunConfig, scope: StackScope, probes: Probes) -> list[str]:
                 probes.found["tokenizer"] = source
                 if source.problem:
                     errors.append(f"tokenizer_path: {source.problem} (got {cfg.tokenizer_path!r})")
+    if probes.model_package is not None and not region_errors(cfg, scope):
+        for name in ("resume_from_model_package", "eval_model_package_arn"):
+            arn = getattr(cfg, name, "") or ""
+            if arn:
+                problem = probes.model_package(cfg.region or scope.region, arn)
+                if problem:
+                    errors.append(f"{name}: {problem} (got {arn!r})")
     granted = set(scope.buckets)
     bucket_problems: dict[str, str] = {}
     for loc in locations:

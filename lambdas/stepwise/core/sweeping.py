@@ -12,6 +12,10 @@ A session is *of this stack* when its tags name this stack's bucket and a run wh
 tags are matched by name (`stepwise.core.phases.session_name_for` of a run id in the bucket).
 Anything else is never touched: another stack's sessions, a user's own.
 
+A run's session is *adopted* (a retried Init finds it already created) only when its tags name this
+stack's bucket and this run (and, when it carries one, the execution that created it):
+`adoption_problem`; anything else refuses the run before it bills.
+
 Continue-as-new: ContinueRun records the next execution (``RunState.successor_execution_arn``)
 before starting it, so from that moment until the successor's Init takes the run over, both the
 owner and the successor may stop the session (`may_stop_session`), and the sweeper leaves the
@@ -29,6 +33,8 @@ from stepwise.records import RunState
 #: Tags CreateTrainingSession gives every session (``stepwise.aws.sagemaker.create_session``).
 TAG_RUN_ID = "stepwise:run-id"
 TAG_BUCKET = "stepwise:bucket"
+#: The execution that created the session (Init; a retried Init is the same execution).
+TAG_EXECUTION = "stepwise:execution"
 #: DescribeExecution statuses of an execution that may still act on its run (a redrive restarts it).
 LIVE_EXECUTION_STATUSES = frozenset({"RUNNING", "PENDING_REDRIVE"})
 #: The status this module is given for an execution Step Functions does not know (ExecutionDoesNotExist:
@@ -37,11 +43,43 @@ GONE = "GONE"
 #: The prefix of a swept run's ``stop_reason``: an abnormal end, so `stepwise resume` continues it
 #: (`stepwise.core.phases.is_failure_stop` reads ``execution ...``).
 SWEPT_REASON_PREFIX = "execution ended without stopping its session"
+#: ``RunState.session_status`` of a run whose Init found its session name taken by a session not its
+#: own (`adoption_problem`): nothing may stop, use or sweep that session on the run's behalf.
+REFUSED = "Refused"
 
 
-def session_tags(run_id: str, bucket: str) -> list[dict[str, str]]:
-    """The ``Tags`` of a run's session (CreateTrainingSession): the run id and this stack's bucket."""
-    return [{"Key": TAG_RUN_ID, "Value": run_id}, {"Key": TAG_BUCKET, "Value": bucket}]
+def session_tags(run_id: str, bucket: str, execution_arn: str = "") -> list[dict[str, str]]:
+    """The ``Tags`` of a run's session (CreateTrainingSession): the run id, this stack's bucket and,
+    when known, the execution creating it (botocore's ``Tag.Value``: at most 256 characters, which an
+    execution ARN never exceeds)."""
+    tags = [{"Key": TAG_RUN_ID, "Value": run_id}, {"Key": TAG_BUCKET, "Value": bucket}]
+    if execution_arn:
+        tags.append({"Key": TAG_EXECUTION, "Value": execution_arn[:256]})
+    return tags
+
+
+def adoption_problem(session_name: str, tags: Mapping[str, str], run_id: str, bucket: str, status: str = "",
+                     execution_arn: str = "") -> str:
+    """Why run ``run_id`` of the stack of ``bucket`` (started by ``execution_arn``, when given) may not
+    adopt the existing session ``session_name`` whose tags are ``tags``; '' when it may: its tags name
+    this bucket and this run, and the execution that created it is this one (when the tag is there).
+
+    CreateTrainingSession answers ResourceInUse for a name in use by anyone in the account and region:
+    another stack's run of the same id, an earlier run of a reused id, or a user's own session. Using
+    it would train, sample and, at the end, stop a session this run does not own.
+    """
+    head = f"training session {session_name!r} already exists{f' ({status})' if status else ''}"
+    fix = "start the run under another run id (execution name), or stop and delete that session if it is yours"
+    if TAG_BUCKET not in tags or TAG_RUN_ID not in tags:
+        return f"{head} and its tags do not name a Stepwise run ({TAG_BUCKET}, {TAG_RUN_ID}): it is not this run's; {fix}"
+    if tags[TAG_BUCKET] != bucket:
+        return f"{head} for run {tags[TAG_RUN_ID]!r} of another stack (bucket {tags[TAG_BUCKET]!r}); {fix}"
+    if tags[TAG_RUN_ID] != run_id:
+        return f"{head} for run {tags[TAG_RUN_ID]!r} of this stack, not {run_id!r}; {fix}"
+    if execution_arn and tags.get(TAG_EXECUTION) and tags[TAG_EXECUTION] != execution_arn[:256]:
+        return (f"{head} for an earlier run of the same id (created by execution {tags[TAG_EXECUTION]}, not "
+                f"{execution_arn}); {fix}")
+    return ""
 
 
 def run_of_session(session_name: str, tags: Mapping[str, str], bucket: str,
@@ -96,8 +134,11 @@ def sweep_verdict(session_name: str, state: RunState, owner_status: str | None,
 
     Stops a session the run no longer uses (it names another session, or recorded this one
     stopped), and the run's session when neither its owner nor a recorded successor can still
-    stop it. Leaves it alone while either runs, or when a status could not be read.
+    stop it. Leaves it alone while either runs, or when a status could not be read, and always when
+    the run was refused the session (`REFUSED`: it is not the run's).
     """
+    if state.session_status == REFUSED:
+        return SweepVerdict(False, False, "the run was refused this session: not its own")
     if state.training_session_name != session_name:
         return SweepVerdict(True, False, f"the run's state names another session ({state.training_session_name})")
     if state.session_stopped:

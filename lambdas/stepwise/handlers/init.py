@@ -1,10 +1,13 @@
 """Init: validate everything, then create (or adopt) the training session; write config.json and state.json.
 
 Order matters (refuse before billing, README): config, dataset (>= batch_size rows with a payload column),
-eval dataset and bucket are all checked *before* CreateTrainingSession, so bad input never starts
-a billed session. The run is claimed in state.json (``IfNoneMatch``) before the session is
-created, and the session name is derived from the run id, so a retried Init adopts the session
-its first attempt created instead of starting a second one.
+eval dataset and bucket, the model package a run resumes from or evaluates (it still exists), and the
+session name (no session of another run or stack holds it) are all checked *before*
+CreateTrainingSession, so bad input never starts a billed session. The run is claimed in state.json
+(``IfNoneMatch``) before the session is created, and the session name is derived from the run id, so
+a retried Init adopts the session its first attempt created instead of starting a second one; a
+session of that name is adopted only when its tags name this bucket, this run and this execution
+(`stepwise.core.sweeping.adoption_problem`), otherwise the run is refused and the session left alone.
 
 A continuation execution (continue-as-new) takes the run over from its parent: it becomes the
 owner only if the parent still is. A continuation with ``"resume": true`` (``stepwise resume``,
@@ -82,9 +85,50 @@ def resume(rs: RunStore, run_id: str, execution_arn: str, state: RunState) -> Ru
             "training_session_name": session_name, "step": state.step, "epoch": state.epoch, "cursor": state.cursor,
             "checkpoint": ckpt.model_package_arn if ckpt else None})
     if state.session_status == "Creating":  # also a retried Init: CreateTrainingSession adopts by name
-        sagemaker.create_session(cfg, state.training_session_name, run_id)
+        create_own_session(rs, cfg, run_id, execution_arn, state.training_session_name)
         state = session_clock(rs, run_id, execution_arn, cfg, state.training_session_name)
     return state
+
+
+def refuse_foreign_session(cfg: RunConfig, run_id: str, execution_arn: str, session_name: str) -> None:
+    """Refuse the run, before it claims anything, when a training session named ``session_name``
+    exists and is not this run's (`stepwise.aws.sagemaker.adoption_problem`; none, or this run's own
+    from an earlier attempt of this Init, passes).
+
+    Raises:
+        RunRefused: naming the session, whose run and stack it is, and what to do.
+    """
+    from stepwise.core.preflight import RunRefused
+
+    detail = sagemaker.existing_session(sagemaker.control_plane(cfg.region), session_name)
+    problem = sagemaker.adoption_problem(session_name, detail, run_id, settings().bucket, execution_arn)
+    if problem:
+        raise RunRefused([f"training session: {problem}"])
+
+
+def create_own_session(rs: RunStore, cfg: RunConfig, run_id: str, execution_arn: str,
+                       session_name: str) -> sagemaker.CreatedSession:
+    """CreateTrainingSession for the run (`stepwise.aws.sagemaker.create_session`). When the name turns
+    out to be taken by a session that is not this run's (created between `refuse_foreign_session`
+    and here), the state records it as refused (`stepwise.core.sweeping.REFUSED`, session stopped: no
+    stop path or sweep touches it for this run) and the run is refused.
+
+    Raises:
+        RunRefused: the session is not this run's.
+    """
+    from stepwise.core.preflight import RunRefused
+    from stepwise.core.sweeping import REFUSED
+
+    try:
+        return sagemaker.create_session(cfg, session_name, run_id, execution_arn)
+    except sagemaker.SessionNotOurs as e:
+        def refuse(s: RunState) -> None:
+            if s.training_session_name == session_name:
+                s.session_status, s.session_stopped = REFUSED, True
+                s.stop_reason = s.stop_reason or f"failed: RunRefused ({e})"
+
+        rs.update_state(run_id, refuse, execution_arn=execution_arn)
+        raise RunRefused([f"training session: {e}"]) from None
 
 
 def session_clock(rs: RunStore, run_id: str, execution_arn: str, cfg: RunConfig, session_name: str,
@@ -259,6 +303,7 @@ def initialize(event: InitEvent) -> dict[str, Any]:
 
     cfg, rows, eval_sets = validate_inputs(event.input, rs, run_id, event.execution_arn)
     session_name = session_name_for(run_id)
+    refuse_foreign_session(cfg, run_id, event.execution_arn, session_name)
     if existing is None:
         rs.put_json(config_key(run_id), cfg.model_dump(mode="json"))
         rs.create_state(
@@ -276,7 +321,7 @@ def initialize(event: InitEvent) -> dict[str, Any]:
                 ledger=Ledger(run_started_at=now()),  # the cost ledger; max_run_hours counts from here
             )
         )
-    created = sagemaker.create_session(cfg, session_name, run_id)
+    created = create_own_session(rs, cfg, run_id, event.execution_arn, session_name)
     logger.info("training session created", extra={"training_session_name": session_name})
     n = cache_tokenizer(cfg, created, rs, run_id)
     logger.info("tokenizer cached", extra={"files": n, "prefix": tokenizer_prefix(run_id)})

@@ -28,7 +28,7 @@ from stepwise.core import ledger
 from stepwise.core.ledger import count_parent_history, history_after
 from stepwise.core.operations import weights_usage
 from stepwise.core.phases import final_weights, plan_eval_weights, plan_resume
-from stepwise.core.sweeping import may_stop_session
+from stepwise.core.sweeping import REFUSED, may_stop_session
 from stepwise.events import ContinueEvent, ExecutionStatusChange, RunEvent, StopEvent
 from stepwise.executions import ABNORMAL_END_STATUSES, continuation_name, execution_arn_of, resolve_run
 from stepwise.handlers._common import (bind, drive, entrypoint, logger, now, poll_seconds, run_config, settings,
@@ -115,9 +115,14 @@ def stop_owned_session(execution_arn: str, execution_name: str, execution_input:
         # continue-as-new: the successor failed before taking the run over (its Init); nobody else would stop it
         logger.warning("the run's successor stops the session it never took over", extra={"owner": state.owner_execution_arn})
     cfg = run_config(run_id)
-    created = None if state.session_stopped else sagemaker.creation_time(sagemaker.control_plane(cfg.region),
-                                                                         state.training_session_name)
-    sagemaker.stop_session(cfg, state.training_session_name)
+    created = None
+    if state.session_status == REFUSED:
+        logger.warning("the run was refused its session: leaving that session alone",
+                       extra={"training_session_name": state.training_session_name})
+    else:
+        created = None if state.session_stopped else sagemaker.creation_time(sagemaker.control_plane(cfg.region),
+                                                                             state.training_session_name)
+        sagemaker.stop_session(cfg, state.training_session_name)
     stopped_at = now()
     end_abandoned_rollouts(rs, cfg, state)  # rollouts in flight: their runtime sessions would bill on
     # the execution's last transitions: its history since PlanStep counted it, and the state after this one
@@ -134,7 +139,8 @@ def stop_owned_session(execution_arn: str, execution_name: str, execution_input:
             count_parent_history(s, newest, events)
             s.ledger.usage.state_transitions += TAIL_TRANSITIONS
         s.session_stopped = True
-        s.session_status = "Stopping"
+        if s.session_status != REFUSED:
+            s.session_status = "Stopping"
         if reason == "finished":
             s.finished = True
         elif s.stop_reason is None:
