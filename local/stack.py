@@ -289,8 +289,10 @@ def run_sweeper(stack: LocalStack, *, dry_run: bool = False) -> dict[str, Any]:
     """What the stack's schedule does every few minutes: run the session sweeper once (moto's
     EventBridge delivers no schedule). Returns its report (``stopped``, ``left``, ``errors``)."""
     lam = stack.moto.client("lambda")
+    # After the run ended nothing of it is changing: no grace period (STEPWISE_SWEEP_GRACE_SECONDS), so
+    # a session the run leaked is stopped now, and its leftovers (rollouts, retention) finished.
     resp = lam.invoke(FunctionName=stack.resources.function_arns["SweepSessions"],
-                      Payload=json.dumps({"dry_run": dry_run}).encode())
+                      Payload=json.dumps({"dry_run": dry_run, "grace_seconds": 0}).encode())
     body = json.loads(resp["Payload"].read() or b"{}")
     if resp.get("FunctionError"):
         log.error("SweepSessions failed: %s", str(body)[:2000])

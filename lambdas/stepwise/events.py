@@ -86,9 +86,12 @@ class StopEvent(_Event):
 
 class SweepEvent(_Event):
     """The session sweeper's input: EventBridge's scheduled event (every field ignored) or ``{}``
-    (the local stack); ``dry_run`` reports the verdicts without stopping anything."""
+    (the local stack); ``dry_run`` reports the verdicts without stopping anything; ``grace_seconds``
+    replaces ``STEPWISE_SWEEP_GRACE_SECONDS`` for this sweep (the local stack's sweep after a run has
+    ended, when no change is in flight: 0)."""
 
     dry_run: bool = False
+    grace_seconds: float | None = Field(None, ge=0)
 
 
 class ContinueEvent(_Event):

@@ -22,6 +22,7 @@ ENV_POLL_SECONDS = "STEPWISE_POLL_SECONDS"
 ENV_INLINE_WAIT_SECONDS = "STEPWISE_INLINE_WAIT_SECONDS"
 ENV_SESSION_START_TIMEOUT = "STEPWISE_SESSION_START_TIMEOUT"
 ENV_TURN_GRACE_SECONDS = "STEPWISE_TURN_GRACE_SECONDS"
+ENV_SWEEP_GRACE_SECONDS = "STEPWISE_SWEEP_GRACE_SECONDS"
 ENV_DEFAULT_S3_OUTPUT_PATH = "STEPWISE_DEFAULT_S3_OUTPUT_PATH"
 ENV_NOTIFICATION_TOPIC_ARN = "STEPWISE_NOTIFICATION_TOPIC_ARN"
 #: The Secrets Manager secret (ARN) holding the W&B API key (CDK context ``wandbApiKeySecretArn``; Track only).
@@ -39,8 +40,9 @@ ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_U
                       "AWS_ENDPOINT_URL_BEDROCK_AGENTCORE", "AWS_ENDPOINT_URL_BEDROCK_AGENTCORE_CONTROL")
 
 _NAMES = (ENV_BUCKET, ENV_GATEWAY_URL, ENV_DATA_BUCKETS, ENV_AGENT_RUNTIME_ARNS, ENV_POLL_SECONDS,
-          ENV_INLINE_WAIT_SECONDS, ENV_SESSION_START_TIMEOUT, ENV_TURN_GRACE_SECONDS, ENV_DEFAULT_S3_OUTPUT_PATH,
-          ENV_NOTIFICATION_TOPIC_ARN, ENV_WANDB_API_KEY_SECRET, ENV_HF_TOKEN_SECRET, ENV_REGION, "AWS_DEFAULT_REGION", *ENDPOINT_VARIABLES)
+          ENV_INLINE_WAIT_SECONDS, ENV_SESSION_START_TIMEOUT, ENV_TURN_GRACE_SECONDS, ENV_SWEEP_GRACE_SECONDS,
+          ENV_DEFAULT_S3_OUTPUT_PATH, ENV_NOTIFICATION_TOPIC_ARN, ENV_WANDB_API_KEY_SECRET, ENV_HF_TOKEN_SECRET, ENV_REGION,
+          "AWS_DEFAULT_REGION", *ENDPOINT_VARIABLES)
 
 
 def _split(value: str) -> tuple[str, ...]:
@@ -64,6 +66,8 @@ class Settings:
             (``STEPWISE_SESSION_START_TIMEOUT``, default 1800).
         turn_grace_seconds: FinishRollout's wait between closing a session and listing its turns
             (``STEPWISE_TURN_GRACE_SECONDS``, >= 0, default 1).
+        sweep_grace_seconds: how old a run's last change must be before the session sweeper stops its
+            session (``STEPWISE_SWEEP_GRACE_SECONDS``, >= 0, default 300: `stepwise.core.sweeping`).
         default_s3_output_path: the sessions' default output path (``STEPWISE_DEFAULT_S3_OUTPUT_PATH``).
         notification_topic_arn: the SNS topic the session sweeper and budget warnings report to
             (``STEPWISE_NOTIFICATION_TOPIC_ARN``, the stack's ``notificationTopicArn``; '' = none).
@@ -82,6 +86,7 @@ class Settings:
     inline_wait_seconds: float = 5.0
     session_start_timeout: float = 1800.0
     turn_grace_seconds: float = 1.0
+    sweep_grace_seconds: float = 300.0
     default_s3_output_path: str = ""
     notification_topic_arn: str = ""
     wandb_api_key_secret: str = ""
@@ -107,6 +112,7 @@ class Settings:
             inline_wait_seconds=max(0.0, number(ENV_INLINE_WAIT_SECONDS, "5", float)),
             session_start_timeout=number(ENV_SESSION_START_TIMEOUT, "1800", float),
             turn_grace_seconds=max(0.0, number(ENV_TURN_GRACE_SECONDS, "1", float)),
+            sweep_grace_seconds=max(0.0, number(ENV_SWEEP_GRACE_SECONDS, "300", float)),
             default_s3_output_path=env.get(ENV_DEFAULT_S3_OUTPUT_PATH, ""),
             notification_topic_arn=env.get(ENV_NOTIFICATION_TOPIC_ARN, ""),
             wandb_api_key_secret=env.get(ENV_WANDB_API_KEY_SECRET, ""),

@@ -83,12 +83,61 @@ def test_marking_refuses_a_run_that_moved_on_since_the_verdict():
             mark_swept(changed, "stepwise-s", "arn:owner", None, "x")
 
 
+TIMES = st.one_of(st.none(), st.floats(min_value=0, max_value=1000, allow_nan=False))
+
+
+@settings(max_examples=400, deadline=None)
+@given(owner_status=STATUSES, successor_status=STATUSES, successor=st.sampled_from([None, "arn:successor"]),
+       stopped=st.booleans(), same_session=st.booleans(), state_changed=TIMES, owner_stopped=TIMES,
+       successor_stopped=TIMES, now=st.floats(min_value=0, max_value=2000, allow_nan=False),
+       grace=st.sampled_from([0.0, 30.0, 300.0]))
+def test_nothing_is_stopped_within_the_grace_period_of_a_change_and_after_it_the_verdict_is_the_plain_one(
+        owner_status, successor_status, successor, stopped, same_session, state_changed, owner_stopped,
+        successor_stopped, now, grace):
+    """DescribeExecution is eventually consistent (a successor just started may read GONE): no stop while
+    the state's last change (unknown = now) or an execution's stop date is younger than the grace period;
+    past it, or with no grace, the verdict is the one without times."""
+    state = _state(successor=successor, stopped=stopped)
+    name = "stepwise-s" if same_session else "stepwise-older"
+    plain = sweep_verdict(name, state, owner_status, successor_status if successor else None)
+    v = sweep_verdict(name, state, owner_status, successor_status if successor else None, state_changed_at=state_changed,
+                      owner_stopped_at=owner_stopped, successor_stopped_at=successor_stopped, now=now, grace=grace)
+    latest = max(t for t in (now if state_changed is None else state_changed, owner_stopped, successor_stopped)
+                 if t is not None)
+    if grace and now - latest < grace:
+        assert not v.stop and not v.mark, v
+    else:
+        assert v == plain
+
+
+def test_a_hand_over_read_before_the_successor_is_visible_is_left_alone_until_the_grace_period_passed():
+    """The window that stopped live runs: the owner handed over (SUCCEEDED), the successor reads GONE
+    (eventual consistency), the state was written at the hand-over. Within the grace: no verdict."""
+    state = _state(successor="arn:successor")
+    assert sweep_verdict("stepwise-s", state, "SUCCEEDED", GONE).stop  # what the sweeper did before
+    v = sweep_verdict("stepwise-s", state, "SUCCEEDED", GONE, state_changed_at=1000.0, owner_stopped_at=1001.0,
+                      now=1010.0, grace=300.0)
+    assert not v.stop and "within the 300 s grace period" in v.reason and "would stop" in v.reason
+    assert sweep_verdict("stepwise-s", state, "SUCCEEDED", GONE, state_changed_at=1000.0, owner_stopped_at=1001.0,
+                         now=1302.0, grace=300.0).stop
+
+
 def test_a_run_refused_its_session_never_has_it_swept():
     from stepwise.core.sweeping import REFUSED
 
     state = _state(stopped=True)
     state.session_status = REFUSED
     assert not sweep_verdict("stepwise-s", state, GONE).stop
+
+
+def test_marking_a_swept_session_closes_its_seconds_in_the_ledger_from_its_own_creation_time():
+    state = _state()
+    state.session_created_at = 100.0  # Init's clock until the session's own is known
+    mark_swept(state, "stepwise-s", "arn:owner", None, "owner ended ABORTED", stopped_at=160.0, created_at=98.0)
+    assert state.ledger.sessions_closed_seconds == 62.0 and state.session_stopped
+    again = _state()
+    mark_swept(again, "stepwise-s", "arn:owner", None, "x")  # no stop time given: the ledger is left alone
+    assert again.ledger.sessions_closed_seconds == 0.0
 
 
 @settings(max_examples=200, deadline=None)

@@ -190,7 +190,7 @@ def test_the_sweeper_stops_sessions_no_execution_drives_and_nothing_else(stack):
     sm.create_training_session(TrainingSessionName=users, **request)
     assert {live, aborted, handed, foreign, users} <= set(stack.sim.running_sessions())
 
-    report = sweep(SweepEvent())
+    report = sweep(SweepEvent(grace_seconds=0))
     assert [(x["session"], x["run_id"]) for x in report["stopped"]] == [(aborted, aborted_run)]
     assert "ended ABORTED" in report["stopped"][0]["reason"] and report["errors"] == []
     left = {x["session"]: x["reason"] for x in report["left"]}
@@ -206,9 +206,133 @@ def test_the_sweeper_stops_sessions_no_execution_drives_and_nothing_else(stack):
 
     # The successor ends before taking the run over: nothing can stop the session now but the sweeper.
     sfn.stop_execution(executionArn=successor)
-    report = sweep(SweepEvent())
+    report = sweep(SweepEvent(grace_seconds=0))
     assert [x["session"] for x in report["stopped"]] == [handed]
     assert "before taking the run over" in report["stopped"][0]["reason"]
-    assert sweep(SweepEvent())["stopped"] == []  # idempotent: nothing left to stop
+    assert sweep(SweepEvent(grace_seconds=0))["stopped"] == []  # idempotent: nothing left to stop
     for name in (live, foreign, users):
         sm.stop_training_session(TrainingSessionName=name)
+
+
+def test_a_sweep_in_every_window_of_a_continue_as_new_hand_over_leaves_the_live_session_alone(stack, monkeypatch):
+    """DescribeExecution is eventually consistent: the local engine hides each new successor for 3 s
+    (`InvocationFaults.hide_new_executions`). A sweep runs in every window of the hand-over: owner running;
+    successor recorded but not started; started but not visible; owner ended with the successor still
+    invisible; successor visible, not yet owner; successor the owner. None stops the session (before, the
+    window "owner ended, successor invisible" was swept: marked stopped and the successor's run failed).
+    After the successor ends and the grace period passes, the sweeper still stops the orphan."""
+    from stepwise.aws import task_tokens
+    from stepwise.events import ContinueEvent, SweepEvent
+    from stepwise.handlers.init import take_over
+    from stepwise.handlers.session import continue_run
+    from stepwise.handlers.sweeper import sweep
+
+    runs, _ = _machines(stack)
+    sfn = stack.moto.client("stepfunctions")
+    grace, hidden = 5.0, 3.0
+    stack.mp.setenv("STEPWISE_SWEEP_GRACE_SECONDS", str(grace))
+    faults = stack.moto.dispatcher.faults
+    faults.hide_new_executions(hidden, match=lambda arn: "--" in arn.rsplit(":", 1)[-1])
+    run_id = new_run_id("windows")
+    owner = _start(stack, runs, run_id)
+    session = _init_owned(stack, run_id, owner)
+    rs = RunStore(BUCKET, stack.s3)
+    seen: dict[str, str] = {}
+
+    def sweep_in(window: str) -> None:
+        report = sweep(SweepEvent())
+        assert report["stopped"] == [] and report["errors"] == [], (window, report)
+        seen[window] = next(x["reason"] for x in report["left"] if x["session"] == session)
+        assert session in stack.sim.running_sessions() and not rs.read_state(run_id)[0].session_stopped, window
+
+    sweep_in("owner running")
+    start_execution = task_tokens.start_execution
+
+    def start_with_sweeps(*args, **kwargs):
+        sweep_in("successor recorded, not started")
+        arn = start_execution(*args, **kwargs)
+        sweep_in("successor started, not visible")
+        return arn
+
+    monkeypatch.setattr(task_tokens, "start_execution", start_with_sweeps)
+    try:
+        successor = continue_run(ContinueEvent.model_validate({"run": {"run_id": run_id, "execution_arn": owner},
+                                                               "state_machine_arn": runs}))["execution_arn"]
+        sfn.stop_execution(executionArn=owner)  # the owner's end ("Handed over to the next execution")
+        sweep_in("owner ended, successor not visible")
+        assert faults.unseen >= 2
+        time.sleep(hidden)
+        sweep_in("successor visible, not the owner yet")
+        take_over(rs, run_id, successor, {"run_id": run_id, "parent_execution_arn": owner, "segment": 1})
+        sweep_in("successor the owner")
+    finally:
+        monkeypatch.setattr(task_tokens, "start_execution", start_execution)
+        faults.show_new_executions()
+    assert "grace period" in seen["owner ended, successor not visible"], seen
+    assert "RUNNING" in seen["successor the owner"], seen
+    # The rule still acts once nothing changed for the grace period: the successor ends without a stop.
+    sfn.stop_execution(executionArn=successor)
+    sweep_in("successor just ended")
+    time.sleep(grace)
+    report = sweep(SweepEvent())
+    assert [x["session"] for x in report["stopped"]] == [session] and session not in stack.sim.running_sessions()
+
+
+def test_a_foreign_session_whose_name_contains_stepwise_is_never_touched_and_never_an_error(stack):
+    """ListTrainingSessions filters by "name contains": a user's ``my-stepwise-x`` is listed, and the
+    stack's grant (``training-session/stepwise-*``, modelled by the simulator's ``grant_sessions``) denies
+    describing it. The sweeper keeps only names starting ``stepwise-``: no call on it, no error (before:
+    AccessDenied, and every sweep failed)."""
+    from stepwise.events import SweepEvent
+    from stepwise.handlers.sweeper import sweep
+    from tests.support.simulator import control_client, session_request
+
+    sm = control_client(stack.sim)
+    sm.create_training_session(**session_request(stack.sim, "my-stepwise-x"))
+    stack.sim.grant_sessions("stepwise-*")
+    try:
+        report = sweep(SweepEvent(grace_seconds=0))
+    finally:
+        stack.sim.grant_sessions(None)
+    assert report["errors"] == []
+    assert "my-stepwise-x" not in [x["session"] for part in ("stopped", "left") for x in report[part]]
+    assert "my-stepwise-x" in stack.sim.running_sessions()
+    sm.stop_training_session(TrainingSessionName="my-stepwise-x")
+
+
+def test_every_session_the_sweeper_stops_is_in_the_ledger_before_and_after_a_resume(stack):
+    """An execution stopped from the console with no Cleanup: the sweeper stops its session, and the
+    seconds that session billed (its CreationTime to the stop) join the cost ledger, where they stay when
+    `stepwise resume` continues the run on a new session (before: missing both times, so max_cost_usd and
+    max_session_hours counted less than AWS bills)."""
+    from stepwise.events import InitEvent, SweepEvent
+    from stepwise.handlers.init import initialize
+    from stepwise.handlers.sweeper import sweep
+
+    runs, _ = _machines(stack)
+    sfn = stack.moto.client("stepfunctions")
+    rs = RunStore(BUCKET, stack.s3)
+    run_id = new_run_id("swept-ledger")
+    owner = _start(stack, runs, run_id)
+    first = _init_owned(stack, run_id, owner)
+    time.sleep(1.5)
+    sfn.stop_execution(executionArn=owner)  # no Cleanup ever runs
+    report = sweep(SweepEvent(grace_seconds=0))
+    assert [x["session"] for x in report["stopped"]] == [first]
+    billed = stack.sim.session_seconds()[first]["seconds"]
+    state = rs.read_state(run_id)[0]
+    assert billed >= 1.5 and abs(state.ledger.sessions_closed_seconds - billed) < 0.5, (state.ledger, billed)
+
+    cont = {"continuation": {"run_id": run_id, "parent_execution_arn": owner, "segment": 1, "resume": True}}
+    resumed = _start(stack, runs, f"{run_id}--1", cont)
+    initialize(InitEvent(input=cont, execution_arn=resumed, execution_name=f"{run_id}--1"))
+    second = rs.read_state(run_id)[0].training_session_name
+    assert second != first
+    time.sleep(1.0)
+    out = stop(StopEvent(execution_arn=resumed, execution_name=f"{run_id}--1", input=cont,
+                         error={"Error": "X", "Cause": "drill"}))
+    assert out["stopped"] is True
+    seconds = stack.sim.session_seconds()
+    both = seconds[first]["seconds"] + seconds[second]["seconds"]
+    state = rs.read_state(run_id)[0]
+    assert abs(state.ledger.sessions_closed_seconds - both) < 1.0, (state.ledger.sessions_closed_seconds, both)

@@ -61,13 +61,19 @@ class RunStore:
         return self.get_json_etag(key)[0]
 
     def get_json_etag(self, key: str) -> tuple[Any, str]:
+        obj, etag, _ = self.get_json_meta(key)
+        return obj, etag
+
+    def get_json_meta(self, key: str) -> tuple[Any, str, float]:
+        """``(object, ETag, LastModified as epoch seconds)``. Raises KeyError(key) when absent."""
         try:
             resp = self.s3.get_object(Bucket=self.bucket, Key=key)
         except ClientError as e:
             if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
                 raise KeyError(key) from None
             raise
-        return json.loads(resp["Body"].read()), resp["ETag"]
+        modified = resp.get("LastModified")
+        return json.loads(resp["Body"].read()), resp["ETag"], modified.timestamp() if modified is not None else 0.0
 
     def get_json_or(self, key: str, default: Any = None) -> Any:
         try:
@@ -158,11 +164,17 @@ class RunStore:
 
     def read_state(self, run_id: str) -> tuple[RunState, str]:
         """``(state, etag)``. Raises RunNotFound."""
+        state, etag, _ = self.read_state_at(run_id)
+        return state, etag
+
+    def read_state_at(self, run_id: str) -> tuple[RunState, str, float]:
+        """``(state, etag, last change)``: the last change is state.json's LastModified (epoch seconds),
+        what the session sweeper waits out (`stepwise.core.sweeping.sweep_verdict`). Raises RunNotFound."""
         try:
-            obj, etag = self.get_json_etag(state_key(run_id))
+            obj, etag, modified = self.get_json_meta(state_key(run_id))
         except KeyError:
             raise RunNotFound(f"run {run_id!r} has no state at s3://{self.bucket}/{state_key(run_id)}") from None
-        return RunState.model_validate(obj), etag
+        return RunState.model_validate(obj), etag, modified
 
     def update_state(
         self,

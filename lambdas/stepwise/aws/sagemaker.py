@@ -402,11 +402,19 @@ def adoption_problem(session_name: str, detail: dict[str, Any] | None, run_id: s
     return problem_of(session_name, tags, run_id, bucket, str(detail.get("TrainingSessionStatus", "")), execution_arn)
 
 
-def list_active_sessions(cp: Any, name_contains: str = "stepwise-") -> list[str]:
-    """Names of the account's training sessions in this region whose name contains ``name_contains``
-    and whose status is active (`ACTIVE_SESSION_STATUSES`): ListTrainingSessions with
-    ``StatusEquals`` per active status, every page."""
+#: The prefix of every session name Init gives (`stepwise.core.phases.session_name_for`); the stack's
+#: IAM grants name ``training-session/stepwise-*`` (``infra.permissions.SESSION_NAME_PATTERN``).
+SESSION_NAME_PREFIX = "stepwise-"
+
+
+def list_active_sessions(cp: Any, name_prefix: str = SESSION_NAME_PREFIX) -> list[str]:
+    """Names of the account's training sessions in this region that start with ``name_prefix`` and
+    whose status is active (`ACTIVE_SESSION_STATUSES`): ListTrainingSessions with ``NameContains``
+    and ``StatusEquals`` per active status, every page. ListTrainingSessions filters by *contains*
+    only, so names holding the prefix elsewhere (a user's ``my-stepwise-x``, outside the stack's
+    grant ``training-session/stepwise-*``) are dropped here: never described, never an error."""
     names: list[str] = []
+    name_contains = name_prefix
     for status in sorted(ACTIVE_SESSION_STATUSES):
         token = None
         while True:
@@ -414,7 +422,8 @@ def list_active_sessions(cp: Any, name_contains: str = "stepwise-") -> list[str]
             if token:
                 kwargs["NextToken"] = token
             page = cp.list_training_sessions(**kwargs)
-            names += [str(s["TrainingSessionArn"]).rsplit("/", 1)[-1] for s in page.get("TrainingSessionSummaries", [])]
+            names += [n for n in (str(s["TrainingSessionArn"]).rsplit("/", 1)[-1]
+                                  for s in page.get("TrainingSessionSummaries", [])) if n.startswith(name_prefix)]
             token = page.get("NextToken")
             if not token:
                 break
@@ -476,7 +485,9 @@ def creation_time(cp: Any, session_name: str) -> float | None:
 
 
 def stop_session(cfg: RunConfig, session_name: str) -> bool:
-    """``ServiceClient.stop_session``, idempotent: True when a stop was requested, False when the
+    """``ServiceClient.stop_session`` (its ``_stop_session_if_active``: StopTrainingSession, the SDK's
+    ``_stop_already_done`` reading of a refusal) on the cached `control_plane` client, idempotent: True
+    when a stop was requested, False when the
     session had already ended (any `ENDED_SESSION_STATUSES`, ``Expired`` included, which the SDK's
     ``_stop_already_done`` does not list) or was never created.
 
@@ -487,11 +498,17 @@ def stop_session(cfg: RunConfig, session_name: str) -> bool:
     Raises:
         ClientError: any other refusal (throttling after botocore's retries, access denied, ...).
     """
+    from sagemaker.train.training_session.service_client import _stop_already_done
+
     try:
-        # stop_session's own body, reporting whether a stop was issued (False: the SDK's
-        # _stop_already_done recognised an ended session)
-        return bool(service_client(cfg)._stop_session_if_active(session_name))
+        # ServiceClient._stop_session_if_active's body on this container's control-plane client (the one
+        # a ServiceClient builds): building a ServiceClient costs 0.6-1.8 s, which a stop path, and the
+        # cost ledger's count of the session's seconds until the stop, should not pay.
+        control_plane(cfg.region).stop_training_session(TrainingSessionName=session_name)
+        return True
     except ClientError as e:
+        if _stop_already_done(e):
+            return False
         err = e.response.get("Error", {})
         if err.get("Code") == "ResourceNotFound":
             return False

@@ -78,21 +78,26 @@ def start_execution(sfn: Any, state_machine_arn: str, name: str, body: dict[str,
         return execution_arn_of(state_machine_arn, name)
 
 
-def execution_status(sfn: Any, execution_arn: str) -> str | None:
-    """DescribeExecution's ``status`` of ``execution_arn`` (RUNNING, SUCCEEDED, FAILED, TIMED_OUT,
-    ABORTED, PENDING_REDRIVE); ``"GONE"`` when Step Functions does not know it (never started, or
-    closed more than 90 days ago); None when it cannot be read (logged: access denied, a malformed
-    ARN, ...). Throttling and 5xx raise after botocore's retries."""
+def execution_status(sfn: Any, execution_arn: str) -> tuple[str | None, float | None]:
+    """``(status, stop date)`` of ``execution_arn`` from DescribeExecution: the status (RUNNING,
+    SUCCEEDED, FAILED, TIMED_OUT, ABORTED, PENDING_REDRIVE) and, once it ended, its ``stopDate`` (epoch
+    seconds; None while it runs). ``("GONE", None)`` when Step Functions does not know it (never
+    started, closed more than 90 days ago, or started so recently that DescribeExecution, eventually
+    consistent, does not see it yet); ``(None, None)`` when it cannot be read (logged: access denied, a
+    malformed ARN, ...). Throttling and 5xx raise after botocore's retries."""
     from botocore.exceptions import ClientError
 
     try:
-        return str(sfn.describe_execution(executionArn=execution_arn)["status"])
+        resp = sfn.describe_execution(executionArn=execution_arn)
     except sfn.exceptions.ExecutionDoesNotExist:
-        return "GONE"
+        return "GONE", None
     except (sfn.exceptions.InvalidArn, ClientError) as e:
         from stepwise.aws.sagemaker import is_transient
 
         if isinstance(e, ClientError) and is_transient(e):
             raise
         log.warning("cannot read execution %s: %s", execution_arn, e)
-        return None
+        return None, None
+    stopped = resp.get("stopDate")
+    return str(resp["status"]), (stopped.timestamp() if hasattr(stopped, "timestamp") else
+                                 float(stopped) if stopped is not None else None)

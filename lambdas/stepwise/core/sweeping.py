@@ -12,14 +12,21 @@ A session is *of this stack* when its tags name this stack's bucket and a run wh
 tags are matched by name (`stepwise.core.phases.session_name_for` of a run id in the bucket).
 Anything else is never touched: another stack's sessions, a user's own.
 
-A run's session is *adopted* (a retried Init finds it already created) only when its tags name this
-stack's bucket and this run (and, when it carries one, the execution that created it):
-`adoption_problem`; anything else refuses the run before it bills.
-
 Continue-as-new: ContinueRun records the next execution (``RunState.successor_execution_arn``)
 before starting it, so from that moment until the successor's Init takes the run over, both the
 owner and the successor may stop the session (`may_stop_session`), and the sweeper leaves the
 session alone while the successor runs: there is no window in which no execution may stop it.
+
+No verdict on a recent change: DescribeExecution is eventually consistent (an execution just started
+can read as not existing, and a hand-over is exactly that), so the sweeper stops nothing whose run
+changed (``state.json`` written), or whose executions ended, less than a grace period ago
+(`sweep_verdict`'s ``grace``: the Lambda's ``STEPWISE_SWEEP_GRACE_SECONDS``, default 300 s, far longer
+than DescribeExecution takes to see a new execution and than a stop path takes to record its stop; an
+orphaned session bills that much longer, once).
+
+A run's session is *adopted* (a retried Init finds it already created) only when its tags name this
+stack's bucket and this run (and, when it carries one, the execution that created it):
+`adoption_problem`; anything else refuses the run before it bills.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+from stepwise.core.ledger import close_session
 from stepwise.core.phases import session_name_for
 from stepwise.records import RunState
 
@@ -35,6 +43,7 @@ TAG_RUN_ID = "stepwise:run-id"
 TAG_BUCKET = "stepwise:bucket"
 #: The execution that created the session (Init; a retried Init is the same execution).
 TAG_EXECUTION = "stepwise:execution"
+
 #: DescribeExecution statuses of an execution that may still act on its run (a redrive restarts it).
 LIVE_EXECUTION_STATUSES = frozenset({"RUNNING", "PENDING_REDRIVE"})
 #: The status this module is given for an execution Step Functions does not know (ExecutionDoesNotExist:
@@ -125,7 +134,9 @@ class SweepVerdict:
 
 
 def sweep_verdict(session_name: str, state: RunState, owner_status: str | None,
-                  successor_status: str | None = None) -> SweepVerdict:
+                  successor_status: str | None = None, *, state_changed_at: float | None = None,
+                  owner_stopped_at: float | None = None, successor_stopped_at: float | None = None,
+                  now: float = 0.0, grace: float = 0.0) -> SweepVerdict:
     """The sweeper's verdict on the active session ``session_name`` of the run ``state`` describes.
 
     ``owner_status`` / ``successor_status``: DescribeExecution's status of
@@ -134,33 +145,51 @@ def sweep_verdict(session_name: str, state: RunState, owner_status: str | None,
 
     Stops a session the run no longer uses (it names another session, or recorded this one
     stopped), and the run's session when neither its owner nor a recorded successor can still
-    stop it. Leaves it alone while either runs, or when a status could not be read, and always when
-    the run was refused the session (`REFUSED`: it is not the run's).
+    stop it. Leaves it alone while either runs, or when a status could not be read.
+
+    ``grace`` > 0: no stop until the run's last change is ``grace`` seconds old: ``state.json``'s
+    (``state_changed_at``, its LastModified; unknown = now) and each execution's stop date
+    (``owner_stopped_at``, ``successor_stopped_at``; epoch seconds, None while running or unknown).
+    DescribeExecution is eventually consistent: a successor just started in a continue-as-new hand-over
+    may read `GONE`, and ContinueRun's write of it into the state, moments before, is what the wait
+    covers. ``now``: epoch seconds.
     """
     if state.session_status == REFUSED:
         return SweepVerdict(False, False, "the run was refused this session: not its own")
     if state.training_session_name != session_name:
-        return SweepVerdict(True, False, f"the run's state names another session ({state.training_session_name})")
-    if state.session_stopped:
-        return SweepVerdict(True, False, "the run recorded its session stopped, but it is still active")
-    if owner_status in LIVE_EXECUTION_STATUSES:
+        verdict = SweepVerdict(True, False, f"the run's state names another session ({state.training_session_name})")
+    elif state.session_stopped:
+        verdict = SweepVerdict(True, False, "the run recorded its session stopped, but it is still active")
+    elif owner_status in LIVE_EXECUTION_STATUSES:
         return SweepVerdict(False, False, f"owner execution {state.owner_execution_arn} is {owner_status}")
-    if owner_status is None:
+    elif owner_status is None:
         return SweepVerdict(False, False, f"owner execution {state.owner_execution_arn}: status unknown")
-    reason = f"owner execution {state.owner_execution_arn} ended {owner_status}"
-    if state.successor_execution_arn:
-        if successor_status in LIVE_EXECUTION_STATUSES:
-            return SweepVerdict(False, False, f"handed over to execution {state.successor_execution_arn}, "
-                                              f"{successor_status}")
-        if successor_status is None:
-            return SweepVerdict(False, False, f"successor execution {state.successor_execution_arn}: status unknown")
-        reason += f"; its successor {state.successor_execution_arn} ended {successor_status} before taking the run over"
-    return SweepVerdict(True, True, reason)
+    else:
+        reason = f"owner execution {state.owner_execution_arn} ended {owner_status}"
+        if state.successor_execution_arn:
+            if successor_status in LIVE_EXECUTION_STATUSES:
+                return SweepVerdict(False, False, f"handed over to execution {state.successor_execution_arn}, "
+                                                  f"{successor_status}")
+            if successor_status is None:
+                return SweepVerdict(False, False, f"successor execution {state.successor_execution_arn}: status unknown")
+            reason += f"; its successor {state.successor_execution_arn} ended {successor_status} before taking the run over"
+        verdict = SweepVerdict(True, True, reason)
+    if grace > 0:
+        changed = max(t for t in (now if state_changed_at is None else state_changed_at, owner_stopped_at,
+                                  successor_stopped_at) if t is not None)
+        if now - changed < grace:
+            return SweepVerdict(False, False, f"the run changed {max(0.0, now - changed):.0f} s ago, within the "
+                                              f"{grace:g} s grace period (would stop: {verdict.reason})")
+    return verdict
 
 
-def mark_swept(state: RunState, session_name: str, owner: str, successor: str | None, reason: str) -> None:
+def mark_swept(state: RunState, session_name: str, owner: str, successor: str | None, reason: str, *,
+               stopped_at: float | None = None, created_at: float | None = None) -> None:
     """Record in ``state`` that its session was stopped by the sweeper (mutates: ``session_stopped``,
-    ``session_status``, a ``stop_reason`` that `stepwise resume` treats as an abnormal end).
+    ``session_status``, a ``stop_reason`` that `stepwise resume` treats as an abnormal end) and, with
+    ``stopped_at`` (epoch seconds of the stop), close its seconds in the cost ledger
+    (`stepwise.core.ledger.close_session`, from ``created_at``, the session's own CreationTime, when
+    given), as the stop path does: every session the sweeper stops is in the ledger.
 
     Raises:
         SweepConflict: the run moved on since the verdict (another owner, successor or session, or
@@ -170,6 +199,10 @@ def mark_swept(state: RunState, session_name: str, owner: str, successor: str | 
             (session_name, owner, successor) or state.session_stopped:
         raise SweepConflict(f"run {state.run_id!r} changed since it was read (owner {state.owner_execution_arn}, "
                             f"session {state.training_session_name}, stopped {state.session_stopped})")
+    if stopped_at is not None:
+        if created_at is not None:
+            state.session_created_at = created_at
+        close_session(state, stopped_at)
     state.session_stopped = True
     state.session_status = "Stopping"
     if state.stop_reason is None:

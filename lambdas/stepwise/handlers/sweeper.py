@@ -3,12 +3,16 @@ active training session of this stack that no execution still drives.
 
 EventBridge delivers execution status changes best-effort, so an execution stopped from the console
 may never run Cleanup, and its session would bill until someone notices. For each active session
-(ListTrainingSessions, names ``stepwise-*``), this finds its run in this stack's bucket
+whose name starts ``stepwise-`` (the stack's grant: ``training-session/stepwise-*``; a foreign
+``my-stepwise-x`` is never described), this finds its run in this stack's bucket
 (`stepwise.core.sweeping.run_of_session`: the session's tags, else its name), reads the run's
 ``state.json`` and the status of its owner execution and recorded successor, and stops it when
 `stepwise.core.sweeping.sweep_verdict` says so, after recording the stop in ``state.json``
-(`stepwise.core.sweeping.mark_swept`, conditional on the state it decided on). Sessions of other
-stacks and sessions it cannot attribute are never touched.
+(`stepwise.core.sweeping.mark_swept`, conditional on the state it decided on: the session's seconds
+join the cost ledger). No verdict stops anything the run
+changed, or whose executions ended, less than ``STEPWISE_SWEEP_GRACE_SECONDS`` ago: DescribeExecution
+is eventually consistent, and a continue-as-new hand-over is exactly a new execution. Sessions of
+other stacks and sessions it cannot attribute (or may not read) are never touched and never an error.
 
 Each stopped session is logged (``training session swept``, counted by the stack's metric filter),
 emitted as the run's ``sessions/swept`` metric, and, when the stack has a notification topic,
@@ -20,22 +24,33 @@ from __future__ import annotations
 
 from typing import Any
 
+from botocore.exceptions import ClientError
+
 from stepwise.aws import notify, sagemaker, task_tokens
 from stepwise.aws.runstore import RunNotFound
+from stepwise.core import ledger
 from stepwise.core.sweeping import SweepConflict, mark_swept, run_of_session, sweep_verdict
 from stepwise.events import SweepEvent
-from stepwise.handlers._common import emit, entrypoint, logger, run_config, settings, sfn_client, store
+from stepwise.handlers._common import emit, entrypoint, logger, now, run_config, settings, sfn_client, store
 
 #: The log message of each stopped session (the stack's metric filter counts it: keep it stable).
 SWEPT_MESSAGE = "training session swept"
+#: Errors that mean "not this function's to read": a session outside the stack's grant.
+ACCESS_DENIED = frozenset({"AccessDenied", "AccessDeniedException"})
 
 
 class SweepIncomplete(RuntimeError):
     """Some active sessions could not be handled (each is logged with its error)."""
 
 
-def _status(arn: str | None) -> str | None:
-    return task_tokens.execution_status(sfn_client(), arn) if arn else None
+def _execution(arn: str | None) -> tuple[str | None, float | None]:
+    return task_tokens.execution_status(sfn_client(), arn) if arn else (None, None)
+
+
+def _epoch(value: Any) -> float | None:
+    if value is None:
+        return None
+    return value.timestamp() if hasattr(value, "timestamp") else float(value)
 
 
 def sweep(event: SweepEvent) -> dict[str, Any]:
@@ -48,6 +63,7 @@ def sweep(event: SweepEvent) -> dict[str, Any]:
     s = settings()
     rs = store()
     cp = sagemaker.control_plane(s.region)
+    grace = s.sweep_grace_seconds if event.grace_seconds is None else event.grace_seconds
     run_ids: list[str] | None = None
 
     def bucket_run_ids() -> list[str]:
@@ -62,7 +78,13 @@ def sweep(event: SweepEvent) -> dict[str, Any]:
     for name in sagemaker.list_active_sessions(cp):
         run_id: str | None = None
         try:
-            detail = sagemaker.session_detail(cp, name)
+            try:
+                detail = sagemaker.session_detail(cp, name)
+            except ClientError as e:
+                if e.response.get("Error", {}).get("Code") not in ACCESS_DENIED:
+                    raise
+                left.append({"session": name, "run_id": "", "reason": "not this stack's to read (access denied)"})
+                continue
             if detail.get("TrainingSessionStatus") not in sagemaker.ACTIVE_SESSION_STATUSES:
                 continue  # ended since the listing
             tags = {t["Key"]: t["Value"] for t in detail.get("Tags") or []}
@@ -70,16 +92,26 @@ def sweep(event: SweepEvent) -> dict[str, Any]:
             if run_id is None:
                 left.append({"session": name, "run_id": "", "reason": "not a session of this stack"})
                 continue
-            state, _ = rs.read_state(run_id)
+            state, _, changed_at = rs.read_state_at(run_id)
             owner, successor = state.owner_execution_arn, state.successor_execution_arn
-            verdict = sweep_verdict(name, state, _status(owner), _status(successor))
+            owner_status, owner_stopped = _execution(owner)
+            successor_status, successor_stopped = _execution(successor)
+            verdict = sweep_verdict(name, state, owner_status, successor_status, state_changed_at=changed_at,
+                                    owner_stopped_at=owner_stopped, successor_stopped_at=successor_stopped,
+                                    now=now(), grace=grace)
             if not verdict.stop or event.dry_run:
                 left.append({"session": name, "run_id": run_id, "reason": verdict.reason})
                 continue
+            cfg = run_config(run_id)
             if verdict.mark:
-                rs.update_state(run_id, lambda st: mark_swept(st, name, owner, successor, verdict.reason),
-                                execution_arn=None)
-            sagemaker.stop_session(run_config(run_id), name)
+                stopped_at, created = now(), _epoch(detail.get("CreationTime"))
+
+                def mark(st: Any) -> None:
+                    mark_swept(st, name, owner, successor, verdict.reason, stopped_at=stopped_at, created_at=created)
+                    st.ledger.final = ledger.final_report(st, cfg, stopped_at, None)
+
+                state = rs.update_state(run_id, mark, execution_arn=None)
+            sagemaker.stop_session(cfg, name)
         except (RunNotFound, SweepConflict) as e:
             left.append({"session": name, "run_id": run_id or "", "reason": str(e)})
             continue
@@ -90,7 +122,7 @@ def sweep(event: SweepEvent) -> dict[str, Any]:
         stopped.append({"session": name, "run_id": run_id, "reason": verdict.reason})
         logger.warning(SWEPT_MESSAGE, extra={"training_session_name": name, "run_id": run_id, "reason": verdict.reason})
         emit({"sessions/swept": 1}, run_id=run_id)
-    if stopped:  # to the stack's topic, when it has one (best effort: never fails the sweep)
+    if stopped and not event.dry_run:  # to the stack's topic, when it has one (best effort: never fails the sweep)
         lines = [f"- {x['session']} (run {x['run_id']}): {x['reason']}" for x in stopped]
         notify.publish(
             s.notification_topic_arn, subject=f"Stepwise stopped {len(stopped)} training session(s) no execution was driving",
