@@ -13,7 +13,7 @@ save_weights, save_state), ExecuteSamplingOperation / GetSamplingOperationResult
 (sample, load_weights_for_sampling), DescribeHubContent / ListHubContents on
 ``SageMakerPublicHub`` (``resolve_base_model``, ``list_base_models``, ``load_tokenizer``) and
 DescribeModelPackage / DescribeModelPackageGroup (``create_training_client_from_state*``),
-and DeleteModelPackage (``delete_model_package``: retention ``best_and_last``, StopSession only).
+and DeleteModelPackage (retention ``best_and_last``: StopSession, Cleanup and the session sweeper).
 """
 
 from __future__ import annotations
@@ -165,11 +165,12 @@ class TrainingSessions:
             resources=self.arns))
 
     def grant_prune_model_packages(self, role: iam.IGrantable) -> None:
-        """DescribeModelPackage and DeleteModelPackage on this account's and region's model packages
-        (``keep_model_packages: best_and_last``: StopSession deletes the intermediate packages a run
-        created, by their ARNs recorded in state.json, through the SDK's ``delete_model_package``, which
-        describes first). No ListModelPackages: nothing is found by listing."""
-        add_statements(role, iam.PolicyStatement(actions=["sagemaker:DescribeModelPackage", "sagemaker:DeleteModelPackage"],
+        """DeleteModelPackage on this account's and region's model packages (``keep_model_packages:
+        best_and_last``: the run's end, then the session sweeper, delete the intermediate packages a run
+        created, by their ARNs recorded in state.json, with DeleteModelPackage alone:
+        ``stepwise.aws.sagemaker.delete_model_package``). No DescribeModelPackage (which would need
+        ``kms:Decrypt`` for an encrypted package), no ListModelPackages: nothing is found by listing."""
+        add_statements(role, iam.PolicyStatement(actions=["sagemaker:DeleteModelPackage"],
                                                  resources=[_sm_arn(self.stack, "model-package")]))
 
     def grant_read_model_packages(self, role: iam.IGrantable) -> None:

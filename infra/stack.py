@@ -189,11 +189,14 @@ class StepwiseStack(Stack):
             loop.grant_read_history(fns[name])
         agents.grant_invoke(fns["StartRollout"])
         # Every rollout's runtime session is stopped when the rollout ends (FinishRollout), when its invoke
-        # failed (StartRollout), or when the run stops with the rollout in flight (StopSession, Cleanup).
-        for name in ("StartRollout", "FinishRollout", "StopSession", "Cleanup"):
+        # failed (StartRollout), or when the run stops with the rollout in flight (StopSession, Cleanup, and
+        # the sweeper for what they leave: stepwise.handlers._leftovers).
+        for name in ("StartRollout", "FinishRollout", "StopSession", "Cleanup", "SweepSessions"):
             agents.grant_stop_sessions(fns[name])
-        for name in ("StartRollout", "OnRolloutResult", "FinishRollout", "StopSession", "Cleanup"):
+        for name in ("StartRollout", "OnRolloutResult", "FinishRollout", "StopSession", "Cleanup", "SweepSessions"):
             storage.grant_session_records(fns[name])
+        for name in ("StopSession", "Cleanup", "SweepSessions"):
+            storage.grant_leftovers(fns[name])  # the clean-up a run's end hands over
         for name in ("OnRolloutResult", "FinishRollout"):
             storage.grant_read_results(fns[name])
         loop.grant_task_response(fns["OnRolloutResult"])
@@ -212,7 +215,8 @@ class StepwiseStack(Stack):
         # The session sweeper: this stack's active sessions, its runs' states (above), their executions.
         sessions.grant_sweep(fns["SweepSessions"])
         loop.grant_describe_executions(fns["SweepSessions"])
-        sessions.grant_prune_model_packages(fns["StopSession"])  # retention best_and_last at a run's end
+        for name in ("StopSession", "Cleanup", "SweepSessions"):  # retention best_and_last, at a run's end or after
+            sessions.grant_prune_model_packages(fns[name])
         # Track logs every summary to MLflow (and W&B) and ends the runs, beside the loop; no function
         # of the loop logs anything.
         tracking.grant_tracking(fns["Track"])

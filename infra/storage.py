@@ -13,6 +13,7 @@ from stepwise.layout import (  # the key prefixes and the bulk tag (docs/interna
     BULK_TAG_KEY,
     BULK_TAG_VALUE,
     DATASETS_PREFIX,
+    LEFTOVERS_PREFIX,
     RESULTS_PREFIX,
     RUNS_PREFIX,
     SAGEMAKER_OUTPUT_PREFIX,
@@ -145,6 +146,14 @@ class Storage(Construct):
         add_statements(role,
                   iam.PolicyStatement(actions=["s3:GetObject", "s3:PutObject", "s3:PutObjectTagging"],
                                       resources=[self.bucket.arn_for_objects(f"{SESSIONS_PREFIX}*")]),
+                  self._list_bucket())
+
+    def grant_leftovers(self, role: iam.IGrantable) -> None:
+        """Read, write and delete the runs' leftovers ``leftovers/*`` (the clean-up a run's end hands to
+        the session sweeper: StopSession, Cleanup, SweepSessions; ``stepwise.handlers._leftovers``)."""
+        add_statements(role,
+                  iam.PolicyStatement(actions=["s3:GetObject", "s3:PutObject", "s3:DeleteObject"],
+                                      resources=[self.bucket.arn_for_objects(f"{LEFTOVERS_PREFIX}*")]),
                   self._list_bucket())
 
     def grant_read_results(self, role: iam.IGrantable) -> None:

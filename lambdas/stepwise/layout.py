@@ -28,6 +28,7 @@ Layout (docs/internals.md, "S3 layout")::
     rollout-results/{run_id}/{input_id}/{sid}.json          written by the agent (toolkit result key)
     datasets/{run_id}/{file name}                           local dataset files the operator uploaded (CLI, local stack)
     datasets/{run_id}/estimate.json                         the run's cost estimate (CLI, local stack), for the end's comparison
+    leftovers/{run_id}.json                                 clean-up the run's end left (rollouts in flight, retention); the sweeper finishes it
     sagemaker-output/                                       the training sessions' default output path
 
 The key functions accept ``"*"`` for an id, which gives the IAM resource pattern of that key
@@ -46,6 +47,8 @@ SESSIONS_PREFIX = "sessions/"
 RESULTS_PREFIX = "rollout-results/"
 DATASETS_PREFIX = "datasets/"
 SAGEMAKER_OUTPUT_PREFIX = "sagemaker-output/"
+#: What runs' ends left to clean up (`leftovers_key`): the session sweeper lists it on every pass.
+LEFTOVERS_PREFIX = "leftovers/"
 
 #: The object tag of bulky per-step data under runs/ (Map items, rollout records, datums): the
 #: stack's lifecycle rule expires objects by it (a lifecycle filter matches prefixes and tags only).
@@ -148,6 +151,21 @@ def eval_results_key(run_id: str, step: int) -> str:
     """``runs/{run_id}/evals/{step}/results.json``: every prompt's rollouts of that eval
     (`stepwise.records.EvalResults`), beside its summary."""
     return step_summary_key(run_id, "evals", step).removesuffix("summary.json") + "results.json"
+
+
+def leftovers_key(run_id: str) -> str:
+    """``leftovers/{run_id}.json``: the clean-up the run's end left to do (`stepwise.records.RunLeftovers`:
+    rollouts still in flight, retention still to apply), one object per run with work left, under one
+    top-level prefix so the session sweeper finds every run's with one listing. Deleted when done."""
+    return f"{LEFTOVERS_PREFIX}{run_id}.json"
+
+
+def run_id_of_leftovers(key: str) -> str | None:
+    """The run id of a `leftovers_key`, or None for another key."""
+    if not key.startswith(LEFTOVERS_PREFIX) or not key.endswith(".json"):
+        return None
+    run_id = key[len(LEFTOVERS_PREFIX):].removesuffix(".json")
+    return run_id if run_id and "/" not in run_id else None
 
 
 def run_summary_key(run_id: str) -> str:
@@ -335,6 +353,7 @@ KEY_KINDS: tuple[tuple[re.Pattern[str], str], ...] = tuple((re.compile(rx), kind
     (f"^{_pattern(tokenizer_prefix(_ID))}", "tokenizer"),
     (f"^{_pattern(run_prefix(_ID))}dataset/", "dataset"),
     (f"^{_pattern(RESULTS_PREFIX)}", "result"),
+    (f"^{_pattern(LEFTOVERS_PREFIX)}", "leftovers"),
 ))
 
 

@@ -186,6 +186,8 @@ class Checkpoint(BaseModel):
     epoch: int = -1
     cursor: int = -1
     policy_version: int = -1
+    # Retention (keep_model_packages best_and_last) deleted its model package: listed, not usable.
+    deleted: bool = False
 
 
 class PlannedBatch(BaseModel):
@@ -307,6 +309,37 @@ class RunState(BaseModel):
     finished: bool = False
     session_stopped: bool = False
     ledger: Ledger = Field(default_factory=Ledger)  # the run's cost ledger (stepwise.core.ledger)
+
+
+class RunLeftovers(BaseModel):
+    """``leftovers/{run_id}.json`` (`stepwise.layout.leftovers_key`): clean-up a run's end left to do
+    after the end itself was recorded (StopSession, Cleanup), which they do in the time left and the
+    session sweeper finishes (`stepwise.handlers._leftovers`).
+
+    ``batches``: generation batches whose rollouts in flight are not resolved to sids yet;
+    ``sids``: rollouts whose gateway and runtime sessions are still to be ended; ``retention``:
+    ``keep_model_packages: best_and_last`` still to apply (what it deletes is recomputed from
+    ``state.json``, where each deletion is recorded); ``failed_packages``: ARN -> the refusal of a
+    package deletion that is not retried (kept, reported). ``held_until``: epoch seconds until which
+    the invocation working on it holds it (its own deadline; 0 = nobody): the sweeper takes up only a
+    record nobody holds, so two invocations never work one run's leftovers at once.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    run_id: str
+    since: float  # when the run's end handed it over (epoch seconds)
+    reason: str = ""  # the run's stop reason, for the logs
+    batches: list[PlannedBatch] = Field(default_factory=list)
+    sids: list[str] = Field(default_factory=list)
+    retention: bool = False
+    failed_packages: dict[str, str] = Field(default_factory=dict)
+    held_until: float = 0.0
+    passes: int = 0  # invocations that worked on it
+
+    def empty(self) -> bool:
+        """Nothing left to do."""
+        return not (self.batches or self.sids or self.retention)
 
 
 # ---------------------------------------------------------------------------- state machine payloads

@@ -304,10 +304,12 @@ def test_every_session_the_sweeper_stops_is_in_the_ledger_before_and_after_a_res
     """An execution stopped from the console with no Cleanup: the sweeper stops its session, and the
     seconds that session billed (its CreationTime to the stop) join the cost ledger, where they stay when
     `stepwise resume` continues the run on a new session (before: missing both times, so max_cost_usd and
-    max_session_hours counted less than AWS bills)."""
+    max_session_hours counted less than AWS bills). The swept run's end is recorded as a stop path's is
+    (the run summary, so Track ends its tracking runs)."""
     from stepwise.events import InitEvent, SweepEvent
     from stepwise.handlers.init import initialize
     from stepwise.handlers.sweeper import sweep
+    from stepwise.layout import run_summary_key
 
     runs, _ = _machines(stack)
     sfn = stack.moto.client("stepfunctions")
@@ -322,6 +324,8 @@ def test_every_session_the_sweeper_stops_is_in_the_ledger_before_and_after_a_res
     billed = stack.sim.session_seconds()[first]["seconds"]
     state = rs.read_state(run_id)[0]
     assert billed >= 1.5 and abs(state.ledger.sessions_closed_seconds - billed) < 0.5, (state.ledger, billed)
+    summary = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=run_summary_key(run_id))["Body"].read())
+    assert summary["status"] == "FAILED" and summary["reason"].startswith("execution ended without stopping")
 
     cont = {"continuation": {"run_id": run_id, "parent_execution_arn": owner, "segment": 1, "resume": True}}
     resumed = _start(stack, runs, f"{run_id}--1", cont)

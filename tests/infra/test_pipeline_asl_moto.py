@@ -63,7 +63,8 @@ def test_a_run_trains_evaluates_continues_as_new_saves_and_stops(local):
     out = json.loads(second["output"])["stopped"]
     assert [(c["step"], c["kind"], c["reason"]) for c in out["checkpoints"]] == [(2, "state", "final"), (2, "weights", "weights_at_end")]
     fields = ("step", "kind", "reason", "model_package_arn")
-    assert out["checkpoints"] == [{k: c[k] for k in fields} for c in state["checkpoints"]]
+    assert out["checkpoints"] == [{k: c[k] for k in (*fields, "deleted")} for c in state["checkpoints"]]
+    assert not any(c["deleted"] for c in out["checkpoints"])  # keep_model_packages: all
     assert out["final_weights"] == {k: state["checkpoints"][1][k] for k in (*fields, "policy_version")}
     assert out["final_weights"]["model_package_arn"] in out["use_final_weights"] and "deploy it" in out["use_final_weights"]
     assert len(agent.invocations) >= 10  # 2 steps x 4 rollouts + one eval of 2

@@ -124,6 +124,10 @@ class RunStore:
                 return False
             raise
 
+    def delete(self, key: str) -> None:
+        """DeleteObject of ``key`` (no error when it is absent)."""
+        self.s3.delete_object(Bucket=self.bucket, Key=key)
+
     def list_keys(self, prefix: str) -> list[str]:
         """Every key under ``prefix``, sorted."""
         keys: list[str] = []

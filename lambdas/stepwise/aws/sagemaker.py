@@ -436,11 +436,34 @@ def session_detail(cp: Any, session_name: str) -> dict[str, Any]:
     return dict(resp.get("TrainingSessionDetail", resp))
 
 
-def delete_model_package(cfg: RunConfig, model_package_arn: str) -> bool:
-    """DeleteModelPackage through the SDK's ``ServiceClient.delete_model_package`` (DescribeModelPackage,
-    then DeleteModelPackage; its S3 artifacts are left where the session wrote them). Idempotent: True
-    when it deleted the package, False when it was already gone."""
-    return bool(service_client(cfg).delete_model_package(model_package_arn).model_package_deleted)
+#: Model package deletions in flight at once (retention ``best_and_last``): within the control-plane
+#: client's connection pool (botocore's 10), so no call waits for a connection.
+RETENTION_WORKERS = 8
+
+
+def delete_model_package(cp: Any, model_package_arn: str) -> bool:
+    """DeleteModelPackage of ``model_package_arn`` with the control-plane client ``cp`` (`control_plane`:
+    model packages are registered on the sessions' endpoint, as the SDK's
+    ``ServiceClient._get_model_registry_client`` says). True when it deleted the package, False when it
+    was already gone (the SDK's ``_model_package_absent`` reading of the refusal).
+
+    The SDK's ``ServiceClient.delete_model_package`` describes the package first, for its artifacts'
+    location; retention keeps the artifacts, and DescribeModelPackage needs ``kms:Decrypt`` on the key of
+    an encrypted package unless it asks ``IncludedData=MetadataOnly`` (botocore's ``sagemaker`` model),
+    so the describe is skipped: one call, and no KMS permission.
+
+    Raises:
+        ClientError: any other refusal (throttling after botocore's retries, access denied, ...).
+    """
+    from sagemaker.train.training_session.service_client import _model_package_absent
+
+    try:
+        cp.delete_model_package(ModelPackageName=model_package_arn)
+    except ClientError as e:
+        if _model_package_absent(e):
+            return False
+        raise
+    return True
 
 
 def model_package_problem(region: str, model_package_arn: str) -> str:

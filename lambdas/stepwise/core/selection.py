@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from stepwise.config import RunConfig
 
 __all__ = ["Criterion", "best_of", "criterion", "early_stopping_rule", "evals_since_best", "history_text",
-           "improves", "packages_to_delete", "record_eval_point", "refresh_best"]
+           "improves", "mark_deleted", "packages_to_delete", "record_eval_point", "refresh_best"]
 
 #: History points a stop reason lists at most (the newest; the rest are summarised).
 HISTORY_SHOWN = 12
@@ -156,3 +156,13 @@ def packages_to_delete(state: RunState) -> tuple[list[str], list[str]]:
     delete = [arn for arn in created if arn not in keep and arn not in state.deleted_packages]
     return delete, [arn for arn in created if arn in keep]
 
+
+def mark_deleted(state: RunState, arns: Sequence[str]) -> None:
+    """Record that retention deleted the model packages ``arns`` (mutates ``state``): each joins
+    ``state.deleted_packages`` once (in the order given), and every checkpoint of one is marked
+    ``deleted``, so a listing of the run's checkpoints never offers a package that is gone."""
+    gone = set(arns)
+    state.deleted_packages += [a for a in dict.fromkeys(arns) if a not in state.deleted_packages]
+    for c in state.checkpoints:
+        if c.model_package_arn in gone:
+            c.deleted = True

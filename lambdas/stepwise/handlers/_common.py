@@ -10,6 +10,7 @@ one process) never reuses the old ones; tests that want their own swap them in w
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import os
 import sys
@@ -154,6 +155,27 @@ def now() -> float:
     return time.time()
 
 
+#: ``time.monotonic()`` at which this invocation's Lambda ends (from its context's remaining time), or
+#: None outside an entrypoint (a handler called directly, as tests do).
+_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar("stepwise_invocation_deadline", default=None)
+
+
+def invocation_deadline(margin_s: float = 0.0) -> float:
+    """``time.monotonic()`` seconds until which this invocation may work, keeping ``margin_s`` for what
+    it must still do before returning: the Lambda context's remaining time at the start of the
+    invocation, less ``margin_s``; ``inf`` when the handler was called without a context."""
+    end = _DEADLINE.get()
+    return float("inf") if end is None else end - margin_s
+
+
+def _deadline_of(context: Any) -> float | None:
+    remaining = getattr(context, "get_remaining_time_in_millis", None)
+    try:
+        return time.monotonic() + remaining() / 1000.0 if callable(remaining) else None
+    except (TypeError, ValueError):
+        return None
+
+
 # ---------------------------------------------------------------------------- entrypoints
 
 
@@ -207,6 +229,7 @@ def entrypoint(model: type[E], fn: Callable[[E], dict[str, Any]], *,
         # The invocation measures itself for the run's cost ledger (stepwise.metering): its duration at
         # its configured memory, one request, its S3 requests.
         token = metering.begin(function_name(handler, context), memory_mb(context))
+        deadline = _DEADLINE.set(_deadline_of(context))
         with invocation_log_keys(context):
             try:
                 return fn(model.model_validate(event))
@@ -221,6 +244,7 @@ def entrypoint(model: type[E], fn: Callable[[E], dict[str, Any]], *,
                     raise TransientServiceError(describe_error(e)) from e
                 raise
             finally:
+                _DEADLINE.reset(deadline)
                 metering.end(token)
 
     handler.__name__ = handler.__qualname__ = f"{fn.__name__}_handler"

@@ -7,10 +7,11 @@
 - StopSession: every terminal path of the state machine (success and the catch-all). Stops only
   a session this execution owns, or the session of the run it was started to continue
   (continue-as-new) and has not taken over yet (`stepwise.core.sweeping.may_stop_session`), so a
-  refused second execution cannot stop the owner's session; also ends the runtime sessions of
-  rollouts still in flight (`end_abandoned_rollouts`); then writes the run's end
-  (``runs/{run_id}/summary.json``: status, reason, checkpoints, final weights), whose notification
-  runs the Track function.
+  refused second execution cannot stop the owner's session; records the run's end at once
+  (``state.json`` and ``runs/{run_id}/summary.json``: status, reason, checkpoints, final weights, whose
+  notification runs the Track function); then, in the time it has left, ends the runtime sessions of
+  rollouts still in flight and applies retention ``best_and_last``, handing what is left to the
+  session sweeper (`stepwise.handlers._leftovers`).
 - Cleanup: EventBridge "Step Functions Execution Status Change" (ABORTED / TIMED_OUT / FAILED),
   where no Catch runs; same ownership rule.
 - ContinueRun: start the next execution of the run (continue-as-new; moto's engine cannot run the
@@ -26,15 +27,17 @@ from stepwise.aws import sagemaker, task_tokens
 from stepwise.aws.runstore import RunNotFound, RunOwnedElsewhere
 from stepwise.core import ledger
 from stepwise.core.ledger import count_parent_history, history_after
-from stepwise.core.operations import weights_usage
-from stepwise.core.phases import final_weights, plan_eval_weights, plan_resume
+from stepwise.core.phases import plan_eval_weights, plan_resume
 from stepwise.core.sweeping import REFUSED, may_stop_session
 from stepwise.events import ContinueEvent, ExecutionStatusChange, RunEvent, StopEvent
 from stepwise.executions import ABNORMAL_END_STATUSES, continuation_name, execution_arn_of, resolve_run
-from stepwise.handlers._common import (bind, drive, entrypoint, logger, now, poll_seconds, run_config, settings,
-                                       sfn_client, store)
-from stepwise.handlers._rollout_sessions import end_abandoned_rollouts
-from stepwise.layout import estimate_key, run_summary_key
+from stepwise.handlers import _leftovers
+from stepwise.handlers._common import (bind, drive, entrypoint, invocation_deadline, logger, now, poll_seconds,
+                                       run_config, settings, sfn_client, store)
+from stepwise.handlers._leftovers import MARGIN_S
+from stepwise.handlers._run_end import run_end, write_run_summary
+from stepwise.handlers._run_end import tracking_status as _tracking_status  # noqa: F401 - tests read it here
+from stepwise.layout import estimate_key
 from stepwise.records import RunState
 
 #: States an execution enters after StopSession or ContinueRun read its history: the Succeed state
@@ -89,18 +92,22 @@ def poll_session(event: RunEvent) -> dict[str, Any]:
     return {"ready": True, "status": sagemaker.RUNNING, "wait_seconds": poll_seconds()}
 
 
-def _tracking_status(reason: str) -> str:
-    """The run's end status (MLflow's run statuses) for a stop reason: finished, stopped by the user, or failed."""
-    if reason == "finished":
-        return "FINISHED"
-    if reason == "execution ABORTED":
-        return "KILLED"
-    return "FAILED"
-
-
 def stop_owned_session(execution_arn: str, execution_name: str, execution_input: Any, *, reason: str) -> dict[str, Any]:
-    """Stop the run's session if ``execution_arn`` owns the run; mark state.json. Idempotent."""
+    """Stop the run's session if ``execution_arn`` owns the run; record the run's end; then clean up.
+    Idempotent.
+
+    In this order, so the end is recorded whatever happens to the clean-up (which grows with the run):
+    1. StopTrainingSession (not for a session the run was refused: `stepwise.core.sweeping.REFUSED`);
+    2. hand the clean-up over (`stepwise.handlers._leftovers.hand_over`: the batches whose rollouts may
+       be in flight, retention ``best_and_last`` at a successful end);
+    3. the run's end in ``state.json`` (stopped, reason, the ledger's final report) and the run summary
+       (``runs/{run_id}/summary.json``: its notification runs Track, which ends the tracking runs);
+    4. the clean-up, in parallel, in the time this invocation has left (`stepwise.handlers._leftovers.work_off`);
+       what is left, the session sweeper finishes. Its failures are logged, never raised: they cannot
+       fail a run that trained.
+    """
     rs = store()
+    deadline = invocation_deadline(MARGIN_S)
     run_id, _ = resolve_run(execution_name, execution_input)
     bind(run_id=run_id)
     try:
@@ -124,10 +131,16 @@ def stop_owned_session(execution_arn: str, execution_name: str, execution_input:
                                                                              state.training_session_name)
         sagemaker.stop_session(cfg, state.training_session_name)
     stopped_at = now()
-    end_abandoned_rollouts(rs, cfg, state)  # rollouts in flight: their runtime sessions would bill on
     # the execution's last transitions: its history since PlanStep counted it, and the state after this one
     newest, events = task_tokens.history_since(sfn_client(), execution_arn, history_after(state))
     estimate = rs.get_json_or(estimate_key(run_id)) if reason == "finished" else None
+    retention = reason == "finished" and cfg.keep_model_packages == "best_and_last" and not state.eval_only
+    try:
+        left = _leftovers.hand_over(rs, run_id, batches=[state.current_batch, state.ahead_batch], retention=retention,
+                                    reason=reason, deadline=deadline)
+    except Exception:  # noqa: BLE001 - the end must be recorded; rollouts then end at ACR's idle timeout
+        logger.exception("could not record the run's leftovers")
+        left = None
 
     def mark(s: RunState) -> None:
         if not may_stop_session(s, execution_arn):
@@ -151,76 +164,20 @@ def stop_owned_session(execution_arn: str, execution_name: str, execution_input:
     cost = state.ledger.final or {}
     logger.info("training session stopped", extra={"training_session_name": state.training_session_name, "reason": reason,
                                                    "cost": cost.get("line")})
-    if reason == "finished" and cfg.keep_model_packages == "best_and_last" and not state.eval_only:
-        state = apply_retention(run_id, execution_arn, cfg, state)
-    report = weights_report(state, cfg.region)
-    out = {"stopped": True, "training_session_name": state.training_session_name, **report, "cost": cost}
-    if state.eval_only:
-        out["eval"] = eval_report(run_id, state)
-    if state.deleted_packages:
-        out["deleted_model_packages"] = list(state.deleted_packages)
     # The run's end: its S3 notification runs Track, which ends the MLflow and W&B runs and
     # renders the report page's last state (off this path).
-    rs.put_json(run_summary_key(run_id), {
-        "status": _tracking_status(reason), "reason": reason if reason != "finished" else (state.stop_reason or "finished"),
-        "execution_arn": execution_arn, "step": state.step, "policy_version": state.policy_version,
-        "ended_at": now(), **{k: v for k, v in out.items() if k not in ("stopped", "training_session_name")}})
-    return out
-
-
-def apply_retention(run_id: str, execution_arn: str, cfg: Any, state: RunState) -> RunState:
-    """``keep_model_packages: best_and_last`` at a successful end: delete the model packages the run
-    created except the best, the final weights and the final checkpoint
-    (`stepwise.core.selection.packages_to_delete`), recording each deleted one in
-    ``state.deleted_packages`` (so a retry deletes only the rest). A package that cannot be deleted is
-    logged and kept: the run succeeded, and a package left behind costs storage, not a session."""
-    from stepwise.core.selection import packages_to_delete
-
-    delete, kept = packages_to_delete(state)
-    deleted: list[str] = []
-    for arn in delete:
+    out = write_run_summary(rs, state, cfg, reason=reason, execution_arn=execution_arn, cost=cost, retention=retention)
+    if left is None:
+        return out
+    # The clean-up, in the time left; the sweeper finishes what this leaves.
+    report = _leftovers.work_off(rs, cfg, run_id, deadline=deadline)
+    if report.get("packages_deleted"):
         try:
-            sagemaker.delete_model_package(cfg, arn)
-            deleted.append(arn)
-        except Exception as e:  # noqa: BLE001 - reported and kept, see above
-            logger.error("could not delete a model package", extra={"model_package_arn": arn, "error": str(e)[:500]})
-    if deleted:
-        state = store().update_state(run_id, lambda s: s.deleted_packages.extend(
-            a for a in deleted if a not in s.deleted_packages), execution_arn=execution_arn)
-    logger.info("retention best_and_last", extra={"deleted": deleted, "kept": kept})
-    return state
-
-
-def eval_report(run_id: str, state: RunState) -> dict[str, Any]:
-    """An eval-only run's result for the execution's output: what was evaluated (``evaluated_model_package_arn``,
-    ``""`` = the base model), the eval sets and their ``eval/*`` metrics (the eval's summary), where its
-    summary and per-prompt results are; ``{}`` before the eval was recorded."""
-    from stepwise.layout import eval_results_key, eval_summary_key
-
-    if state.last_eval_step is None:
-        return {}
-    summary = store().get_json_or(eval_summary_key(run_id, state.last_eval_step)) or {}
-    metrics = {k: v for k, v in summary.items() if k.startswith("eval/") and isinstance(v, (int, float))}
-    return {"evaluated_model_package_arn": summary.get("evaluated_model_package_arn", state.sampler_model_package_arn),
-            "eval_sets": summary.get("eval_sets", []), "metrics": metrics,
-            "summary_key": eval_summary_key(run_id, state.last_eval_step),
-            "results_key": eval_results_key(run_id, state.last_eval_step)}
-
-
-def weights_report(state: RunState, region: str) -> dict[str, Any]:
-    """What the run leaves behind, for the execution's output: every checkpoint (step, kind, reason,
-    model package ARN), the final weights (`stepwise.core.phases.final_weights`; ``None`` = nothing trained),
-    the best model (`stepwise.core.selection`: ``{step, value, model_package_arn}`` of the eval that scored
-    best, ``""`` = the base model; ``None`` without an eval) and how to sample or deploy the final weights."""
-    final = final_weights(state)
-    out: dict[str, Any] = {
-        "checkpoints": [c.model_dump(include={"step", "kind", "reason", "model_package_arn"}) for c in state.checkpoints],
-        "final_weights": final.model_dump(include={"step", "kind", "reason", "model_package_arn", "policy_version"})
-        if final else None,
-        "best_model": state.best.model_dump() if state.best is not None and not state.eval_only else None,
-    }
-    if final is not None:
-        out["use_final_weights"] = weights_usage(final.model_package_arn, region)
+            state, _ = rs.read_state(run_id)
+            out = run_end(rs, state, cfg, cost, retention=retention)
+        except Exception:  # noqa: BLE001 - the output then lists what was known at the end
+            logger.exception("could not read the run's state after retention")
+    out["leftovers"] = {k: v for k, v in report.items() if k != "run_id"}
     return out
 
 
