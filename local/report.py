@@ -252,9 +252,12 @@ def report(result: RunResult) -> str:
         lines.append(f"mean reward: first 3 steps {sum(head) / len(head):.3f}, last 3 steps {sum(tail) / len(tail):.3f}")
     for e in result.evals:
         lines.append(f"{eval_when(e['step'])}: accuracy {e['accuracy']:.3f}")
-    for ckpt in _checkpoints(result.run_dir):
-        lines.append(f"checkpoint at step {ckpt.get('step')} ({ckpt.get('reason')}): {ckpt.get('model_package_arn')}")
     state = _state(result.run_dir)
+    gone = set(state.get("deleted_packages") or [])
+    for ckpt in _checkpoints(result.run_dir):
+        deleted = " [deleted by keep_model_packages best_and_last]" if ckpt.get("deleted") or \
+            ckpt.get("model_package_arn") in gone else ""
+        lines.append(f"checkpoint at step {ckpt.get('step')} ({ckpt.get('reason')}): {ckpt.get('model_package_arn')}{deleted}")
     best = best_model(state)
     if best is not None:
         lines.append(f"best model: {best_text(best)}")

@@ -172,7 +172,7 @@ def failure_message(cause: Any) -> str:
 def run_weights(state: dict[str, Any] | None) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     """``(checkpoints, final weights)`` of a ``state.json`` body, each a dict with ``step``, ``kind``,
     ``reason`` and ``model_package_arn`` (`stepwise.core.phases.final_weights`; ``None`` when no step was
-    trained). Fields this version does not know are ignored, so an older CLI reads a newer state."""
+    trained), a checkpoint also ``deleted`` (retention ``best_and_last`` deleted its model package). Fields this version does not know are ignored, so an older CLI reads a newer state."""
     from stepwise.core.phases import final_weights
     from stepwise.records import RunState
 
@@ -181,7 +181,10 @@ def run_weights(state: dict[str, Any] | None) -> tuple[list[dict[str, Any]], dic
     known = RunState.model_validate({k: v for k, v in state.items() if k in RunState.model_fields})
     fields = {"step", "kind", "reason", "model_package_arn"}
     final = final_weights(known)
-    return [c.model_dump(include=fields) for c in known.checkpoints], (final.model_dump(include=fields) if final else None)
+    gone = set(known.deleted_packages)  # a state written before checkpoints carried the mark lists them here
+    checkpoints = [{**c.model_dump(include=fields), "deleted": c.deleted or c.model_package_arn in gone}
+                   for c in known.checkpoints]
+    return checkpoints, (final.model_dump(include=fields) if final else None)
 
 
 # The run's best model, said as the report page says it (`stepwise.views.summary`, the read side's one home).
@@ -189,7 +192,8 @@ from stepwise.views.summary import best_model, best_text  # noqa: E402,F401
 
 
 def checkpoint_text(c: dict[str, Any]) -> str:
-    return f"step {c['step']} {c['kind']} ({c.get('reason') or '-'}): {c['model_package_arn']}"
+    gone = " [deleted by keep_model_packages best_and_last: it no longer exists]" if c.get("deleted") else ""
+    return f"step {c['step']} {c['kind']} ({c.get('reason') or '-'}): {c['model_package_arn']}{gone}"
 
 
 def checkpoint_lines(checkpoints: list[dict[str, Any]], final: dict[str, Any] | None) -> list[str]:

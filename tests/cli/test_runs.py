@@ -61,6 +61,33 @@ def test_runs_lists_runs_with_last_metrics(moto_dep, capsys):
     assert table[-2].startswith("  sample it: ") and weights in table[-2] and table[-1].startswith("  deploy it: ")
 
 
+def test_runs_and_watch_mark_the_checkpoints_retention_deleted(moto_dep, capsys):
+    """A checkpoint whose model package retention (best_and_last) deleted is listed as deleted, in
+    ``--json`` and in the text `stepwise runs` and `stepwise watch` print (before: listed as if it existed,
+    so a user copied an ARN that was gone). A state written before the mark lists them in
+    ``deleted_packages``; that marks them too."""
+    from stepwise_cli.commands._runs import weights_lines
+
+    sfn, sm = moto_dep.sfn, moto_dep.state_machine_arn
+    g = sfn.start_execution(stateMachineArn=sm, name="gamma", input="{}")["executionArn"]
+    gone, older, kept = (f"arn:aws:sagemaker:us-east-1:1:model-package/g/{n}" for n in (3, 5, 9))
+    moto_dep.put_json(state_key("gamma"), run_state("gamma", g, step=9, deleted_packages=[gone, older], checkpoints=[
+        {"step": 3, "kind": "state", "reason": "save_every", "model_package_arn": gone, "deleted": True},
+        {"step": 5, "kind": "state", "reason": "save_every", "model_package_arn": older},
+        {"step": 9, "kind": "state", "reason": "final", "model_package_arn": kept}]))
+    assert main(["runs", "--json", *moto_dep.flags]) == 0
+    row = next(r for r in json.loads(capsys.readouterr().out) if r["run_id"] == "gamma")
+    assert [c["deleted"] for c in row["checkpoints"]] == [True, True, False]
+    assert main(["runs", *moto_dep.flags]) == 0
+    table = capsys.readouterr().out.splitlines()
+    mark = " [deleted by keep_model_packages best_and_last: it no longer exists]"
+    assert f"  checkpoint: step 3 state (save_every): {gone}{mark}" in table
+    assert f"  checkpoint: step 5 state (save_every): {older}{mark}" in table
+    assert f"  checkpoint: step 9 state (final): {kept}" in table
+    state = json.loads(moto_dep.s3.get_object(Bucket=moto_dep.bucket, Key=state_key("gamma"))["Body"].read())
+    assert f"  checkpoint: step 3 state (save_every): {gone}{mark}" in weights_lines(state, "us-east-1")  # watch
+
+
 def test_runs_limit_and_empty(moto_dep, capsys):
     assert main(["runs", *moto_dep.flags]) == 0
     assert "no runs yet" in capsys.readouterr().out
