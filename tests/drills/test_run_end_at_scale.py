@@ -12,13 +12,15 @@ measures them, and the code before, over repeats (benchmarks README section 14).
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import pytest
 
 from stepwise.aws.runstore import RunStore
 from stepwise.layout import leftovers_key, run_summary_key
 from tests.support.pipeline import BUCKET
-from tests.support.run_end import aborted_event, in_flight_run, invoke, long_run, start_acr, stop_event
+from tests.support.run_end import aborted_event, acr_at, in_flight_run, invoke, long_run, stop_event
 
 PACKAGES = 1_200  # examples/aws/gsm8k.json saves about 1,150 (a sampler package per step, save_every checkpoints)
 IN_FLIGHT = 500  # acr_max_active_sessions' default
@@ -99,17 +101,18 @@ def test_retention_cut_short_never_fails_the_run_and_the_sweeper_finishes_it(sta
 def acr(stack):
     """The ACR emulator at the drill's rate (`TPS`) with ACR's active-session quota of 500, serving the slow
     agent."""
-    emulator = start_acr(stack, TPS, IN_FLIGHT)
-    yield emulator
-    emulator.stop()
+    with acr_at(stack, TPS, IN_FLIGHT) as emulator:
+        yield emulator
 
 
 def test_a_stop_with_500_rollouts_in_flight_records_the_end_first_and_stops_every_session(stack, acr, tmp_path):
     """An execution aborted with 500 rollouts in flight (a batch of 250 prompts x 2 on the slow agent, every
     runtime session busy): Cleanup stops the training session, records the run's end (state, summary: its
     Track ends the MLflow run KILLED), then ends the 500 rollouts in parallel at the run's ACR rate, within
-    its 120 s and 512 MB; no runtime session is left (before: one at a time, GETs and a PUT each, after
-    which the end was written: on this machine past Cleanup's 120 s, so the end was never recorded)."""
+    its 120 s and 512 MB; no runtime session is left. Before, the rollouts were ended one at a time (GETs
+    and a PUT each) and the end written after all 500: 23 s here (once 124 s, past Cleanup's 120, at load
+    42), about 0.2 s a rollout at S3's and ACR's own latencies, past 120 s, and then the end is never
+    recorded. The drill watches for the run's summary and counts the sessions stopped by then."""
     from stepwise.aws import tracking
     from stepwise.config import RunConfig
     from stepwise.events import S3Notification
@@ -120,13 +123,30 @@ def test_a_stop_with_500_rollouts_in_flight_records_the_end_first_and_stops_ever
     assert len(set(sids)) == IN_FLIGHT and acr.session_counters()["sessions_active"] == IN_FLIGHT
 
     s3_before, acr_before = stack.moto.s3_requests.snapshot(), acr.session_counters()
-    out, seconds = invoke("Cleanup", aborted_event(run_id))
+    watching = threading.Event()
+    stopped_at_end: list[int] = []  # runtime sessions already stopped when the run's summary first exists
+
+    def watch_for_the_end() -> None:
+        while not watching.is_set():
+            if stack.s3.list_objects_v2(Bucket=BUCKET, Prefix=run_summary_key(run_id)).get("KeyCount"):
+                stopped_at_end.append(acr.session_counters()["sessions_stopped"] - acr_before["sessions_stopped"])
+                return
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch_for_the_end, daemon=True)
+    watcher.start()
+    try:
+        out, seconds = invoke("Cleanup", aborted_event(run_id))
+    finally:
+        watching.set()
+        watcher.join(5)
     s3_after, counters = stack.moto.s3_requests.snapshot(), acr.session_counters()
     s3 = {k: s3_after.get(k, 0) - s3_before.get(k, 0) for k in s3_after if s3_after.get(k, 0) != s3_before.get(k, 0)}
     stops = counters["stop_calls"] - acr_before["stop_calls"]
     print(f"\nstop with {IN_FLIGHT} rollouts in flight (started in {started_s:.1f} s): Cleanup {seconds:.1f} s "
           f"(clean-up {out['leftovers']['seconds']:.1f} s), {stops} StopRuntimeSession, S3 {sum(s3.values())} requests "
-          f"{s3}, runtime sessions left {counters['sessions_active']}")
+          f"{s3}, runtime sessions left {counters['sessions_active']}; {stopped_at_end} stopped when the summary appeared")
+    assert stopped_at_end and stopped_at_end[0] <= IN_FLIGHT // 10  # the end first (before: after all 500)
     assert out["stopped"] is True and out["leftovers"]["left"] is None
     assert out["leftovers"]["rollouts_ended"] == IN_FLIGHT == out["leftovers"]["runtime_sessions_stopped"]
     assert counters["sessions_active"] == 0 and counters["sessions_stopped"] - acr_before["sessions_stopped"] == IN_FLIGHT

@@ -4,10 +4,12 @@ model packages, and a batch of rollouts in flight on the slow agent behind the A
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
 from typing import Any
 
 from local.engine import LambdaContext, run_handler
@@ -75,15 +77,21 @@ def long_run(stack: Stack, packages: int) -> tuple[str, list[str], set[str]]:
     return run_id, arns, {best, final_state, final}
 
 
-def start_acr(stack: Stack, tps: int, quota: int) -> Any:
-    """An ACR emulator at ``tps`` requests a second and ``quota`` active sessions, pointed at by the
-    handlers (stopped by the caller)."""
+@contextlib.contextmanager
+def acr_at(stack: Stack, tps: int, quota: int) -> Iterator[Any]:
+    """An ACR emulator at ``tps`` requests a second and ``quota`` active sessions, the handlers pointed at
+    it for the block (then back at the stack's own)."""
     from local.acr import AcrEmulator, SessionLifecycle
 
     emulator = AcrEmulator(region=REGION, tps_limit=tps, lifecycle=SessionLifecycle(session_quota=quota)).start()
     stack.mp.setenv("AWS_ENDPOINT_URL_BEDROCK_AGENTCORE", emulator.url)
     stack.mp.setenv("AWS_ENDPOINT_URL_BEDROCK_AGENTCORE_CONTROL", emulator.url)
-    return emulator
+    try:
+        yield emulator
+    finally:
+        emulator.stop()
+        stack.mp.setenv("AWS_ENDPOINT_URL_BEDROCK_AGENTCORE", stack.agent.url)
+        stack.mp.setenv("AWS_ENDPOINT_URL_BEDROCK_AGENTCORE_CONTROL", stack.acr.url)
 
 
 def in_flight_run(stack: Stack, rollouts: int, tps: int, **config: Any) -> tuple[str, dict[str, Any], list[str], float]:

@@ -99,13 +99,13 @@ def update(rs: RunStore, run_id: str, change: Callable[[RunLeftovers], None]) ->
 
 
 def hand_over(rs: RunStore, run_id: str, *, batches: list[PlannedBatch | None], retention: bool, reason: str,
-              deadline: float) -> RunLeftovers | None:
-    """Record what the run's end leaves (the batches whose rollouts may be in flight, retention still to
-    apply), held by this invocation until ``deadline`` (``time.monotonic``). Merges with a record an
-    earlier end left (a catch-all after a failed stop, Cleanup after StopSession). None when there is
-    nothing to leave."""
+              deadline: float, sids: list[str] | tuple[str, ...] = ()) -> RunLeftovers | None:
+    """Record what the run's end leaves (the batches whose rollouts may be in flight, rollouts known by
+    their sids, retention still to apply), held by this invocation until ``deadline`` (``time.monotonic``).
+    Merges with a record an earlier end left (a catch-all after a failed stop, Cleanup after StopSession).
+    None when there is nothing to leave."""
     fresh = RunLeftovers(run_id=run_id, since=now(), reason=reason, batches=[b for b in batches if b is not None],
-                         retention=retention, held_until=_wall_deadline(deadline))
+                         sids=list(dict.fromkeys(sids)), retention=retention, held_until=_wall_deadline(deadline))
     if fresh.empty():
         return None
     found = read(rs, run_id)
@@ -113,7 +113,7 @@ def hand_over(rs: RunStore, run_id: str, *, batches: list[PlannedBatch | None], 
         old = found[0]
         known = {b.model_dump_json() for b in old.batches}
         fresh.batches = old.batches + [b for b in fresh.batches if b.model_dump_json() not in known]
-        fresh.sids = old.sids
+        fresh.sids = list(dict.fromkeys(old.sids + fresh.sids))
         fresh.retention = old.retention or fresh.retention
         fresh.failed_packages = old.failed_packages
         fresh.since = old.since
