@@ -248,3 +248,16 @@ def test_gateway_memory_reads_a_processs_resident_and_peak_memory() -> None:
 
     mem = proc_memory_mb(os.getpid())
     assert 10 < mem["rss"] <= mem["peak"]
+
+
+def test_run_end_at_scale_measures_retention_and_a_stop_and_the_paths_before(tmp_path: Path,
+                                                                              capsys: pytest.CaptureFixture) -> None:
+    from benchmarks import run_end_at_scale
+
+    assert run_end_at_scale.main(["--packages", "12", "--in-flight", "8", "--tps", "8", "--before", "2",
+                                  "--before-rollouts", "2", "--delete-latency", "0", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "run_end_at_scale.json").read_text())["rows"]
+    assert rows["retention"][0]["deleted"] == 9 and rows["retention"][0]["DescribeModelPackage"] == 0
+    assert rows["stop"][0]["rollouts_ended"] == 8 and rows["stop"][0]["sessions_left"] == 0
+    assert rows["retention_before"][0]["packages"] == 2 and rows["stop_before"][0]["rollouts"] == 2
+    assert "stop with 8 in flight" in capsys.readouterr().out
