@@ -6,7 +6,7 @@ simulator, moto's S3 and the ACR emulator with a request rate and ACR's active-s
 What they show: the run's end is recorded first and never fails for the clean-up; the clean-up is
 parallel, bounded by the function's time, recorded as it goes; what a stop cannot finish in its time,
 the session sweeper finishes. The figures (seconds, requests) are printed; `benchmarks/run_end_at_scale.py`
-measures them, and the code before, over repeats (benchmarks README section 14).
+measures them, and the code before, over repeats (benchmarks README section 15).
 """
 
 from __future__ import annotations
