@@ -737,7 +737,9 @@ def indexed_task_tokens() -> Iterator[None]:
     ``CallbackPoolManager.add`` also records token -> manager, and the execution owning a manager is
     found once (the first token of that manager); the call then notifies that one manager, with moto's
     own outcome and errors. A token the index does not know (or whose execution is no longer running)
-    takes moto's own path, so its answer is unchanged. The upstream fix: keep a ``{callback_id:
+    takes moto's own path, so its answer is unchanged. A second SendTaskSuccess for a task that already
+    has its outcome is refused with ``TaskTimedOut``, as AWS answers (moto 5.2.5 accepts it and drops the
+    output). The upstream fix: keep a ``{callback_id:
     execution}`` dict in the backend, filled where the callback endpoint is added, and look the token
     up in it in send_task_success/failure/heartbeat.
     """
@@ -751,6 +753,7 @@ def indexed_task_tokens() -> Iterator[None]:
     original_heartbeat = backend_cls.send_task_heartbeat
     managers: "weakref.WeakValueDictionary[str, Any]" = weakref.WeakValueDictionary()
     owners: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+    closing = threading.Lock()  # a task's first outcome wins, a second is refused (send_task_success)
 
     def add(self: Any, callback_id: str) -> Any:
         endpoint = original_add(self, callback_id)
@@ -771,19 +774,37 @@ def indexed_task_tokens() -> Iterator[None]:
             return None
         return manager
 
+    def closed(kind: str) -> Exception:
+        # moto 5.2.5's own TaskTimedOut() / TaskDoesNotExist() cannot be raised (their base class needs a
+        # message and takes the error type from a TYPE they lack: a 500 reaches the client); the same
+        # error as AWS names it
+        from moto.core.exceptions import AWSError
+
+        message = {"TaskTimedOut": "Task Timed Out: the task associated with the token has already been closed",
+                   "TaskDoesNotExist": "Task Does Not Exist"}[kind]
+        return AWSError(message, exception_type=kind, status=400)
+
     def answered(call: Callable[[], bool]) -> bool:
         try:
             return call()
         except models.CallbackNotifyConsumerError as consumer_error:
             if isinstance(consumer_error, models.CallbackConsumerTimeout):
-                raise models.TaskTimedOut() from None
-            raise models.TaskDoesNotExist() from None
+                raise closed("TaskTimedOut") from None
+            raise closed("TaskDoesNotExist") from None
 
     def send_task_success(self: Any, task_token: str, outcome: str) -> Any:
         manager = running_manager(self, task_token)
-        if manager is not None and answered(lambda: manager.notify(
-                callback_id=task_token, outcome=models.CallbackOutcomeSuccess(callback_id=task_token, output=outcome))):
-            return None
+        if manager is not None:
+            with closing:
+                endpoint = manager.get(task_token)
+                if endpoint is not None and endpoint.get_outcome() is not None:
+                    # AWS: TaskTimedOut, "the task associated with the token has already been closed";
+                    # moto takes the second outcome and drops it (a duplicate S3 notification's
+                    # SendTaskSuccess would look delivered while its output reaches nobody)
+                    raise closed("TaskTimedOut")
+                if answered(lambda: manager.notify(callback_id=task_token, outcome=models.CallbackOutcomeSuccess(
+                        callback_id=task_token, output=outcome))):
+                    return None
         return original_success(self, task_token, outcome)
 
     def send_task_heartbeat(self: Any, task_token: str) -> Any:

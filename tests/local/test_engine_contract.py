@@ -189,6 +189,40 @@ def test_send_task_success_answers_as_moto_does_for_live_unknown_and_ended_tasks
             sfn.send_task_success(taskToken=tokens[0], output="{}")
 
 
+def test_a_second_success_for_a_task_that_has_its_outcome_is_refused_as_on_aws():
+    """A duplicate S3 notification's SendTaskSuccess, while the execution still runs (a Distributed Map's
+    other children keep it running): AWS refuses it (TaskTimedOut: "the task associated with the token has
+    already been closed"), so OnRolloutResult knows its output reaches nobody; moto 5.2.5 accepts it and drops
+    the output. The first outcome is the task's."""
+    tokens: dict[int, str] = {}
+    child = {"StartAt": "W", "States": {"W": {
+        "Type": "Task", "Resource": "arn:aws:states:::lambda:invoke.waitForTaskToken", "TimeoutSeconds": 30,
+        "Parameters": {"FunctionName": "", "Payload": {"token.$": "$$.Task.Token", "i.$": "$.i"}}, "End": True}}}
+    machine = {"StartAt": "M", "States": {"M": {"Type": "Map", "ItemsPath": "$.items", "End": True, "ItemProcessor": {
+        **child, "ProcessorConfig": {"Mode": "DISTRIBUTED", "ExecutionType": "STANDARD"}}}}}
+    with engine.MotoServer() as moto:
+        lam, iam, sfn = moto.client("lambda"), moto.client("iam"), moto.client("stepfunctions")
+        role = iam.create_role(RoleName="r-dup", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
+        moto.dispatcher.register("start-dup", handler_path="", memory_mb=128, timeout_s=30, arn="",
+                                 handler=lambda event, ctx: tokens.__setitem__(event["i"], event["token"]))
+        child["States"]["W"]["Parameters"]["FunctionName"] = lam.create_function(
+            FunctionName="start-dup", Role=role, PackageType="Image", Timeout=30,
+            Code={"ImageUri": "123456789012.dkr.ecr.us-east-1.amazonaws.com/x:1"})["FunctionArn"]
+        sm = engine.create_state_machine(moto, "dup", json.dumps(machine))
+        arn = sfn.start_execution(stateMachineArn=sm, name="dup-1", input=json.dumps({"items": [{"i": 0}, {"i": 1}]}))[
+            "executionArn"]
+        deadline = time.monotonic() + 30
+        while len(tokens) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        sfn.send_task_success(taskToken=tokens[0], output=json.dumps({"n": "first"}))
+        with pytest.raises(sfn.exceptions.TaskTimedOut):
+            sfn.send_task_success(taskToken=tokens[0], output=json.dumps({"n": "second"}))
+        sfn.send_task_success(taskToken=tokens[1], output=json.dumps({"n": "other"}))
+        desc = wait_execution(sfn, arn, timeout=30)
+    assert desc["status"] == "SUCCEEDED"
+    assert sorted(x["n"] for x in json.loads(desc["output"])) == ["first", "other"]
+
+
 def _where(event, ctx):
     if event.get("boom"):
         raise ValueError("bad thing in a worker")
