@@ -133,6 +133,22 @@ def test_throttled_invokes_and_duplicate_notifications_lose_and_double_no_rollou
     assert len(notified) >= 16 and all(c.error is None for c in notified)  # every result notified twice, harmless
 
 
+def test_the_ledger_counts_every_invocation_the_engine_ran_retries_and_duplicates_included(local, faulty_run):
+    """The cost ledger's Lambda requests, function by function, equal the invocations the local engine
+    dispatched for the run: StartRollout's throttled attempts (each retried in a fresh session) and
+    OnRolloutResult's duplicate notifications (SendTaskSuccess refused: the task already has its outcome)
+    included. Before, a throttled attempt's measurement rode in a session record nobody reads and a refused
+    duplicate's was dropped by an engine that took a second outcome (AWS answers TaskTimedOut): the ledger
+    counted one StartRollout and one OnRolloutResult per rollout."""
+    from collections import Counter
+
+    moto, sim, agent, sm_arn, s3, base, arns = local
+    ran = Counter(c.function_name.rsplit("-", 1)[-1] for c in faulty_run["calls"])
+    assert ran["StartRollout"] > 8 and ran["OnRolloutResult"] >= 16  # throttled retries, duplicates
+    counted = _state(s3, faulty_run["run_id"])["ledger"]["usage"]["lambda_requests"]
+    assert {name: counted.get(name, 0) for name in ran} == dict(ran)
+
+
 def test_no_sid_or_task_token_is_logged_in_clear(local, faulty_run):
     moto, sim, agent, sm_arn, s3, base, arns = local
     run_id = faulty_run["run_id"]

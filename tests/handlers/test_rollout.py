@@ -120,6 +120,50 @@ def test_throttled_invokes_raise_the_error_the_state_machine_retries(env):
     agent.throttle = 0
 
 
+def test_a_throttled_start_that_is_retried_keeps_its_measurement_for_the_ledger(env):
+    """A StartRollout that ACR throttled writes a session record (with its measurement riding in it) that
+    nobody reads when the state machine retries it (the retry opens a fresh session): its measurement and
+    what it carried for the run stay in the process's carry (`stepwise.metering.CARRY`) and ride with the
+    next record. The last attempt (retries spent: FinishRollout reads its record) and a refusal that is not
+    retried keep theirs in the record. Before, a retried attempt's request and the carried measurements it
+    took were lost: the ledger counted 2,048 StartRollout requests where the engine ran 3,049."""
+    from local.engine import LambdaContext
+    from stepwise import metering
+    from stepwise.core.ledger import START_ROLLOUT_RETRIED_ERRORS, START_ROLLOUT_RETRIES
+    from stepwise.handlers.rollout import start_handler
+    from stepwise.records import Usage
+
+    stack, agent, sm, run_id, p, items = env
+    retry = load_asl()["States"]["Roll out generation batch"]["ItemProcessor"]["States"]["Start rollout"]["Retry"][0]
+    assert set(START_ROLLOUT_RETRIED_ERRORS) <= set(retry["ErrorEquals"]) and retry["MaxAttempts"] == START_ROLLOUT_RETRIES
+
+    def attempt(retry_count: int) -> tuple[Usage, dict]:
+        metering.CARRY.clear()
+        metering.CARRY.put(run_id, Usage(lambda_requests={"OnRolloutResult": 1}))  # an earlier invocation's tail
+        agent.throttle = 10
+        received = len(agent.received)
+        try:
+            with pytest.raises(AgentRuntimeThrottled):
+                start_handler({"task_token": "t-thr", "run": run_ref(run_id), "batch": p["batch"], "item": items[0],
+                               "retry_count": retry_count}, LambdaContext("StartRollout", 512, "arn:aws:lambda:local", 120))
+        finally:
+            agent.throttle = 0
+        sid = agent.received[received]
+        record = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=session_key(sid))["Body"].read())
+        return metering.CARRY.pending(run_id), record["usage"]
+
+    carried, in_record = attempt(0)  # retried: the whole invocation and the tail it took wait in the carry
+    assert carried.lambda_requests == {"StartRollout": 1, "OnRolloutResult": 1}
+    assert in_record["lambda_requests"] == {"StartRollout": 1, "OnRolloutResult": 1}  # written, never read
+    assert carried.state_transitions == 0  # the attempt that succeeds counts its state's retries (1 + retry_count)
+
+    carried, in_record = attempt(START_ROLLOUT_RETRIES)  # the last attempt: FinishRollout sums its record
+    assert in_record["lambda_requests"] == {"StartRollout": 1, "OnRolloutResult": 1}
+    assert in_record["state_transitions"] == 1 + START_ROLLOUT_RETRIES
+    assert carried.lambda_requests == {}  # only the invoke's seconds after the record's write
+    metering.CARRY.clear()
+
+
 def test_one_invoke_attempt_per_session_and_a_failed_invoke_leaves_no_session_behind(env):
     """No client-side retry reuses a runtimeSessionId: one InvokeAgentRuntime request per sid, the error
     raised for the state machine's Retry (which starts a fresh sid). A 5xx, after which the agent may run,
@@ -176,23 +220,36 @@ def test_finish_rollout_stops_the_runtime_session_on_every_path_and_a_gone_sessi
 
 def test_a_finish_that_kept_failing_is_recorded_as_an_error_rollout_its_session_stopped_and_its_transitions_counted(env):
     """The child's "Record failed rollout" state (FinishRollout with ``finish_error``): an error rollout
-    (reward 0.0, cause FinishRolloutFailed naming the last error), the runtime session stopped, and the
-    ledger's transitions of Finish rollout's spent retries (1 + 8) and of this state (1 + its retries)."""
-    from stepwise.handlers.rollout import FINISH_ROLLOUT_RETRIES
+    (reward 0.0, cause FinishRolloutFailed naming the last error), the runtime session stopped, and what
+    the rollout used counted for the ledger: Finish rollout's spent retries (1 + 8) and this state's (1 + its
+    retries), and what rode to the FinishRollout that never wrote it: StartRollout's measurement (the session
+    record: its request and its state's transition), OnRolloutResult's (the result) and the ACR session.
+    Before, the record held the transitions of the two Finish states only."""
+    from local.engine import LambdaContext
+    from stepwise import metering
+    from stepwise.handlers.rollout import FINISH_ROLLOUT_RETRIES, finish_handler, start_handler
 
     stack, agent, sm, run_id, p, items = env
     item = items[3]
-    sid = start(StartEvent.model_validate({"task_token": "t-rec", "run": run_ref(run_id), "batch": p["batch"],
-                                           "item": item}))["sid"]
-    out = finish(FinishEvent.model_validate({
-        "run": run_ref(run_id), "batch": p["batch"], "item": item, "result": {"sid": sid}, "error": None,
-        "finish_error": {"Error": "Lambda.TooManyRequestsException", "Cause": "Rate exceeded"}, "retry_count": 2}))
+    metering.CARRY.clear()
+    sid = start_handler({"task_token": "t-rec", "run": run_ref(run_id), "batch": p["batch"], "item": item},
+                        LambdaContext("StartRollout", 512, "arn:aws:lambda:local", 120))["sid"]
+    metering.CARRY.clear()  # the invoke's tail, after the session record's ride: not this test's subject
+    out = finish_handler({
+        "run": run_ref(run_id), "batch": p["batch"], "item": item, "error": None, "retry_count": 2,
+        "result": {"sid": sid, "usage": {"lambda_requests": {"OnRolloutResult": 1}, "s3_get_class": 1}},
+        "finish_error": {"Error": "Lambda.TooManyRequestsException", "Cause": "Rate exceeded"}},
+        LambdaContext("FinishRollout", 1024, "arn:aws:lambda:local", 300))
     assert out == {"sid": sid, "reward": 0.0, "status": "error", "records": 0}
     assert sid not in agent.active_sessions() and sid in agent.stop_calls
     record = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=rollout_key(run_id, 0, 0, sid))["Body"].read())
     assert record["status"] == "error" and record["reward"] == 0.0
     assert record["error"]["error"] == "FinishRolloutFailed" and "Rate exceeded" in record["error"]["cause"]
-    assert record["usage"]["state_transitions"] == (1 + FINISH_ROLLOUT_RETRIES) + (1 + 2)
+    usage = record["usage"]
+    assert usage["state_transitions"] == (1 + FINISH_ROLLOUT_RETRIES) + (1 + 2) + 1
+    assert usage["lambda_requests"] == {"StartRollout": 1, "OnRolloutResult": 1, "FinishRollout": 1}
+    assert usage["acr_sessions"] == 1 and usage["acr_session_seconds"] > 0
+    assert usage["s3_get_class"] >= 2 and usage["s3_put_class"] >= 3  # the result's GET, this one's; Start's PUTs
 
 
 def test_malformed_and_failed_agent_results_score_zero_without_failing_the_rollout(env):

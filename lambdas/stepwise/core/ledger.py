@@ -140,6 +140,20 @@ def task_transitions(retry_count: int | None) -> int:
     return 1 + max(0, retry_count or 0)
 
 
+#: The Start rollout state's retries of ACR's refusals (``MaxAttempts`` of its Retry in the ASL;
+#: tests/core/test_ledger.py checks it), and the errors StartRollout raises that it retries.
+START_ROLLOUT_RETRIES = 8
+START_ROLLOUT_RETRIED_ERRORS = frozenset({"AgentRuntimeThrottled", "AgentRuntimeUnavailable"})
+
+
+def start_retried(error: str, retry_count: int | None) -> bool:
+    """Whether the Start rollout state retries a StartRollout attempt that raised ``error`` (the
+    exception's class name, which Step Functions matches against ``ErrorEquals``) at ``$$.State.RetryCount``
+    ``retry_count`` (None = 0). A retried attempt's session record is read by nobody: the retry opens a
+    fresh session (`stepwise.handlers.rollout`), and only the last attempt's reaches FinishRollout."""
+    return error in START_ROLLOUT_RETRIED_ERRORS and (retry_count or 0) < START_ROLLOUT_RETRIES
+
+
 #: S3 requests Step Functions makes for each Distributed Map run: the ItemReader's GET of
 #: ``items.json``, and the ResultWriter's PUTs of its manifest and one results file (ASL ``ResultWriter``).
 MAP_RUN_S3 = {"put": 2, "get": 1}

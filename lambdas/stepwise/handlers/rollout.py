@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from stepwise import metering
 from stepwise.aws import agentcore, task_tokens
-from stepwise.core.ledger import acr_usage, task_transitions
+from stepwise.core.ledger import acr_usage, start_retried, task_transitions
 from stepwise.core.liveness import timeout_cause
 from stepwise.gateway.session import API_KEY_DIGEST_FIELD, new_api_key
 from stepwise.events import FinishEvent, S3Notification, StartEvent
@@ -168,11 +168,17 @@ def start(event: StartEvent) -> dict[str, Any]:
     # The task token rides in the session record (one PUT fewer than an object of its own), written
     # before the invoke, so the fastest result finds it. The gateway never serves the record. So does
     # this invocation's measurement for the cost ledger (FinishRollout adds it to the rollout record),
-    # with the Start rollout state's transitions (entered once, retried retry_count times).
-    with metering.riding(run.run_id) as usage:
-        usage.state_transitions += task_transitions(event.retry_count)
-        rs.put_json(session_key(sid), {**record.model_dump(), TASK_TOKEN_FIELD: event.task_token,
-                                       API_KEY_DIGEST_FIELD: key_digest, "usage": usage.model_dump()})
+    # with the Start rollout state's transitions (entered once, retried retry_count times). The ride is
+    # settled once the invoke's outcome is known (`_settle_ride`).
+    ride = metering.ride(run.run_id)
+    ride.usage.state_transitions += task_transitions(event.retry_count)
+    stored = {**record.model_dump(), TASK_TOKEN_FIELD: event.task_token, API_KEY_DIGEST_FIELD: key_digest,
+              "usage": ride.usage.model_dump()}
+    try:
+        rs.put_json(session_key(sid), stored)
+    except BaseException:
+        ride.cancel()
+        raise
     payload = _prompts(prompts_key(run.run_id, batch.step, batch.generation_batch, batch.kind))[item.input_id]
     body = rollout_payload(payload, run_id=run.run_id, input_id=item.input_id, bucket=rs.bucket, api_key=api_key,
                            gateway_url=settings().gateway_url, model_id=cfg.base_model_arn,
@@ -181,21 +187,38 @@ def start(event: StartEvent) -> dict[str, Any]:
         status_code = agentcore.invoke(cfg.agent_runtime_arn, cfg.region, session_id=sid,
                                        payload=json.dumps(body).encode())
     except Exception as exc:
-        _abandon_start(rs, cfg, sid, record, exc)
+        _settle_ride(ride, exc, event.retry_count)
+        _abandon_start(rs, cfg, sid, stored, exc)
         raise
+    ride.commit()
     logger.info("rollout started", extra={"input_id": item.input_id, "status_code": status_code})
     return {"sid": sid}
 
 
-def _abandon_start(rs: Any, cfg: RunConfig, sid: str, record: SessionRecord, exc: BaseException) -> None:
+def _settle_ride(ride: metering.Ride, exc: BaseException, retry_count: int | None) -> None:
+    """The measurement in the session record of a StartRollout whose invoke failed: when the Start rollout
+    state retries it (`stepwise.core.ledger.start_retried`), the retry opens a fresh session and nothing
+    ever reads this record, so the measurement stays in this process (`stepwise.metering.CARRY`: all of
+    this invocation rides with the next record written here, as an invocation that writes no record
+    does); otherwise FinishRollout reads this record and sums it (committed)."""
+    if start_retried(type(exc).__name__, retry_count):
+        ride.cancel()
+    else:
+        ride.commit()
+
+
+def _abandon_start(rs: Any, cfg: RunConfig, sid: str, stored: dict[str, Any], exc: BaseException) -> None:
     """An invoke that failed leaves nothing behind: the gateway session is closed and, unless ACR
     refused before creating one (`agentcore.AgentRuntimeThrottled`, or `agentcore.AgentRuntimeUnavailable`
     before anything was sent), the runtime session is stopped, so a retry (a fresh sid) never runs
-    beside an agent the first attempt may have started. Best effort: the invoke's error is what raises."""
+    beside an agent the first attempt may have started. Best effort: the invoke's error is what raises.
+    ``stored`` is the session record as written; the closed one keeps its ``usage`` (FinishRollout sums
+    it when no retry follows) and drops the task token and the key's digest."""
     started = not isinstance(exc, agentcore.AgentRuntimeThrottled) and getattr(exc, "maybe_started", True)
     try:
         if started:
-            rs.put_json(session_key(sid), {**record.model_dump(), "closed": True})
+            closed = {k: v for k, v in stored.items() if k not in (TASK_TOKEN_FIELD, API_KEY_DIGEST_FIELD)}
+            rs.put_json(session_key(sid), {**closed, "closed": True})
             agentcore.stop_session(cfg.agent_runtime_arn, cfg.region, session_id=sid)
     except Exception as stop_exc:  # logged; the failed invoke is the error that matters
         logger.warning("could not stop the session of a failed invoke",
@@ -307,31 +330,44 @@ def record_failed_finish(event: FinishEvent) -> dict[str, Any]:
     bind(run_id=run.run_id, step=batch.step, sid=sid)
     failure = event.finish_error or {}
     cause = f"{failure.get('Error', 'error')}: {preview(failure.get('Cause', ''), 800)}"
+    # For the cost ledger: the Finish rollout state's transitions (entered once, every retry spent: its
+    # Retry is on States.ALL) and this state's own, and what rode to FinishRollout, which never wrote it:
+    # OnRolloutResult's measurement (the result), StartRollout's (the session record), the gateway's
+    # (the captured turns) and the ACR session's seconds (best effort on a path that is already failing).
+    usage = Usage(state_transitions=task_transitions(FINISH_ROLLOUT_RETRIES) + task_transitions(event.retry_count))
+    usage.add(_usage_of((event.result or {}).get("usage")))
     if sid is not None:
         try:
-            close_gateway_session(rs, sid)
+            session = close_gateway_session(rs, sid, (event.result or {}).get("session")) or {}
+            usage.add(_usage_of(session.get("usage")))
             cfg = run_config(run.run_id)
-            agentcore.stop_session(cfg.agent_runtime_arn, cfg.region, session_id=sid)
+            stopped = agentcore.stop_session(cfg.agent_runtime_arn, cfg.region, session_id=sid)
+            if isinstance(session.get("started_at"), (int, float)):
+                # its seconds when this call ended it; an earlier attempt that ended it took their count along
+                usage.add(acr_usage(max(0.0, now() - float(session["started_at"])) if stopped else 0.0, cfg))
         except Exception as exc:  # the record is what matters now
             logger.warning("could not close or stop the sessions of a failed rollout",
                            extra={"error": type(exc).__name__, "detail": redact(str(exc), sid)[:300]})
+        try:
+            for turn in _load_turns(rs, run.run_id, sid):
+                usage.add(_usage_of(turn.get("usage") if isinstance(turn, dict) else None))
+        except Exception as exc:
+            logger.warning("could not read the captured turns of a failed rollout",
+                           extra={"error": type(exc).__name__})
     error = {"error": "FinishRolloutFailed", "cause": cause}
     if event.error is not None:
         error["rollout_error"] = str(event.error.get("Error", "error"))
     logger.error("FinishRollout failed for this rollout; recorded as an error rollout (reward 0.0)",
                  extra={"error": redact(json.dumps(error), sid or "")})
-    # For the cost ledger: the Finish rollout state's transitions (entered once, every retry spent:
-    # its Retry is on States.ALL) and this state's own; StartRollout's ride in the session record,
-    # which this path does not read (best effort on a path that is already failing).
-    usage = Usage(state_transitions=task_transitions(FINISH_ROLLOUT_RETRIES) + task_transitions(event.retry_count))
-    rollout = RolloutRecord(sid=sid, i=item.i, input_id=item.input_id, row=item.row, member=item.member,
-                            kind=batch.kind, step=batch.step, generation_batch=batch.generation_batch,
-                            reward=0.0, reward_reason=f"error: FinishRolloutFailed: {preview(cause, 200)}",
-                            status="error", error=error, usage=usage,
-                            policy_version=batch.policy.policy_version if batch.policy is not None else None)
     key_sid = sid or f"unstarted-{item.i}"
-    rs.put_json(rollout_key(run.run_id, batch.step, batch.generation_batch, key_sid, batch.kind), rollout.model_dump(),
-                bulk=True)
+    with metering.riding(run.run_id) as own:  # and this invocation's own
+        rollout = RolloutRecord(sid=sid, i=item.i, input_id=item.input_id, row=item.row, member=item.member,
+                                kind=batch.kind, step=batch.step, generation_batch=batch.generation_batch,
+                                reward=0.0, reward_reason=f"error: FinishRolloutFailed: {preview(cause, 200)}",
+                                status="error", error=error, usage=usage.add(own),
+                                policy_version=batch.policy.policy_version if batch.policy is not None else None)
+        rs.put_json(rollout_key(run.run_id, batch.step, batch.generation_batch, key_sid, batch.kind),
+                    rollout.model_dump(), bulk=True)
     return {"sid": key_sid, "reward": 0.0, "status": "error", "records": 0}
 
 
