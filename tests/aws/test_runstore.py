@@ -113,3 +113,43 @@ def test_final_weights_are_the_weights_saved_at_the_end_else_the_sampler_else_no
     assert (got.step, got.kind, got.reason, got.model_package_arn, got.policy_version) == (5, "weights", "sampler", "arn:sampler", 4)
     state.checkpoints.append(Checkpoint(step=5, kind="weights", reason="weights_at_end", model_package_arn="arn:end"))
     assert final_weights(state).model_package_arn == "arn:end"
+
+
+def test_many_objects_are_read_in_parallel_in_order_within_the_pool_each_get_counted(rs):
+    """`RunStore.get_json_many` (ComputeAdvantages' read of a step's rollout records): the objects in the
+    order of the keys, parsed in the reading threads, at most the client's connection pool of GETs at once
+    (10 here; a GET from a Lambda takes tens of ms: one at a time, 1,024 records are tens of seconds), every
+    GET counted for the invocation that asked (the threads run in its context), an absent key named (the
+    time it saves: benchmarks/advantages_read.py)."""
+    import threading
+    import time
+
+    from stepwise import metering
+
+    keys = [f"runs/run-1/steps/0/gen0/rollouts/s{i:03d}.json" for i in range(40)]
+    for i, k in enumerate(keys):
+        rs.put_json(k, {"i": i})
+    lock, in_flight, peak = threading.Lock(), [0], [0]
+
+    def slow(**_):  # each GET takes 20 ms, as from a Lambda
+        with lock:
+            in_flight[0] += 1
+            peak[0] = max(peak[0], in_flight[0])
+        time.sleep(0.02)
+        with lock:
+            in_flight[0] -= 1
+
+    rs.s3.meta.events.register("before-send.s3.GetObject", slow)
+    token = metering.begin("ComputeAdvantages", 2048)
+    try:
+        got = rs.get_json_many(list(reversed(keys)), lambda obj: obj["i"])
+        assert got == list(reversed(range(40)))
+        assert metering.current().s3_get == 40
+    finally:
+        metering.end(token)
+        metering.CARRY.clear()
+    assert 1 < peak[0] <= rs.s3.meta.config.max_pool_connections == 10  # one at a time: 1 (and 0.8 s here)
+    assert rs.get_json_many([], None) == []
+    with pytest.raises(KeyError, match="missing"):
+        rs.get_json_many(keys[:3] + ["runs/run-1/missing.json"])
+

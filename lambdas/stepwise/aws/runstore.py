@@ -75,6 +75,39 @@ class RunStore:
         modified = resp.get("LastModified")
         return json.loads(resp["Body"].read()), resp["ETag"], modified.timestamp() if modified is not None else 0.0
 
+    def get_json_many(self, keys: list[str], parse: Callable[[Any], Any] | None = None, *,
+                      concurrency: int | None = None) -> list[Any]:
+        """The JSON objects at ``keys``, in their order, read ``concurrency`` GETs at a time (default and
+        most: the client's connection pool, ``max_pool_connections``; more threads than connections would
+        open and drop a connection per request) through `stepwise.concurrency.run_until`. ``parse``
+        (optional) turns each object into what is kept, in the reading thread, so at most ``concurrency``
+        raw objects are held at once beside the parsed ones. Every GET is counted for the invocation that
+        asked (`stepwise.metering`: each read runs in a copy of the caller's context).
+
+        Raises:
+            KeyError: a key is absent (the first one met); the reads in flight are abandoned.
+            Whatever ``parse`` or a GET raises.
+        """
+        import contextvars
+        import math
+
+        from stepwise.concurrency import run_until
+
+        def one(item: tuple[int, str, contextvars.Context]) -> Any:
+            _, key, ctx = item
+            return ctx.run(lambda: parse(self.get_json(key)) if parse is not None else self.get_json(key))
+
+        config = getattr(getattr(self.s3, "meta", None), "config", None)
+        pool = int(getattr(config, "max_pool_connections", None) or 10)
+        items = [(i, key, contextvars.copy_context()) for i, key in enumerate(keys)]
+        out: list[Any] = [None] * len(keys)
+        workers = max(1, min(len(keys), concurrency or pool, pool))
+        for done in run_until(items, one, workers=workers, deadline=math.inf):
+            if done.error is not None:
+                raise done.error
+            out[done.item[0]] = done.result
+        return out
+
     def get_json_or(self, key: str, default: Any = None) -> Any:
         try:
             return self.get_json(key)

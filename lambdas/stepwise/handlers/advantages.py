@@ -46,11 +46,14 @@ class BatchMismatch(RuntimeError):
 
 
 def load_rollouts(run_id: str, batch: BatchRef, generation_batch: int | None = None) -> list[RolloutRecord]:
-    """The rollout records of a generation batch, in item order."""
+    """The rollout records of a generation batch, in item order: one LIST, then the GETs in parallel
+    (`stepwise.aws.runstore.RunStore.get_json_many`: a GET from a Lambda takes tens of ms, one at a time
+    1,024 records hold the training session idle for tens of seconds), each record parsed as it arrives."""
     rs = store()
     g = batch.generation_batch if generation_batch is None else generation_batch
     prefix = rollouts_prefix(run_id, batch.step, g, batch.kind)
-    rollouts = [RolloutRecord.model_validate(rs.get_json(k)) for k in rs.list_keys(prefix) if k.endswith(".json")]
+    keys = [k for k in rs.list_keys(prefix) if k.endswith(".json")]
+    rollouts = rs.get_json_many(keys, RolloutRecord.model_validate)
     return sorted(current_rollouts(rs, run_id, batch, g, rollouts), key=lambda r: r.i)
 
 
