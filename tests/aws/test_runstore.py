@@ -153,3 +153,21 @@ def test_many_objects_are_read_in_parallel_in_order_within_the_pool_each_get_cou
     with pytest.raises(KeyError, match="missing"):
         rs.get_json_many(keys[:3] + ["runs/run-1/missing.json"])
 
+
+def test_a_bounded_read_returns_an_object_up_to_the_bound_and_names_the_size_of_a_longer_one(rs):
+    """`RunStore.get_json_bounded` (FinishRollout's read of the agent's result): one ranged GET; an object up
+    to the bound is parsed, a longer one raises ObjectTooLarge with its size and is never read whole; an
+    empty object (no byte 0 to range over) is read as it is, an absent one is a KeyError."""
+    from stepwise.aws.runstore import ObjectTooLarge
+
+    body = b'{"rewards": 1.0, "pad": "' + b"x" * 100 + b'"}'
+    rs.s3.put_object(Bucket=rs.bucket, Key="r/fits.json", Body=body)
+    assert rs.get_json_bounded("r/fits.json", len(body))["rewards"] == 1.0
+    with pytest.raises(ObjectTooLarge) as e:
+        rs.get_json_bounded("r/fits.json", len(body) - 1)
+    assert e.value.size == len(body) and e.value.key == "r/fits.json"
+    rs.s3.put_object(Bucket=rs.bucket, Key="r/empty.json", Body=b"")
+    with pytest.raises(ValueError):
+        rs.get_json_bounded("r/empty.json", 10)
+    with pytest.raises(KeyError):
+        rs.get_json_bounded("r/none.json", 10)

@@ -269,6 +269,33 @@ def test_malformed_and_failed_agent_results_score_zero_without_failing_the_rollo
     assert record["error"]["error"] == "MalformedResult" and record["reward_reason"].startswith("error")
 
 
+def test_a_result_over_the_bound_is_an_error_rollout_naming_its_size_and_is_never_read_whole(env):
+    """An agent's result object over `MAX_RESULT_BYTES` (16 MiB): FinishRollout's one ranged GET learns its
+    size and reads no more than the bound, so the rollout is an ``error`` (ResultTooLarge, its size in the
+    cause), scored 0.0, its sessions ended; before, FinishRollout read and parsed any size (an out-of-memory
+    Lambda, retried 8 times, then Record failed rollout). A result of exactly the bound is read."""
+    from stepwise.core.rewards import MAX_RESULT_BYTES
+
+    stack, agent, sm, run_id, p, items = env
+    item = items[2]
+    head = b'{"rewards": 1.0, "pad": "'
+    for name, size in (("at-bound", MAX_RESULT_BYTES), ("over", MAX_RESULT_BYTES + 1)):
+        sid = f"sid-{name}"
+        key = result_key(run_id, item["input_id"], sid)
+        stack.s3.put_object(Bucket=BUCKET, Key=key, Body=head + b"x" * (size - len(head) - 2) + b'"}')
+        before = stack.moto.s3_requests.snapshot()
+        out = finish(FinishEvent.model_validate({"run": run_ref(run_id), "batch": p["batch"], "item": item,
+                                                 "result": {"sid": sid, "result_key": key}, "error": None}))
+        record = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=rollout_key(run_id, 0, 0, sid))["Body"].read())
+        if name == "at-bound":
+            assert out["status"] == "ok" and out["reward"] == 1.0
+            continue
+        assert out["status"] == "error" and out["reward"] == 0.0
+        assert record["error"]["error"] == "ResultTooLarge" and f"{MAX_RESULT_BYTES + 1:,} bytes" in record["error"]["cause"]
+        assert record["reward_reason"].startswith("error: ResultTooLarge")
+        assert _s3_delta(stack, before).get("GET result", 0) == 1  # one (ranged) GET of the result
+
+
 def _s3_delta(stack, before: dict) -> dict:
     after = stack.moto.s3_requests.snapshot()
     # one GET session is the fake agent's own probe of what exists at invoke time, not StartRollout's

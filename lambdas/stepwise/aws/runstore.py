@@ -36,6 +36,21 @@ class StateConflict(RunStoreError):
     """The state changed under us more often than the retry budget allows."""
 
 
+class ObjectTooLarge(RunStoreError):
+    """An object is longer than the caller reads (`RunStore.get_json_bounded`): ``key`` and ``size`` (bytes)."""
+
+    def __init__(self, key: str, size: int) -> None:
+        super().__init__(f"{key} is {size} bytes")
+        self.key, self.size = key, size
+
+
+def _object_size(resp: dict[str, Any]) -> int:
+    """An object's whole length from a (ranged) GetObject answer: ``ContentRange``'s ``/TOTAL``, else the
+    answer's ``ContentLength`` (S3 leaves ``ContentRange`` out when the range covers the whole object)."""
+    total = str(resp.get("ContentRange") or "").rpartition("/")[2]
+    return int(total) if total.isdigit() else int(resp.get("ContentLength") or 0)
+
+
 class RunStore:
     """JSON objects and the run state in the run bucket.
 
@@ -107,6 +122,30 @@ class RunStore:
                 raise done.error
             out[done.item[0]] = done.result
         return out
+
+    def get_json_bounded(self, key: str, max_bytes: int) -> Any:
+        """The JSON object at ``key`` when it is at most ``max_bytes`` long, read with one ranged GET (never
+        more than ``max_bytes + 1`` bytes are transferred or held).
+
+        Raises:
+            KeyError(key): the object is absent.
+            ObjectTooLarge: it is longer (``size``: its length).
+            ValueError: it is not JSON (json's error), as `get_json`.
+        """
+        try:
+            resp = self.s3.get_object(Bucket=self.bucket, Key=key, Range=f"bytes=0-{max_bytes}")
+        except ClientError as e:
+            code = e.response.get("Error", {}).get("Code")
+            if code in ("NoSuchKey", "404"):
+                raise KeyError(key) from None
+            if code != "InvalidRange":  # an empty object has no byte 0: read it whole (it is empty)
+                raise
+            return self.get_json(key)
+        size = _object_size(resp)
+        if size > max_bytes:
+            resp["Body"].close()
+            raise ObjectTooLarge(key, size)
+        return json.loads(resp["Body"].read(max_bytes + 1))
 
     def get_json_or(self, key: str, default: Any = None) -> Any:
         try:

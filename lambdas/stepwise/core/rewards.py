@@ -18,7 +18,21 @@ import math
 import re
 from typing import Any
 
-__all__ = ["agent_failure", "extract_reward", "extract_turn_rewards", "preview", "reward_metrics"]
+__all__ = ["MAX_RESULT_BYTES", "agent_failure", "extract_reward", "extract_turn_rewards", "preview", "result_too_large",
+           "reward_metrics"]
+
+#: The largest agent result object FinishRollout reads (bytes): the toolkit's result holds the user's dict and
+#: the dataset row (``payload``), so it is generous, yet parsed it stays far inside FinishRollout's memory
+#: (1,024 MB; a JSON document takes several times its size as Python objects).
+MAX_RESULT_BYTES = 16 * 2**20
+
+
+def result_too_large(size: int, limit: int = MAX_RESULT_BYTES) -> dict[str, str]:
+    """The failure of a rollout whose result object is ``size`` bytes, over ``limit``: ``{"error":
+    "ResultTooLarge", "cause"}`` (the rollout is an ``error``, scored 0.0; the object is never read)."""
+    return {"error": "ResultTooLarge",
+            "cause": f"the agent's result object is {size:,} bytes, over the {limit:,} FinishRollout reads "
+                     "(docs/agent-contract.md: return the rewards and what you need for debugging, not bulk data)"}
 
 
 def preview(value: Any, limit: int = 80) -> str:

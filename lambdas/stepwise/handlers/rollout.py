@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from stepwise import metering
 from stepwise.aws import agentcore, task_tokens
+from stepwise.aws.runstore import ObjectTooLarge
 from stepwise.core.ledger import acr_usage, start_retried, task_transitions
 from stepwise.core.liveness import timeout_cause
 from stepwise.gateway.session import API_KEY_DIGEST_FIELD, new_api_key
@@ -376,7 +377,8 @@ def finish(event: FinishEvent) -> dict[str, Any]:
         return record_failed_finish(event)
     from stepwise.core.behaviour import rollout_behaviour
     from stepwise.core.replay import record_to_json, replay_session
-    from stepwise.core.rewards import agent_failure, extract_reward, extract_turn_rewards, preview
+    from stepwise.core.rewards import (MAX_RESULT_BYTES, agent_failure, extract_reward, extract_turn_rewards, preview,
+                                       result_too_large)
 
     rs = store()
     run, batch, item = event.run, event.batch, event.item
@@ -402,10 +404,12 @@ def finish(event: FinishEvent) -> dict[str, Any]:
         key = event.result.get("result_key") or result_key(run.run_id, item.input_id, sid)
     if key is not None:
         try:
-            result_obj = rs.get_json(key)
+            result_obj = rs.get_json_bounded(key, MAX_RESULT_BYTES)
         except KeyError:
             status, error = "error", {"error": "ResultMissing", "cause": "the result object was not found",
                                       "result_key": key}
+        except ObjectTooLarge as e:  # never read: a result beyond the bound is the agent's fault, not an OOM
+            status, error = "error", {**result_too_large(e.size), "result_key": key}
         except (ValueError, RecursionError) as e:
             # Not JSON, not UTF-8, or nested too deep: the agent's fault, scored 0.0 like any bad result,
             # never raised. The key stays out of the cause, so a run's failure counts rollouts by cause.
