@@ -28,7 +28,7 @@ run's uploads; StopSession compares the ledger with it at the end). Free tiers a
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from stepwise.core import prices
@@ -105,8 +105,15 @@ class Assumptions:
         rebind_seconds: wall time of load_weights_for_sampling, seconds.
         rollout_seconds: wall time of one generation batch's rollouts (the Map, slowest rollout
             included), seconds; with ``train_seconds`` and ``rebind_seconds`` it sets the session-hours.
-        orchestration_seconds: the rest of a step's wall time (PlanStep, ComputeAdvantages, state
-            transitions, Map start), seconds.
+            None (the default): derived from the batch, its limits and ``rollouts_per_second``
+            (`rollout_flow`); given, it also sets how long the batch's rollouts stay in flight.
+        rollouts_per_second: the rate rollouts can finish at beyond the config's own limits (the training
+            session's sampling throughput; on the local stack, the machine), per second; None = no such
+            bound. When it binds, the Map's rollouts wait in flight, each holding its ACR session.
+        orchestration_seconds: the rest of a step's wall time (PlanStep, the Map's start, state
+            transitions; ComputeAdvantages' reads are ``advantages_seconds_per_rollout``), seconds.
+        advantages_seconds_per_rollout: ComputeAdvantages' time per rollout of the batch (its record's GET,
+            in parallel, and its share of the step's computation), seconds.
         poll_seconds / inline_wait_seconds: ``STEPWISE_POLL_SECONDS`` / ``STEPWISE_INLINE_WAIT_SECONDS``.
         agent_seconds: one rollout's ACR session, seconds (None = its LLM calls, ``turns_per_rollout x
             seconds_per_turn``, plus ``agent_overhead_seconds`` to start and write the result).
@@ -120,8 +127,10 @@ class Assumptions:
     gen_batches_per_step: float = 1.0
     train_seconds: float = 60.0
     rebind_seconds: float = 10.0
-    rollout_seconds: float = 60.0
+    rollout_seconds: float | None = None
+    rollouts_per_second: float | None = None
     orchestration_seconds: float = 5.0
+    advantages_seconds_per_rollout: float = 0.004
     poll_seconds: float = 10.0
     inline_wait_seconds: float = 5.0
     agent_seconds: float | None = None
@@ -246,6 +255,145 @@ def poll_rounds(op_seconds: float, a: Assumptions) -> int:
     return math.ceil(rest / (a.poll_seconds + a.inline_wait_seconds)) if rest > 0 else 0
 
 
+# ---------------------------------------------------------------------------- a generation batch's rollouts in flight
+
+#: The Start rollout state's Retry of ACR's refusals, as the ASL has it (`start_retry` reads it off the ASL).
+START_ROLLOUT_STATE = "Start rollout"
+
+
+def start_retry(asl: dict[str, Any] | None = None) -> dict[str, float]:
+    """The Start rollout state's Retry of ``AgentRuntimeThrottled`` in the ASL: ``interval`` (s),
+    ``backoff``, ``max_delay`` (s) and ``attempts`` (retries). Raises KeyError when the ASL has none."""
+    if asl is None:
+        from state_machine.definition import load_asl
+
+        asl = load_asl()
+    mapstate = asl["States"]["Roll out generation batch"]
+    task = (mapstate.get("ItemProcessor") or mapstate["Iterator"])["States"][START_ROLLOUT_STATE]
+    for r in task.get("Retry", []):
+        if "AgentRuntimeThrottled" in r["ErrorEquals"]:
+            return {"interval": float(r.get("IntervalSeconds", 1)), "backoff": float(r.get("BackoffRate", 2.0)),
+                    "max_delay": float(r.get("MaxDelaySeconds", 10**9)), "attempts": float(r.get("MaxAttempts", 3))}
+    raise KeyError(f"{START_ROLLOUT_STATE!r} does not retry AgentRuntimeThrottled; update stepwise_cli.cost")
+
+
+def refused_invokes(rollouts: int, concurrency: int, tps: float, latency: float, retry: dict[str, float], *,
+                    dt: float = 0.1) -> float:
+    """Expected InvokeAgentRuntime attempts ACR refuses (throttles) in one generation batch: each is one more
+    StartRollout invocation and one more state transition (the Start rollout state's Retry).
+
+    A fluid model in ``dt``-second slices: the Map starts ``concurrency`` children at once, then one as each
+    rollout ends (``latency`` s after its invoke was admitted); ACR admits ``tps`` invokes in any second (a
+    bucket of ``tps`` tokens refilled at ``tps`` a second: a burst of ``tps`` passes at once); a refused
+    attempt k (0 = the first) is retried after a delay drawn uniformly up to ``min(max_delay, interval x
+    backoff**k)`` (the Retry's full jitter), at most ``attempts`` times, after which the child ends (a failed
+    rollout: a place frees). Source: the Step Functions developer guide, "Retrying after an error"
+    (IntervalSeconds, BackoffRate, MaxDelaySeconds, JitterStrategy FULL)."""
+    from collections import defaultdict
+
+    if rollouts <= 0 or tps <= 0:
+        return 0.0
+    tokens = tps
+    lat = max(1, round(latency / dt))
+    arrivals: defaultdict[int, defaultdict[int, float]] = defaultdict(lambda: defaultdict(float))
+    ends: defaultdict[int, float] = defaultdict(float)
+    first = min(concurrency, rollouts)
+    arrivals[0][0] = float(first)
+    waiting = float(rollouts - first)
+    refused = 0.0
+    t = 0
+    limit = int((rollouts / min(tps, max(concurrency, 1) / max(latency, dt)) + latency) * 20 / dt) + 10_000
+    while (arrivals or ends) and t < limit:
+        freed = ends.pop(t, 0.0)
+        if freed and waiting > 0:
+            new = min(freed, waiting)
+            waiting -= new
+            arrivals[t][0] += new
+        tokens = min(tps, tokens + tps * dt)
+        now = arrivals.pop(t, None)
+        if now:
+            total = sum(now.values())
+            admitted = min(1.0, tokens / total) if total > 0 else 1.0
+            tokens -= total * admitted
+            ends[t + lat] += total * admitted
+            for k, amount in now.items():
+                out = amount * (1.0 - admitted)
+                if out <= 1e-9:
+                    continue
+                refused += out
+                if k >= retry["attempts"]:
+                    ends[t + 1] += out  # retries spent: the child ends (failed), its place frees
+                    continue
+                spread = max(1, round(min(retry["max_delay"], retry["interval"] * retry["backoff"] ** k) / dt))
+                for b in range(t + 1, t + spread + 1):
+                    arrivals[b][k + 1] += out / spread
+        t += 1
+    return refused
+
+
+@dataclass(frozen=True)
+class RolloutFlow:
+    """How one generation batch's rollouts move through the Map (`rollout_flow`).
+
+    Attributes:
+        rollouts: the batch's rollouts.
+        concurrency: the Map's ``MaxConcurrency`` (`stepwise.core.planning.map_concurrency`).
+        rate: rollouts finished per second.
+        bound: what sets ``rate``: ``acr_tps_limit``, ``concurrency`` (each child holds its place for an ACR
+            session of ``agent_seconds``), ``rollouts_per_second``, or ``rollout_seconds`` (given, and slower
+            than the config's limits allow).
+        latency: seconds one rollout is in flight, from its invoke to FinishRollout's stop of its session: its
+            ACR session as the cost ledger counts it (`stepwise.core.ledger.acr_usage`).
+        wall: seconds of the batch's Map.
+        refused: StartRollout attempts ACR refuses and the state machine retries (`refused_invokes`).
+    """
+
+    rollouts: int
+    concurrency: int
+    rate: float
+    bound: str
+    latency: float
+    wall: float
+    refused: float
+
+
+def rollout_flow(cfg: RunConfig, a: Assumptions, rollouts: int | None = None, *,
+                 retry: dict[str, float] | None = None) -> RolloutFlow:
+    """A generation batch of ``rollouts`` (default the config's ``batch_size x responses_per_prompt``) in the
+    Map: the rate rollouts finish at is the lowest of ``acr_tps_limit``, the Map's concurrency over one
+    rollout's ACR session (``agent_seconds``: Little's law) and ``Assumptions.rollouts_per_second``; the Map
+    then takes ``rollouts / rate`` plus the last rollout's own time, unless ``Assumptions.rollout_seconds``
+    says how long it takes.
+
+    When what bounds the rate comes after the invoke (``rollouts_per_second``, or a given ``rollout_seconds``
+    slower than the config's limits), the Map still keeps its ``concurrency`` children in flight, so each
+    rollout stays in flight ``concurrency / rate`` seconds, its ACR session with it: at 1,024 rollouts a
+    step on the local stack, 25 s each where the agent needs under one (the ledger counts each session from
+    its invoke to its stop)."""
+    from stepwise.core.planning import map_concurrency
+
+    n = rollouts if rollouts is not None else cfg.batch_size * cfg.responses_per_prompt
+    per = agent_seconds(a, min(a.turns_per_rollout, float(cfg.max_turns_per_rollout)))
+    concurrency = map_concurrency(max(1, n), cfg.acr_tps_limit, cfg.acr_max_active_sessions)
+    limits = {"acr_tps_limit": float(cfg.acr_tps_limit),
+              "concurrency": concurrency / per if per > 0 else float("inf")}
+    if a.rollouts_per_second:
+        limits["rollouts_per_second"] = float(a.rollouts_per_second)
+    bound = min(limits, key=lambda k: limits[k])
+    rate = limits[bound]
+    wall = n / rate + per if n else 0.0
+    if a.rollout_seconds is not None:
+        wall = a.rollout_seconds
+        observed = n / max(wall, per, 1e-9)
+        if observed < rate:
+            bound, rate = "rollout_seconds", observed
+    queued = bound in ("rollouts_per_second", "rollout_seconds")
+    latency = max(per, min(concurrency, n) / rate) if queued and rate > 0 else per
+    refused = refused_invokes(n, concurrency, float(cfg.acr_tps_limit), latency, retry or start_retry())
+    return RolloutFlow(rollouts=n, concurrency=concurrency, rate=rate, bound=bound, latency=latency, wall=wall,
+                       refused=refused)
+
+
 def _memory() -> dict[str, int]:
     from stepwise.functions import FUNCTIONS, GATEWAY_FUNCTION
 
@@ -273,26 +421,31 @@ def overlapped_fraction(cfg: RunConfig) -> float:
     return max(0.0, 1.0 - blocked)
 
 
-def session_per_step(cfg: RunConfig, a: Assumptions, max_staleness: int, gen_batches: float = 1.0) -> dict[str, float]:
+def session_per_step(cfg: RunConfig, a: Assumptions, max_staleness: int, gen_batches: float = 1.0, *,
+                     flow: RolloutFlow | None = None) -> dict[str, float]:
     """The training session's time per step at ``max_staleness`` (0 or 1), in seconds and session-hours.
 
     The session is billed for the whole wall time of a step, busy or not. Sequential (0): rollouts
-    of every generation batch, orchestration, then training and rebind, one after the other:
-    ``wall = gen_batches x (rollout + orchestration) + train + rebind``. Overlapped (1): the next
-    step's first generation batch rolls out during training, so that part costs
-    ``max(rollout, train) + rebind`` instead of their sum (the rebind waits for both: no rollout
+    of every generation batch (``flow.wall``, `rollout_flow` of the config's batch unless given),
+    orchestration and ComputeAdvantages (``advantages_seconds_per_rollout`` per rollout), then training and
+    rebind, one after the other: ``wall = gen_batches x (rollout + orchestration + advantages) + train +
+    rebind``. Overlapped (1): the next step's first generation batch rolls out during training, so that part
+    costs ``max(rollout, train) + rebind`` instead of their sum (the rebind waits for both: no rollout
     samples while the sampler loads the next package; DAPO's further generation batches stay
     sequential), on the `overlapped_fraction` of steps; the others are sequential.
 
     Returns ``{"wall_seconds", "busy_seconds", "idle_seconds", "session_hours"}`` per step
     (busy = training + rebind; idle = wall - busy).
     """
+    flow = flow or rollout_flow(cfg, a)
+    rollout_s = flow.wall
+    orchestration = a.orchestration_seconds + flow.rollouts * a.advantages_seconds_per_rollout
     busy = a.train_seconds + a.rebind_seconds
-    per_batch = a.rollout_seconds + a.orchestration_seconds
+    per_batch = rollout_s + orchestration
     sequential = gen_batches * per_batch + busy
     wall = sequential
     if max_staleness >= 1:
-        overlapped = (max(a.rollout_seconds, a.train_seconds) + a.rebind_seconds + a.orchestration_seconds
+        overlapped = (max(rollout_s, a.train_seconds) + a.rebind_seconds + orchestration
                       + (gen_batches - 1) * per_batch)
         f = overlapped_fraction(cfg)
         wall = f * overlapped + (1 - f) * sequential
@@ -303,31 +456,46 @@ def estimate(cfg: RunConfig, a: Assumptions | None = None, *, total_steps: int |
              asl: dict[str, Any] | None = None) -> dict[str, Any]:
     """The cost of one training step (and of the run when ``total_steps`` is known).
 
-    Returns a dict: ``assumptions``, ``rollouts_per_step``, ``usage_per_step`` (`Usage` fields),
-    ``session_per_step`` (`session_per_step` at max_staleness "0" and "1"), ``max_staleness``,
-    ``usd_per_step`` (the stack's, per service and total), ``usd_per_step_upper`` (DAPO at the
-    generation-batch cap; equal to the estimate for GRPO), ``parts_per_step`` (USD by ledger part:
-    ``session`` when the config prices it, ``agent``, ``lambda``, ``step_functions``, ``s3``, ``stack``,
-    ``total``, and ``session_hours``), ``prices_as_of``, ``region``; with ``total_steps`` also
+    Returns a dict: ``assumptions``, ``rollouts_per_step``, ``flow`` (the batch in the Map: `RolloutFlow`),
+    ``usage_per_step`` (`Usage` fields), ``session_per_step`` (`session_per_step` at max_staleness "0" and
+    "1"), ``max_staleness``, ``usd_per_step`` (the stack's, per service and total), ``usd_per_step_upper``
+    (DAPO at the generation-batch cap; equal to the estimate for GRPO), ``parts_per_step`` (USD by ledger
+    part: ``session`` when the config prices it, ``agent``, ``lambda``, ``step_functions``, ``s3``,
+    ``stack``, ``total``, and ``session_hours``), ``prices_as_of``, ``region``; with ``total_steps`` also
     ``total_steps``, ``usd_per_run`` (the stack's) and ``run`` (the whole run by part, start-up included:
     `run_totals`).
     """
     a = a or Assumptions()
     counts = asl_step_counts(asl)
+    retry = start_retry(asl)
     mem = _memory()
     turns = min(a.turns_per_rollout, float(cfg.max_turns_per_rollout))
     rollouts_per_batch = cfg.batch_size * cfg.responses_per_prompt
+    flow = rollout_flow(cfg, a, rollouts_per_batch, retry=retry)
+    eval_n = ((cfg.eval_max_prompts or cfg.batch_size) * len(cfg.eval_set_paths) * cfg.eval_group_size
+              if cfg.has_evals and cfg.eval_every > 0 else 0)
+    # an eval batch is a batch of its own: its own concurrency, waits and refusals (not the train batch's wall)
+    eval_flow = rollout_flow(cfg, replace(a, rollout_seconds=None), eval_n, retry=retry) if eval_n else None
+
+    def batch(u: Usage, f: RolloutFlow, times: float) -> None:
+        """``times`` generation batches like ``f``: their rollouts, and the invokes ACR refuses (each one
+        more StartRollout with its two PUTs, one more transition of the Start rollout state)."""
+        u.add(rollout_usage(turns, a, counts, mem), times=f.rollouts * times)
+        u.lambda_call(mem["StartRollout"], a.handler_seconds["StartRollout"], times=f.refused * times)
+        u.state_transitions += f.refused * times
+        u.s3({"put": 2}, times=f.refused * times)
 
     def step(gen_batches: float) -> Usage:
         u = Usage()
-        u.add(rollout_usage(turns, a, counts, mem), times=rollouts_per_batch * gen_batches)
+        batch(u, flow, gen_batches)
         # the step's fixed path (overlapped steps take the Parallel's, and one more PlanStep: the
         # plan ahead), and the extra generation batches' part of it
         f = overlapped_fraction(cfg) if cfg.max_staleness >= 1 else 0.0
         u.state_transitions += (f * counts["overlapped_step"] + (1 - f) * counts["train_step"]
                                 + counts["generation_batch"] * (gen_batches - 1))
         u.lambda_call(mem["PlanStep"], a.handler_seconds["PlanStep"], times=gen_batches + f)
-        u.lambda_call(mem["ComputeAdvantages"], a.handler_seconds["ComputeAdvantages"], times=gen_batches)
+        u.lambda_call(mem["ComputeAdvantages"], a.handler_seconds["ComputeAdvantages"]
+                      + rollouts_per_batch * a.advantages_seconds_per_rollout, times=gen_batches)
         u.s3(S3_PER_GENERATION_BATCH, times=gen_batches)
         # training: submit (polls inline), Wait/Poll rounds, rebind (inline, then its own rounds)
         train_rounds, rebind_rounds = poll_rounds(a.train_seconds, a), poll_rounds(a.rebind_seconds, a)
@@ -336,12 +504,11 @@ def estimate(cfg: RunConfig, a: Assumptions | None = None, *, total_steps: int |
         u.lambda_call(mem["Rebind"], min(a.rebind_seconds, a.inline_wait_seconds) + 0.3, times=1 + rebind_rounds)
         u.state_transitions += counts["train_poll"] * train_rounds + counts["rebind_poll"] * rebind_rounds
         u.s3(S3_PER_TRAIN_STEP).s3(S3_PER_POLL, times=train_rounds + rebind_rounds)
-        # evals, spread over the steps between them
-        if cfg.has_evals and cfg.eval_every > 0:
-            # every eval set's first eval_max_prompts prompts, eval_group_size rollouts each
-            eval_n = (cfg.eval_max_prompts or cfg.batch_size) * len(cfg.eval_set_paths) * cfg.eval_group_size
+        # evals (every eval set's first eval_max_prompts prompts, eval_group_size rollouts each), spread
+        # over the steps between them
+        if eval_flow is not None:
             share = 1.0 / cfg.eval_every
-            u.add(rollout_usage(turns, a, counts, mem), times=eval_n * share)
+            batch(u, eval_flow, share)
             u.state_transitions += counts["eval_batch"] * share
             u.lambda_call(mem["PlanStep"], a.handler_seconds["PlanStep"], times=share)
             u.lambda_call(mem["RecordEval"], a.handler_seconds["RecordEval"], times=share)
@@ -351,18 +518,22 @@ def estimate(cfg: RunConfig, a: Assumptions | None = None, *, total_steps: int |
     gen = a.gen_batches_per_step if cfg.algorithm == "dapo" else 1.0
     per_step = step(gen)
     upper = step(float(cfg.max_num_gen_batches)) if cfg.algorithm == "dapo" else per_step
-    sessions = {str(m): session_per_step(cfg, a, m, gen) for m in (0, 1)}
-    eval_rollouts = ((cfg.eval_max_prompts or cfg.batch_size) * cfg.eval_group_size / cfg.eval_every
-                     if cfg.has_evals and cfg.eval_every > 0 else 0.0)
+    sessions = {str(m): session_per_step(cfg, a, m, gen, flow=flow) for m in (0, 1)}
+    # each rollout's ACR session lasts as long as it is in flight (the ledger counts invoke to stop)
+    acr_seconds = rollouts_per_batch * gen * flow.latency
+    if eval_flow is not None:
+        acr_seconds += eval_flow.rollouts * eval_flow.latency / cfg.eval_every
     out: dict[str, Any] = {
-        "assumptions": {**asdict(a), "turns_per_rollout": turns, "agent_seconds": agent_seconds(a, turns)},
+        "assumptions": {**asdict(a), "turns_per_rollout": turns, "agent_seconds": agent_seconds(a, turns),
+                        "rollout_seconds": flow.wall},
         "rollouts_per_step": rollouts_per_batch * gen,
+        "flow": asdict(flow),
         "transition_counts": counts,
         "usage_per_step": asdict(per_step),
         "usd_per_step": per_step.dollars(),
         "usd_per_step_upper": upper.dollars(),
         "parts_per_step": parts(cfg, per_step, sessions[str(min(cfg.max_staleness, 1))]["session_hours"],
-                                (rollouts_per_batch * gen + eval_rollouts) * agent_seconds(a, turns)),
+                                acr_seconds),
         "prices_as_of": PRICES_AS_OF,
         "region": REGION,
         # both modes, whatever the config says: what overlapping would save (or does)
@@ -400,25 +571,36 @@ def parts(cfg: RunConfig, stack: Usage, session_hours: float, acr_session_second
     return out
 
 
+def startup_parts(cfg: RunConfig, a: Assumptions) -> dict[str, float]:
+    """The run's start-up by part, counted once: the training session's ``Assumptions.session_start_seconds``
+    before the first step (creation, waiting for Running, Init, the baseline eval), priced like the rest of
+    the session (``session`` and ``total`` only when the config has ``session_usd_per_hour``)."""
+    hours = a.session_start_seconds / 3600
+    out = {"session_hours": hours}
+    if cfg.session_usd_per_hour is not None:
+        out["session"] = out["total"] = hours * cfg.session_usd_per_hour
+    return out
+
+
 def run_totals(cfg: RunConfig, per_step: dict[str, float], steps: int, a: Assumptions) -> dict[str, float]:
-    """The whole run by part: ``steps`` x ``per_step``, plus the start-up's session time
-    (``Assumptions.session_start_seconds``, priced like the rest of the session)."""
+    """The whole run by part: ``steps`` x ``per_step``, plus the start-up (`startup_parts`)."""
     out = {k: v * steps for k, v in per_step.items()}
-    start_hours = a.session_start_seconds / 3600
-    out["session_hours"] += start_hours
-    if "session" in out and cfg.session_usd_per_hour is not None:
-        out["session"] += start_hours * cfg.session_usd_per_hour
-        out["total"] += start_hours * cfg.session_usd_per_hour
+    for part, value in startup_parts(cfg, a).items():
+        if part in out:
+            out[part] += value
     out["steps"] = steps
     return out
 
 
-def estimate_record(est: dict[str, Any]) -> dict[str, Any]:
+def estimate_record(est: dict[str, Any], cfg: RunConfig | None = None, a: Assumptions | None = None) -> dict[str, Any]:
     """What a run keeps of its estimate (``datasets/{run_id}/estimate.json``; `stepwise.core.ledger.
-    compare_with_estimate` reads ``per_step``): the per-step parts, the run's totals when known, the
-    assumptions and the prices' date and region."""
+    compare_with_estimate` reads ``per_step`` and ``startup``): the per-step parts, the start-up's (with
+    ``cfg`` and ``a``: `startup_parts`), the run's totals when known, the assumptions, the batch's flow and
+    the prices' date and region."""
     out = {"per_step": est["parts_per_step"], "assumptions": est["assumptions"], "prices_as_of": est["prices_as_of"],
-           "region": est["region"], "rollouts_per_step": est["rollouts_per_step"]}
+           "region": est["region"], "rollouts_per_step": est["rollouts_per_step"], "flow": est.get("flow")}
+    if cfg is not None:
+        out["startup"] = startup_parts(cfg, a or Assumptions())
     if "run" in est:
         out["run"] = est["run"]
     return out
@@ -434,6 +616,6 @@ def put_estimate(s3: Any, bucket: str, run_id: str, cfg: RunConfig, total_steps:
     from stepwise.layout import estimate_key
 
     est = estimate(cfg, a, total_steps=total_steps)
-    s3.put_object(Bucket=bucket, Key=estimate_key(run_id), Body=json.dumps(estimate_record(est)).encode(),
+    s3.put_object(Bucket=bucket, Key=estimate_key(run_id), Body=json.dumps(estimate_record(est, cfg, a)).encode(),
                   ContentType="application/json")
     return est

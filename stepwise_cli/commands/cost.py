@@ -31,9 +31,13 @@ ASSUMPTION_FLAGS = (
     ("seconds_per_turn", "gateway seconds per LLM call"),
     ("gen_batches_per_step", "DAPO generation batches per step on average"),
     ("train_seconds", "seconds the session takes per training step"),
-    ("rollout_seconds", "wall seconds of one generation batch's rollouts"),
+    ("rollout_seconds", "wall seconds of one generation batch's rollouts (default: from the batch, acr_tps_limit, "
+                        "the Map's concurrency and --rollouts-per-second)"),
+    ("rollouts_per_second", "rollouts that can finish per second beyond the config's limits, e.g. the training "
+                            "session's sampling throughput (default: no such bound)"),
     ("rebind_seconds", "seconds of load_weights_for_sampling per step"),
-    ("orchestration_seconds", "the rest of a step's wall time (planning, advantages, transitions)"),
+    ("orchestration_seconds", "the rest of a step's wall time (planning, transitions)"),
+    ("advantages_seconds_per_rollout", "ComputeAdvantages' seconds per rollout of the batch"),
     ("session_start_seconds", "seconds of training session before the first step"),
     ("agent_overhead_seconds", "ACR session seconds of a rollout besides its LLM calls"),
 )
@@ -75,9 +79,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--check-datasets", action="store_true", help="count the rows of an s3:// dataset too")
     for name, help_text in ASSUMPTION_FLAGS:
         default = getattr(d, name)
-        parser.add_argument(f"--{name.replace('_', '-')}", type=number(1 if name == "gen_batches_per_step" else 0),
-                            default=default,
-                            help=f"{help_text} (default {default:g})")
+        lo, above = (1, False) if name == "gen_batches_per_step" else (0, name == "rollouts_per_second")
+        parser.add_argument(f"--{name.replace('_', '-')}", type=number(lo, above=above), default=default,
+                            help=help_text if default is None else f"{help_text} (default {default:g})")
     parser.add_argument("--session-usd-per-hour", type=number(0, above=True, hi=_session_usd_per_hour_max()), default=None,
                         help="the training session's price per hour, to turn session-hours into dollars (default: the "
                              "config's session_usd_per_hour; it depends on the instance)")
@@ -122,6 +126,12 @@ def format_estimate(est: dict[str, Any]) -> str:
         lines.append("run total: pass --steps N (or use a local dataset file) to get it")
     lines.append(f"list prices {est['region']} as of {est['prices_as_of']} (stepwise.core.prices); not included "
                  "here: CloudWatch, data transfer")
+    f = est["flow"]
+    bound = {"acr_tps_limit": "acr_tps_limit", "concurrency": "the Map's concurrency",
+             "rollouts_per_second": "--rollouts-per-second", "rollout_seconds": "--rollout-seconds"}[f["bound"]]
+    lines.append(f"a generation batch of {f['rollouts']} rollouts: at most {f['concurrency']} in flight, "
+                 f"{f['rate']:.3g} finish per second (set by {bound}), {f['wall']:.1f} s of Map, each in flight "
+                 f"{f['latency']:.1f} s (its ACR session); about {f['refused']:.0f} invokes throttled and retried")
     lines.extend(format_parts(est))
     lines.append(f"training session per step ({a['rollout_seconds']:g} s of rollouts, {a['train_seconds']:g} s of "
                  f"training, {a['rebind_seconds']:g} s of rebind, {a['orchestration_seconds']:g} s of orchestration):")

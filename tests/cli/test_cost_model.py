@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 import json
 
 import pytest
@@ -49,8 +50,14 @@ def test_rollout_part_scales_with_rollouts_and_turns():
     counts, mem = cost.asl_step_counts(), cost._memory()
     one = cost.rollout_usage(2, a, counts, mem)
     extra = 4 * 2  # 8 more rollouts
+    # and the invokes ACR refuses: each one more StartRollout (two PUTs) and one more transition
+    refused = big["flow"]["refused"] - small["flow"]["refused"]
+    retry = cost.Usage(state_transitions=1).lambda_call(mem["StartRollout"], a.handler_seconds["StartRollout"])
+    retry.s3({"put": 2})
+    per_rollout = a.advantages_seconds_per_rollout * mem["ComputeAdvantages"] / 1024  # its GB-s per rollout
     for k in ("lambda_gb_seconds", "lambda_requests", "state_transitions", "s3_put_class", "s3_get_class"):
-        assert big["usage_per_step"][k] == pytest.approx(small["usage_per_step"][k] + extra * getattr(one, k))
+        grown = extra * getattr(one, k) + refused * getattr(retry, k) + (extra * per_rollout if k == "lambda_gb_seconds" else 0)
+        assert big["usage_per_step"][k] == pytest.approx(small["usage_per_step"][k] + grown)
     # per rollout: 3 handlers + 2 gateway calls; the gateway's GB-s = 1024 MB x 5 s per call
     assert one.lambda_requests == 5
     assert one.lambda_gb_seconds == pytest.approx(0.5 * 0.5 + 0.25 * 0.15 + 1.0 * 0.6 + 2 * 1.0 * 5.0)
@@ -121,7 +128,8 @@ def test_cost_command(tmp_path, capsys):
 def test_session_hours_per_step_in_both_modes():
     """Overlapped steps: the session is billed for a step's whole wall time; overlapping the next step's
     rollouts with this step's training and rebind turns their sum into their max on overlapped steps."""
-    a = cost.Assumptions(rollout_seconds=60, train_seconds=50, rebind_seconds=10, orchestration_seconds=5)
+    a = cost.Assumptions(rollout_seconds=60, train_seconds=50, rebind_seconds=10, orchestration_seconds=5,
+                         advantages_seconds_per_rollout=0.0)
     cfg = load_run_config({**BASE, "steps_per_execution": 1000, "save_every": -1})
     seq = cost.session_per_step(cfg, a, 0)
     assert seq == {"wall_seconds": 125.0, "busy_seconds": 60.0, "idle_seconds": 65.0,
@@ -166,3 +174,44 @@ def test_cost_command_prints_both_modes(tmp_path, capsys):
     assert seq.lstrip().startswith("sequential (max_staleness 0)") and "this config" not in seq
     assert ovl.lstrip().startswith("overlapped (max_staleness 1)") and ovl.endswith("<- this config")
     assert "$" in ovl
+
+
+def test_a_batch_flows_at_the_lowest_of_its_limits_and_what_waits_in_flight_holds_its_acr_session():
+    """`cost.rollout_flow`: rollouts finish at the lowest of acr_tps_limit, the Map's concurrency over one
+    rollout's ACR session (Little's law) and --rollouts-per-second. When the bound comes after the invoke (the
+    sampler; on the local stack, the machine), the Map still keeps its concurrency in flight, so each rollout
+    is in flight concurrency / rate seconds and its ACR session with it: 1,024 toy rollouts at 200 in flight and
+    8 a second, 25 s each (the ledger measured 24.9 s a session where the estimate said 0.9, $0.06 against
+    $1.53 of agent)."""
+    toy = {**BASE, "acr_tps_limit": 25, "max_turns_per_rollout": 2}
+    fast = cost.Assumptions(turns_per_rollout=1, seconds_per_turn=0.4, agent_overhead_seconds=0.5)
+    big = load_run_config({**toy, "batch_size": 128, "responses_per_prompt": 8})
+    f = cost.rollout_flow(big, fast)
+    assert (f.concurrency, f.bound, f.rate, f.latency) == (200, "acr_tps_limit", 25.0, 0.9)
+    assert f.wall == pytest.approx(1024 / 25 + 0.9)
+    slow = cost.rollout_flow(big, replace(fast, rollouts_per_second=8.0))
+    assert (slow.bound, slow.rate, slow.latency) == ("rollouts_per_second", 8.0, 25.0)
+    assert slow.wall == pytest.approx(1024 / 8 + 0.9)
+    agent = lambda a: cost.estimate(big, a)["parts_per_step"]["agent"]  # noqa: E731
+    assert agent(replace(fast, rollouts_per_second=8.0)) == pytest.approx(agent(fast) * 25.0 / 0.9)
+    # a measured Map time slower than the limits allow says the same
+    given = cost.rollout_flow(big, replace(fast, rollout_seconds=156.0))
+    assert given.bound == "rollout_seconds" and given.latency == pytest.approx(200 * 156.0 / 1024)
+    # long agents: the Map's concurrency binds before the rate limit, and nobody waits
+    long = cost.rollout_flow(big, replace(fast, seconds_per_turn=60.0))
+    assert long.bound == "concurrency" and long.rate == pytest.approx(200 / 60.5) and long.latency == 60.5
+
+
+def test_invokes_over_the_rate_limit_are_refused_and_retried_more_as_the_burst_outgrows_it():
+    """`cost.refused_invokes`: the Map's burst of children beyond acr_tps_limit is throttled and retried
+    with the Start rollout state's Retry (read off the ASL), each retry one more StartRollout and transition
+    in the estimate. Measured on the local stack (toy task, acr_tps_limit 25): 37 a batch at 64 in flight and
+    500 at 1,024 rollouts with 200 in flight; the model says 57 and 489."""
+    retry = cost.start_retry()
+    assert retry == {"interval": 1.0, "backoff": 2.0, "max_delay": 30.0, "attempts": 8.0}
+    assert cost.refused_invokes(20, 20, 25.0, 1.0, retry) == 0.0  # a burst within the limit passes
+    small, big = cost.refused_invokes(64, 64, 25.0, 8.0, retry), cost.refused_invokes(1024, 200, 25.0, 25.0, retry)
+    assert 39 <= small <= 80 and 400 <= big <= 600
+    assert cost.refused_invokes(1024, 200, 250.0, 25.0, retry) == 0.0
+    est = cost.estimate(load_run_config({**BASE, "batch_size": 64, "responses_per_prompt": 8, "acr_tps_limit": 5}))
+    assert est["flow"]["refused"] > 0

@@ -108,6 +108,7 @@ def test_a_rollout_childs_states_are_the_asls():
         for task in states.values():  # each task counts its own retries from the context object
             if task["Type"] == "Task":
                 params = task["Parameters"].get("Payload", task["Parameters"])
+                params = params.get("recheck", params)  # OnRolloutResult's re-check: its request in "recheck"
                 assert params["retry_count.$"] == "$$.State.RetryCount"
         # "Record failed rollout" counts Finish rollout's spent retries: they are all spent (States.ALL)
         finish_retry = states[path[1]]["Retry"]
@@ -165,6 +166,11 @@ def test_the_end_compares_the_ledger_with_the_estimate_for_the_steps_trained():
     assert cmp["session"]["difference"] == pytest.approx(5.0)
     assert final["estimate_line"] == "estimated $40.20 for 4 steps; the ledger says $45.09: +$4.89 (+12%)"
     assert "estimate" not in ledger.final_report(s, c, 145.0, None)
+    # the start-up the ledger's total holds once (the session before the first step) is added once, not per step
+    with_startup = {**estimate, "startup": {"session": 5.0, "total": 5.0, "session_hours": 5 / 3600}}
+    cmp = ledger.final_report(s, c, 145.0, with_startup)["estimate"]
+    assert cmp["total"]["estimate"] == pytest.approx(45.2) and cmp["session"]["difference"] == pytest.approx(0.0)
+    assert cmp["session_hours"]["estimate"] == pytest.approx(45 / 3600)
 
 
 @settings(max_examples=60, deadline=None)

@@ -275,14 +275,17 @@ def usd(value: float) -> str:
 def compare_with_estimate(t: Mapping[str, float], estimate: Mapping[str, Any], steps: int) -> dict[str, Any]:
     """The ledger's totals ``t`` (`totals`) against the run's cost estimate for the ``steps`` the run
     trained: ``estimate["per_step"]`` (USD by part and ``session_hours``, `stepwise_cli.cost.estimate_record`)
-    times ``steps``. Returns per part ``{"estimate", "ledger", "difference"}`` (ledger - estimate, USD)
-    plus ``total`` with ``percent`` (of the estimate; None when it is 0), ``session_hours`` and ``steps``."""
+    times ``steps``, plus the start-up the ledger's total holds once (``estimate["startup"]``: the session
+    before the first step; absent in estimates written before it). Returns per part ``{"estimate",
+    "ledger", "difference"}`` (ledger - estimate, USD) plus ``total`` with ``percent`` (of the estimate;
+    None when it is 0), ``session_hours`` and ``steps``."""
     per = estimate.get("per_step") or {}
+    startup = estimate.get("startup") or {}
     out: dict[str, Any] = {"steps": steps, "prices_as_of": estimate.get("prices_as_of")}
     for part in (*PARTS, "total", "session_hours"):
         if part not in per or (part != "session_hours" and part not in t):
             continue
-        est = float(per[part]) * steps
+        est = float(per[part]) * steps + float(startup.get(part) or 0.0)
         got = float(t[part])
         out[part] = {"estimate": est, "ledger": got, "difference": got - est}
     if "total" in out:
