@@ -296,6 +296,13 @@ class RunConfig(BaseModel):
         "hung agent frees its place after this, not after max_rollout_time. Raise it above the agent's longest "
         "tool call plus its start-up; 0 = off (only max_rollout_time); a value >= max_rollout_time is off too",
     )
+    rollout_recheck_seconds: int = Field(
+        60, ge=1, le=3600,
+        description="a rollout whose task has heard nothing for this long (no LLM call, no result notification) "
+        "checks whether its agent's result is already in S3, and ends with it if so: an S3 notification that comes "
+        "late or never costs at most this, not rollout_heartbeat_seconds or max_rollout_time; each check is one state "
+        "transition and one short OnRolloutResult call, only while the agent is silent",
+    )
 
     # --- RL training ---
     algorithm: Literal["grpo", "dapo"] = Field(

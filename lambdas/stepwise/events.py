@@ -131,6 +131,24 @@ class S3Notification(_Event):
         return [(r.s3.bucket.name, urllib.parse.unquote_plus(r.s3.object.key)) for r in self.records]
 
 
+class RecheckRequest(_Event):
+    """The state machine's re-check of one rollout ("Wait for rollout result", ``lambda:invoke.waitForTaskToken``):
+    its task heard nothing for ``rollout_recheck_seconds`` (`stepwise.core.liveness`)."""
+
+    task_token: str
+    run: RunRef
+    batch: BatchRef
+    item: BatchItem
+    retry_count: int = 0  # $$.State.RetryCount: the attempts before this one (the child's transitions)
+
+
+class ResultEvent(S3Notification):
+    """OnRolloutResult's input: the S3 notification of result objects (``Records``), or the re-check of one
+    rollout whose notification may have come late or never (``recheck``)."""
+
+    recheck: RecheckRequest | None = None
+
+
 class _ExecutionDetail(_Event):
     status: str | None = None
     executionArn: str = ""

@@ -11,11 +11,13 @@ that `install_s3_counter` puts on each S3 client: retries are counted, as S3 bil
 Carrying (`ride`): a measurement rides in the next record the invocation writes anyway. A handler
 that writes ``state.json`` adds it to ``state.ledger`` (`stepwise.aws.runstore.RunStore.update_state`);
 StartRollout puts it in the gateway session record, the gateway in each captured turn,
-OnRolloutResult in its SendTaskSuccess output; FinishRollout sums those into the rollout record,
-which ComputeAdvantages or RecordEval adds to the ledger. What an invocation used after its last
-write (or all of it, when it writes nothing for the run) stays in this process's `Carry` and rides
-with the next record this process writes for the same run, so nothing is counted twice and only the
-last invocations' tails of each execution environment are never counted.
+OnRolloutResult in its SendTaskSuccess output (and a re-check that waits again in the session record);
+FinishRollout sums those into the rollout record, which ComputeAdvantages or RecordEval adds to the
+ledger. What an invocation used after its last write (or all of it, when it writes nothing for the run,
+or only a record nobody will sum: a StartRollout the state machine retries in a fresh session, an
+OnRolloutResult whose task had already ended) stays in this process's `Carry` and rides with the next
+record this process writes for the same run, so nothing is counted twice and only the last invocations'
+tails of each execution environment are never counted.
 
 A ride is committed only when its record was written (`Ride.commit`); a ride whose write failed
 gives its carried measurements back (`Ride.cancel`). No AWS calls, no S3 keys: the bookkeeping of

@@ -107,6 +107,7 @@ BAD_VALUES = [
     ("acr_tps_limit", 0, "greater than or equal to 1"),
     ("acr_max_active_sessions", 0, "greater than or equal to 1"),
     ("rollout_heartbeat_seconds", -1, "greater than or equal to 0"),
+    ("rollout_recheck_seconds", 0, "greater than or equal to 1"),
     ("chat_template_kwargs", ["enable_thinking"], "valid dictionary"),
     ("max_turns_per_rollout", 0, "greater than or equal to 1"),
     ("max_tokens_per_rollout", 0, "greater than or equal to 1"),

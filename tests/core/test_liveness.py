@@ -109,3 +109,50 @@ def test_the_gateway_beats_often_enough_and_rarely_enough(heartbeat_seconds: int
     if heartbeat_seconds >= 10:  # an agent calling its LLM every 0.9 x heartbeat (up to 10 min) is never stopped
         assert interval <= max(heartbeat_seconds / 10, 1.0)
         assert heartbeat_seconds - interval >= min(0.9 * heartbeat_seconds, heartbeat_seconds - 60)
+
+
+@settings(max_examples=300, deadline=None)
+@given(configs(), st.integers(1, 3600))
+@example((120.0, 300), 60).via("examples/toy.json and the default re-check")
+@example((1800.0, 300), 60).via("the defaults")
+@example((20.0, 0), 60).via("a re-check longer than the rollout")
+def test_with_a_recheck_the_heartbeat_is_at_most_the_interval_and_still_below_the_timeout(config, recheck):
+    """PlanStep's batches (``rollout_recheck_seconds``): the task's heartbeat is the shortest of the re-check
+    interval and the silence limit when on, so a silence ends in a re-check of the result (an S3 notification
+    lost costs the interval, not the timeout); it stays below the timeout, and when even the interval does not
+    fit below it the rollout is as without a re-check (the heartbeat off ends it at max_rollout_time)."""
+    max_rollout_time, heartbeat = config
+    t = rollout_timeouts(max_rollout_time, heartbeat, recheck)
+    limit = max(1, math.ceil(max_rollout_time))
+    assert 1 <= t.heartbeat_seconds < t.timeout_seconds and t.max_rollout_seconds == limit
+    wanted = min(recheck, heartbeat if 0 < heartbeat < limit else limit)
+    if wanted < limit:
+        assert t == (limit, wanted, True)
+    else:
+        assert t == rollout_timeouts(max_rollout_time, heartbeat) == (limit + 1, limit, False)
+
+
+def test_the_task_s_heartbeat_is_the_recheck_interval_at_most():
+    assert rollout_timeouts(1800.0, 300, 60) == (1800, 60, True)
+    assert rollout_timeouts(1800.0, 10, 60) == (1800, 10, True)  # a silence limit below the interval: its own check
+    assert rollout_timeouts(120.0, 300, 60) == (120, 60, True)  # silence off (toy config): re-checks all the same
+    assert rollout_timeouts(20.0, 0, 60) == (21, 20, False)  # the interval does not fit: the heartbeat off's end
+
+
+def test_a_recheck_waits_while_the_agent_is_within_its_silence_and_the_rollout_within_its_timeout():
+    from stepwise.core.liveness import recheck_verdict, task_error
+
+    def verdict(now: float, last_call: float | None, silence: int = 300) -> str:
+        return recheck_verdict(now, started_at=1000.0, last_call_at=last_call, timeout_seconds=1800, silence_seconds=silence)
+
+    assert verdict(1030.0, None) == "wait"  # a result not there yet, the agent working (a tool call, thinking)
+    assert verdict(1300.0, None) == "silent"  # no LLM call since its start for rollout_heartbeat_seconds
+    assert verdict(1500.0, 1250.0) == "wait" and verdict(1550.0, 1250.0) == "silent"  # since its last call
+    assert verdict(2800.0, 2790.0) == "overdue"  # max_rollout_time passed, whatever the agent does
+    assert verdict(2700.0, None, silence=0) == "wait" and verdict(2700.0, None, silence=1800) == "wait"  # silence off
+    # the re-check's ends are named as the task's own timeouts were, with their causes
+    t = rollout_timeouts(1800.0, 300, 60)
+    assert task_error("RolloutSilent") == HEARTBEAT_TIMEOUT and task_error("RolloutOverdue") == TASK_TIMEOUT
+    assert task_error("AgentRuntimeThrottled") == "AgentRuntimeThrottled"
+    assert timeout_cause(HEARTBEAT_TIMEOUT, t, silence_seconds=300).startswith("no LLM call for 300 s (rollout_heartbeat_seconds)")
+    assert timeout_cause(TASK_TIMEOUT, t) == "no result within 1800 s (max_rollout_time)"

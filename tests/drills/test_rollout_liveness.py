@@ -9,11 +9,12 @@ ACR's data plane. The batch has ``heartbeat_seconds`` 3 and ``timeout_seconds`` 
 
 - a silent agent (invoked, then nothing): its child ends ``timeout`` with the cause ``no LLM call for 3 s``
   a few seconds after the invoke, not after the 60 s timeout (before: the callback task had no heartbeat, so
-  a dead agent held its place in the Map for ``max_rollout_time``, 1,800 s by default);
+  a dead agent held its place in the Map for ``max_rollout_time``, 1,800 s by default): the heartbeat timeout
+  re-checks the rollout (no result, no LLM call for ``rollout_heartbeat_seconds``: ``States.HeartbeatTimeout``);
 - an agent that keeps calling its LLM: the gateway's heartbeat sender (`stepwise.gateway.heartbeat.TaskHeartbeats`,
   here against the engine's real ``SendTaskHeartbeat``) keeps its task alive past 3 s, and its result scores;
-- an agent that wrote its result but whose S3 notification never arrived: at the task's timeout FinishRollout
-  reads the result object first and scores it (``late: true``; before: 0.0 as ``timeout``).
+- an agent that wrote its result but whose S3 notification never arrived: the re-check at the task's heartbeat
+  timeout finds the result object and FinishRollout scores it (``late: true``; before: 0.0 as ``timeout``).
 
 Every runtime session is stopped. Each test takes about 10 s (the heartbeat waits).
 """
@@ -53,12 +54,12 @@ def child():
     values = substitutions(function_arns=arns, bucket_name=BUCKET)
     sm = engine.create_state_machine(stack.moto, "liveness-child", PLACEHOLDER_RE.sub(lambda m: values[m.group(1)], text))
     run_id = f"liveness-{int(time.time())}"
-    init_run(stack, run_id, stack.config(batch_size=4))
+    init_run(stack, run_id, stack.config(batch_size=4, rollout_heartbeat_seconds=HEARTBEAT_S))
     assert wait_ready(run_id)["ready"]
     p = plan(RunEvent.model_validate({"run": run_ref(run_id)}))
-    # the default heartbeat (300 s) is not below this config's max_rollout_time (30 s): off, i.e. the heartbeat
-    # is the rollout's limit and the task's timeout a second longer (the heartbeat must be below it)
-    assert (p["batch"]["timeout_seconds"], p["batch"]["heartbeat_seconds"], p["batch"]["heartbeat_on"]) == (31, 30, False)
+    # the task's heartbeat: the silence limit (3 s), below the re-check interval (60 s) and the timeout (30 s); the
+    # re-check (on each heartbeat timeout) judges the silence against rollout_heartbeat_seconds
+    assert (p["batch"]["timeout_seconds"], p["batch"]["heartbeat_seconds"], p["batch"]["heartbeat_on"]) == (30, HEARTBEAT_S, True)
     batch = {**p["batch"], "timeout_seconds": TIMEOUT_S, "heartbeat_seconds": HEARTBEAT_S, "heartbeat_on": True}
     items = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=p["items_key"])["Body"].read())
     items = list({item["input_id"]: item for item in reversed(items)}.values())[::-1]  # one item per prompt
@@ -114,6 +115,8 @@ def test_a_silent_agent_times_out_at_its_heartbeat_and_one_calling_its_llm_lives
     held = time.monotonic() - silent_t0
     assert silent["status"] == "SUCCEEDED"  # the child ends: its rollout is recorded, the step goes on
     r = _record(child, silent_sid)
+    # its heartbeat timeout re-checked the result (none) and the agent's last LLM call (none for 3 s): silent,
+    # named as the task's own heartbeat timeout was
     assert r["status"] == "timeout" and r["reward"] == 0.0 and r["error"]["error"] == "States.HeartbeatTimeout"
     assert r["error"]["cause"].startswith(f"no LLM call for {HEARTBEAT_S} s (rollout_heartbeat_seconds)")
     assert held < TIMEOUT_S / 3, held

@@ -85,7 +85,22 @@ def test_rollouts_run_as_a_distributed_map_of_standard_callback_children() -> No
     assert start["TimeoutSecondsPath"]
     retry = start["Retry"][0]
     assert {"AgentRuntimeThrottled", "AgentRuntimeUnavailable"} <= set(retry["ErrorEquals"]) and retry["JitterStrategy"] == "FULL"
-    assert start["Catch"][0]["ErrorEquals"] == ["States.ALL"] and start["Catch"][0]["Next"] == "Finish rollout"
+    assert start["Catch"][-1]["ErrorEquals"] == ["States.ALL"] and start["Catch"][-1]["Next"] == "Finish rollout"
+    # a silence (the heartbeat timeout, at most rollout_recheck_seconds) re-checks the result, in a loop (through a
+    # Pass: moto's interpreter cannot loop a Catch to its own state) that ends in Finish rollout; the error it
+    # caught stays out of FinishRollout's $.error
+    assert start["Catch"][0] == {"ErrorEquals": ["States.HeartbeatTimeout"], "ResultPath": "$.recheck",
+                                 "Next": "Rollout silent"}
+    assert rollouts["ItemProcessor"]["States"]["Rollout silent"] == {
+        "Type": "Pass", "Comment": rollouts["ItemProcessor"]["States"]["Rollout silent"]["Comment"],
+        "Next": "Wait for rollout result"}
+    wait = rollouts["ItemProcessor"]["States"]["Wait for rollout result"]
+    assert wait["Resource"] == "${StatesLambdaInvokeWaitForTaskToken}"
+    assert wait["Parameters"]["FunctionName"] == "${OnRolloutResultFunctionArn}"
+    assert wait["Parameters"]["Payload"]["recheck"]["task_token.$"] == "$$.Task.Token"
+    assert wait["HeartbeatSecondsPath"] == start["HeartbeatSecondsPath"] and wait["TimeoutSecondsPath"] == start["TimeoutSecondsPath"]
+    assert wait["Catch"] == [start["Catch"][0], {"ErrorEquals": ["States.ALL"], "ResultPath": "$.error", "Next": "Finish rollout"}]
+    assert wait["Next"] == "Finish rollout" and wait["ResultPath"] == start["ResultPath"] == "$.result"
 
 
 def test_one_child_never_sinks_a_step() -> None:
@@ -176,7 +191,9 @@ def test_overlapped_step_is_a_parallel_of_training_and_the_next_steps_rollouts()
     # the same rollout children, their states renamed (names are unique machine-wide)
     rename = {"Start a rollout of the next step": "Start rollout", "Finish a rollout of the next step": "Finish rollout",
               "Record a failed rollout of the next step": "Record failed rollout",
-              "A rollout of the next step lost": "Rollout lost"}
+              "A rollout of the next step lost": "Rollout lost",
+              "Wait for a rollout result of the next step": "Wait for rollout result",
+              "A rollout of the next step silent": "Rollout silent"}
     assert set(ahead_map["ItemProcessor"]["States"]) == set(rename)
     text = json.dumps(ahead_map["ItemProcessor"])
     for old, new in rename.items():

@@ -71,11 +71,11 @@ class TaskHeartbeats:
                 self._clients[region] = self.client_factory(region)
             return self._clients[region]
 
-    def _claim(self, sid: str, interval: float) -> bool:
-        """Whether a heartbeat of ``sid`` is due now; if so, it counts as sent from now."""
+    def _claim(self, sid: str, token: str, interval: float) -> bool:
+        """Whether a heartbeat of ``sid`` (its task ``token``) is due now; if so, it counts as sent from now."""
         now = self.clock()
         with self._lock:
-            if sid in self._gone:
+            if token in self._gone:
                 return False
             last = self._last.get(sid)
             if last is not None and now - last < interval:
@@ -92,7 +92,7 @@ class TaskHeartbeats:
         token = (record.model_extra or {}).get(TASK_TOKEN_FIELD)
         if not token or record.heartbeat_seconds <= 0:
             return False
-        if not self._claim(record.sid, heartbeat_interval(record.heartbeat_seconds)):
+        if not self._claim(record.sid, str(token), heartbeat_interval(record.heartbeat_seconds)):
             return False
         try:
             self._client(record.region).send_task_heartbeat(taskToken=str(token))
@@ -100,8 +100,8 @@ class TaskHeartbeats:
             response = getattr(exc, "response", None)
             code = response.get("Error", {}).get("Code", "") if isinstance(response, dict) else ""
             if code in TASK_GONE or type(exc).__name__ in TASK_GONE:
-                with self._lock:
-                    self._gone[record.sid] = None
+                with self._lock:  # this token's task: a re-check waits on with a new token in the record
+                    self._gone[str(token)] = None
                     while len(self._gone) > self.max_sessions:
                         self._gone.popitem(last=False)
             else:

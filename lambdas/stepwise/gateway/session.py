@@ -113,6 +113,13 @@ def usage_from_keys(keys: list[str]) -> TurnUsage:
     return TurnUsage(turns=turns, output_tokens=tokens)
 
 
+def last_completed_at(keys: list[str]) -> float | None:
+    """Epoch seconds the newest of these turns completed (the ``completed_at_ns`` prefix of :func:`turn_key`),
+    or None when none is a turn object: when the agent's last LLM call ended (the rollout's re-check)."""
+    times = [int(m.group("ns")) for key in keys if (m := _TURN_NAME_RE.match(key.rsplit("/", 1)[-1])) is not None]
+    return max(times) / 1e9 if times else None
+
+
 def turn_index(usage: TurnUsage, body: dict[str, Any]) -> int:
     """The 0-based index of the turn a request asks for, for its sampler seed.
 

@@ -144,7 +144,7 @@ def plan(event: RunEvent) -> dict[str, Any]:
     out: dict[str, Any] = {"action": d.action, "reason": d.reason, "step": state.step, "epoch": state.epoch,
                            "history_events": history_events}
     if d.action == "rolled_out":  # rolled out during the previous step's training: straight to its advantages
-        timeouts = rollout_timeouts(cfg.max_rollout_time, cfg.rollout_heartbeat_seconds)
+        timeouts = rollout_timeouts(cfg.max_rollout_time, cfg.rollout_heartbeat_seconds, cfg.rollout_recheck_seconds)
         out["batch"] = BatchRef(kind="train", step=d.step, generation_batch=d.generation_batch,
                                 **timeouts._asdict()).model_dump()
         logger.info("batch rolled out ahead", extra={k: v for k, v in out.items() if k != "batch"})
@@ -159,7 +159,7 @@ def plan(event: RunEvent) -> dict[str, Any]:
     rs.put_json(prompts_key(run.run_id, d.step, d.generation_batch, kind), prompts, bulk=True)
     key = items_key(run.run_id, d.step, d.generation_batch, kind)
     rs.put_json(key, [item.model_dump() for item in items], bulk=True)
-    timeouts = rollout_timeouts(cfg.max_rollout_time, cfg.rollout_heartbeat_seconds)
+    timeouts = rollout_timeouts(cfg.max_rollout_time, cfg.rollout_heartbeat_seconds, cfg.rollout_recheck_seconds)
     batch = BatchRef(kind=kind, step=d.step, generation_batch=d.generation_batch, **timeouts._asdict(),
                      final=d.final, policy=SamplerPolicy.of(state))
     out.update(

@@ -26,9 +26,9 @@ from stepwise import metering
 from stepwise.aws import agentcore, task_tokens
 from stepwise.aws.runstore import ObjectTooLarge
 from stepwise.core.ledger import acr_usage, start_retried, task_transitions
-from stepwise.core.liveness import timeout_cause
+from stepwise.core.liveness import task_error, timeout_cause
 from stepwise.gateway.session import API_KEY_DIGEST_FIELD, new_api_key
-from stepwise.events import FinishEvent, S3Notification, StartEvent
+from stepwise.events import FinishEvent, RecheckRequest, ResultEvent, S3Notification, StartEvent
 from stepwise.handlers._common import (
     bind,
     dependencies,
@@ -243,7 +243,10 @@ def session_and_token(rs: Any, run_id: str, sid: str) -> tuple[dict[str, Any] | 
 
 
 def on_result(event: S3Notification) -> dict[str, Any]:
-    """SendTaskSuccess for each result object. Unknown, duplicate and late results are logged and ignored."""
+    """SendTaskSuccess for each result object. Unknown, duplicate and late results are logged and ignored.
+    A re-check (`ResultEvent` ``recheck``) looks for one rollout's result instead (`recheck`)."""
+    if isinstance(event, ResultEvent) and event.recheck is not None:
+        return recheck(event.recheck)
     rs = store()
     sfn = sfn_client()  # the client OnRolloutResult resumes tasks with (one per container)
     resumed, ignored = 0, 0
@@ -280,6 +283,82 @@ def on_result(event: S3Notification) -> dict[str, Any]:
             logger.info("result arrived after its task ended (duplicate or late)", extra={"key": redact(key, sid), "why": gone})
             ignored += 1
     return {"resumed": resumed, "ignored": ignored}
+
+
+#: States a re-check round enters before its own task ("Rollout silent", a Pass: the ASL's loop goes through it).
+RECHECK_PASS_STATES = 1
+
+
+class RolloutSilent(RuntimeError):
+    """The re-check found no result and no LLM call for ``rollout_heartbeat_seconds`` (`stepwise.core.liveness`)."""
+
+
+class RolloutOverdue(RuntimeError):
+    """The re-check found no result past ``max_rollout_time`` (`stepwise.core.liveness`)."""
+
+
+def recheck(req: RecheckRequest) -> dict[str, Any]:
+    """"Wait for rollout result": the rollout's task heard nothing for ``rollout_recheck_seconds`` (no LLM call,
+    no result notification; `stepwise.core.liveness`). Its result object found, its task (this state's, token
+    ``req.task_token``) ends with it at once, as OnRolloutResult's notification would have ended it (with
+    ``rechecked``: FinishRollout marks the rollout ``late``). Not found, `stepwise.core.liveness.recheck_verdict`:
+    ``wait`` stores this task's token in the session record (the notification and the gateway's heartbeats now
+    reach it; the record's ``usage`` gains this call's measurement) and looks for the result once more (it may
+    have landed meanwhile, its notification reading the old token); ``silent`` / ``overdue`` raise
+    `RolloutSilent` / `RolloutOverdue` (the state's Catch hands them to FinishRollout, a timeout).
+
+    S3 requests: the start marker, the session record and the result (HEAD); waiting, the turns' listing, the
+    record's PUT and a second HEAD. Two state transitions (the Pass before it and its own; counted here, riding
+    in the record or the output)."""
+    from stepwise.core.liveness import recheck_verdict
+    from stepwise.gateway.session import last_completed_at
+
+    rs = store()
+    run, batch, item = req.run, req.batch, req.item
+    marker = rs.get_json_or(start_marker_key(run.run_id, batch.step, batch.generation_batch, batch.kind, item.i)) or {}
+    sid = marker.get("sid")
+    bind(run_id=run.run_id, step=batch.step, sid=sid)
+    record, _ = session_and_token(rs, run.run_id, sid) if sid else (None, None)
+    if sid is None or record is None:
+        raise RolloutOverdue(f"item {item.i} has no started session to wait for")
+    key = result_key(run.run_id, item.input_id, sid)
+    sfn = sfn_client()
+    ride = metering.ride(run.run_id)
+    ride.usage.state_transitions += RECHECK_PASS_STATES + task_transitions(req.retry_count)
+
+    def resume() -> dict[str, Any]:
+        # ends this task with the result, as OnRolloutResult's notification would; this call's measurement rides in it
+        output = {"sid": sid, "result_key": key, "rechecked": True, "usage": ride.usage.model_dump(),
+                  "session": {k: v for k, v in record.items() if k != API_KEY_DIGEST_FIELD}}
+        gone = task_tokens.send_result(sfn, req.task_token, output)
+        (ride.commit if gone is None else ride.cancel)()
+        logger.warning("result found by the re-check: its S3 notification came late or never",
+                       extra={"key": redact(key, sid), "gone": gone})
+        return {"resumed": int(gone is None), "ignored": int(gone is not None)}
+
+    if rs.exists(key):
+        return resume()
+    cfg = run_config(run.run_id)
+    last_call = last_completed_at(rs.list_keys(turns_prefix(run.run_id, sid)))
+    verdict = recheck_verdict(now(), started_at=float(record.get("started_at") or now()), last_call_at=last_call,
+                              timeout_seconds=batch.timeouts().max_rollout_seconds,
+                              silence_seconds=cfg.rollout_heartbeat_seconds)
+    # The record carries what the rollout's calls have used so far (FinishRollout sums it): this one's too.
+    usage = (_usage_of(record.get("usage")) or Usage()).add(ride.usage)
+    if verdict != "wait":
+        rs.put_json(session_key(sid), {**record, "usage": usage.model_dump()})
+        ride.commit()
+        if verdict == "silent":
+            raise RolloutSilent(f"no LLM call for {cfg.rollout_heartbeat_seconds} s and no result")
+        raise RolloutOverdue(f"no result within {batch.timeouts().max_rollout_seconds} s")
+    record = {**record, TASK_TOKEN_FIELD: req.task_token, "usage": usage.model_dump()}
+    rs.put_json(session_key(sid), record)
+    ride.commit()
+    ride = metering.ride(run.run_id)
+    if rs.exists(key):
+        return resume()
+    ride.cancel()
+    return {"waiting": True}
 
 
 # ---------------------------------------------------------------------------- finish
@@ -387,8 +466,8 @@ def finish(event: FinishEvent) -> dict[str, Any]:
     status, error, result_obj, late = "ok", None, None, False
     key = None
     if event.error is not None:
-        err = str(event.error.get("Error", "error"))
-        cause = timeout_cause(err, batch.timeouts())
+        err = task_error(str(event.error.get("Error", "error")))
+        cause = timeout_cause(err, batch.timeouts(), silence_seconds=run_config(run.run_id).rollout_heartbeat_seconds)
         status = "timeout" if cause is not None else "error"
         error = {"error": err, "cause": cause or str(event.error.get("Cause", ""))[:1000]}
         if status == "timeout" and sid is not None:
@@ -402,6 +481,10 @@ def finish(event: FinishEvent) -> dict[str, Any]:
                 key = None
     elif event.result is not None:
         key = event.result.get("result_key") or result_key(run.run_id, item.input_id, sid)
+        # found by the re-check ("Wait for rollout result"): its notification came late or never
+        late = bool(event.result.get("rechecked"))
+        if late:
+            logger.warning("result found by the re-check, not its notification; scored")
     if key is not None:
         try:
             result_obj = rs.get_json_bounded(key, MAX_RESULT_BYTES)
@@ -500,5 +583,5 @@ def finish(event: FinishEvent) -> dict[str, Any]:
 
 
 start_handler = entrypoint(StartEvent, start)
-result_handler = entrypoint(S3Notification, on_result)
+result_handler = entrypoint(ResultEvent, on_result)
 finish_handler = entrypoint(FinishEvent, finish)
