@@ -261,3 +261,35 @@ def test_run_end_at_scale_measures_retention_and_a_stop_and_the_paths_before(tmp
     assert rows["stop"][0]["rollouts_ended"] == 8 and rows["stop"][0]["sessions_left"] == 0
     assert rows["retention_before"][0]["packages"] == 2 and rows["stop_before"][0]["rollouts"] == 2
     assert "stop with 8 in flight" in capsys.readouterr().out
+
+
+def test_rollouts_at_scale_plans_full_batches_and_finds_missing_and_doubled_records(tmp_path: Path) -> None:
+    """benchmarks/rollouts_at_scale.py: 128x8 and 8x8 overrides give the toy config exactly the steps asked
+    (two epochs of the 200-row set for 128 prompts a step); a run folder's items without a record, or with two,
+    are counted."""
+    from benchmarks import rollouts_at_scale as bench
+    from stepwise.config import load_run_config
+
+    toy = json.loads((Path(__file__).resolve().parents[2] / "examples" / "toy.json").read_text())
+    for batch, k in ((128, 8), (8, 8)):
+        cfg = load_run_config({**toy, **bench.overrides(batch, k, 2)})
+        assert cfg.total_steps(bench.TOY_ROWS) == 2 and cfg.batch_size * cfg.responses_per_prompt == batch * k
+        assert not cfg.has_evals and cfg.acr_tps_limit == toy["acr_tps_limit"]
+    gen = tmp_path / "s3" / "runs" / "r" / "steps" / "0" / "gen0"
+    (gen / "rollouts").mkdir(parents=True)
+    (gen / "items.json").write_text(json.dumps([{"i": i} for i in range(4)]))
+    for name, i, sid in (("a", 0, "s0"), ("b", 1, "s1"), ("c", 1, "s1b"), ("d", 3, "s3")):
+        (gen / "rollouts" / f"{name}.json").write_text(json.dumps({"i": i, "sid": sid, "status": "ok"}))
+    held = bench.records_held(tmp_path, "r", 1, 4)
+    assert (held["items"], held["records"], held["missing"], held["duplicated"], held["expected"]) == (4, 4, 1, 1, 4)
+
+
+def test_advantages_read_times_both_reads_and_counts_every_get(tmp_path: Path, capsys) -> None:
+    from benchmarks import advantages_read
+
+    assert advantages_read.main(["--rollouts", "12", "--latency-ms", "0,5", "--pools", "4", "--repeats", "1",
+                                 "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "advantages_read.json").read_text())["rows"]
+    assert [r["latency_ms"] for r in rows] == [0.0, 5.0]
+    for r in rows:
+        assert r["before"]["gets_counted"] == r["after"]["gets_counted"] == 12

@@ -1,8 +1,10 @@
 """Load drill: 256 rollouts in one step through the whole local stack (moto's engine, the real
 handlers, the gateway, the ACR emulator with the toy agent, the simulator), then account for
 everything: every rollout has a record, every session's turns were captured and replayed, every
-datum the step computed was sent to forward_backward, one optimizer step was applied, and no
-session is left running. The counts are printed (run with ``-s`` to see them)."""
+datum the step computed was sent to forward_backward, one optimizer step was applied, every ACR
+session started was stopped (none left billing), the cost ledger counted every invocation the engine
+dispatched (ACR's throttled invokes and their retries included), and no session is left running. The
+counts are printed (run with ``-s`` to see them). 1,024 rollouts a step: benchmarks/rollouts_at_scale.py."""
 
 from __future__ import annotations
 
@@ -39,7 +41,16 @@ def test_256_rollouts_in_one_step_are_all_captured_and_accounted_for(tmp_path):
     counters = result.simulator_counters
     assert counters["optim_step"] == 1 and counters["forward_backward"] == len(chunks)
     assert result.session_status in ("Stopping", "Stopped")
+    acr = result.timing["acr"]
+    assert acr["sessions_started"] == acr["sessions_stopped"] == 256 and acr["sessions_active"] == 0
+    assert not result.billing.get("acr_active")
+    ran = {name: row for name, row in result.timing["ledger_check"]["lambda_seconds"].items() if "local_requests" in row}
+    assert ran["StartRollout"]["local_requests"] >= 256
+    counted = {name: row["requests"] for name, row in ran.items() if name != "SweepSessions"}  # after the run's end
+    assert counted == {name: row["local_requests"] for name, row in ran.items() if name != "SweepSessions"}
     print(f"\nload drill: {len(records)} rollouts {statuses}, {sum(turn_files.values())} turns captured, "
           f"{trajectories} trajectories, {sent} datums in {len(chunks)} chunk(s), "
           f"mean reward {summary.get('sampler/mean_reward'):.3f}, samples {counters.get('sample')}, "
-          f"wall {result.wall_seconds:.0f} s, rollout {summary.get('time/rollout', 0):.0f} s")
+          f"wall {result.wall_seconds:.0f} s, rollout {summary.get('time/rollout', 0):.0f} s; ACR sessions "
+          f"{acr['sessions_started']} started, {acr['sessions_stopped']} stopped, peak {acr.get('peak_active_sessions')}, "
+          f"{acr.get('throttled')} invokes throttled; StartRollout {counted['StartRollout']} counted")
