@@ -15,8 +15,8 @@ no checkpoints, and accounts for everything:
 * cost: the run's estimate (``datasets/{run}/estimate.json``, written at the start as `stepwise start` does)
   against the ledger at the end, by part.
 
-Usage: ``python -m benchmarks.rollouts_at_scale [--sizes 128x8,8x8] [--steps 2]`` (about 10 minutes for 128x8
-on an idle 2-core machine). Results: ``runs-bench/rollouts_at_scale.json``; benchmarks/README.md section 14.
+Usage: ``python -m benchmarks.rollouts_at_scale [--sizes 128x8,8x8] [--steps 2]`` (about 11 minutes for 128x8
+on a busy 2-core machine). Results: ``runs-bench/rollouts_at_scale.json``; benchmarks/README.md section 16.
 """
 
 from __future__ import annotations

@@ -149,7 +149,7 @@ def s3_requests_per_rollout(counts: dict[str, int], rollouts: int) -> dict[str, 
 #: timings, measured on a 2-core machine with nothing else running (a toy step of ~5 s), and its
 #: ``STEPWISE_POLL_SECONDS`` (1) and ``STEPWISE_INLINE_WAIT_SECONDS`` (10). The machine is what bounds how
 #: fast rollouts finish (``rollouts_per_second``: 6-7 a second measured at 64 and at 1,024 rollouts a step
-#: under a load of 10-20, benchmarks/README.md section 14), so a batch's Map time and how long each rollout
+#: under a load of 10-20, benchmarks/README.md section 16), so a batch's Map time and how long each rollout
 #: holds its ACR session grow with the batch (`stepwise_cli.cost.rollout_flow`). A loaded machine takes
 #: longer; the run's end prints the ledger against this estimate.
 def _local_assumptions() -> Any:
