@@ -11,6 +11,9 @@ Layout (docs/internals.md, "S3 layout")::
     runs/{run_id}/steps/{step}/gen{g}/prompts.json          {input_id: payload} for the items
     runs/{run_id}/steps/{step}/gen{g}/starts/{i}.json       {sid} item i was started with (the timeout path needs it)
     runs/{run_id}/steps/{step}/gen{g}/rollouts/{sid}.json   rollout record (reward, status, TraceRecords)
+    runs/{run_id}/steps/{step}/gen{g}/judge/{input_id}.json the group judge's record of one group (scores, reasons)
+    runs/{run_id}/steps/{step}/gen{g}/judge-progress.json   the judging of the batch (start, invocations, done)
+    runs/{run_id}/judge-cache/{key}.json                    a judge verdict by the hash of what was judged
     runs/{run_id}/steps/{step}/datums/{chunk:04d}.json      forward_backward datum chunks
     runs/{run_id}/steps/{step}/summary.json                 the step's metrics
     runs/{run_id}/summary.json                              the run's end: status, reason, checkpoints (StopSession, Cleanup)
@@ -124,6 +127,26 @@ def rollouts_prefix(run_id: str, step: int, generation_batch: int, kind: str = "
 
 def rollout_key(run_id: str, step: int, generation_batch: int, sid: str, kind: str = "train") -> str:
     return rollouts_prefix(run_id, step, generation_batch, kind) + f"{sid}.json"
+
+
+def judge_prefix(run_id: str, step: int, generation_batch: int) -> str:
+    """The group judge's records of a training generation batch (`stepwise.records.JudgeRecord`), one per group."""
+    return batch_prefix(run_id, step, generation_batch) + "judge/"
+
+
+def judge_record_key(run_id: str, step: int, generation_batch: int, input_id: str) -> str:
+    return judge_prefix(run_id, step, generation_batch) + f"{input_id}.json"
+
+
+def judge_progress_key(run_id: str, step: int, generation_batch: int) -> str:
+    """The judging of a generation batch across the judge function's invocations (`stepwise.records.JudgeProgress`)."""
+    return batch_prefix(run_id, step, generation_batch) + "judge-progress.json"
+
+
+def judge_cache_key(run_id: str, key: str) -> str:
+    """A validated judge verdict (`stepwise.records.JudgeVerdict`) by ``key``, the hash of the judge's config and
+    the judged text (`stepwise.core.judge.cache_key`): a retried or re-done step judging the same text reads it."""
+    return run_prefix(run_id) + f"judge-cache/{key}.json"
 
 
 def datums_prefix(run_id: str, step: int) -> str:
@@ -344,6 +367,7 @@ KEY_KINDS: tuple[tuple[re.Pattern[str], str], ...] = tuple((re.compile(rx), kind
     (f"^{_pattern(session_key(_ID))}$", "session"),
     (r"/starts/[^/]+\.json$", "start_marker"),
     (r"/rollouts/", "rollout"),
+    (r"/judge/[^/]+\.json$|/judge-progress\.json$|/judge-cache/", "judge"),
     (r"/prompts\.json$", "prompts"),
     (r"/items\.json$", "items"),
     (r"/datums/", "datums"),

@@ -12,6 +12,8 @@ are types"). Where each lives in the bucket: `stepwise.layout`.
 - `RolloutRecord` (``.../rollouts/{sid}.json``): a finished rollout's reward, status and TraceRecords.
 - `Usage`, `Ledger` (``RunState.ledger``), `CostMark`, `StepCost`: the cost ledger's measurements
   (carried in the records above) and its cumulative totals.
+- `JudgeRecord` (``.../judge/{input_id}.json``), `JudgeVerdict` (``runs/{run_id}/judge-cache/{key}.json``)
+  and `JudgeProgress`: a group's judged scores, the cached answer of the judge, a batch's judging.
 
 Records read back from S3 are validated with these models; the pure core (`stepwise.core`)
 still takes plain mappings where it must survive records of any shape (hostile-input tests).
@@ -48,13 +50,15 @@ class Usage(BaseModel):
     """Billable units some part of a run used, measured where the work happened (`stepwise.metering`):
     each Lambda invocation measures its own duration and configured memory, S3 requests are counted
     as they are made, state transitions are read from the executions' histories and paths, ACR
-    session-seconds from each rollout's session. Carried in records already written (session
-    records, captured turns, rollout records, ``state.json``) and summed into `Ledger.usage`.
+    session-seconds from each rollout's session, the group judge's Bedrock requests and tokens from
+    each Converse answer's ``usage``. Carried in records already written (session records, captured
+    turns, rollout records, judge records, ``state.json``) and summed into `Ledger.usage`.
 
     Units: GB-seconds (configured memory in GB x seconds of duration) and requests per function
-    (logical name, `stepwise.functions`); counts; seconds. ``acr_vcpu_seconds`` and ``acr_gb_seconds``
-    are the session-seconds times the run's ``acr_vcpus`` / ``acr_memory_gb``, reckoned when each
-    ACR session ends.
+    (logical name, `stepwise.functions`); counts; seconds; tokens. ``acr_vcpu_seconds`` and
+    ``acr_gb_seconds`` are the session-seconds times the run's ``acr_vcpus`` / ``acr_memory_gb``,
+    reckoned when each ACR session ends. ``judge_requests`` counts every Converse request Bedrock
+    answered (a retried invalid answer is another request; a throttled one is not billed).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -68,6 +72,9 @@ class Usage(BaseModel):
     acr_session_seconds: float = 0.0
     acr_vcpu_seconds: float = 0.0
     acr_gb_seconds: float = 0.0
+    judge_requests: int = 0
+    judge_input_tokens: int = 0
+    judge_output_tokens: int = 0
 
     def add(self, other: "Usage | None") -> "Usage":
         """Add ``other`` into this usage (in place); returns self."""
@@ -77,8 +84,7 @@ class Usage(BaseModel):
             self.lambda_gb_seconds[name] = self.lambda_gb_seconds.get(name, 0.0) + value
         for name, n in other.lambda_requests.items():
             self.lambda_requests[name] = self.lambda_requests.get(name, 0) + n
-        for f in ("state_transitions", "s3_put_class", "s3_get_class", "acr_sessions", "acr_session_seconds",
-                  "acr_vcpu_seconds", "acr_gb_seconds"):
+        for f in _SCALAR_USAGE:
             setattr(self, f, getattr(self, f) + getattr(other, f))
         return self
 
@@ -88,13 +94,17 @@ class Usage(BaseModel):
             lambda_gb_seconds={k: v - other.lambda_gb_seconds.get(k, 0.0) for k, v in self.lambda_gb_seconds.items()},
             lambda_requests={k: v - other.lambda_requests.get(k, 0) for k, v in self.lambda_requests.items()},
         )
-        for f in ("state_transitions", "s3_put_class", "s3_get_class", "acr_sessions", "acr_session_seconds",
-                  "acr_vcpu_seconds", "acr_gb_seconds"):
+        for f in _SCALAR_USAGE:
             setattr(out, f, getattr(self, f) - getattr(other, f))
         return out
 
     def is_empty(self) -> bool:
         return self == Usage()
+
+
+#: `Usage`'s scalar fields (summed by `Usage.add`, subtracted by `Usage.minus`).
+_SCALAR_USAGE = ("state_transitions", "s3_put_class", "s3_get_class", "acr_sessions", "acr_session_seconds",
+                 "acr_vcpu_seconds", "acr_gb_seconds", "judge_requests", "judge_input_tokens", "judge_output_tokens")
 
 
 class CostMark(BaseModel):
@@ -560,6 +570,13 @@ class RolloutRecord(BaseModel):
     turn_spans: list[list[list[int]]] | None = None
     #: The result was scored although its task had timed out (its S3 notification came late or never).
     late: bool = False
+    #: The group judge's verdict on this rollout, merged in when a step's groups are computed
+    #: (`stepwise.core.judge.apply_judgements`; FinishRollout never writes them): the judge's score in its
+    #: range (None: not scored), its one-line reason (or why the group fell back), and the reward the agent
+    #: returned; ``reward`` then holds what the estimator reads (the judge's combination with it).
+    judge_score: float | None = None
+    judge_reason: str | None = None
+    agent_reward: float | None = None
 
 
 # ---------------------------------------------------------------------------- evals
@@ -673,3 +690,73 @@ class ReportIndex(BaseModel):
     latest: dict[str, dict[str, Any]] = Field(default_factory=dict)
     pending: list[TrackItem] = Field(default_factory=list)
     lease: TrackLease | None = None
+
+
+# ---------------------------------------------------------------------------- the group judge
+
+#: Where a group's scores came from: ``judge`` (Bedrock answered a valid verdict), ``cache`` (a verdict on
+#: the same judged text, cached by an earlier attempt), ``fallback`` (no valid verdict: the config's
+#: ``judge.fallback`` scored the group), ``skipped`` (no member completed: nothing to judge).
+JudgeSource = Literal["judge", "cache", "fallback", "skipped"]
+
+
+class JudgeVerdict(BaseModel):
+    """A validated answer of the judge on one group (`stepwise.core.judge.parse_verdict`): a score in the
+    config's range and a one-line reason per judged member, in the order they were shown. Cached at
+    ``runs/{run_id}/judge-cache/{key}.json`` (`stepwise.layout.judge_cache_key`), ``key`` the hash of the
+    judge's config and the judged text (`stepwise.core.judge.cache_key`), so a retried step pays once."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model_id: str
+    scores: list[float]
+    reasons: list[str]
+    attempts: int = 1
+
+
+class JudgeRecord(BaseModel):
+    """``runs/{run_id}/steps/{step}/gen{g}/judge/{input_id}.json``, written once per group by the judge
+    (`stepwise.judging.judge_group`); ComputeAdvantages merges it into the group's rollouts.
+
+    Per member of the group (``_G``, member order): its sid (None: never started), whether it was shown to
+    the judge (only completed rollouts are), the judge's score (None: not scored) and reason, and the
+    characters of the member's part of the judged text (the length-bias check). ``fallback_reason`` says
+    why a ``fallback`` group has no verdict; ``attempts`` counts Converse answers read, ``throttled`` the
+    throttled requests waited out; ``usage`` is what judging the group billed (requests, tokens).
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    input_id: str
+    step: int
+    generation_batch: int = 0
+    sids_G: list[str | None] = Field(default_factory=list)
+    members_G: list[int] = Field(default_factory=list)
+    judged_G: list[bool] = Field(default_factory=list)
+    scores_G: list[float | None] = Field(default_factory=list)
+    reasons_G: list[str] = Field(default_factory=list)
+    judged_chars_G: list[int] = Field(default_factory=list)
+    source: JudgeSource = "judge"
+    fallback_reason: str | None = None
+    cache_key: str = ""
+    model_id: str = ""
+    attempts: int = 0
+    throttled: int = 0
+    seconds: float = 0.0
+    usage: Usage | None = None
+
+
+class JudgeProgress(BaseModel):
+    """``runs/{run_id}/steps/{step}/gen{g}/judge-progress.json``: the judging of one generation batch, across
+    the invocations of the judge function (throttling can take several): when it started (the
+    ``judge.max_wait_seconds`` deadline counts from it), how many invocations ran, whether every group has
+    its record, and what the invocations themselves used (`stepwise.metering`)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    step: int
+    generation_batch: int = 0
+    started_at: float
+    invocations: int = 0
+    done: bool = False
+    usage: Usage | None = None

@@ -18,6 +18,9 @@ ENV_BUCKET = "STEPWISE_BUCKET"
 ENV_GATEWAY_URL = "STEPWISE_GATEWAY_URL"
 ENV_DATA_BUCKETS = "STEPWISE_DATA_BUCKETS"
 ENV_AGENT_RUNTIME_ARNS = "STEPWISE_AGENT_RUNTIME_ARNS"
+#: The Bedrock models (ids, inference profile ids or ARNs) the stack grants the group judge (CDK context
+#: ``judgeModelIds``); '' = none: a run with a judge is refused before billing.
+ENV_JUDGE_MODEL_IDS = "STEPWISE_JUDGE_MODEL_IDS"
 ENV_POLL_SECONDS = "STEPWISE_POLL_SECONDS"
 ENV_INLINE_WAIT_SECONDS = "STEPWISE_INLINE_WAIT_SECONDS"
 ENV_SESSION_START_TIMEOUT = "STEPWISE_SESSION_START_TIMEOUT"
@@ -37,9 +40,10 @@ ENV_METRICS_NAMESPACE = "POWERTOOLS_METRICS_NAMESPACE"
 #: Endpoint overrides (set only by the local stack): a client is made per endpoint, so a handler run
 #: after another under a new moto server never talks to the old one.
 ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL_SFN",
-                      "AWS_ENDPOINT_URL_BEDROCK_AGENTCORE", "AWS_ENDPOINT_URL_BEDROCK_AGENTCORE_CONTROL")
+                      "AWS_ENDPOINT_URL_BEDROCK_AGENTCORE", "AWS_ENDPOINT_URL_BEDROCK_AGENTCORE_CONTROL",
+                      "AWS_ENDPOINT_URL_BEDROCK_RUNTIME", "AWS_ENDPOINT_URL_BEDROCK")
 
-_NAMES = (ENV_BUCKET, ENV_GATEWAY_URL, ENV_DATA_BUCKETS, ENV_AGENT_RUNTIME_ARNS, ENV_POLL_SECONDS,
+_NAMES = (ENV_BUCKET, ENV_GATEWAY_URL, ENV_DATA_BUCKETS, ENV_AGENT_RUNTIME_ARNS, ENV_JUDGE_MODEL_IDS, ENV_POLL_SECONDS,
           ENV_INLINE_WAIT_SECONDS, ENV_SESSION_START_TIMEOUT, ENV_TURN_GRACE_SECONDS, ENV_SWEEP_GRACE_SECONDS,
           ENV_DEFAULT_S3_OUTPUT_PATH, ENV_NOTIFICATION_TOPIC_ARN, ENV_WANDB_API_KEY_SECRET, ENV_HF_TOKEN_SECRET, ENV_REGION,
           "AWS_DEFAULT_REGION", *ENDPOINT_VARIABLES)
@@ -59,6 +63,8 @@ class Settings:
         data_buckets: more buckets the functions may read and write (``STEPWISE_DATA_BUCKETS``).
         agent_runtime_arns: the ACR runtimes StartRollout may invoke (``STEPWISE_AGENT_RUNTIME_ARNS``;
             empty = any runtime of the stack's region).
+        judge_model_ids: the Bedrock models the group judge is granted (``STEPWISE_JUDGE_MODEL_IDS``;
+            empty = none).
         poll_seconds: Wait-state seconds between polls (``STEPWISE_POLL_SECONDS``, integer >= 1, default 10).
         inline_wait_seconds: how long a submit/poll handler polls before handing the wait to a Wait
             state (``STEPWISE_INLINE_WAIT_SECONDS``, >= 0, default 5).
@@ -82,6 +88,7 @@ class Settings:
     gateway_url: str = ""
     data_buckets: tuple[str, ...] = ()
     agent_runtime_arns: tuple[str, ...] = ()
+    judge_model_ids: tuple[str, ...] = ()
     poll_seconds: int = 10
     inline_wait_seconds: float = 5.0
     session_start_timeout: float = 1800.0
@@ -108,6 +115,7 @@ class Settings:
             gateway_url=env.get(ENV_GATEWAY_URL, ""),
             data_buckets=_split(env.get(ENV_DATA_BUCKETS, "")),
             agent_runtime_arns=_split(env.get(ENV_AGENT_RUNTIME_ARNS, "")),
+            judge_model_ids=_split(env.get(ENV_JUDGE_MODEL_IDS, "")),
             poll_seconds=max(1, int(number(ENV_POLL_SECONDS, "10", int))),
             inline_wait_seconds=max(0.0, number(ENV_INLINE_WAIT_SECONDS, "5", float)),
             session_start_timeout=number(ENV_SESSION_START_TIMEOUT, "1800", float),

@@ -1,7 +1,7 @@
 """The price table: every unit price the run's cost ledger and the cost estimate use, in one place.
 
 AWS public on-demand list prices for ``REGION``, as published on ``PRICES_AS_OF`` (the AWS pricing
-pages of Lambda, Step Functions, S3 and Amazon Bedrock AgentCore). They were read from stored
+pages of Lambda, Step Functions, S3, Amazon Bedrock AgentCore and Amazon Bedrock). They were read from stored
 copies of those pages and other pages quoting them, not checked live from this machine: check your
 region's prices before relying on a figure. Free tiers, Savings Plans and volume tiers are ignored
 (the first tier's price is used throughout).
@@ -51,6 +51,47 @@ S3_FREE_PREFIXES = ("Delete", "Abort")
 #: session-second (``acr_vcpus``, ``acr_memory_gb``).
 ACR_USD_PER_VCPU_HOUR = 0.0895
 ACR_USD_PER_GB_HOUR = 0.00945
+
+#: Amazon Bedrock On-Demand text models (the group judge, `stepwise.core.judge`): USD per million input
+#: tokens and per million output tokens, by foundation model id without its version suffix (the pricing
+#: page quotes per 1,000 or per million tokens; these are per million). Cross-Region inference costs what the
+#: source Region's on-demand price says ("no additional charge"); for the Claude 4.5 models a global
+#: inference profile (``global.``) is about 10% below the geographic one (``us.``) quoted here, so the ledger
+#: errs high there. Batch mode, prompt caching and Provisioned Throughput are not priced. A model not in
+#: the table is priced by the run config's ``judge.usd_per_million_input_tokens`` / ``..._output_tokens``
+#: (without them the ledger counts its tokens only).
+BEDROCK_USD_PER_MILLION_TOKENS: dict[str, tuple[float, float]] = {
+    "amazon.nova-micro-v1": (0.035, 0.14),
+    "amazon.nova-lite-v1": (0.06, 0.24),
+    "amazon.nova-pro-v1": (0.80, 3.20),
+    "anthropic.claude-3-haiku-20240307-v1": (0.25, 1.25),
+    "anthropic.claude-3-5-haiku-20241022-v1": (0.80, 4.00),
+    "anthropic.claude-haiku-4-5-20251001-v1": (1.00, 5.00),
+    "anthropic.claude-sonnet-4-5-20250929-v1": (3.00, 15.00),
+}
+#: The geographic prefixes of Bedrock's system-defined (cross-Region) inference profile ids.
+BEDROCK_PROFILE_PREFIXES = ("us-gov.", "us.", "eu.", "apac.", "jp.", "au.", "ca.", "global.")
+
+
+def bedrock_base_model(model_id: str) -> str:
+    """The foundation model a Bedrock ``modelId`` names, without its version suffix: a foundation-model or
+    system inference profile ARN, a profile id (``us.amazon.nova-micro-v1:0``) or a model id
+    (``amazon.nova-micro-v1:0``) -> ``amazon.nova-micro-v1``; '' for an application inference profile
+    (its model is not in its name)."""
+    resource = model_id.rsplit("/", 1)[-1] if model_id.startswith("arn:") else model_id
+    if ":application-inference-profile/" in model_id:
+        return ""
+    for prefix in BEDROCK_PROFILE_PREFIXES:
+        if resource.startswith(prefix):
+            resource = resource[len(prefix):]
+            break
+    return resource.split(":", 1)[0]
+
+
+def bedrock_usd_per_million(model_id: str) -> tuple[float, float] | None:
+    """``(input, output)`` USD per million tokens of ``model_id`` from `BEDROCK_USD_PER_MILLION_TOKENS`, or
+    None when the table does not price it."""
+    return BEDROCK_USD_PER_MILLION_TOKENS.get(bedrock_base_model(model_id))
 
 
 #: The training session's price per hour, per base model (hub content name; the model id works too).

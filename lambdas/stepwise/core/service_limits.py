@@ -25,7 +25,9 @@ Limits no model carries are documented quotas, kept here as constants with their
   run inside one execution (continue-as-new happens between steps), each adding
   ``EVENTS_PER_GENERATION_BATCH`` parent events (PlanStep task 5, choice 2, Distributed Map 6,
   choice 2, ComputeAdvantages task 5, choice 2), so ``max_num_gen_batches`` is bounded by
-  ``MAX_GENERATION_BATCHES_PER_STEP``.
+  ``MAX_GENERATION_BATCHES_PER_STEP``; a run with a group judge adds ``JUDGE_EVENTS_PER_GENERATION_BATCH``
+  (the judge's task 5 and its choice 2; each wait for a throttled judge 2 + 5 more) and is bounded by
+  ``MAX_JUDGED_GENERATION_BATCHES_PER_STEP``.
 """
 
 from __future__ import annotations
@@ -49,6 +51,10 @@ EVENTS_PER_GENERATION_BATCH = 22
 #: History events kept free in an execution for the rest of one step (train, rebind, save, eval).
 HISTORY_RESERVE_EVENTS = 2_000
 MAX_GENERATION_BATCHES_PER_STEP = (EXECUTION_HISTORY_EVENTS - HISTORY_RESERVE_EVENTS) // EVENTS_PER_GENERATION_BATCH
+#: Parent-history events the group judge adds to a generation batch ("Judge groups" task, its choice).
+JUDGE_EVENTS_PER_GENERATION_BATCH = 7
+MAX_JUDGED_GENERATION_BATCHES_PER_STEP = ((EXECUTION_HISTORY_EVENTS - HISTORY_RESERVE_EVENTS)
+                                          // (EVENTS_PER_GENERATION_BATCH + JUDGE_EVENTS_PER_GENERATION_BATCH))
 #: AgentCore Runtime's default "Active session workloads per account" outside us-east-1 / us-west-2
 #: (1,000 there): the default bound on a run's rollouts in flight (``acr_max_active_sessions``).
 ACR_ACTIVE_SESSIONS_DEFAULT = 500
