@@ -5,7 +5,7 @@
 
 Everything comes from the model: field order, types, defaults, bounds (``ge``/``gt``/``le``/
 length), descriptions, the section a field sits in (the ``# --- Section ---`` comments of
-``config.py``), the nested `VpcConfig`, and the reference fields refused serverless
+``config.py``), the nested `VpcConfig`, `JudgeConfig` and `JudgeInclude`, and the reference fields refused serverless
 (``DROPPED_FIELDS``). ``tests/docs/test_config_reference.py`` fails when the page drifts.
 """
 
@@ -76,6 +76,8 @@ def default(field: Any) -> str:
         value = field.default
     if value is PydanticUndefined:
         return ""
+    if isinstance(value, BaseModel):  # a nested model's defaults: its own table says them
+        return "its defaults"
     return f"`{json.dumps(value)}`"
 
 
@@ -94,7 +96,7 @@ def table(model: type[BaseModel], names: list[str]) -> list[str]:
 
 def render() -> str:
     """The whole page, deterministic."""
-    from stepwise.config import DROPPED_FIELDS, RunConfig, VpcConfig
+    from stepwise.config import DROPPED_FIELDS, JudgeConfig, JudgeInclude, RunConfig, VpcConfig
 
     by_section = sections(RunConfig)
     lines = [
@@ -123,6 +125,10 @@ def render() -> str:
         lines += [f"## {title or 'Other'}", "", *table(RunConfig, names), ""]
     lines += ["## VpcConfig", "", "`vpc_config` (optional): the training session's network.", "",
               *table(VpcConfig, list(VpcConfig.model_fields)), ""]
+    lines += ["## JudgeConfig", "", "`judge` (optional): the group judge on Amazon Bedrock (docs/judge.md).", "",
+              *table(JudgeConfig, list(JudgeConfig.model_fields)), ""]
+    lines += ["## JudgeInclude", "", "`judge.include`: what of each rollout the judge reads, and how much.", "",
+              *table(JudgeInclude, list(JudgeInclude.model_fields)), ""]
     lines += ["## Reference fields not supported serverless", "",
               "A config naming one of these (the reference's `config.yaml.example` does) still loads: the key is",
               "dropped with a warning giving the reason. `docs/migration.md` maps every reference field to ours.", "",

@@ -37,7 +37,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from stepwise.core import service_limits as limits
 
-__all__ = ["RunConfig", "VpcConfig", "EarlyStopping", "ConfigError", "load_run_config", "read_config_file", "config_format", "drop_unsupported",
+__all__ = ["RunConfig", "VpcConfig", "EarlyStopping", "JudgeConfig", "JudgeInclude", "ConfigError", "load_run_config",
+           "read_config_file", "inline_rubric", "config_format", "drop_unsupported",
            "DROPPED_FIELDS", "shown"]
 
 log = logging.getLogger(__name__)
@@ -211,6 +212,143 @@ class EarlyStopping(BaseModel):
     mode: Literal["max", "min"] = Field("max", description="max: higher is better; min: lower is better")
     patience: int = Field(3, ge=1, le=1000, description="evals without improvement before the run ends")
     min_delta: float = Field(0.0, ge=0.0, description="an eval improves only when it beats the best by more than this")
+
+
+#: A Bedrock model the group judge may name: a foundation model id (``amazon.nova-micro-v1:0``), a system
+#: inference profile id (``us.amazon.nova-micro-v1:0``, ``global.anthropic...``), or the ARN of a foundation model,
+#: an inference profile or an application inference profile (botocore's ``bedrock-runtime`` Converse ``modelId``,
+#: narrowed to what the judge can call on demand).
+BEDROCK_MODEL_ID_RE = re.compile(r"^[a-z0-9-]{1,63}(?:\.[a-z0-9-]{1,63}){1,3}(?::[a-z0-9-]{1,63}){0,2}\Z", re.A)
+BEDROCK_MODEL_ARN_RE = re.compile(
+    rf"^{_PARTITION}:bedrock:({_REGION}):(\d{{12}})?:(foundation-model|inference-profile|application-inference-profile)/"
+    r"[a-zA-Z0-9.:\-]{1,300}\Z", re.A)
+#: What the judge can be asked to add to the agent's reward (`stepwise.core.judge.apply_judgements`).
+JUDGE_COMBINATIONS = ("replace", "add", "gdpo")
+
+
+class JudgeInclude(BaseModel):
+    """``judge.include``: what of each rollout the judge reads, and how much (`stepwise.core.judge`).
+
+    The judged text of a member is its conversation as the gateway captured it (each turn's new prompt
+    messages and its reply, tool calls and tool results included), then the agent's result; the messages
+    every member shares (the system prompt, the task) are shown once, before the members. Each message is
+    cut to ``max_message_chars`` and each member's part to ``max_member_chars`` (the middle is cut, so the
+    start and the final answer stay)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    system: bool = Field(True, description="show the agent's system prompt (shared by the group, shown once)")
+    tool_calls: bool = Field(True, description="show the tool calls the agent's replies made")
+    tool_results: bool = Field(True, description="show the tool results the agent got back")
+    result_fields: list[str] | None = Field(
+        None, description="fields of the agent's result object to show after its conversation; None = every field "
+        "but 'rewards' (the judge does not see the agent's own reward), [] = none")
+    max_message_chars: int = Field(2000, ge=50, le=100_000, description="each message is cut to this many characters")
+    max_member_chars: int = Field(8000, ge=200, le=400_000,
+                                  description="each member's part of the judged text is cut to this many characters")
+
+
+class JudgeConfig(BaseModel):
+    """``judge``: a group judge on Amazon Bedrock that scores each completed group's members relative to each
+    other against a rubric (as OpenPipe ART's RULER does), for agents without an answer key (docs/judge.md).
+
+    The judge is called through the Bedrock Runtime Converse API with a tool whose input schema is one score
+    and a one-line reason per member; an answer with a score outside ``[score_min, score_max]``, a missing or
+    repeated member, or no well-formed tool call is asked again, ``max_attempts`` answers in all, then the
+    group gets ``fallback``. Throttling is waited out within the step (at ``requests_per_second`` and
+    ``concurrency`` groups at once, up to ``max_wait_seconds``), never failing it. ``combine`` says what the
+    estimator reads: the judge's score mapped to [0, 1] (``replace``), the agent's reward plus ``weight`` x
+    that (``add``), or each of the two normalized within the group and summed, ``weight`` on the judge's (GDPO,
+    arXiv:2601.05242: ``gdpo``).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False, validate_default=True)
+
+    model_id: str = Field(description="the Bedrock model (or inference profile) that judges: a model id such as "
+                          "amazon.nova-micro-v1:0, a cross-Region inference profile id such as us.amazon.nova-micro-v1:0, "
+                          "or its ARN; the stack must grant it (CDK context judgeModelIds)")
+    rubric: str = Field("", description="what a better rollout does, in the user's words (the judge's instructions); "
+                        "required, unless rubric_file names a file to read it from")
+    rubric_file: str = Field("", description="a text file holding the rubric, read when the config file is loaded "
+                             "(stepwise validate, start, run-local; relative to the config file's folder) into rubric")
+    score_min: float = Field(0.0, description="the lowest score the judge may give")
+    score_max: float = Field(10.0, description="the highest score the judge may give (> score_min)")
+    include: JudgeInclude = Field(default_factory=JudgeInclude, description="what of each rollout the judge reads")
+    combine: Literal["replace", "add", "gdpo"] = Field(
+        "replace", description="replace: the reward is the judge's score mapped to [0, 1]; add: the agent's reward "
+        "plus weight x that; gdpo: the agent's reward and the judge's score each normalized within the group, "
+        "summed with weight on the judge's (GDPO; with reinforce_pp_baseline it is the paper's recipe)")
+    weight: float = Field(1.0, gt=0, le=1000, description="the judge's weight in add and gdpo")
+    fallback: Literal["agent_reward", "no_signal"] = Field(
+        "agent_reward", description="a group the judge gives no valid verdict: agent_reward = the agent's own "
+        "rewards alone; no_signal = equal rewards, so the group trains nothing")
+    max_attempts: int = Field(3, ge=1, le=10, description="answers asked of the judge per group before the fallback "
+                              "(an invalid answer is asked again, with what was wrong)")
+    concurrency: int = Field(4, ge=1, le=64, description="groups judged at once")
+    requests_per_second: float = Field(2.0, gt=0, le=1000,
+                                       description="Converse requests per second at most (throttled ones included)")
+    max_output_tokens: int = Field(2048, ge=64, le=32_768, description="the judge's maxTokens per answer")
+    temperature: float = Field(0.0, ge=0, le=1, description="the judge's sampling temperature")
+    timeout_seconds: float = Field(120.0, ge=1, le=600, description="seconds one Converse request may take "
+                                   "(read timeout); a slower answer is retried like throttling")
+    max_wait_seconds: int = Field(1800, ge=0, le=86_400, description="seconds a generation batch's judging may wait "
+                                  "out throttling; past them the groups still throttled get the fallback")
+    usd_per_million_input_tokens: float | None = Field(
+        None, ge=0, description="the judge model's price per million input tokens; None = the price table's "
+        "(stepwise.core.prices)")
+    usd_per_million_output_tokens: float | None = Field(
+        None, ge=0, description="the judge model's price per million output tokens; None = the price table's")
+
+    @field_validator("model_id")
+    @classmethod
+    def _model_id(cls, v: str) -> str:
+        if not (BEDROCK_MODEL_ID_RE.match(v) or BEDROCK_MODEL_ARN_RE.match(v)):
+            raise ValueError("must be a Bedrock model id (amazon.nova-micro-v1:0), an inference profile id "
+                             "(us.amazon.nova-micro-v1:0) or an ARN of a foundation model, inference profile or "
+                             "application inference profile")
+        return v
+
+    @field_validator("rubric")
+    @classmethod
+    def _rubric(cls, v: str) -> str:
+        if len(v) > 50_000:
+            raise ValueError(f"is {len(v):,} characters; a rubric is a page at most (50,000)")
+        return v
+
+    @field_validator("rubric_file")
+    @classmethod
+    def _rubric_file(cls, v: str, info: ValidationInfo) -> str:
+        if not (info.data.get("rubric") or "").strip():
+            if v:
+                raise ValueError(f"{v!r} was not read into rubric: it is read when a config file is loaded "
+                                 "(stepwise validate, start and run-local do); a config handed over as JSON must carry "
+                                 "the rubric's text in rubric")
+            raise ValueError("the judge needs a rubric: set rubric (what a better rollout does) or rubric_file")
+        return v
+
+    @field_validator("score_max")
+    @classmethod
+    def _range(cls, v: float, info: ValidationInfo) -> float:
+        lo = info.data.get("score_min")
+        if lo is not None and not v > lo:
+            raise ValueError(f"must be above score_min ({lo:g})")
+        return v
+
+    @field_validator("usd_per_million_output_tokens")
+    @classmethod
+    def _prices(cls, v: float | None, info: ValidationInfo) -> float | None:
+        if (v is None) != (info.data.get("usd_per_million_input_tokens") is None):
+            raise ValueError("set both usd_per_million_input_tokens and usd_per_million_output_tokens, or neither")
+        return v
+
+    @property
+    def usd_per_million(self) -> tuple[float, float] | None:
+        """``(input, output)`` USD per million tokens: the config's, else the price table's, else None."""
+        from stepwise.core.prices import bedrock_usd_per_million
+
+        if self.usd_per_million_input_tokens is not None and self.usd_per_million_output_tokens is not None:
+            return self.usd_per_million_input_tokens, self.usd_per_million_output_tokens
+        return bedrock_usd_per_million(self.model_id)
 
 
 class RunConfig(BaseModel):
@@ -457,6 +595,12 @@ class RunConfig(BaseModel):
         description="warn (log, SNS notification when the stack has a topic, stepwise watch) once a budget "
         "limit's projection reaches this fraction of it",
     )
+
+    # --- The group judge (stepwise.core.judge, docs/judge.md): rewards for agents without an answer key ---
+    judge: JudgeConfig | None = Field(
+        None, description="a group judge on Bedrock that scores each group's members against a rubric "
+        "(model_id, rubric, score range, what it reads, how its score combines with the agent's reward, "
+        "concurrency, requests per second, fallback); None = the agent's own reward only. docs/judge.md")
 
     # --- Dataset ---
     dataset_path: str = Field(description="Parquet or JSONL with a 'payload' column/field")
@@ -731,6 +875,34 @@ class RunConfig(BaseModel):
         if v is not None and info.data.get("session_usd_per_hour", 0) is None:
             raise ValueError("needs session_usd_per_hour: the training session is most of a run's cost, and the "
                              "ledger cannot price it without its hourly price")
+        return v
+
+    @field_validator("judge")
+    @classmethod
+    def _judge(cls, v: JudgeConfig | None, info: ValidationInfo) -> JudgeConfig | None:
+        if v is None:
+            return v
+        from stepwise.core.advantages import PER_TURN_ESTIMATORS
+
+        estimator = info.data.get("advantage_estimator")
+        if estimator in PER_TURN_ESTIMATORS and v.combine != "add":
+            raise ValueError(f"combine {v.combine!r} needs one reward per rollout, but advantage_estimator {estimator!r} "
+                             "reads one per LLM turn: use combine 'add' (the judge's score joins the last turn's "
+                             "reward) or a trajectory estimator")
+        m = BEDROCK_MODEL_ARN_RE.match(v.model_id)
+        region = info.data.get("region")
+        if m and region and m.group(1) != region:
+            raise ValueError(f"model_id names region {m.group(1)}, not the run's region {region}: the judge calls "
+                             "Bedrock in the run's region (a cross-Region inference profile of that region reaches "
+                             "others)")
+        gens = info.data.get("max_num_gen_batches")
+        if info.data.get("algorithm") == "dapo" and gens and gens > limits.MAX_JUDGED_GENERATION_BATCHES_PER_STEP:
+            raise ValueError(f"with a judge a DAPO generation batch adds {limits.JUDGE_EVENTS_PER_GENERATION_BATCH} "
+                             f"history events, so max_num_gen_batches may be at most "
+                             f"{limits.MAX_JUDGED_GENERATION_BATCHES_PER_STEP} (got {gens})")
+        if info.data.get("max_cost_usd") is not None and v.usd_per_million is None:
+            raise ValueError(f"max_cost_usd needs the judge's price, and the price table does not know {v.model_id!r}: "
+                             "set usd_per_million_input_tokens and usd_per_million_output_tokens")
         return v
 
     @field_validator("dataset_path")
@@ -1029,7 +1201,9 @@ def _format_error(err: dict[str, Any]) -> str:
     value = err.get("input")
     if kind == "extra_forbidden":
         field = str(err["loc"][-1])
-        names = list(RunConfig.model_fields) if len(err["loc"]) == 1 else list(VpcConfig.model_fields)
+        nested = {"vpc_config": VpcConfig, "early_stopping": EarlyStopping, "judge": JudgeConfig}
+        model = (JudgeInclude if err["loc"][:2] == ("judge", "include") else nested.get(str(err["loc"][0]), VpcConfig))
+        names = list(RunConfig.model_fields) if len(err["loc"]) == 1 else list(model.model_fields)
         close = difflib.get_close_matches(field, names, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         return f"{loc}: unknown field (got {shown(value)}){hint}"
@@ -1133,6 +1307,14 @@ def read_config_file(path: str | Path) -> Any:
                            "save the file as UTF-8"], str(path)) from None
     is_yaml = config_format(path, text) == "yaml"
     try:
+        raw = _parse_config_text(path, text, is_yaml)
+    except ConfigError as e:
+        raise ConfigError(e.errors, str(path)) from None
+    return inline_rubric(raw, path.parent)
+
+
+def _parse_config_text(path: Path, text: str, is_yaml: bool) -> Any:
+    try:
         if is_yaml:
             import yaml
 
@@ -1154,6 +1336,31 @@ def read_config_file(path: str | Path) -> Any:
         if isinstance(e, ConfigError):  # a JSON key given twice (_json_object): name the file
             raise ConfigError(e.errors, str(path)) from None
         raise ConfigError([f"(file): not a usable {'YAML' if is_yaml else 'JSON'} value: {e}"], str(path)) from None
+
+
+def inline_rubric(raw: Any, config_dir: str | Path) -> Any:
+    """``raw`` (a loaded config) with ``judge.rubric`` read from ``judge.rubric_file`` when the config names a
+    file and no rubric text (relative paths resolve against ``config_dir``, the config file's folder); the file's
+    name stays in ``rubric_file``. An execution's input so always carries the rubric's text, never a path only
+    the operator's machine has. Anything else is returned as it is.
+
+    Raises:
+        ConfigError: the file cannot be read as UTF-8 text.
+    """
+    judge = raw.get("judge") if isinstance(raw, dict) else None
+    if not isinstance(judge, dict) or not isinstance(judge.get("rubric_file"), str) or not judge["rubric_file"]:
+        return raw
+    if isinstance(judge.get("rubric"), str) and judge["rubric"].strip():
+        return raw
+    path = Path(judge["rubric_file"])
+    path = path if path.is_absolute() else Path(config_dir) / path
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except OSError as e:
+        raise ConfigError([f"judge.rubric_file: cannot read {path}: {e.strerror or e}"]) from e
+    except UnicodeDecodeError:
+        raise ConfigError([f"judge.rubric_file: {path} is not UTF-8 text"]) from None
+    return {**raw, "judge": {**judge, "rubric": text}}
 
 
 def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

@@ -183,6 +183,8 @@ BAD_VALUES = [
     ("wandb_entity", "a:b", "must not contain :"),
     ("wandb_run_name", 7, "valid string"),
     ("vpc_config", {"subnets": [], "security_group_ids": ["sg-1"]}, "at least 1 item"),
+    ("judge", {"model_id": "amazon.nova-micro-v1:0", "rubric": "r", "score_min": 1.0, "score_max": 1.0},
+     "must be above score_min"),
 ]
 
 

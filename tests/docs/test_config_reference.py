@@ -23,12 +23,22 @@ def test_config_md_is_up_to_date():
 
 
 def test_every_field_is_documented_with_its_default_and_description():
+    from stepwise.config import JudgeConfig, JudgeInclude
+
     text = (DOCS / "config.md").read_text()
+    sections = text.split("\n## ")
+    for models, where in (((RunConfig,), [s for s in sections if not s.startswith(("VpcConfig", "Judge"))]),
+                          ((VpcConfig,), [s for s in sections if s.startswith("VpcConfig")]),
+                          ((JudgeConfig,), [s for s in sections if s.startswith("JudgeConfig")]),
+                          ((JudgeInclude,), [s for s in sections if s.startswith("JudgeInclude")])):
+        rows = {line.split("|")[1].strip().strip("`"): line for part in where for line in part.splitlines()
+                if line.startswith("| `")}
+        for model in models:
+            for name, field in model.model_fields.items():
+                assert name in rows, (model.__name__, name)
+                if field.description:
+                    assert field.description.replace("|", "\\|") in rows[name], (model.__name__, name)
     rows = {line.split("|")[1].strip().strip("`"): line for line in text.splitlines() if line.startswith("| `")}
-    for name, field in {**RunConfig.model_fields, **VpcConfig.model_fields}.items():
-        assert name in rows, name
-        if field.description:
-            assert field.description.replace("|", "\\|") in rows[name], name
     for name in DROPPED_FIELDS:
         assert name in rows
     assert "| `batch_size` | int | `32` | >= 1 |" in text
