@@ -4,7 +4,8 @@ Each service the handlers and the gateway call is pointed at an emulator on loop
 environment: moto's ``AWS_ENDPOINT_URL_*`` (`local.engine.endpoint_env`), the simulator's
 (``AWS_ENDPOINT_URL_SAGEMAKER``, ``AWS_ENDPOINT_URL_SAGEMAKERTRAININGSESSIONRUNTIME`` and the SDK's
 ``SAGEMAKER_TRAINING_SESSION_ENDPOINT`` / ``..._RUNTIME_ENDPOINT``) and the ACR emulator's
-(``AWS_ENDPOINT_URL_BEDROCK_AGENTCORE``, ``..._CONTROL``). botocore reads a service's variable when a
+(``AWS_ENDPOINT_URL_BEDROCK_AGENTCORE``, ``..._CONTROL``) and the Bedrock emulator's (``AWS_ENDPOINT_URL_BEDROCK_RUNTIME``,
+``AWS_ENDPOINT_URL_BEDROCK``: the group judge). botocore reads a service's variable when a
 client is built (``botocore.configprovider.ConfiguredEndpointProvider``: the service-specific variable,
 then ``AWS_ENDPOINT_URL``, then the shared config file; ``AWS_IGNORE_CONFIGURED_ENDPOINT_URLS=true``
 ignores them all). A variable that did not reach a process leaves its client on the real regional
@@ -44,7 +45,7 @@ SDK_ENDPOINT_VARIABLES = ("SAGEMAKER_TRAINING_SESSION_ENDPOINT", "SAGEMAKER_TRAI
 #: botocore clients the code under ``lambdas/`` builds, by boto3 service name (tests/local/test_no_aws.py
 #: scans the code so a new one cannot be missed); `service_endpoint_variable` names each one's variable.
 HANDLER_SERVICES = ("s3", "stepfunctions", "sagemaker", "sagemakertrainingsessionruntime", "bedrock-agentcore",
-                    "bedrock-agentcore-control", "sns", "secretsmanager", "cloudformation")
+                    "bedrock-agentcore-control", "bedrock-runtime", "bedrock", "sns", "secretsmanager", "cloudformation")
 #: botocore's switch that ignores every ``AWS_ENDPOINT_URL*`` variable (environment, then shared config).
 IGNORE_ENDPOINTS_VARIABLE = "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS"
 

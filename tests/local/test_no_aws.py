@@ -219,19 +219,22 @@ def test_moto_s_endpoint_variables_are_botocore_s_names_for_its_services():
 
 
 def _stack_env() -> dict[str, str]:
-    """The variables the local stack's services export: moto's, the simulator's and the ACR emulator's (their
-    own code, on made-up loopback ports)."""
+    """The variables the local stack's services export: moto's, the simulator's, the ACR emulator's and the Bedrock
+    emulator's (their own code, on made-up loopback ports)."""
     from types import SimpleNamespace
 
     from local.acr import AcrEmulator
+    from local.bedrock import BedrockEmulator
     from local.engine import endpoint_env
     from local.simulator import SimulatorHandle
 
     acr = AcrEmulator()
     acr.url = "http://127.0.0.1:4003"
+    bedrock = BedrockEmulator()
+    bedrock.url = "http://127.0.0.1:4004"
     simulator = SimulatorHandle(SimpleNamespace(account_id="123456789012", region="us-east-1"),
                                 SimpleNamespace(server_address=("127.0.0.1", 4002)), None)
-    return {**endpoint_env("http://127.0.0.1:4001"), **simulator.env, **acr.env}
+    return {**endpoint_env("http://127.0.0.1:4001"), **simulator.env, **acr.env, **bedrock.env}
 
 
 def test_the_stack_s_environment_points_every_handler_service_at_loopback_and_a_lost_part_is_named():
