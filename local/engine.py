@@ -1316,7 +1316,8 @@ def create_functions(moto: MotoServer, *, prefix: str = "stepwise-local") -> dic
     env = functions.environment(bucket=os.environ.get("STEPWISE_BUCKET", ""),
                                 gateway_url=os.environ.get("STEPWISE_GATEWAY_URL", ""),
                                 data_buckets=os.environ.get(settings.ENV_DATA_BUCKETS, ""),
-                                agent_runtime_arns=os.environ.get(settings.ENV_AGENT_RUNTIME_ARNS, ""))
+                                agent_runtime_arns=os.environ.get(settings.ENV_AGENT_RUNTIME_ARNS, ""),
+                                judge_model_ids=os.environ.get(settings.ENV_JUDGE_MODEL_IDS, ""))
     # Handlers run in this process: they see the stack's environment (plus the local endpoints
     # already set here). Every function gets the same one, so the process env can carry it.
     moto.set_env(env)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from stepwise.settings import (ENV_AGENT_RUNTIME_ARNS, ENV_BUCKET, ENV_DATA_BUCKETS, ENV_GATEWAY_URL,
-                               ENV_METRICS_NAMESPACE, ENV_SERVICE)
+                               ENV_JUDGE_MODEL_IDS, ENV_METRICS_NAMESPACE, ENV_SERVICE)
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,7 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
     FunctionSpec("StartRollout", "stepwise.handlers.rollout.start_handler", 512, 120, "Open a gateway session and invoke the agent on ACR"),
     FunctionSpec("OnRolloutResult", "stepwise.handlers.rollout.result_handler", 256, 60, "S3 result notification -> SendTaskSuccess"),
     FunctionSpec("FinishRollout", "stepwise.handlers.rollout.finish_handler", 1024, 300, "Extract the reward, replay captured turns into TraceRecords"),
+    FunctionSpec("JudgeGroups", "stepwise.handlers.judge.handler", 1024, 900, "Group judge on Bedrock: score each group's members against the rubric (runs only with a judge)"),
     FunctionSpec("ComputeAdvantages", "stepwise.handlers.advantages.handler", 2048, 900, "GRPO advantages, DAPO group filter, training datums"),
     FunctionSpec("RecordEval", "stepwise.handlers.advantages.eval_handler", 1024, 300, "Eval generation batch -> eval/accuracy"),
     FunctionSpec("SubmitTrain", "stepwise.handlers.train.submit_handler", 2048, 900, "forward_backward + optim_step + save_weights with write-ahead sequence numbers"),
@@ -90,7 +91,7 @@ def by_name(name: str) -> FunctionSpec:
 
 
 def environment(*, bucket: str, gateway_url: str, extra: dict[str, str] | None = None,
-                data_buckets: str = "", agent_runtime_arns: str = "") -> dict[str, str]:
+                data_buckets: str = "", agent_runtime_arns: str = "", judge_model_ids: str = "") -> dict[str, str]:
     """The environment every handler function gets (the stack and the local engine both use this).
 
     Args:
@@ -103,12 +104,15 @@ def environment(*, bucket: str, gateway_url: str, extra: dict[str, str] | None =
         agent_runtime_arns: comma-separated ACR runtime ARNs StartRollout is granted to invoke
             (``STEPWISE_AGENT_RUNTIME_ARNS``; CDK context ``agentRuntimeArns``). '' = any
             runtime of the stack's region (``AWS_REGION``).
+        judge_model_ids: comma-separated Bedrock models (ids, inference profile ids or ARNs) the group judge
+            is granted to invoke (``STEPWISE_JUDGE_MODEL_IDS``; CDK context ``judgeModelIds``). '' = none.
     """
     env = {
         ENV_BUCKET: bucket,
         ENV_GATEWAY_URL: gateway_url,
         ENV_DATA_BUCKETS: data_buckets,
         ENV_AGENT_RUNTIME_ARNS: agent_runtime_arns,
+        ENV_JUDGE_MODEL_IDS: judge_model_ids,
         ENV_SERVICE: "stepwise",
         ENV_METRICS_NAMESPACE: "Stepwise",
     }

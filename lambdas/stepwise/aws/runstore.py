@@ -16,8 +16,8 @@ from botocore.exceptions import ClientError
 from pydantic import BaseModel
 
 from stepwise import metering
-from stepwise.layout import RUNS_PREFIX, BULK_TAGGING, state_key
-from stepwise.records import RunState
+from stepwise.layout import RUNS_PREFIX, BULK_TAGGING, rollouts_prefix, start_marker_key, state_key
+from stepwise.records import RolloutRecord, RunState
 
 
 class RunStoreError(RuntimeError):
@@ -206,6 +206,27 @@ class RunStore:
         for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
             keys.extend(o["Key"] for o in page.get("Contents", []))
         return sorted(keys)
+
+    # -- a generation batch's rollout records
+
+    def batch_rollouts(self, run_id: str, step: int, generation_batch: int, kind: str = "train") -> list[RolloutRecord]:
+        """The current rollout record of each item of a generation batch, in item order: when an item has
+        several (a resumed run re-doing a step after a rewind, a re-run Map child), the one whose sid its start
+        marker names (the newest start). Items without a record are absent. One LIST, then the GETs in
+        parallel (`get_json_many`: a GET from a Lambda takes tens of ms, one at a time 1,024 records hold the
+        training session idle for tens of seconds), each record parsed as it arrives."""
+        prefix = rollouts_prefix(run_id, step, generation_batch, kind)
+        keys = [k for k in self.list_keys(prefix) if k.endswith(".json")]
+        by_i: dict[int, list[RolloutRecord]] = {}
+        for r in self.get_json_many(keys, RolloutRecord.model_validate):
+            by_i.setdefault(r.i, []).append(r)
+        out = []
+        for i, records in sorted(by_i.items()):
+            if len(records) > 1:
+                sid = (self.get_json_or(start_marker_key(run_id, step, generation_batch, kind, i)) or {}).get("sid")
+                records = [r for r in records if r.sid == sid] or records[-1:]
+            out.append(records[0])
+        return out
 
     def list_run_ids(self) -> list[str]:
         """The run ids with a folder under ``runs/`` (ListObjectsV2 with delimiter ``/``: one key per

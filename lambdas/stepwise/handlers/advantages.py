@@ -34,7 +34,7 @@ from stepwise.core.steps import (  # noqa: F401  (RolloutsFailed: the error this
 from stepwise.events import BatchEvent
 from stepwise.handlers._common import bind, emit, entrypoint, logger, now, run_config, store, write_summary
 from stepwise.layout import (datums_key, eval_results_key, eval_summary_key, items_key, prompts_key, rollout_key,
-                             rollouts_prefix, start_marker_key)
+                             start_marker_key)
 from stepwise.records import BatchItem, BatchRef, PlannedBatch, RolloutRecord, RunState
 
 if TYPE_CHECKING:
@@ -46,31 +46,9 @@ class BatchMismatch(RuntimeError):
 
 
 def load_rollouts(run_id: str, batch: BatchRef, generation_batch: int | None = None) -> list[RolloutRecord]:
-    """The rollout records of a generation batch, in item order: one LIST, then the GETs in parallel
-    (`stepwise.aws.runstore.RunStore.get_json_many`: a GET from a Lambda takes tens of ms, one at a time
-    1,024 records hold the training session idle for tens of seconds), each record parsed as it arrives."""
-    rs = store()
+    """The rollout records of a generation batch, in item order, one per item (`RunStore.batch_rollouts`)."""
     g = batch.generation_batch if generation_batch is None else generation_batch
-    prefix = rollouts_prefix(run_id, batch.step, g, batch.kind)
-    keys = [k for k in rs.list_keys(prefix) if k.endswith(".json")]
-    rollouts = rs.get_json_many(keys, RolloutRecord.model_validate)
-    return sorted(current_rollouts(rs, run_id, batch, g, rollouts), key=lambda r: r.i)
-
-
-def current_rollouts(rs: Any, run_id: str, batch: BatchRef, generation_batch: int,
-                     rollouts: list[RolloutRecord]) -> list[RolloutRecord]:
-    """One record per item: when an item has several (a resumed run re-doing a step after a
-    rewind, a re-run Map child), keep the one whose sid its start marker names (the newest start)."""
-    by_i: dict[int, list[RolloutRecord]] = {}
-    for r in rollouts:
-        by_i.setdefault(r.i, []).append(r)
-    out = []
-    for i, records in by_i.items():
-        if len(records) > 1:
-            sid = (rs.get_json_or(start_marker_key(run_id, batch.step, generation_batch, batch.kind, i)) or {}).get("sid")
-            records = [r for r in records if r.sid == sid] or records[-1:]
-        out.append(records[0])
-    return out
+    return store().batch_rollouts(run_id, batch.step, g, batch.kind)
 
 
 def record_lost_rollouts(run_id: str, batch: BatchRef, missing: list[int]) -> list[RolloutRecord]:

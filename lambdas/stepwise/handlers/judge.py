@@ -1,0 +1,74 @@
+"""JudgeGroups: the "Judge groups" state, between a training generation batch's rollouts and "Compute
+advantages and filter groups", when the run config has a ``judge`` (the state machine's Choice skips it
+otherwise).
+
+A thin loop over `stepwise.judging.judge_group`: the batch's current rollout records grouped by prompt, every
+group judged (``judge.concurrency`` at once) and its record written under ``.../gen{g}/judge/``, which
+ComputeAdvantages merges into the rollouts (`stepwise.core.judge.apply_judgements`). Returns ``{"done": bool,
+...}``: False when the invocation's time ran out with groups still throttled, and the state machine waits
+and calls it again (each call resumes where the last stopped: a group with a record is not judged twice);
+``judge-progress.json`` keeps when the batch's judging started (``judge.max_wait_seconds`` counts from it)
+and carries the invocations' own measurements to the cost ledger (`stepwise.metering`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from stepwise import metering
+from stepwise.aws import bedrock
+from stepwise.events import BatchEvent
+from stepwise.handlers._common import bind, entrypoint, logger, now, poll_seconds, run_config, store
+from stepwise.judging import JudgeSession, RateLimiter, judge_batch
+from stepwise.layout import judge_progress_key
+from stepwise.records import JudgeProgress, Usage
+
+#: Seconds of the function's timeout kept free after the last request may start: that request's own
+#: ``judge.timeout_seconds`` plus this margin for the writes.
+MARGIN_S = 30.0
+
+
+def invocation_budget(function_timeout_s: float, request_timeout_s: float) -> float:
+    """Seconds an invocation may start Converse requests for: the function's timeout less the slowest request
+    and `MARGIN_S`, at least a tenth of the timeout."""
+    return max(function_timeout_s / 10, function_timeout_s - request_timeout_s - MARGIN_S)
+
+
+def judge(event: BatchEvent) -> dict[str, Any]:
+    from stepwise.functions import by_name
+
+    t0 = time.monotonic()
+    rs = store()
+    run, batch = event.run, event.batch
+    bind(run_id=run.run_id, step=batch.step)
+    cfg = run_config(run.run_id)
+    if cfg.judge is None or batch.kind != "train":
+        why = "no judge" if cfg.judge is None else "not a training batch"
+        return {"done": True, "wait_seconds": poll_seconds(), "groups": 0, "skipped": why}
+    rs.owned_state(run.run_id, run.execution_arn)  # a superseded execution does not judge (nor bill)
+    key = judge_progress_key(run.run_id, batch.step, batch.generation_batch)
+    progress = JudgeProgress.model_validate(rs.get_json_or(key) or {
+        "step": batch.step, "generation_batch": batch.generation_batch, "started_at": now()})
+    rollouts = rs.batch_rollouts(run.run_id, batch.step, batch.generation_batch)
+    judge_cfg = cfg.judge
+    budget = invocation_budget(by_name("JudgeGroups").timeout_s, judge_cfg.timeout_seconds)
+    session = JudgeSession(
+        store=rs, run_id=run.run_id, cfg=cfg,
+        client=bedrock.runtime_client(cfg.region, timeout_s=judge_cfg.timeout_seconds, concurrency=judge_cfg.concurrency),
+        limiter=RateLimiter(judge_cfg.requests_per_second), invocation_deadline=t0 + budget,
+        wait_deadline=progress.started_at + judge_cfg.max_wait_seconds)
+    records, pending = judge_batch(session, batch.step, batch.generation_batch, rollouts)
+    done = not pending
+    with metering.riding(run.run_id) as own:
+        usage = (progress.usage or Usage()).add(own)
+        rs.put_json(key, progress.model_copy(update={"invocations": progress.invocations + 1, "done": done,
+                                                     "usage": usage}).model_dump(), bulk=True)
+    sources = [r.source for r in records]
+    out = {"done": done, "wait_seconds": poll_seconds(), "groups": len(records) + len(pending),
+           "pending": len(pending), **{s: sources.count(s) for s in ("judge", "cache", "fallback", "skipped")}}
+    logger.info("groups judged" if done else "judging continues after a wait", extra=out)
+    return out
+
+
+handler = entrypoint(BatchEvent, judge, transient_retry=True)
