@@ -55,7 +55,8 @@ SESSION_IDLE = "time/session_idle"
 #: part, and the training session's hours so far (emitted by Rebind, or ComputeAdvantages for a skipped step).
 COST_TOTAL = "cost/total_usd"
 COST_STEP = "cost/step_usd"
-COST_PARTS = ("cost/session_usd", "cost/agent_usd", "cost/lambda_usd", "cost/step_functions_usd", "cost/s3_usd")
+COST_PARTS = ("cost/session_usd", "cost/agent_usd", "cost/judge_usd", "cost/lambda_usd", "cost/step_functions_usd",
+              "cost/s3_usd")
 SESSION_HOURS = "cost/session_hours"
 #: Published by this stack's metric filter on FinishRollout's logs (no run dimension: alarmable).
 FAILED_ROLLOUTS = "rollouts/failed"

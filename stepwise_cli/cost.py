@@ -8,6 +8,10 @@ table (`stepwise.core.prices`, dated ``PRICES_AS_OF``, region ``REGION``):
   by the config's ``session_usd_per_hour`` (unset: hours only);
 - **agent**: the ACR sessions of the step's rollouts, each ``Assumptions.agent_seconds`` long, at the
   config's ``acr_vcpus`` and ``acr_memory_gb``;
+- **judge** (a config with ``judge``): one Converse request per group (``Assumptions.judge_attempts_per_group``)
+  of the judged text (``Assumptions.judge_chars_per_member`` per member, at most ``include.max_member_chars``,
+  plus the rubric and the instructions, `JUDGE_PROMPT_CHARS`) at `CHARS_PER_TOKEN`, and
+  ``Assumptions.judge_output_tokens_per_member``, at the judge model's price (`judge_per_step`);
 - the stack's own **lambda** (GB-seconds, memory from `stepwise.functions`, durations from
   `Assumptions`, and requests, per rollout: StartRollout, OnRolloutResult, FinishRollout, the gateway
   once per LLM call; per step: PlanStep, ComputeAdvantages, SubmitTrain, PollOperation, Rebind),
@@ -49,6 +53,14 @@ S3_RESULT = {"put": 1, "get": 1}
 #: LIST the turns; plus one GET per captured turn (``S3_FINISH_PER_TURN``).
 S3_FINISH_ROLLOUT = {"put": 2, "list": 1, "get": 2}
 S3_FINISH_PER_TURN = {"get": 1}
+#: The group judge, per group: its record and the cache (GET the record, GET the cache, PUT both) and per
+#: judged member: LIST its turns, GET the result (its turns' GETs: ``S3_FINISH_PER_TURN`` again).
+S3_JUDGE_PER_GROUP = {"put": 2, "get": 2}
+S3_JUDGE_PER_MEMBER = {"list": 1, "get": 1}
+#: Characters per token the judge's estimate assumes (English text), and the judge's own prompt around the
+#: judged text (instructions, the task's framing, the tool's schema), in characters.
+CHARS_PER_TOKEN = 4.0
+JUDGE_PROMPT_CHARS = 1600.0
 #: ComputeAdvantages reads every rollout record of the batch once (``get`` per rollout, counted per rollout).
 S3_ADVANTAGES_PER_ROLLOUT = {"get": 1}
 #: Per generation batch: PlanStep (state read/write, prompts + items PUT), the Map's ItemReader GET,
@@ -85,6 +97,9 @@ OVERLAPPED_STEP_CHOICES = {
     "Sampler rebound?": "Plan next action",
 }
 OVERLAP_PARALLEL = "Train this step while rolling out the next"
+#: A run with a judge: the states a generation batch adds between its rollouts and its advantages (no wait).
+JUDGE_START, JUDGE_END = "Judge groups", "Compute advantages and filter groups"
+JUDGE_CHOICES = {"Groups judged?": JUDGE_END}
 OVERLAP_BRANCH_CHOICES = {
     "This step's training done?": "Rebind in this branch?",
     "Rebind in this branch?": "This step trained",
@@ -120,6 +135,12 @@ class Assumptions:
         session_start_seconds: the training session's seconds before the first step (creation, waiting
             for Running, Init, the baseline eval), counted once per run.
         handler_seconds: mean duration per invocation of each handler, seconds.
+        judge_chars_per_member: characters of each member's part of the judged text (capped by the config's
+            ``judge.include.max_member_chars``).
+        judge_output_tokens_per_member: tokens of the judge's answer per member (a score and a one-line reason).
+        judge_attempts_per_group: Converse answers read per group (1 = every first answer valid).
+        judge_seconds_per_group: wall time of one group's Converse request, seconds (the JudgeGroups function's
+            duration is the batch's groups over ``judge.concurrency`` of these).
     """
 
     turns_per_rollout: float = 1.0
@@ -140,6 +161,10 @@ class Assumptions:
         "PlanStep": 0.5, "StartRollout": 0.5, "OnRolloutResult": 0.15, "FinishRollout": 0.6,
         "ComputeAdvantages": 2.0, "RecordEval": 1.0,
     })
+    judge_chars_per_member: float = 2000.0
+    judge_output_tokens_per_member: float = 40.0
+    judge_attempts_per_group: float = 1.05
+    judge_seconds_per_group: float = 5.0
 
 
 @dataclass
@@ -235,6 +260,7 @@ def asl_step_counts(asl: dict[str, Any] | None = None) -> dict[str, int]:
     mapstate = states[train[train.index("Roll out generation batch")]]
     processor = mapstate.get("ItemProcessor") or mapstate.get("Iterator") or {}
     child = _walk(processor["States"], processor["StartAt"], {}, "")
+    judge = _walk(states, JUDGE_START, JUDGE_CHOICES, JUDGE_END)
     overlapped = _walk(states, STEP_START, OVERLAPPED_STEP_CHOICES, STEP_START)
     if OVERLAP_PARALLEL not in overlapped:
         raise KeyError(f"the overlapped step's path does not reach {OVERLAP_PARALLEL!r}; update stepwise_cli.cost")
@@ -242,7 +268,7 @@ def asl_step_counts(asl: dict[str, Any] | None = None) -> dict[str, int]:
         overlapped += _walk(branch["States"], branch["StartAt"], OVERLAP_BRANCH_CHOICES, "")
     return {"train_step": len(train), "eval_batch": len(evals), "generation_batch": len(gen),
             "train_poll": loops["train_poll"], "rebind_poll": loops["rebind_poll"], "rollout_child": len(child),
-            "overlapped_step": len(overlapped)}
+            "overlapped_step": len(overlapped), "judge": len(judge)}
 
 
 # ---------------------------------------------------------------------------- the estimate
@@ -497,6 +523,13 @@ def estimate(cfg: RunConfig, a: Assumptions | None = None, *, total_steps: int |
         u.lambda_call(mem["ComputeAdvantages"], a.handler_seconds["ComputeAdvantages"]
                       + rollouts_per_batch * a.advantages_seconds_per_rollout, times=gen_batches)
         u.s3(S3_PER_GENERATION_BATCH, times=gen_batches)
+        if cfg.judge is not None:  # the "Judge groups" state, its function and reads, per generation batch
+            u.state_transitions += counts["judge"] * gen_batches  # "Judge groups" and "Groups judged?"
+            groups = cfg.batch_size * gen_batches
+            seconds = cfg.batch_size * a.judge_seconds_per_group / min(cfg.judge.concurrency, cfg.batch_size)
+            u.lambda_call(mem["JudgeGroups"], seconds, times=gen_batches)
+            u.s3(S3_JUDGE_PER_GROUP, times=groups).s3(S3_JUDGE_PER_MEMBER, times=rollouts_per_batch * gen_batches)
+            u.s3(S3_FINISH_PER_TURN, times=rollouts_per_batch * gen_batches * turns)
         # training: submit (polls inline), Wait/Poll rounds, rebind (inline, then its own rounds)
         train_rounds, rebind_rounds = poll_rounds(a.train_seconds, a), poll_rounds(a.rebind_seconds, a)
         u.lambda_call(mem["SubmitTrain"], min(a.train_seconds, a.inline_wait_seconds) + 0.5)
@@ -529,11 +562,12 @@ def estimate(cfg: RunConfig, a: Assumptions | None = None, *, total_steps: int |
         "rollouts_per_step": rollouts_per_batch * gen,
         "flow": asdict(flow),
         "transition_counts": counts,
+        **({"judge_per_step": judge_per_step(cfg, a, gen)} if cfg.judge is not None else {}),
         "usage_per_step": asdict(per_step),
         "usd_per_step": per_step.dollars(),
         "usd_per_step_upper": upper.dollars(),
         "parts_per_step": parts(cfg, per_step, sessions[str(min(cfg.max_staleness, 1))]["session_hours"],
-                                acr_seconds),
+                                acr_seconds, judge_per_step(cfg, a, gen)),
         "prices_as_of": PRICES_AS_OF,
         "region": REGION,
         # both modes, whatever the config says: what overlapping would save (or does)
@@ -552,21 +586,44 @@ def agent_seconds(a: Assumptions, turns: float) -> float:
     return a.agent_seconds if a.agent_seconds is not None else turns * a.seconds_per_turn + a.agent_overhead_seconds
 
 
-def parts(cfg: RunConfig, stack: Usage, session_hours: float, acr_session_seconds: float) -> dict[str, float]:
+def judge_per_step(cfg: RunConfig, a: Assumptions, gen_batches: float = 1.0) -> dict[str, float] | None:
+    """The group judge's share of a step: ``{"requests", "input_tokens", "output_tokens"}`` and, when the judge
+    model has a price (`stepwise.config.JudgeConfig.usd_per_million`), ``usd``; None without a judge. One request
+    per group and attempt: the instructions and rubric, then each member's judged text, at `CHARS_PER_TOKEN`."""
+    judge = cfg.judge
+    if judge is None:
+        return None
+    n = cfg.responses_per_prompt
+    member_chars = min(a.judge_chars_per_member, float(judge.include.max_member_chars))
+    requests = cfg.batch_size * gen_batches * a.judge_attempts_per_group
+    tokens_in = requests * (JUDGE_PROMPT_CHARS + len(judge.rubric) + n * member_chars) / CHARS_PER_TOKEN
+    tokens_out = requests * n * a.judge_output_tokens_per_member
+    out = {"requests": requests, "input_tokens": tokens_in, "output_tokens": tokens_out}
+    price = judge.usd_per_million
+    if price is not None:
+        out["usd"] = (tokens_in * price[0] + tokens_out * price[1]) / 1e6
+    return out
+
+
+def parts(cfg: RunConfig, stack: Usage, session_hours: float, acr_session_seconds: float,
+          judge: dict[str, float] | None = None) -> dict[str, float]:
     """USD by ledger part (`stepwise.core.ledger.PARTS`) of a step: the stack's ``stack`` usage, the
-    training session's ``session_hours`` and the ACR sessions' ``acr_session_seconds``; plus ``stack``,
-    ``total`` and ``session_hours``. ``session`` only when the config has ``session_usd_per_hour``."""
+    training session's ``session_hours``, the ACR sessions' ``acr_session_seconds`` and the judge's
+    (`judge_per_step`); plus ``stack``, ``total`` and ``session_hours``. ``session`` only when the config has
+    ``session_usd_per_hour``, ``judge`` only when the run has a judge with a known price."""
     usd = stack.dollars()
     out: dict[str, float] = {}
     if cfg.session_usd_per_hour is not None:
         out["session"] = session_hours * cfg.session_usd_per_hour
     out["agent"] = acr_session_seconds / 3600 * (cfg.acr_vcpus * prices.ACR_USD_PER_VCPU_HOUR
                                                  + cfg.acr_memory_gb * prices.ACR_USD_PER_GB_HOUR)
+    if judge is not None and "usd" in judge:
+        out["judge"] = judge["usd"]
     out["lambda"] = usd["lambda_duration"] + usd["lambda_requests"]
     out["step_functions"] = usd["step_functions"]
     out["s3"] = usd["s3_requests"]
     out["stack"] = out["lambda"] + out["step_functions"] + out["s3"]
-    out["total"] = out.get("session", 0.0) + out["agent"] + out["stack"]
+    out["total"] = out.get("session", 0.0) + out["agent"] + out.get("judge", 0.0) + out["stack"]
     out["session_hours"] = session_hours
     return out
 

@@ -40,6 +40,9 @@ ASSUMPTION_FLAGS = (
     ("advantages_seconds_per_rollout", "ComputeAdvantages' seconds per rollout of the batch"),
     ("session_start_seconds", "seconds of training session before the first step"),
     ("agent_overhead_seconds", "ACR session seconds of a rollout besides its LLM calls"),
+    ("judge_chars_per_member", "characters of each rollout's judged text (a config with a judge)"),
+    ("judge_output_tokens_per_member", "tokens of the judge's answer per rollout"),
+    ("judge_attempts_per_group", "the judge's answers read per group (1 = always valid the first time)"),
 )
 
 
@@ -152,7 +155,8 @@ def format_parts(est: dict[str, Any]) -> list[str]:
     def row(name: str, p: dict[str, Any]) -> str:
         session = (f"session {usd(p['session'])} ({p['session_hours']:.3f} h)" if "session" in p
                    else f"session {p['session_hours']:.3f} h (no session_usd_per_hour: not priced)")
-        return f"  {name:<14} {usd(p['total']):>10}: {session}, agent {usd(p['agent'])}, stack {usd(p['stack'])}"
+        judge = f", judge {usd(p['judge'])}" if "judge" in p else ""
+        return f"  {name:<14} {usd(p['total']):>10}: {session}, agent {usd(p['agent'])}{judge}, stack {usd(p['stack'])}"
 
     a = est["assumptions"]
     lines = [f"with the training session and the agent ({a['agent_seconds']:g} s of ACR session per rollout; "
@@ -160,6 +164,12 @@ def format_parts(est: dict[str, Any]) -> list[str]:
     if "run" in est:
         lines.append(row(f"run ({est['run']['steps']} steps)", est["run"])
                      + f" (start-up: {a['session_start_seconds']:g} s of session)")
+    if (j := est.get("judge_per_step")) is not None:
+        price = f"{usd(j['usd'])}" if "usd" in j else "not priced (the price table does not know the model: set "
+        price += "" if "usd" in j else "judge.usd_per_million_input_tokens and ..._output_tokens)"
+        lines.append(f"  the judge per step: {j['requests']:.1f} Bedrock request(s), {j['input_tokens']:,.0f} input and "
+                     f"{j['output_tokens']:,.0f} output tokens ({a['judge_chars_per_member']:g} characters per rollout at "
+                     f"4 per token): {price}")
     return lines
 
 

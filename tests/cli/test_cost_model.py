@@ -215,3 +215,19 @@ def test_invokes_over_the_rate_limit_are_refused_and_retried_more_as_the_burst_o
     assert cost.refused_invokes(1024, 200, 250.0, 25.0, retry) == 0.0
     est = cost.estimate(load_run_config({**BASE, "batch_size": 64, "responses_per_prompt": 8, "acr_tps_limit": 5}))
     assert est["flow"]["refused"] > 0
+def test_the_judge_s_share_is_projected_per_group_and_priced(capsys):
+    base = load_run_config(BASE)
+    judged = load_run_config({**BASE, "judge": {"model_id": "us.amazon.nova-micro-v1:0", "rubric": "x" * 400}})
+    a = cost.Assumptions(judge_chars_per_member=2000, judge_output_tokens_per_member=40, judge_attempts_per_group=1.0)
+    j = cost.judge_per_step(judged, a)
+    assert j["requests"] == 4 and j["input_tokens"] == pytest.approx(4 * (1600 + 400 + 2 * 2000) / 4)
+    assert j["output_tokens"] == 4 * 2 * 40 and j["usd"] == pytest.approx((6000 * 0.035 + 320 * 0.14) / 1e6)
+    with_judge, without = cost.estimate(judged, a), cost.estimate(base, a)
+    assert with_judge["parts_per_step"]["judge"] == pytest.approx(j["usd"])
+    assert with_judge["parts_per_step"]["total"] == pytest.approx(
+        without["parts_per_step"]["total"] + j["usd"] + with_judge["parts_per_step"]["stack"]
+        - without["parts_per_step"]["stack"])
+    # the judge's state, function and reads: "Judge groups" and its Choice, one invocation per generation batch
+    assert with_judge["usage_per_step"]["state_transitions"] - without["usage_per_step"]["state_transitions"] == 2
+    assert with_judge["usage_per_step"]["lambda_requests"] - without["usage_per_step"]["lambda_requests"] == 1
+    assert "judge" not in without["parts_per_step"] and cost.judge_per_step(base, a) is None

@@ -186,3 +186,27 @@ def test_a_steps_usage_is_the_difference_of_two_totals(a, b, n, m):
     for k, v in b.items():
         assert back.lambda_gb_seconds[k] == pytest.approx(v, abs=1e-6)
     assert StepCost(step=0, usd=1.0, session_seconds=0, wall_seconds=0).usd == 1.0
+
+
+def test_the_judge_is_its_own_part_priced_from_the_table_or_the_config_and_in_the_step_s_cost():
+    """The group judge's Bedrock requests and tokens (docs/judge.md): priced at the judge model's price per million
+    tokens, in the total the budget limits read, its units beside it in the step summary."""
+    u = _usage(judge_requests=10, judge_input_tokens=2_000_000, judge_output_tokens=500_000)
+    micro = cfg(judge={"model_id": "us.amazon.nova-micro-v1:0", "rubric": "r"})
+    got = ledger.part_usd(u, 0.0, micro)
+    assert got["judge"] == pytest.approx(2 * 0.035 + 0.5 * 0.14) and got["total"] == pytest.approx(got["judge"])
+    own = cfg(judge={"model_id": "arn:aws:bedrock:us-east-1:123456789012:application-inference-profile/p", "rubric": "r",
+                     "usd_per_million_input_tokens": 1.0, "usd_per_million_output_tokens": 4.0})
+    assert ledger.part_usd(u, 0.0, own)["judge"] == pytest.approx(2.0 + 2.0)
+    unpriced = cfg(judge={"model_id": "arn:aws:bedrock:us-east-1:123456789012:application-inference-profile/p", "rubric": "r"})
+    assert "judge" not in ledger.part_usd(u, 0.0, unpriced) and "judge" not in ledger.part_usd(u, 0.0, cfg())
+    s = state(session_created_at=1.0)
+    ledger.open_first_step(s, 1.0)
+    s.ledger.usage.add(u)
+    out = ledger.close_step(s, micro, 10.0, 0)
+    assert out["cost/judge_usd"] == pytest.approx(got["judge"]) and out["cost/judge_requests"] == 10
+    assert out["cost/judge_input_tokens"] == 2_000_000 and out["cost/judge_output_tokens"] == 500_000
+    assert out["cost/step_usd"] == pytest.approx(sum(out[f"cost/{p}_usd"] for p in ledger.PARTS if f"cost/{p}_usd" in out))
+    assert s.ledger.recent_steps[-1].usd == pytest.approx(out["cost/step_usd"])  # what max_cost_usd projects from
+    assert "judge $" in ledger.cost_line(ledger.totals(s, micro, 10.0))
+    assert "cost/judge_usd" not in ledger.close_step(state(), cfg(), 10.0, 0)

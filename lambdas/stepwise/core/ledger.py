@@ -13,10 +13,13 @@ Where the figures come from (counted where the work happens, `stepwise.metering`
   context object reports (`task_transitions`);
 - **S3**: requests by price class, counted by the client as each is made (`stepwise.core.prices`);
 - **ACR**: each rollout's session-seconds, from the invoke to the session's end, times the config's
-  ``acr_vcpus`` and ``acr_memory_gb`` at the ACR prices (`acr_usage`).
+  ``acr_vcpus`` and ``acr_memory_gb`` at the ACR prices (`acr_usage`);
+- **the group judge** (a config with ``judge``): its Bedrock requests and the input and output tokens each
+  Converse answer reports, carried in the groups' judge records, at the judge model's price per million
+  tokens (`stepwise.config.JudgeConfig.usd_per_million`: the config's, else the price table's; unknown: tokens only).
 
-Parts: ``session`` (the training session), ``agent`` (ACR), and the stack's own ``lambda``,
-``step_functions`` and ``s3`` (together ``stack``). Prices: `stepwise.core.prices`. The ledger
+Parts: ``session`` (the training session), ``agent`` (ACR), ``judge`` (Bedrock, with a judge), and the
+stack's own ``lambda``, ``step_functions`` and ``s3`` (together ``stack``). Prices: `stepwise.core.prices`. The ledger
 lives in ``RunState.ledger`` (`stepwise.records.Ledger`), so it survives continue-as-new and
 ``stepwise resume`` and is never reset.
 
@@ -25,7 +28,8 @@ ComputeAdvantages for a skipped or capped step); a step's cost is the difference
 (evals and checkpoints between steps belong to the step after them; the run's start-up, session
 wait and baseline eval only to the total). The summary keys (`close_step`) are ``cost/step_usd``,
 ``cost/total_usd``, one ``cost/{part}_usd`` per part (this step's), ``cost/session_seconds`` (this
-step's) and ``cost/session_hours`` (the run's), and the step's units beside them.
+step's) and ``cost/session_hours`` (the run's), and the step's units beside them (with a judge, its
+``cost/judge_requests``, ``cost/judge_input_tokens`` and ``cost/judge_output_tokens``).
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ if TYPE_CHECKING:
     from stepwise.config import RunConfig
 
 #: The parts of a run's cost, in the order they are shown.
-PARTS = ("session", "agent", "lambda", "step_functions", "s3")
+PARTS = ("session", "agent", "judge", "lambda", "step_functions", "s3")
 #: The stack's own parts.
 STACK_PARTS = ("lambda", "step_functions", "s3")
 #: The budget limits project the next step from the costliest of this many last steps.
@@ -69,6 +73,9 @@ def part_usd(usage: Usage, session_s: float, cfg: RunConfig, *,
         out["session"] = session_s / 3600 * cfg.session_usd_per_hour
     out["agent"] = (usage.acr_vcpu_seconds / 3600 * prices.ACR_USD_PER_VCPU_HOUR
                     + usage.acr_gb_seconds / 3600 * prices.ACR_USD_PER_GB_HOUR)
+    judge_price = judge_usd_per_million(cfg)
+    if judge_price is not None:
+        out["judge"] = (usage.judge_input_tokens * judge_price[0] + usage.judge_output_tokens * judge_price[1]) / 1e6
     out["lambda"] = (sum(usage.lambda_gb_seconds.values()) * prices.LAMBDA_USD_PER_GB_SECOND[architecture]
                      + sum(usage.lambda_requests.values()) * prices.LAMBDA_USD_PER_REQUEST)
     out["step_functions"] = usage.state_transitions * prices.SFN_USD_PER_TRANSITION
@@ -76,6 +83,12 @@ def part_usd(usage: Usage, session_s: float, cfg: RunConfig, *,
     out["stack"] = sum(out[p] for p in STACK_PARTS)
     out["total"] = sum(out[p] for p in PARTS if p in out)
     return out
+
+
+def judge_usd_per_million(cfg: RunConfig) -> tuple[float, float] | None:
+    """The group judge's ``(input, output)`` USD per million tokens, or None without a judge or a known price."""
+    judge = getattr(cfg, "judge", None)
+    return judge.usd_per_million if judge is not None else None
 
 
 def totals(state: RunState, cfg: RunConfig, now: float) -> dict[str, float]:
@@ -230,6 +243,10 @@ def close_step(state: RunState, cfg: RunConfig, now: float, step: int) -> dict[s
         "cost/acr_session_seconds": step_usage.acr_session_seconds,
         "cost/step_wall_seconds": wall,
     })
+    if getattr(cfg, "judge", None) is not None:
+        out.update({"cost/judge_requests": float(step_usage.judge_requests),
+                    "cost/judge_input_tokens": float(step_usage.judge_input_tokens),
+                    "cost/judge_output_tokens": float(step_usage.judge_output_tokens)})
     return out
 
 
@@ -263,7 +280,8 @@ def cost_line(t: Mapping[str, float]) -> str:
     has no price)."""
     session = (f"session {usd(t['session'])} ({t['session_hours']:.3f} h)" if "session" in t
                else f"session {t['session_hours']:.3f} h (not priced: no session_usd_per_hour)")
-    return f"this run cost {usd(t['total'])}: {session}, agent {usd(t['agent'])}, stack {usd(t['stack'])}"
+    judge = f", judge {usd(t['judge'])}" if "judge" in t else ""
+    return f"this run cost {usd(t['total'])}: {session}, agent {usd(t['agent'])}{judge}, stack {usd(t['stack'])}"
 
 
 def usd(value: float) -> str:
@@ -309,6 +327,10 @@ def final_report(state: RunState, cfg: RunConfig, now: float, estimate: Mapping[
                   "acr_sessions": state.ledger.usage.acr_sessions,
                   "acr_session_seconds": round(state.ledger.usage.acr_session_seconds, 3)},
     }
+    if state.ledger.usage.judge_requests:
+        out["usage"].update(judge_requests=state.ledger.usage.judge_requests,
+                            judge_input_tokens=state.ledger.usage.judge_input_tokens,
+                            judge_output_tokens=state.ledger.usage.judge_output_tokens)
     if estimate:
         cmp = compare_with_estimate(t, estimate, state.step)
         out["estimate"] = cmp
