@@ -123,3 +123,31 @@ def test_a_gated_tokenizer_without_a_token_init_will_have_is_refused_and_the_sou
         deployed.mp.delenv("HF_ENDPOINT")
         deployed.mp.delenv("HF_TOKEN")
         hub.stop()
+
+
+def test_a_judge_model_is_refused_unless_the_deployed_stack_grants_it_and_bedrock_offers_it(deployed, tmp_path, capsys,
+                                                                                            monkeypatch):
+    import boto3
+
+    from local.bedrock import BedrockEmulator
+
+    with BedrockEmulator(region=REGION) as bedrock:
+        for k, v in bedrock.env.items():
+            monkeypatch.setenv(k, v)
+        judged = write(tmp_path, deployed.config(judge={"model_id": "us.amazon.nova-micro-v1:0", "rubric": "the best"}))
+        assert main(["validate", judged, "--check-aws"]) == 2
+        assert "judge.model_id: the stack does not grant the judge" in capsys.readouterr().err
+        lam = boto3.client("lambda", region_name=REGION)
+        env = lam.get_function_configuration(FunctionName=deployed.init_arn)["Environment"]["Variables"]
+        granted = "us.amazon.nova-micro-v1:0,us.amazon.titan-text-v1:0"
+        lam.update_function_configuration(FunctionName=deployed.init_arn,
+                                          Environment={"Variables": {**env, "STEPWISE_JUDGE_MODEL_IDS": granted}})
+        try:
+            assert main(["validate", judged, "--check-aws"]) == 0
+            capsys.readouterr()
+            absent = write(tmp_path, deployed.config(judge={"model_id": "us.amazon.titan-text-v1:0", "rubric": "the best"}))
+            assert main(["validate", absent, "--check-aws"]) == 2
+            assert "judge.model_id: Bedrock has no such model or inference profile" in capsys.readouterr().err
+        finally:
+            lam.update_function_configuration(FunctionName=deployed.init_arn, Environment={"Variables": env})
+        assert bedrock.counters.lookups == 2 and bedrock.counters.converse == 0  # looked up, never invoked

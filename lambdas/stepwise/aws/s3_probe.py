@@ -57,12 +57,14 @@ def probes(s3: Any, tokens: list | None = None) -> Any:
     """The real lookups of the refusals before billing (`stepwise.core.preflight.Probes`): these S3
     checks with client ``s3``, the runtime's `stepwise.aws.agentcore.runtime_problem`, the base model's
     `stepwise.aws.hub.base_model_problem` and its tokenizer's `stepwise.aws.hub.tokenizer_source` (with ``tokens``,
-    default this process's `stepwise.aws.hub.token_sources`), and the model packages'
-    `stepwise.aws.sagemaker.model_package_problem`."""
+    default this process's `stepwise.aws.hub.token_sources`), the model packages'
+    `stepwise.aws.sagemaker.model_package_problem` and the judge model's `stepwise.aws.bedrock.model_problem`."""
     from stepwise.aws.agentcore import runtime_problem
+    from stepwise.aws.bedrock import model_problem
     from stepwise.aws.hub import base_model_problem, tokenizer_probe
     from stepwise.aws.sagemaker import model_package_problem
     from stepwise.core.preflight import Probes
 
     return Probes(bucket=bucket_problem, prefix=prefix_problem, runtime=runtime_problem, s3=s3,
-                  base_model=base_model_problem, tokenizer=tokenizer_probe(tokens), model_package=model_package_problem)
+                  base_model=base_model_problem, tokenizer=tokenizer_probe(tokens), model_package=model_package_problem,
+                  judge_model=model_problem)

@@ -17,7 +17,9 @@ config's style), in two passes:
    loaded: a gated Hugging Face repository needs a token that has access (`TokenizerSource`); the model
    package the run resumes from or evaluates (``resume_from_model_package``, ``eval_model_package_arn``)
    exists and is ready (`stepwise.aws.sagemaker.model_package_problem`: one retention deleted is refused
-   here, not in load_state after a session billed). Whether a dataset exists and parses is
+   here, not in load_state after a session billed); the group judge's model is one the stack grants
+   (``STEPWISE_JUDGE_MODEL_IDS``, CDK context ``judgeModelIds``) that Bedrock offers on demand in the run's
+   region (`stepwise.aws.bedrock.model_problem`). Whether a dataset exists and parses is
    `stepwise.datasets.check_dataset`'s
    (Init runs it right after).
 
@@ -31,11 +33,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stepwise.config import ConfigError, RunConfig, parse_s3_uri
-from stepwise.settings import ENV_AGENT_RUNTIME_ARNS, ENV_BUCKET, ENV_DATA_BUCKETS, ENV_REGION
+from stepwise.settings import ENV_AGENT_RUNTIME_ARNS, ENV_BUCKET, ENV_DATA_BUCKETS, ENV_JUDGE_MODEL_IDS, ENV_REGION
 from stepwise.stackinfo import region_of_arn as arn_region
 
 CONTEXT_DATA_BUCKETS = "dataBuckets"
 CONTEXT_AGENT_RUNTIME_ARNS = "agentRuntimeArns"
+CONTEXT_JUDGE_MODEL_IDS = "judgeModelIds"
 
 
 class RunRefused(ConfigError):
@@ -62,6 +65,7 @@ class StackScope:
         agent_runtime_arns: the runtimes StartRollout may invoke (``STEPWISE_AGENT_RUNTIME_ARNS``);
             empty = any runtime of ``region`` (and ``account``, when known).
         account: the stack's account id ('' = not checked), e.g. from the execution ARN.
+        judge_model_ids: the Bedrock models the group judge is granted (``STEPWISE_JUDGE_MODEL_IDS``); empty = none.
     """
 
     region: str
@@ -69,13 +73,15 @@ class StackScope:
     data_buckets: tuple[str, ...] = ()
     agent_runtime_arns: tuple[str, ...] = ()
     account: str = ""
+    judge_model_ids: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], *, account: str = "") -> "StackScope":
         """The scope a function's environment ``env`` names (`stepwise.settings` names the variables)."""
         return cls(region=env.get(ENV_REGION, "") or env.get("AWS_DEFAULT_REGION", ""), bucket=env.get(ENV_BUCKET, ""),
                    data_buckets=_split(env.get(ENV_DATA_BUCKETS, "")),
-                   agent_runtime_arns=_split(env.get(ENV_AGENT_RUNTIME_ARNS, "")), account=account)
+                   agent_runtime_arns=_split(env.get(ENV_AGENT_RUNTIME_ARNS, "")), account=account,
+                   judge_model_ids=_split(env.get(ENV_JUDGE_MODEL_IDS, "")))
 
     @property
     def buckets(self) -> tuple[str, ...]:
@@ -238,6 +244,35 @@ def bucket_scope_errors(locations: list[S3Location], scope: StackScope) -> list[
     return errors
 
 
+def _model_key(model_id: str, region: str, account: str) -> tuple[str, str]:
+    """``(kind, id)`` a Bedrock model id or ARN stands for in ``region`` (``model`` or ``profile``; another
+    region's or account's ARN keeps its whole text, so it matches only itself)."""
+    from stepwise.core.prices import BEDROCK_PROFILE_PREFIXES
+
+    if model_id.startswith("arn:"):
+        parts = model_id.split(":", 5)
+        kind, _, name = parts[5].partition("/") if len(parts) == 6 else ("", "", "")
+        if parts[3:4] != [region] or (parts[4] and account and parts[4] != account):
+            return "arn", model_id
+        return {"foundation-model": "model", "inference-profile": "profile"}.get(kind, kind), name
+    return ("profile" if model_id.startswith(BEDROCK_PROFILE_PREFIXES) else "model"), model_id
+
+
+def judge_scope_errors(cfg: RunConfig, scope: StackScope) -> list[str]:
+    """The judge's model must be one the stack grants the judge (its id, or its ARN in the stack's region)."""
+    judge = getattr(cfg, "judge", None)
+    if judge is None:
+        return []
+    region = cfg.region or scope.region
+    want = _model_key(judge.model_id, region, scope.account)
+    if any(_model_key(m, region, scope.account) == want for m in scope.judge_model_ids):
+        return []
+    granted = (f"it grants {', '.join(scope.judge_model_ids)}" if scope.judge_model_ids
+               else "it grants no Bedrock model (the context value is empty)")
+    return [f"judge.model_id: the stack does not grant the judge bedrock:InvokeModel on this model: {granted}; add it "
+            f"to the CDK context value '{CONTEXT_JUDGE_MODEL_IDS}' and redeploy (got {judge.model_id!r})"]
+
+
 # ------------------------------------------------------------------------------ orchestration
 
 
@@ -261,13 +296,16 @@ class Probes:
     found: dict[str, Any] = field(default_factory=dict)
     #: (region, model package ARN) -> '' when it exists and is ready, else the problem; None = not looked up.
     model_package: Callable[[str, str], str] | None = None
+    #: (region, judge model id) -> '' or what stops the judge from calling it; None = not looked up.
+    judge_model: Callable[[str, str], str] | None = None
 
 
 def refusals(cfg: RunConfig, scope: StackScope, probes: Probes) -> list[str]:
     """Every reason this run cannot work on this stack (empty = go ahead); see the module doc."""
     locations = s3_locations(cfg)
     runtime_errors = runtime_scope_errors(cfg, scope)
-    errors = region_errors(cfg, scope) + runtime_errors + bucket_scope_errors(locations, scope)
+    judge_errors = judge_scope_errors(cfg, scope)
+    errors = region_errors(cfg, scope) + runtime_errors + bucket_scope_errors(locations, scope) + judge_errors
     if not runtime_errors:
         problem = probes.runtime(cfg.agent_runtime_arn)
         if problem:
@@ -290,6 +328,11 @@ def refusals(cfg: RunConfig, scope: StackScope, probes: Probes) -> list[str]:
                 problem = probes.model_package(cfg.region or scope.region, arn)
                 if problem:
                     errors.append(f"{name}: {problem} (got {arn!r})")
+    judge = getattr(cfg, "judge", None)
+    if judge is not None and not judge_errors and probes.judge_model is not None and not region_errors(cfg, scope):
+        problem = probes.judge_model(cfg.region or scope.region, judge.model_id)
+        if problem:
+            errors.append(f"judge.model_id: {problem} (got {judge.model_id!r})")
     granted = set(scope.buckets)
     bucket_problems: dict[str, str] = {}
     for loc in locations:
