@@ -6,7 +6,7 @@ stackName, agentRuntimeArns, sagemakerRoleArns, agentRoleArns, notificationTopic
 bulkRetentionDays, stallMinutes, rolloutFailureRateAlarm, logRetentionDays, destroyOnDelete,
 dataBuckets, kmsKeyArn, mlflowTrackingServerArns, wandbApiKeySecretArn, sweepMinutes, gatewayReservedConcurrency,
 sessionStartTimeoutSeconds, pollSeconds, createSageMakerRole, deployMathAgent, agentDir, agentEntrypoint,
-agentRequirements, huggingFaceTokenSecretArn.
+agentRequirements, huggingFaceTokenSecretArn, judgeModelIds.
 """
 
 from __future__ import annotations

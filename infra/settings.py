@@ -26,6 +26,11 @@ MLFLOW_SERVER_ARN_RE = re.compile(
     r"^arn:aws[a-z\-]*:sagemaker:[a-z0-9\-]+:\d{12}:(?:mlflow-tracking-server|mlflow-app)/[A-Za-z0-9\-]+\Z", re.A)
 #: A Secrets Manager secret's full ARN (name plus the 6-character suffix Secrets Manager appends).
 SECRET_ARN_RE = re.compile(r"^arn:aws[a-z\-]*:secretsmanager:[a-z0-9\-]+:\d{12}:secret:[A-Za-z0-9/_+=.@\-]+-[A-Za-z0-9]{6}\Z", re.A)
+#: A Bedrock model the group judge may call (`stepwise.config.JudgeConfig.model_id`'s forms).
+JUDGE_MODEL_RE = re.compile(
+    r"^[a-z0-9-]{1,63}(?:\.[a-z0-9-]{1,63}){1,3}(?::[a-z0-9-]{1,63}){0,2}\Z"
+    r"|^arn:aws[a-z\-]*:bedrock:[a-z0-9\-]+:(?:\d{12})?:(?:foundation-model|inference-profile|application-inference-profile)/"
+    r"[a-zA-Z0-9.:\-]{1,300}\Z", re.A)
 #: S3 bucket naming rules (general purpose buckets): 3-63 of lowercase letters, digits, dots, hyphens.
 BUCKET_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]\Z", re.A)
 #: Lambda's reserved concurrency cannot exceed the account's concurrency quota (1,000 by default).
@@ -109,6 +114,10 @@ class StackSettings:
         agent_entrypoint: the folder's ``MODULE:ATTR`` (context ``agentEntrypoint``, default ``agent:app``).
         agent_requirements: the folder's requirements file (context ``agentRequirements``, default
             ``requirements.txt``).
+        judge_model_ids: the Bedrock models a run's group judge may call (context ``judgeModelIds``: model ids,
+            cross-Region inference profile ids or ARNs, comma-separated or a JSON list; ``infra.judge``). The
+            JudgeGroups function gets ``bedrock:InvokeModel`` on exactly these, Init the lookups, every function
+            ``STEPWISE_JUDGE_MODEL_IDS``. Empty = no Bedrock grant (a run with a judge is refused before billing).
     """
 
     agent_runtime_arns: tuple[str, ...] = ()
@@ -135,6 +144,7 @@ class StackSettings:
     agent_dir: str = ""
     agent_entrypoint: str = ""
     agent_requirements: str = ""
+    judge_model_ids: tuple[str, ...] = ()
 
     @classmethod
     def from_context(cls, get: Callable[[str], Any]) -> "StackSettings":
@@ -175,6 +185,9 @@ class StackSettings:
             hugging_face_token_secret_arn=_one_arn(get("huggingFaceTokenSecretArn"), "huggingFaceTokenSecretArn",
                                                    SECRET_ARN_RE, "arn:aws:secretsmanager:REGION:ACCOUNT:secret:NAME-AbCdEf"),
             **_agent_folder(get("agentDir"), get("agentEntrypoint"), get("agentRequirements")),
+            judge_model_ids=_arns(get("judgeModelIds"), "judgeModelIds", JUDGE_MODEL_RE,
+                                  "a Bedrock model id (amazon.nova-micro-v1:0), a cross-Region inference profile id "
+                                  "(us.amazon.nova-micro-v1:0) or the ARN of a foundation model or inference profile"),
         )
 
     def agent_folder(self):
@@ -186,12 +199,14 @@ class StackSettings:
 
     def function_environment(self) -> dict[str, str]:
         """The handler functions' variables these settings set (only those given): the session-start
-        timeout, the poll interval, the notification topic (the session sweeper reports to it) and the
-        W&B key's secret (`stepwise.settings`)."""
-        from stepwise.settings import (ENV_HF_TOKEN_SECRET, ENV_NOTIFICATION_TOPIC_ARN, ENV_POLL_SECONDS,
-                                       ENV_SESSION_START_TIMEOUT, ENV_WANDB_API_KEY_SECRET)
+        timeout, the poll interval, the notification topic (the session sweeper reports to it), the
+        W&B key's secret, the Hugging Face token's secret and the judge's models (`stepwise.settings`)."""
+        from stepwise.settings import (ENV_HF_TOKEN_SECRET, ENV_JUDGE_MODEL_IDS, ENV_NOTIFICATION_TOPIC_ARN,
+                                       ENV_POLL_SECONDS, ENV_SESSION_START_TIMEOUT, ENV_WANDB_API_KEY_SECRET)
 
         env = {}
+        if self.judge_model_ids:
+            env[ENV_JUDGE_MODEL_IDS] = ",".join(self.judge_model_ids)
         if self.notification_topic_arn:
             env[ENV_NOTIFICATION_TOPIC_ARN] = self.notification_topic_arn
         if self.wandb_api_key_secret_arn:

@@ -22,6 +22,7 @@ from infra.cleanup import Cleanup
 from infra.definition import substitutions
 from infra.functions import HandlerFunctions
 from infra.gateway import Gateway
+from infra.judge import JudgeModels
 from infra.monitoring import Monitoring
 from infra.permissions import AgentRuntimes, TrackingServers, TrainingSessions, add_statements
 from infra.session_role import SessionRole
@@ -172,6 +173,7 @@ class StepwiseStack(Stack):
         sessions = TrainingSessions(self, sagemaker_role_arns=sagemaker_role_arns, kms_key_arn=settings.kms_key_arn)
         agents = AgentRuntimes(self, agent_runtime_arns)
         tracking = TrackingServers(settings.mlflow_tracking_server_arns, settings.wandb_api_key_secret_arn)
+        judge = JudgeModels(self, settings.judge_model_ids)  # the group judge: nothing without judgeModelIds
         for fn in fns.values():  # every handler reads and writes the run's state
             storage.grant_run_state(fn)
         # Init looks the agent runtime up before any session (stepwise.core.preflight): the runtimes StartRollout may invoke.
@@ -220,6 +222,9 @@ class StepwiseStack(Stack):
         # Track logs every summary to MLflow (and W&B) and ends the runs, beside the loop; no function
         # of the loop logs anything.
         tracking.grant_tracking(fns["Track"])
+        # The group judge calls Bedrock (Converse) on the configured models; Init looks them up before billing.
+        judge.grant_invoke(fns["JudgeGroups"])
+        judge.grant_lookup(fns["Init"])
         # The gateway: session records, tokenizers and captured turns, and the sampler.
         storage.grant_gateway_objects(gateway)
         sessions.grant_sampling_operations(gateway)
@@ -231,7 +236,8 @@ def context_arn_regions(settings: StackSettings) -> dict[str, set[str]]:
     named = {"agentRuntimeArns": settings.agent_runtime_arns, "notificationTopicArn": (settings.notification_topic_arn,),
              "kmsKeyArn": (settings.kms_key_arn,), "mlflowTrackingServerArns": settings.mlflow_tracking_server_arns,
              "wandbApiKeySecretArn": (settings.wandb_api_key_secret_arn,),
-             "huggingFaceTokenSecretArn": (settings.hugging_face_token_secret_arn,)}
+             "huggingFaceTokenSecretArn": (settings.hugging_face_token_secret_arn,),
+             "judgeModelIds": tuple(m for m in settings.judge_model_ids if m.startswith("arn:"))}
     out: dict[str, set[str]] = {}
     for key, arns in named.items():
         for arn in arns:

@@ -19,12 +19,12 @@ from aws_cdk import assertions  # noqa: E402
 
 from infra.definition import synthesized_definition, synthesized_substitutions  # noqa: E402
 from tests.support.stack import (  # noqa: E402
-    AGENT_ROLE, DATA_BUCKETS, GATEWAY_CONCURRENCY, KMS_KEY, MLFLOW_APP, MLFLOW_SERVER, REGION, RUNTIME, SCOPED_CONTEXT, SM_ROLE,
-    WANDB_SECRET,
+    ACCOUNT, AGENT_ROLE, DATA_BUCKETS, GATEWAY_CONCURRENCY, JUDGE_MODELS, KMS_KEY, MLFLOW_APP, MLFLOW_SERVER, REGION, RUNTIME,
+    SCOPED_CONTEXT, SM_ROLE, WANDB_SECRET,
     TOPIC, resolve, synthesized,
 )
 from state_machine.definition import load_definition, placeholders, render_definition  # noqa: E402
-from stepwise.functions import FUNCTIONS, GATEWAY_FUNCTION  # noqa: E402
+from stepwise.functions import FUNCTIONS, GATEWAY_FUNCTION, by_name  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -723,3 +723,73 @@ def test_the_first_run_resources_are_off_by_default_and_least_privilege_when_ask
                  for i in manifest["dockerImages"].values()}
     # AgentCore Runtime runs arm64 containers; the Lambda images stay x86_64
     assert platforms == {"local.agents.math_agent:app": "linux/arm64", "lambda": "linux/amd64"}
+
+
+# --- the group judge (infra/judge.py, context judgeModelIds) ---------------------------------
+# Nothing Bedrock without judgeModelIds; with it, bedrock:InvokeModel (what Converse is authorized by) for
+# JudgeGroups on exactly the configured models, a cross-Region inference profile's foundation model only through
+# that profile, and Init's lookups. cfn-lint and the IAM checks (test_stack_validators.py) run on the same template.
+
+
+def judge_function_statements(template: dict, name: str) -> tuple[dict, list[dict]]:
+    """(the function's environment, the statements of its role's policies, resolved) of the handler ``name``."""
+    handler = by_name(name).handler
+    (props,) = [r["Properties"] for r in template["Resources"].values() if r["Type"] == "AWS::Lambda::Function"
+                and r["Properties"].get("ImageConfig", {}).get("Command") == [handler]]
+    role = props["Role"]["Fn::GetAtt"][0]
+    statements = [resolve(s, template) for r in template["Resources"].values() if r["Type"] == "AWS::IAM::Policy"
+                  and {"Ref": role} in r["Properties"]["Roles"] for s in r["Properties"]["PolicyDocument"]["Statement"]]
+    return props.get("Environment", {}).get("Variables", {}), statements
+
+
+def bedrock_grants(statements: list[dict]) -> list[tuple[str, list[str], dict | None]]:
+    out = []
+    for s in statements:
+        actions = [s["Action"]] if isinstance(s["Action"], str) else s["Action"]
+        for a in actions:
+            if a.startswith("bedrock:"):
+                out.append((a, s["Resource"] if isinstance(s["Resource"], list) else [s["Resource"]], s.get("Condition")))
+    return out
+
+
+def test_without_judge_models_no_function_may_call_bedrock(default_app):
+    _, template = default_app
+    text = json.dumps([r for r in template["Resources"].values() if r["Type"] == "AWS::IAM::Policy"])
+    assert '"bedrock:' not in text
+    env, statements = judge_function_statements(template, "JudgeGroups")
+    assert env.get("STEPWISE_JUDGE_MODEL_IDS", "") == "" and bedrock_grants(statements) == []
+
+
+def test_judge_groups_may_invoke_exactly_the_configured_models(scoped_app):
+    _, template = scoped_app
+    env, statements = judge_function_statements(template, "JudgeGroups")
+    assert env["STEPWISE_JUDGE_MODEL_IDS"] == ",".join(JUDGE_MODELS)
+    profile = f"arn:aws:bedrock:{REGION}:{ACCOUNT}:inference-profile/us.amazon.nova-micro-v1:0"
+    grants = bedrock_grants(statements)
+    assert {a for a, _, _ in grants} == {"bedrock:InvokeModel"}
+    assert sorted(r for _, rs, c in grants if c is None for r in rs) == sorted(
+        [profile, f"arn:aws:bedrock:{REGION}::foundation-model/amazon.nova-lite-v1:0"])
+    conditional = [(rs, c) for _, rs, c in grants if c is not None]
+    assert conditional == [(["arn:aws:bedrock:*::foundation-model/amazon.nova-micro-v1:0"],
+                            {"StringEquals": {"bedrock:InferenceProfileArn": profile}})]
+
+
+def test_only_judge_groups_invokes_and_only_init_looks_models_up(scoped_app):
+    _, template = scoped_app
+    holders = {spec.name: {a for a, _, _ in bedrock_grants(judge_function_statements(template, spec.name)[1])}
+               for spec in FUNCTIONS}
+    assert {n for n, a in holders.items() if a} == {"JudgeGroups", "Init"}
+    assert holders["Init"] == {"bedrock:GetInferenceProfile", "bedrock:GetFoundationModel"}
+    _, init = judge_function_statements(template, "Init")
+    lookups = {a: rs for a, rs, _ in bedrock_grants(init)}
+    profile = f"arn:aws:bedrock:{REGION}:{ACCOUNT}:inference-profile/us.amazon.nova-micro-v1:0"
+    assert lookups == {"bedrock:GetInferenceProfile": [profile],
+                       "bedrock:GetFoundationModel": [f"arn:aws:bedrock:{REGION}::foundation-model/amazon.nova-lite-v1:0"]}
+
+
+@pytest.mark.parametrize("value", ["nova micro", "arn:aws:bedrock:us-west-2:111122223333:agent/x"])
+def test_a_malformed_judge_model_context_value_is_refused_at_synth(value):
+    from infra.settings import SettingsError, StackSettings
+
+    with pytest.raises(SettingsError, match="judgeModelIds"):
+        StackSettings.from_context(lambda k: value if k == "judgeModelIds" else None)

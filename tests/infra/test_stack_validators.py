@@ -265,15 +265,27 @@ def _globs_intersect(a: list[str | None], b: list[str | None]) -> bool:
     return m(0, 0)
 
 
-def arn_has_form(arn: str, form: str) -> bool:
+#: The one regional ARN granted in every Region: a foundation model reached through a cross-Region inference
+#: profile (the group judge, ``infra.judge``), only in a statement whose condition names the profile.
+THROUGH_PROFILE = "bedrock:InferenceProfileArn"
+
+
+def through_profile(statement: dict, arn: str) -> bool:
+    """Whether ``arn`` is a foundation model granted in every Region only through an inference profile."""
+    condition = (statement.get("Condition") or {}).get("StringEquals") or {}
+    return arn.split(":")[2:4] == ["bedrock", "*"] and ":foundation-model/" in arn and THROUGH_PROFILE in condition
+
+
+def arn_has_form(arn: str, form: str, *, any_region: bool = False) -> bool:
     """``arn`` (a granted ARN, ``*`` wildcards allowed in its resource) has the documented ``form``,
-    in this stack's partition, region and account (the AWS-owned account where the form allows one)."""
+    in this stack's partition, region (any, with ``any_region``: `through_profile`) and account (the AWS-owned
+    account where the form allows one)."""
     if form == "*" or arn == "*":
         return form == arn
     got, want = arn.split(":", 5), form.split(":", 5)
     if len(got) < 6 or len(want) < 6 or got[0] != "arn" or got[1] != "aws" or got[2] != want[2]:
         return False
-    if (want[3] == "") != (got[3] == "") or (got[3] and got[3] != REGION):
+    if (want[3] == "") != (got[3] == "") or (got[3] and got[3] != REGION and not (any_region and got[3] == "*")):
         return False
     if (want[4] == "") != (got[4] == "") or (got[4] and got[4] not in (ACCOUNT, AWS_OWNED_ACCOUNT)):
         return False
@@ -306,10 +318,11 @@ def iam_findings(body: dict) -> list[str]:
             if "*" in resources and resource_level:
                 if not any(lid.startswith(p) and a == action for p, a in ACCEPTED_STAR_GRANTS):
                     findings.append(f"{lid}: {action} on '*' but it takes {resource_level}")
-            if not any(arn_has_form(r, f) for r in resources for f in action_forms):
+            if not any(arn_has_form(r, f, any_region=through_profile(st, r)) for r in resources for f in action_forms):
                 findings.append(f"{lid}: no resource of {action} has a documented form {action_forms}: {resources}")
         for r in resources:
-            if r != "*" and not any(arn_has_form(r, f) for fs in forms.values() if fs for f in fs):
+            if r != "*" and not any(arn_has_form(r, f, any_region=through_profile(st, r))
+                                    for fs in forms.values() if fs for f in fs):
                 findings.append(f"{lid}: {r} is no documented resource of {sorted(forms)[:5]}")
     return findings
 
@@ -331,7 +344,7 @@ def test_every_regional_arn_is_in_the_stack_region(template):
     regions = defaultdict(set)
     for lid, st in policy_statements(body):
         for r in map(str, _list(st.get("Resource", []))):
-            if r.startswith("arn:"):
+            if r.startswith("arn:") and not through_profile(st, r):
                 regions[r.split(":")[3]].add(lid)
     assert set(regions) <= {"", REGION}, dict(regions)
 
@@ -344,6 +357,7 @@ def test_every_regional_arn_is_in_the_stack_region(template):
     ("s3:GetObject", "arn:aws:s3:::b", "no resource of s3:GetObject"),
     ("bedrock-agentcore:InvokeAgentRuntime", f"arn:aws:bedrock-agentcore:eu-west-1:{ACCOUNT}:runtime/*", "no resource"),
     ("lambda:InvokeFunction", "*", "on '*'"),
+    ("bedrock:InvokeModel", "arn:aws:bedrock:*::foundation-model/amazon.nova-micro-v1:0", "no resource"),  # no profile
 ])
 def test_the_iam_check_reports_what_iam_would_not_grant(action, resource, finding):
     try:

@@ -28,6 +28,8 @@ MLFLOW_APP = f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:mlflow-app/app-0123456789ab"
 DATA_BUCKETS = ("my-datasets", "my-session-outputs")
 WANDB_SECRET = f"arn:aws:secretsmanager:{REGION}:{ACCOUNT}:secret:stepwise/wandb-AbC123"
 GATEWAY_CONCURRENCY = 200
+#: The group judge's models: a cross-Region inference profile and an on-demand foundation model.
+JUDGE_MODELS = ("us.amazon.nova-micro-v1:0", "amazon.nova-lite-v1:0")
 
 #: Every context value the stack accepts, set.
 SCOPED_CONTEXT: dict[str, Any] = {
@@ -36,6 +38,7 @@ SCOPED_CONTEXT: dict[str, Any] = {
     "mlflowTrackingServerArns": f"{MLFLOW_SERVER},{MLFLOW_APP}", "dataBuckets": ",".join(DATA_BUCKETS),
     "gatewayReservedConcurrency": str(GATEWAY_CONCURRENCY), "wandbApiKeySecretArn": WANDB_SECRET,
     "sessionStartTimeoutSeconds": "3600", "pollSeconds": "30", "createSageMakerRole": "true", "deployMathAgent": "true",
+    "judgeModelIds": ",".join(JUDGE_MODELS),
 }
 
 
