@@ -14,7 +14,16 @@ carry no signal) or cut it (``surplus``: beyond ``batch_size``), or the step tra
 datums carried (``-`` for a group that was not trained, and for eval rollouts): both from the core
 function ComputeAdvantages trains with (`stepwise.views.steps`), never recomputed here. ``policy`` is
 the policy version the rollout sampled with, ``reason / cause`` why a reward was zeroed or a rollout
-failed. The columns are `stepwise.views.columns.ROLLOUT_COLUMNS`. ``--show SID`` (a unique prefix is enough) prints that
+failed. With a group judge (a run config's ``judge``), ``reward`` is what the estimator read of the judge's
+combination, ``judge`` the judge's score, ``agent`` the agent's own reward, and the judge's one-line reason
+(or its group's fallback) is printed under the rollout's line::
+
+      member  sid       reward   judge   agent      adv  status   policy  dur_s  turns  tools  tokens
+           0  1a2b3c4d   1.000   10.00   0.000   +1.000  ok            3    0.6      1      0       2
+                        judge's reason: names the right digit, 7
+
+The columns are `stepwise.views.columns.ROLLOUT_COLUMNS`; one no rollout of the step has a value for (the
+judge's in a run without one) is left out. ``--show SID`` (a unique prefix is enough) prints that
 rollout's conversation as the model saw it (system, user, assistant with its tool calls, tool
 results; each assistant turn marked trained or not) and then each of its TraceRecords token by
 token: the prompt, the trained span (loss mask 1, between ``⟪`` and ``⟫``, green on a terminal)
@@ -72,14 +81,18 @@ def safe(text: Any) -> str:
 HEADER = cols.line(cols.header())
 
 
-def group_lines(index: int, group: GroupView) -> list[str]:
+def group_lines(index: int, group: GroupView, columns: list[cols.Column] | None = None) -> list[str]:
     """A group's heading (its mark: trained, filtered, surplus, untrained, eval) and one line per rollout
-    (`stepwise.views.columns.ROLLOUT_COLUMNS`)."""
+    (`stepwise.views.columns.ROLLOUT_COLUMNS`, those ``columns`` shows: default, those with something to say
+    for this group), a ``below`` column's text (the judge's reason) on a line under it."""
+    columns = cols.shown(group.rollouts) if columns is None else columns
     tag = "informative" if group.informative else "all equal"
     lines = [f"group {index} {safe(group.input_id)} (gen {group.generation_batch}): {group.selection}, mean "
-             f"{group.mean_reward:.3f}, std {group.reward_std:.3f}, {tag}", HEADER]
+             f"{group.mean_reward:.3f}, std {group.reward_std:.3f}, {tag}", cols.line(cols.header(columns), columns)]
     for r in group.rollouts:
-        lines.append(cols.line([safe(t) for t in cols.cells(cols.row(r))]))
+        texts = [safe(t) for t in cols.cells(cols.row(r, columns), columns)]
+        lines.append(cols.line(texts, columns))
+        lines.extend(cols.below(texts, columns))
     return lines
 
 
@@ -194,9 +207,10 @@ def _run(args: argparse.Namespace) -> int:
           f"policy version(s) {', '.join(map(str, versions)) or '-'}  ({source.where})")
     if view.note:
         print(f"  {view.note}")
+    columns = cols.shown(view.rollouts)  # one set of columns for the whole step, so its groups line up
     for k, g in chosen:
         print()
-        print("\n".join(group_lines(k, g)))
+        print("\n".join(group_lines(k, g, columns)))
     print(f"\nshow one: stepwise rollouts {args.run} --step {step}{' --eval' if args.eval else ''} --show SID")
     return EXIT_OK
 
@@ -230,6 +244,9 @@ def _show(source: Any, step_view: StepView, args: argparse.Namespace, step: int,
           f"turns {r.num_turns}  tool calls {r.tool_calls}  sampled tokens {r.sampled_tokens}")
     if view.cause:
         print(f"  reason / cause: {safe(view.cause)}")
+    if r.judge_reason is not None:  # the group judge: its score beside the reward the step read, and why
+        print(f"  judge score {cols.text(r.judge_score, '.2f')}  the agent's reward {cols.text(r.agent_reward, '.3f')}"
+              f"  judge's reason: {safe(r.judge_reason)}")
     print("\nconversation:")
     print("\n".join(message_lines(detail["messages"], color=color)) or "  (no captured turn)")
     for n, spans in enumerate(detail["records"], 1):

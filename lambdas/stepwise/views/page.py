@@ -70,6 +70,10 @@ CURVE_PANELS: tuple[tuple[str, tuple[tuple[str, str, str], ...], str], ...] = (
     ("Step time", (("time/rollout", "rollout", "line"), ("time/train", "train", "line"),
                    ("time/step_wall", "step wall", "dashed")), "seconds"),
     ("Cost", (("cost/total_usd", "run so far", "line"), ("cost/step_usd", "this step", "dashed")), "USD"),
+    ("Judge", (("judge/agreement_spearman", "agreement with the agent's reward (rho)", "line"),
+               ("judge/length_spearman", "length-score rho", "dashed"),
+               ("judge/length_bias_alarm", "length-bias alarm", "points"),
+               ("judge/fallback_groups", "fallback groups", "line")), "rho / groups (symlog)"),
 )
 
 
@@ -312,7 +316,7 @@ def _rollout(member: Mapping[str, Any], columns: Sequence[Sequence[Any]], kind: 
         if key == "status":
             ok = values.get(key) == "ok"
             parts.append(f"<span class='{'status-ok' if ok else 'status-bad'}'>{_e(text)}</span>")
-        elif text not in ("", "-") or key not in ("cause",):
+        elif not cols.empty(text) or key not in cols.OPTIONAL_KEYS:  # a judge's columns only where it judged
             parts.append(f"{_e(head)} {_e(text)}")
     out = [f'<details class="rollout" data-sid="{_e(member.get("sid"))}"><summary>{" · ".join(parts)}</summary>']
     for m in member.get("messages") or []:

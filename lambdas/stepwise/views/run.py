@@ -19,7 +19,7 @@ from stepwise.views.page import PageInputs, curve_keys, render_page
 from stepwise.views.publish import make_table, read_index
 from stepwise.views.steps import StepView, step_view
 from stepwise.views.store import (Tokenizer, load_tokenizer, read_config, read_json, read_many, read_state,
-                                  step_folder, step_records, steps_with_rollouts)
+                                  step_folder, step_judgements, step_records, steps_with_rollouts)
 
 if TYPE_CHECKING:
     from stepwise.config import RunConfig
@@ -28,12 +28,15 @@ __all__ = ["fold", "read_step", "rebuild_page"]
 
 
 def read_step(store: Any, run_id: str, step: int, kind: str = "train", cfg: RunConfig | None = None) -> StepView:
-    """The step's (or eval's) `stepwise.views.steps.StepView` from its records and summary's decision.
-    Raises `stepwise.views.store.Unreadable` for a damaged config or rollout record."""
+    """The step's (or eval's) `stepwise.views.steps.StepView` from its records, the group judge's records (a run
+    with a judge) and the summary's decision. Raises `stepwise.views.store.Unreadable` for a damaged config,
+    rollout record or judge record."""
     cfg = cfg if cfg is not None else read_config(store, run_id)
     summary = read_json(store, layout.step_summary_key(run_id, step_folder(kind), step)) if kind == "train" else None
     decision = summary.get("decision") if isinstance(summary, dict) else None
-    return step_view(step_records(store, run_id, step, kind), cfg, kind=kind, step=step, decision=decision)
+    judgements = step_judgements(store, run_id, step) if kind == "train" and cfg.judge is not None else None
+    return step_view(step_records(store, run_id, step, kind), cfg, kind=kind, step=step, decision=decision,
+                     judgements=judgements)
 
 
 def _numbered(store: Any, prefix: str, suffix: str) -> dict[int, dict[str, Any]]:

@@ -16,18 +16,22 @@ truncation to ``batch_size``); ``untrained`` (selected, but the step trained not
 want of a datum, DAPO's cap reached, the run failed at it, or still in progress); ``eval`` (an eval
 batch: never trained). Only a trained group shows advantages; the rest show ``-``.
 
-Adding a rollout column (a judge's score, the policy version of each turn) is one line in
+With a group judge, the records are first merged with the judge's records of their groups exactly as
+ComputeAdvantages merges them (`stepwise.core.judge.apply_judgements`), so the rewards shown are the ones
+trained on, each beside the judge's score, the agent's own reward and the judge's reason.
+
+Adding a rollout column (the policy version of each turn) is one line in
 `stepwise.views.columns.ROLLOUT_COLUMNS`: a `RolloutView` keeps its whole typed record.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from stepwise.records import RolloutRecord
+from stepwise.records import JudgeRecord, RolloutRecord
 from stepwise.views.rollout import failure_cause
 
 if TYPE_CHECKING:
@@ -53,9 +57,12 @@ class RolloutView:
     """One rollout as a row: its typed record and what the step made of it.
 
     Attributes:
-        record: the rollout record as stored (`stepwise.records.RolloutRecord`, TraceRecords included).
-        reward: the shaped reward the estimator saw (the agent's reward plus DAPO's overlong penalty;
-            the return under per-turn rewards); the record's ``reward`` is the agent's own.
+        record: the rollout record as stored (`stepwise.records.RolloutRecord`, TraceRecords included); with a
+            group judge, as ComputeAdvantages merged it (`stepwise.core.judge.apply_judgements`): its ``reward``
+            the judge's combination with the agent's own (``agent_reward``), ``judge_score`` and
+            ``judge_reason`` (or its group's fallback).
+        reward: the shaped reward the estimator saw (the record's reward plus DAPO's overlong penalty;
+            the return under per-turn rewards); without a judge the record's ``reward`` is the agent's own.
         advantage: the advantage its datums carry (with a per-turn estimator, its first turn's); None
             when its group was not trained (an eval, a filtered or surplus group, a step that trained
             nothing).
@@ -89,9 +96,11 @@ class RolloutView:
         return self.selection == "trained" and bool(self.record.records)
 
     def to_json(self) -> dict[str, Any]:
-        """The record's fields (without its TraceRecords, turn spans and usage) and the view's."""
+        """The record's fields (without its TraceRecords, turn spans and usage) and the view's; ``agent_reward`` is
+        the agent's own reward (the record's, or with a judge the one merged beside the judge's score)."""
         out = self.record.model_dump(mode="json", exclude={"records", "turn_spans", "usage"})
-        out.update(agent_reward=self.record.reward, reward=self.reward, advantage=self.advantage,
+        agent = self.record.agent_reward if self.record.agent_reward is not None else self.record.reward
+        out.update(agent_reward=agent, reward=self.reward, advantage=self.advantage,
                    turn_advantages=self.turn_advantages, selection=self.selection, cause=self.cause,
                    trained=self.trained)
         return out
@@ -191,7 +200,8 @@ def _batches(records: Iterable[RolloutRecord]) -> list[list[RolloutRecord]]:
 
 
 def step_view(records: Iterable[RolloutRecord], cfg: RunConfig, *, kind: str = "train", step: int | None = None,
-              decision: str | None = None) -> StepView:
+              decision: str | None = None,
+              judgements: Mapping[int, Mapping[str, JudgeRecord]] | None = None) -> StepView:
     """The step's groups and marks from its current rollout records (one per item, every generation batch).
 
     Args:
@@ -201,6 +211,11 @@ def step_view(records: Iterable[RolloutRecord], cfg: RunConfig, *, kind: str = "
             ``eval`` (groups of the raw rewards; nothing trained).
         step: the step (default: the records').
         decision: the step summary's ``decision`` (None: no summary).
+        judgements: with ``cfg.judge``, the group judge's records by generation batch and input id
+            (`stepwise.views.store.step_judgements`), merged into each generation batch's records as
+            ComputeAdvantages merges them (`stepwise.core.judge.apply_judgements`: the reward the estimator
+            read, ``judge_score``, ``judge_reason``, ``agent_reward``); a group without a record shows the
+            fallback it would get. Ignored for a run without a judge and for an eval.
 
     Returns:
         A `StepView`; a train step's trained groups carry exactly the advantages of their datums.
@@ -212,6 +227,11 @@ def step_view(records: Iterable[RolloutRecord], cfg: RunConfig, *, kind: str = "
     batches = _batches(records)
     if not batches:
         return StepView(kind, step, [], decision, "", 0, "no rollout record")
+    if cfg.judge is not None:
+        from stepwise.core.judge import apply_judgements
+
+        batches = [apply_judgements(b, (judgements or {}).get(g, {}), cfg) for g, b in enumerate(batches)]
+        records = [r for b in batches for r in b]
     try:
         outcome = _outcome(batches, cfg)
     except Exception as e:  # records ComputeAdvantages could not have read either: show them, claim nothing

@@ -25,14 +25,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pydantic import ValidationError
 
 from stepwise import layout
-from stepwise.records import RolloutRecord, RunState
+from stepwise.records import JudgeRecord, RolloutRecord, RunState
 
 if TYPE_CHECKING:
     from stepwise.config import RunConfig
 
 __all__ = ["READERS", "Store", "Tokenizer", "Unreadable", "find_rollout", "load_tokenizer", "read_config",
-           "read_json", "read_many", "read_state", "rollout_detail", "rollout_turns", "step_folder", "step_records",
-           "steps_with_rollouts", "where"]
+           "read_json", "read_many", "read_state", "rollout_detail", "rollout_turns", "step_folder", "step_judgements",
+           "step_records", "steps_with_rollouts", "where"]
 
 
 class Store(Protocol):
@@ -165,6 +165,29 @@ def step_records(store: Store, run_id: str, step: int, kind: str = "train") -> l
             sid = marker.get("sid") if isinstance(marker, Mapping) else None
             found = [r for r in found if r.sid == sid] or found[-1:]
         out.append(found[0])
+    return out
+
+
+def step_judgements(store: Store, run_id: str, step: int) -> dict[int, dict[str, JudgeRecord]]:
+    """The group judge's records of a training step (``.../gen{g}/judge/{input_id}.json``), by generation batch
+    and input id: what ComputeAdvantages merges into the step's rollouts (`stepwise.core.judge.apply_judgements`;
+    `stepwise.views.steps.step_view` merges them the same way). Empty for a step no group was judged in yet.
+    Raises `Unreadable` for a record that is not a `JudgeRecord` (ComputeAdvantages could not have read it)."""
+    prefix = layout.summaries_prefix(run_id, "steps") + f"{step}/"
+    found = []  # (generation batch, key): the batch from the key's folder, as ComputeAdvantages lists each batch's
+    for key in store.list_keys(prefix):
+        head, _, rest = key[len(prefix):].partition("/")
+        if head.startswith("gen") and head[3:].isdigit() and rest.startswith("judge/") and key.endswith(".json"):
+            found.append((int(head[3:]), key))
+    out: dict[int, dict[str, JudgeRecord]] = {}
+    for (gen, key), body in zip(found, read_many(store, [k for _, k in found])):
+        if body is None:
+            continue
+        try:
+            record = JudgeRecord.model_validate(body)
+        except ValidationError as e:
+            raise Unreadable(where(store, key), _problem(e)) from None
+        out.setdefault(gen, {})[record.input_id] = record
     return out
 
 
