@@ -142,7 +142,8 @@ def plan(event: RunEvent) -> dict[str, Any]:
         logger.info("nothing to roll out ahead", extra=out)
         return out
     out: dict[str, Any] = {"action": d.action, "reason": d.reason, "step": state.step, "epoch": state.epoch,
-                           "history_events": history_events}
+                           "history_events": history_events,
+                           "judge": cfg.judge is not None}  # the state machine's "Judge groups" runs only then
     if d.action == "rolled_out":  # rolled out during the previous step's training: straight to its advantages
         timeouts = rollout_timeouts(cfg.max_rollout_time, cfg.rollout_heartbeat_seconds, cfg.rollout_recheck_seconds)
         out["batch"] = BatchRef(kind="train", step=d.step, generation_batch=d.generation_batch,
