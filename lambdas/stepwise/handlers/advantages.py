@@ -113,10 +113,17 @@ def compute(event: BatchEvent) -> dict[str, Any]:
     cfg = run_config(run.run_id)
     batches = load_step_batches(run.run_id, batch, cfg, state.current_batch)
     batch_usage = ledger.batch_usage(batches[-1])  # the generation batch just rolled out (the cost ledger)
+    judge_metrics: dict[str, float] = {}
+    if cfg.judge is not None:  # the group judge's records merged in: the rewards the estimator reads
+        from stepwise.judging import judged_batches
+
+        gens = list(range(batch.generation_batch + 1)) if cfg.algorithm == "dapo" else [batch.generation_batch]
+        batches, judge_metrics, judge_usage = judged_batches(rs, run.run_id, batch.step, gens, batches, cfg)
+        batch_usage.add(judge_usage)
     outcome = compute_step(batches, cfg, policy_version=state.policy_version, where=f"step {batch.step}")
     status, train_groups, rollouts = outcome.status, outcome.train_groups, outcome.rollouts
     sampling = {k: v for k, v in outcome.metrics.items() if k.startswith("sampling/")}
-    metrics_: dict[str, Any] = {"step": batch.step, "epoch": state.epoch, **outcome.metrics}
+    metrics_: dict[str, Any] = {"step": batch.step, "epoch": state.epoch, **outcome.metrics, **judge_metrics}
     if state.step_started_at:
         metrics_["time/rollout"] = now() - state.step_started_at
 
