@@ -63,6 +63,7 @@ from local.report import (
 from local.stack import LocalStack, run_cleanup, run_sweeper, simulator_exit_code, training_session_status
 from stepwise import layout
 from stepwise.executions import ABNORMAL_END_STATUSES, run_id_stem
+from stepwise.settings import ENV_JUDGE_MODEL_IDS
 from stepwise.stackinfo import StackInfo
 from stepwise_cli.commands._runs import Deployment, eval_accuracy, mean_reward
 from stepwise_cli.commands.watch import eval_when, kept_groups
@@ -431,6 +432,9 @@ def _run(stack: LocalStack, config: Any, cfg: dict[str, Any], config_path: Path,
         # W&B (a config naming wandb_project) logs offline into the run folder unless told otherwise.
         stack.set_env({"WANDB_MODE": os.environ.get("WANDB_MODE") or "offline",
                        "WANDB_DIR": os.environ.get("WANDB_DIR") or str(run_dir.resolve()), "WANDB_SILENT": "true"})
+        if config.judge is not None and not os.environ.get(ENV_JUDGE_MODEL_IDS):
+            # the judge's model granted, as a stack deployed with -c judgeModelIds=MODEL grants it
+            stack.set_env({ENV_JUDGE_MODEL_IDS: config.judge.model_id})
         stack.start(tps_limit=config.acr_tps_limit, simulator_options=simulator_options, acr_faults=acr_faults,
                     log_dir=log_dir, agents=agents)
         for arn, spec in (agents or {}).items():  # the user's agent: a clear error now, not every rollout failing

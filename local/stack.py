@@ -1,4 +1,5 @@
-"""run-local's stack: moto, the SageMaker simulator, the gateway and the ACR emulator, started and stopped.
+"""run-local's stack: moto, the SageMaker simulator, the gateway, the ACR emulator and the Bedrock emulator (the
+group judge), started and stopped.
 
 ``LocalStack.start`` starts every service on free loopback ports, points the environment at
 them (restored by ``stop``; it refuses to go on unless every service the handlers call is pointed at
@@ -127,6 +128,7 @@ class LocalStack:
     simulator: Any = None
     gateway: Any = None
     acr: Any = None
+    bedrock: Any = None
     resources: Any = None
     simulator_in_process: bool = False
     _saved_env: dict[str, str | None] = field(default_factory=dict)
@@ -182,6 +184,11 @@ class LocalStack:
                                log_dir=str(log_dir) if log_dir else None, region=engine.REGION,
                                allowed_runtime_arns=allowed).start()
         self.set_env(self.acr.env)
+        # Bedrock (the group judge) scoped as the stack's grant scopes it: STEPWISE_JUDGE_MODEL_IDS, none when unset.
+        from local.bedrock import from_env as bedrock_from_env
+
+        self.bedrock = bedrock_from_env(region=engine.REGION).start()
+        self.set_env(self.bedrock.env)
         if problems := endpoint_problems(os.environ):  # every handler's client on an emulator, or no run
             raise RuntimeError("the local stack did not point every client of its handlers at an emulator on "
                                f"loopback, so they could reach AWS: {'; '.join(problems)}")
@@ -213,7 +220,7 @@ class LocalStack:
             report = self.billing_report()
             for observe in list(self.observers):
                 observe(report)
-        for name in ("acr", "gateway"):
+        for name in ("acr", "gateway", "bedrock"):
             part = getattr(self, name)
             if part is not None:
                 try:
