@@ -23,6 +23,15 @@ def _gen_toy(rows: int, seed: int) -> Callable[[Path], None]:
     return gen
 
 
+def _gen_toy_unlabelled(rows: int, seed: int) -> Callable[[Path], None]:
+    def gen(path: Path) -> None:
+        from prepare_datasets.prepare_toy import write_unlabelled_rows
+
+        write_unlabelled_rows(path, rows, seed)
+
+    return gen
+
+
 def _gen_mix(rows: int, seed: int) -> Callable[[Path], None]:
     def gen(path: Path) -> None:
         from prepare_datasets.prepare_mix import write_rows
@@ -55,6 +64,7 @@ DATASET_GENERATORS: dict[str, Callable[[Path], None]] = {
     "toy_train.jsonl": _gen_toy(rows=200, seed=0),
     "toy_eval.jsonl": _gen_toy(rows=10, seed=1),
     "toy_small.jsonl": _gen_toy(rows=40, seed=2),
+    "toy_judge_train.jsonl": _gen_toy_unlabelled(rows=200, seed=0),
     "two_turn_train.jsonl": _gen_two_turn(rows=200, seed=0),
     "two_turn_eval.jsonl": _gen_two_turn(rows=10, seed=1),
     "mix_train.jsonl": _gen_mix(rows=240, seed=0),

@@ -4,7 +4,9 @@
 digit; the toy agent (``local/agents/toy_agent.py``, ``local/agents/toy_task.py``) asks it and
 scores exact match. Each line is ``{"payload": {"prompt": ..., "answer": ...}}`` (the ``payload``
 column every dataset of ours has), e.g. ``{"prompt": "What digit comes after 3?", "answer": "4"}``.
-Deterministic for a given ``--rows`` and ``--seed``.
+Deterministic for a given ``--rows`` and ``--seed``. ``--no-answer`` leaves the answer key out
+(``{"prompt": ...}`` only): the training set of the judged toy task (examples/toy_judge.json), where the
+group judge's rubric, not the agent, knows what a right answer is.
 """
 
 from __future__ import annotations
@@ -47,8 +49,18 @@ def write_rows(output: Path, rows: int, seed: int) -> int:
     return write_payload_rows(output, sample_payloads(rows, seed))
 
 
+def write_unlabelled_rows(output: Path, rows: int, seed: int) -> int:
+    """Write ``rows`` payload rows without the answer key (``{"prompt": ...}``; the same prompts in the same
+    order as `write_rows`); returns the row count."""
+    return write_payload_rows(output, [{"prompt": p["prompt"]} for p in sample_payloads(rows, seed)])
+
+
 def main(argv: list[str] | None = None) -> int:
-    return sampled_rows_main(argv, __doc__.splitlines()[0], 200, write_rows)
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "--no-answer" in args:
+        args.remove("--no-answer")
+        return sampled_rows_main(args, __doc__.splitlines()[0], 200, write_unlabelled_rows)
+    return sampled_rows_main(args, __doc__.splitlines()[0], 200, write_rows)
 
 
 if __name__ == "__main__":
