@@ -3,7 +3,8 @@ parallel (`judge_batch`), through the run store and Amazon Bedrock.
 
 `judge_group` is the unit: the "Judge groups" state's function runs it for every group of a batch (a loop
 over it, ``judge.concurrency`` groups at once), and a pipeline that completes groups one at a time can run
-it for one. For a group it:
+it for one (``judge_group(open_session(store, run_id, cfg, budget_s=..., started_at=...), step, g, input_id,
+rollouts)``). For a group it:
 
 1. returns the group's record when it already has one (``.../judge/{input_id}.json``: a retried
    invocation or a re-run state pays nothing);
@@ -46,7 +47,8 @@ if TYPE_CHECKING:
     from stepwise.aws.runstore import RunStore
     from stepwise.config import RunConfig
 
-__all__ = ["JudgeRefused", "JudgeSession", "RateLimiter", "judge_batch", "judge_group", "load_members"]
+__all__ = ["JudgeRefused", "JudgeSession", "RateLimiter", "judge_batch", "judge_group", "judged_batches",
+           "load_judgements", "load_members", "open_session"]
 
 #: Backoff after a throttled request: full jitter over ``BACKOFF_BASE_S x 2^n``, at most ``BACKOFF_CAP_S``.
 BACKOFF_BASE_S = 1.0
@@ -100,6 +102,17 @@ class JudgeSession:
     now: Callable[[], float] = time.time
     sleep: Callable[[float], None] = time.sleep
     rng: random.Random = field(default_factory=random.Random)
+
+
+def open_session(store: RunStore, run_id: str, cfg: RunConfig, *, budget_s: float, started_at: float) -> JudgeSession:
+    """The session a caller judges with for ``budget_s`` seconds from now: the run's Bedrock runtime client, a rate
+    limiter at ``judge.requests_per_second``, and the throttling deadline ``judge.max_wait_seconds`` after
+    ``started_at`` (epoch seconds: when the judging of these groups began, across invocations)."""
+    judge = cfg.judge
+    assert judge is not None, "open_session needs a run config with a judge"
+    client = bedrock.runtime_client(cfg.region, timeout_s=judge.timeout_seconds, concurrency=judge.concurrency)
+    return JudgeSession(store=store, run_id=run_id, cfg=cfg, client=client, limiter=RateLimiter(judge.requests_per_second),
+                        invocation_deadline=time.monotonic() + budget_s, wait_deadline=started_at + judge.max_wait_seconds)
 
 
 def load_members(store: RunStore, run_id: str, rollouts: Sequence[RolloutRecord]) -> list[core.JudgedMember]:

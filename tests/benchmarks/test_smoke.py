@@ -293,3 +293,33 @@ def test_advantages_read_times_both_reads_and_counts_every_get(tmp_path: Path, c
     assert [r["latency_ms"] for r in rows] == [0.0, 5.0]
     for r in rows:
         assert r["before"]["gets_counted"] == r["after"]["gets_counted"] == 12
+def test_judge_toy_reads_a_run_folder_and_measures_the_judge_against_the_answer_key(tmp_path: Path) -> None:
+    """benchmarks/judge_toy.py on a one-step run folder laid out as run-local leaves it: one group of two, the
+    judge right about one member and wrong about the other."""
+    from benchmarks import judge_toy
+    from stepwise import layout
+    from stepwise.records import JudgeRecord, Usage
+    from tests.support.judge import toy_turn
+
+    run = tmp_path / "toy_judge-1"
+    s3 = run / "s3"
+    cfg = json.loads((REPO / "examples" / "toy_judge.json").read_text())
+
+    def put(key: str, obj) -> None:
+        (s3 / key).parent.mkdir(parents=True, exist_ok=True)
+        (s3 / key).write_text(json.dumps(obj))
+
+    put(layout.config_key(run.name), cfg)
+    for sid, reply in (("a", "4"), ("b", "9")):
+        put(f"{layout.turns_prefix(run.name, sid)}0001.json", toy_turn(sid, 3, reply))
+    record = JudgeRecord(input_id="s0g0p0", step=0, sids_G=["a", "b"], members_G=[0, 1], judged_G=[True, True],
+                         scores_G=[10.0, 10.0], reasons_G=["x", "y"], judged_chars_G=[13, 13],
+                         usage=Usage(judge_requests=1, judge_input_tokens=600, judge_output_tokens=100))
+    put(layout.judge_record_key(run.name, 0, 0, "s0g0p0"), record.model_dump())
+    (run / "steps" / "0").mkdir(parents=True)
+    (run / "steps" / "0" / "summary.json").write_text(json.dumps({"sampler/mean_reward": 1.0}))
+    out = judge_toy.analyse(run)
+    [row] = out["steps"]
+    assert (row["judged"], row["correct"], row["agree"], row["groups"]) == (1.0, 0.5, 0.5, 1)
+    assert row["input_tokens_per_group"] == 600 and row["usd_per_group"] == pytest.approx((600 * 0.035 + 100 * 0.14) / 1e6)
+    assert "0.500" in judge_toy.table(out)

@@ -47,10 +47,12 @@ def emulator(bedrock):
     return bedrock
 
 
-def _run(stack, **judge) -> tuple[str, RunEvent]:
+def _run(stack, algorithm: str = "grpo", max_num_gen_batches: int = 10, batch_size: int = 2,
+         **judge) -> tuple[str, RunEvent]:
     run_id = new_run_id("judge")
-    config = stack.config(batch_size=2, responses_per_prompt=4, judge={"model_id": MODEL, "rubric": RUBRIC,
-                                                                       "fallback": "no_signal", **judge})
+    config = stack.config(batch_size=batch_size, responses_per_prompt=4, algorithm=algorithm,
+                          max_num_gen_batches=max_num_gen_batches,
+                          judge={"model_id": MODEL, "rubric": RUBRIC, "fallback": "no_signal", **judge})
     init_run(stack, run_id, config)
     assert wait_ready(run_id)["ready"]
     return run_id, RunEvent.model_validate({"run": run_ref(run_id)})
@@ -134,6 +136,21 @@ def test_a_batch_whose_every_group_falls_back_trains_nothing_with_no_signal(stac
     metrics = m.step_metrics or {}
     if metrics:
         assert metrics["judge/fallback_groups"] == 2 and metrics["advantages/zero_groups_fraction"] == 1.0
+
+
+def test_dapo_reads_every_generation_batch_s_judgements_and_bills_each_once(stack, emulator):
+    """A first generation batch all wrong (no signal: DAPO asks for another), a second half right: the step trains
+    on the second's groups, its summary counts the judge over both, the ledger each batch's requests once."""
+    run_id, ev = _run(stack, algorithm="dapo", max_num_gen_batches=3, batch_size=2)
+    _, first = _rolled_out(stack, run_id, ev, right=lambda item: False)
+    assert judge_handler.judge(first)["judge"] == 2
+    assert advantages.compute(first)["decision"] == "need_more"
+    _, second = _rolled_out(stack, run_id, ev)
+    assert second.batch.generation_batch == 1 and judge_handler.judge(second)["judge"] == 2
+    assert advantages.compute(second)["decision"] == "train"
+    state = RunStore(BUCKET, stack.s3).read_state(run_id)[0]
+    assert state.step_metrics["judge/groups"] == 4 and state.step_metrics["sampling/kept_groups"] == 2
+    assert state.ledger.usage.judge_requests == 4 == emulator.counters.answered
 
 
 def test_without_a_judge_the_plan_skips_the_judge_and_its_function_does_nothing(stack, emulator):

@@ -17,10 +17,9 @@ import time
 from typing import Any
 
 from stepwise import metering
-from stepwise.aws import bedrock
 from stepwise.events import BatchEvent
 from stepwise.handlers._common import bind, entrypoint, logger, now, poll_seconds, run_config, store
-from stepwise.judging import JudgeSession, RateLimiter, judge_batch
+from stepwise.judging import judge_batch, open_session
 from stepwise.layout import judge_progress_key
 from stepwise.records import JudgeProgress, Usage
 
@@ -51,13 +50,9 @@ def judge(event: BatchEvent) -> dict[str, Any]:
     progress = JudgeProgress.model_validate(rs.get_json_or(key) or {
         "step": batch.step, "generation_batch": batch.generation_batch, "started_at": now()})
     rollouts = rs.batch_rollouts(run.run_id, batch.step, batch.generation_batch)
-    judge_cfg = cfg.judge
-    budget = invocation_budget(by_name("JudgeGroups").timeout_s, judge_cfg.timeout_seconds)
-    session = JudgeSession(
-        store=rs, run_id=run.run_id, cfg=cfg,
-        client=bedrock.runtime_client(cfg.region, timeout_s=judge_cfg.timeout_seconds, concurrency=judge_cfg.concurrency),
-        limiter=RateLimiter(judge_cfg.requests_per_second), invocation_deadline=t0 + budget,
-        wait_deadline=progress.started_at + judge_cfg.max_wait_seconds)
+    budget = invocation_budget(by_name("JudgeGroups").timeout_s, cfg.judge.timeout_seconds)
+    session = open_session(rs, run.run_id, cfg, budget_s=budget - (time.monotonic() - t0),
+                           started_at=progress.started_at)
     records, pending = judge_batch(session, batch.step, batch.generation_batch, rollouts)
     done = not pending
     with metering.riding(run.run_id) as own:
