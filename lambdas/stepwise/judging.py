@@ -6,8 +6,9 @@ over it, ``judge.concurrency`` groups at once), and a pipeline that completes gr
 it for one (``judge_group(open_session(store, run_id, cfg, budget_s=..., started_at=...), step, g, input_id,
 rollouts)``). For a group it:
 
-1. returns the group's record when it already has one (``.../judge/{input_id}.json``: a retried
-   invocation or a re-run state pays nothing);
+1. returns the group's record when it already has one for these rollouts (``.../judge/{input_id}.json``: a
+   retried invocation or a re-run state pays nothing; a record of other rollouts, left by an attempt at the step
+   a resumed run re-does, is judged anew);
 2. reads each completed member's captured turns and the agent's result and builds the judged text
    (`stepwise.core.judge.judged_group`); a group with no completed member is recorded ``skipped``;
 3. reads the verdict cached under the hash of the judge's config and that text (``runs/{run_id}/judge-cache/``,
@@ -150,11 +151,13 @@ def judge_group(session: JudgeSession, step: int, generation_batch: int, input_i
     store, judge = session.store, session.cfg.judge
     assert judge is not None, "judge_group needs a run config with a judge"
     key = judge_record_key(session.run_id, step, generation_batch, input_id)
+    members_G = sorted(rollouts, key=lambda r: (r.member, r.i))
     existing = store.get_json_or(key)
     if isinstance(existing, dict):
-        return JudgeRecord.model_validate(existing)
+        found = JudgeRecord.model_validate(existing)
+        if found.sids_G == [r.sid for r in members_G]:
+            return found
     started = session.clock()
-    members_G = sorted(rollouts, key=lambda r: (r.member, r.i))
     members = load_members(store, session.run_id, members_G)
     group = core.judged_group(members, judge.include)
     n = len(group.parts)

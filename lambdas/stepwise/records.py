@@ -750,13 +750,15 @@ class JudgeProgress(BaseModel):
     """``runs/{run_id}/steps/{step}/gen{g}/judge-progress.json``: the judging of one generation batch, across
     the invocations of the judge function (throttling can take several): when it started (the
     ``judge.max_wait_seconds`` deadline counts from it), how many invocations ran, whether every group has
-    its record, and what the invocations themselves used (`stepwise.metering`)."""
+    its record, and what the invocations themselves used (`stepwise.metering`). ``rollouts`` fingerprints the
+    rollouts judged (a resumed run re-doing the step judges new ones, with a new start)."""
 
     model_config = ConfigDict(extra="ignore")
 
     step: int
     generation_batch: int = 0
     started_at: float
+    rollouts: str = ""
     invocations: int = 0
     done: bool = False
     usage: Usage | None = None

@@ -178,6 +178,18 @@ def test_a_retried_invocation_pays_nothing_for_a_group_already_judged(b):
     assert again == first and b.bedrock.counters.converse == 1
 
 
+def test_a_record_of_other_rollouts_is_judged_anew(b):
+    """A resumed run re-doing a step rolls the batch out again: same keys, new sids. The old attempt's record is not
+    taken for the new rollouts (it would score none of them); the same text still reads the cache."""
+    run_id = f"judge-{uuid.uuid4().hex[:8]}"
+    old = b.put_group(run_id, 3, ["4", "7"])
+    new = b.put_group(run_id, 3, ["7", "4"], input_id=old[0].input_id)
+    first = judging.judge_group(session(b, judge_config(), run_id=run_id), 0, 0, old[0].input_id, old)
+    redone = judging.judge_group(session(b, judge_config(), run_id=run_id), 0, 0, new[0].input_id, new)
+    assert redone.sids_G == [r.sid for r in new] and redone.scores_G == [0, 10] and first.scores_G == [10, 0]
+    assert JudgeRecord.model_validate(b.store.get_json(judge_record_key(run_id, 0, 0, old[0].input_id))) == redone
+
+
 def test_the_same_judged_text_is_read_from_the_cache_not_paid_twice(b):
     """A re-done step (a resumed run, a seeded re-run) whose group has the same text: the cached verdict."""
     run_id = f"judge-{uuid.uuid4().hex[:8]}"

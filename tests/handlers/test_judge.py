@@ -125,6 +125,26 @@ def test_judging_resumes_across_invocations_when_throttling_outlasts_one(stack, 
     assert progress.invocations == 2 and progress.done and progress.usage.lambda_requests.get("JudgeGroups") == 2
 
 
+def test_a_re_done_step_s_batch_is_judged_afresh_not_as_the_abandoned_attempt_s(stack, emulator):
+    """An earlier attempt at the step (a resumed run rewinds and re-does it) left a finished progress record whose
+    max_wait_seconds clock ran out long ago: the new rollouts get a new start, not an instant fallback."""
+    from stepwise.records import Usage
+
+    run_id, ev = _run(stack, max_wait_seconds=60)
+    _, batch = _rolled_out(stack, run_id, ev)
+    rs = RunStore(BUCKET, stack.s3)
+    stale = JudgeProgress(step=0, generation_batch=0, started_at=1.0, rollouts="an-abandoned-attempt", invocations=3,
+                          done=True, usage=Usage(judge_requests=9))
+    rs.put_json(judge_progress_key(run_id, 0, 0), stale.model_dump())
+    emulator.inject(throttle=1)
+    out = judge_handler.judge(batch)
+    assert out["done"] and out["judge"] == 2 and out["fallback"] == 0
+    progress = JudgeProgress.model_validate(rs.get_json(judge_progress_key(run_id, 0, 0)))
+    assert progress.invocations == 1 and progress.started_at > 1.0 and progress.rollouts == judge_handler.batch_fingerprint(
+        rs.batch_rollouts(run_id, 0, 0))
+    assert progress.usage is None or progress.usage.judge_requests == 0  # the finished attempt's was counted then
+
+
 def test_a_batch_whose_every_group_falls_back_trains_nothing_with_no_signal(stack, emulator):
     run_id, ev = _run(stack, max_attempts=1)
     _, batch = _rolled_out(stack, run_id, ev)

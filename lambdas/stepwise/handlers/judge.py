@@ -13,6 +13,7 @@ and carries the invocations' own measurements to the cost ledger (`stepwise.mete
 
 from __future__ import annotations
 
+import hashlib
 import time
 from typing import Any
 
@@ -21,7 +22,7 @@ from stepwise.events import BatchEvent
 from stepwise.handlers._common import bind, entrypoint, logger, now, poll_seconds, run_config, store
 from stepwise.judging import judge_batch, open_session
 from stepwise.layout import judge_progress_key
-from stepwise.records import JudgeProgress, Usage
+from stepwise.records import JudgeProgress, RolloutRecord, Usage
 
 #: Seconds of the function's timeout kept free after the last request may start: that request's own
 #: ``judge.timeout_seconds`` plus this margin for the writes.
@@ -32,6 +33,11 @@ def invocation_budget(function_timeout_s: float, request_timeout_s: float) -> fl
     """Seconds an invocation may start Converse requests for: the function's timeout less the slowest request
     and `MARGIN_S`, at least a tenth of the timeout."""
     return max(function_timeout_s / 10, function_timeout_s - request_timeout_s - MARGIN_S)
+
+
+def batch_fingerprint(rollouts: list[RolloutRecord]) -> str:
+    """Which rollouts a batch's judging is for: a hash of their sids (a re-done step has new ones)."""
+    return hashlib.sha256(",".join(sorted(str(r.sid) for r in rollouts)).encode()).hexdigest()[:16]
 
 
 def judge(event: BatchEvent) -> dict[str, Any]:
@@ -47,9 +53,14 @@ def judge(event: BatchEvent) -> dict[str, Any]:
         return {"done": True, "wait_seconds": poll_seconds(), "groups": 0, "skipped": why}
     rs.owned_state(run.run_id, run.execution_arn)  # a superseded execution does not judge (nor bill)
     key = judge_progress_key(run.run_id, batch.step, batch.generation_batch)
-    progress = JudgeProgress.model_validate(rs.get_json_or(key) or {
-        "step": batch.step, "generation_batch": batch.generation_batch, "started_at": now()})
     rollouts = rs.batch_rollouts(run.run_id, batch.step, batch.generation_batch)
+    attempt = batch_fingerprint(rollouts)
+    progress = JudgeProgress.model_validate(rs.get_json_or(key) or {
+        "step": batch.step, "generation_batch": batch.generation_batch, "started_at": now(), "rollouts": attempt})
+    if progress.rollouts != attempt:  # judged before for other rollouts: a resumed run re-does the step
+        # what an unfinished attempt used was never added to the ledger: it rides on; a finished one's was
+        progress = JudgeProgress(step=batch.step, generation_batch=batch.generation_batch, started_at=now(),
+                                 rollouts=attempt, usage=None if progress.done else progress.usage)
     budget = invocation_budget(by_name("JudgeGroups").timeout_s, cfg.judge.timeout_seconds)
     session = open_session(rs, run.run_id, cfg, budget_s=budget - (time.monotonic() - t0),
                            started_at=progress.started_at)
