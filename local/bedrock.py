@@ -33,8 +33,9 @@ fault or answer.
 - one that says "longer" is better: scores rise with the attempt's length (the length-bias drills);
 
 any other rubric gets the middle of the range for every attempt. ``error_rate`` (``STEPWISE_LOCAL_BEDROCK_ERROR_RATE``
-in the local stack) makes the judge wrong on that fraction of attempts, deterministically by the attempt's text
-(the same text is always judged the same, as the cache assumes): the top and bottom scores swap. Tests pass
+in the local stack) makes the judge wrong on that fraction of attempts, deterministically by the task and the
+attempt's text (the same attempt at the same task is always judged the same, as the cache assumes): the top and
+bottom scores swap. Tests pass
 their own scorer.
 
 **Faults** (`Faults`, `BedrockEmulator.inject`; the local stack reads ``STEPWISE_LOCAL_BEDROCK_FAULTS``, e.g.
@@ -413,7 +414,7 @@ class BedrockEmulator:
         t0 = time.monotonic()
         scores = [list(s) for s in self.scorer(call)]
         for k, attempt in enumerate(call.attempts):
-            if _wrong(attempt, self.error_rate):  # the erring judge: top and bottom swap
+            if _wrong(call.task + attempt, self.error_rate):  # the erring judge: top and bottom swap
                 scores[k][0] = call.hi + call.lo - scores[k][0]
                 scores[k][1] = f"(misjudged) {scores[k][1]}"
         entries: list[dict[str, Any]] = [{"attempt": k + 1, "score": s, "reason": r} for k, (s, r) in enumerate(scores)]
