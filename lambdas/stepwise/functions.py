@@ -45,7 +45,7 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
     FunctionSpec("StartRollout", "stepwise.handlers.rollout.start_handler", 512, 120, "Open a gateway session and invoke the agent on ACR"),
     FunctionSpec("OnRolloutResult", "stepwise.handlers.rollout.result_handler", 256, 60, "S3 result notification -> SendTaskSuccess"),
     FunctionSpec("FinishRollout", "stepwise.handlers.rollout.finish_handler", 1024, 300, "Extract the reward, replay captured turns into TraceRecords"),
-    FunctionSpec("JudgeGroups", "stepwise.handlers.judge.handler", 1024, 900, "Group judge on Bedrock: score each group's members against the rubric (runs only with a judge)"),
+    FunctionSpec("JudgeGroups", "stepwise.handlers.judge.handler", 512, 900, "Group judge on Bedrock: score each group's members against the rubric (runs only with a judge)"),
     FunctionSpec("ComputeAdvantages", "stepwise.handlers.advantages.handler", 2048, 900, "GRPO advantages, DAPO group filter, training datums"),
     FunctionSpec("RecordEval", "stepwise.handlers.advantages.eval_handler", 1024, 300, "Eval generation batch -> eval/accuracy"),
     FunctionSpec("SubmitTrain", "stepwise.handlers.train.submit_handler", 2048, 900, "forward_backward + optim_step + save_weights with write-ahead sequence numbers"),
