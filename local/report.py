@@ -152,12 +152,16 @@ def s3_requests_per_rollout(counts: dict[str, int], rollouts: int) -> dict[str, 
 #: under a load of 10-20, benchmarks/README.md section 16), so a batch's Map time and how long each rollout
 #: holds its ACR session grow with the batch (`stepwise_cli.cost.rollout_flow`). A loaded machine takes
 #: longer; the run's end prints the ledger against this estimate.
+#: A judged toy run's members are one-digit replies (about 50 judged characters and 21 answer tokens each,
+#: examples/toy_judge.json; the emulator answers at once).
 def _local_assumptions() -> Any:
     from stepwise_cli.cost import Assumptions
 
     return Assumptions(turns_per_rollout=1.0, seconds_per_turn=0.4, rollouts_per_second=8.0, train_seconds=1.0,
                        rebind_seconds=0.3, orchestration_seconds=1.0, poll_seconds=1.0, inline_wait_seconds=10.0,
                        agent_overhead_seconds=0.5, session_start_seconds=15.0, advantages_seconds_per_rollout=0.01,
+                       judge_chars_per_member=50.0, judge_output_tokens_per_member=21.0, judge_attempts_per_group=1.0,
+                       judge_seconds_per_group=0.5,
                        handler_seconds={"PlanStep": 0.1, "StartRollout": 0.3, "OnRolloutResult": 0.05,
                                         "FinishRollout": 1.1, "ComputeAdvantages": 0.5, "RecordEval": 0.2})
 
