@@ -116,3 +116,38 @@ def roll_out_toy(stack: Any, run_id: str, plan: dict[str, Any], right: Any) -> l
         outs.append(finish(FinishEvent.model_validate({"run": run_ref(run_id), "batch": plan["batch"], "item": item,
                                                        "result": {"sid": sid, "result_key": key}, "error": None})))
     return outs
+
+
+#: A judged run's reasons and figures (`write_judged_run`).
+JUDGED_GOOD, JUDGED_POOR = "uses the calculator and answers 42", "answers 42 but skips the check"
+JUDGED_FALLBACK = "the judge's answers were invalid 3 times (attempt 2 is missing)"
+JUDGED_METRICS = {"judge/agreement_spearman": 0.5, "judge/length_spearman": -0.25, "judge/length_bias_alarm": 0.0,
+                  "judge/fallback_groups": 1.0}
+
+
+def write_judged_run(store: Any, run_id: str) -> None:
+    """`tests.support.runs.write_run`'s run (two steps of a calculator agent, real TraceRecords) with a judge in
+    its config (``combine: replace``, ``fallback: agent_reward``) and the judge's records of step 1: group
+    ``s1p0`` (the agent rewarded both members 1.0) scored 8 and 3 (`JUDGED_GOOD`, `JUDGED_POOR`), group ``s1p1``
+    fallen back (`JUDGED_FALLBACK`); step 1's summary carries `JUDGED_METRICS`. ``store``: ``put_bytes`` and
+    ``get_bytes`` (a `stepwise_cli.sources.DirStore`)."""
+    from stepwise import layout
+    from stepwise.records import JudgeRecord
+    from tests.support.runs import sid_of, write_run
+
+    def put_json(key: str, obj: Any) -> None:
+        store.put_bytes(key, json.dumps(obj).encode())
+
+    write_run(put_json, store.put_bytes, run_id, judge={
+        "model_id": MODEL, "rubric": "A better attempt answers 42 after using the calculator.",
+        "fallback": "agent_reward"})
+    sids = [sid_of(1, "train", i) for i in range(4)]
+    put_json(layout.judge_record_key(run_id, 1, 0, "s1p0"), JudgeRecord(
+        input_id="s1p0", step=1, sids_G=sids[:2], members_G=[0, 1], judged_G=[True, True], scores_G=[8.0, 3.0],
+        reasons_G=[JUDGED_GOOD, JUDGED_POOR], judged_chars_G=[300, 280], model_id=MODEL).model_dump(mode="json"))
+    put_json(layout.judge_record_key(run_id, 1, 0, "s1p1"), JudgeRecord(
+        input_id="s1p1", step=1, sids_G=sids[2:], members_G=[0, 1], judged_G=[True, True], scores_G=[None, None],
+        reasons_G=["", ""], judged_chars_G=[300, 280], source="fallback", fallback_reason=JUDGED_FALLBACK,
+        attempts=3).model_dump(mode="json"))
+    summary = json.loads(store.get_bytes(layout.summary_key(run_id, 1)))
+    put_json(layout.summary_key(run_id, 1), {**summary, **JUDGED_METRICS})
