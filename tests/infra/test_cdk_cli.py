@@ -54,6 +54,7 @@ EVERY_OPTION: dict[str, str] = {
     "agentDir": str(ROOT / "examples" / "agents" / "strands"), "agentEntrypoint": "agent:app",
     "agentRequirements": "requirements.txt",
     "huggingFaceTokenSecretArn": f"arn:aws:secretsmanager:{REGION}:{ACCOUNT}:secret:stepwise-hf-token-AbCdEf",
+    "judgeModelIds": "us.amazon.nova-micro-v1:0,anthropic.claude-3-haiku-20240307-v1:0",
 }
 
 
