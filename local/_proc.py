@@ -114,12 +114,20 @@ def die_with_parent(poll_seconds: float = 0.5) -> None:
     the local stack process that started it is gone, however it ended (SIGKILL, a SIGTERM to it alone, a
     crash), instead of running on, holding its port and memory. A daemon thread compares ``os.getppid()``
     with the pid `service_env` recorded every ``poll_seconds`` (portable; Linux's ``PR_SET_PDEATHSIG`` has
-    no Python API) and sends this process SIGTERM once they differ. No-op when started by anything else."""
+    no Python API) and sends this process SIGTERM once they differ. No-op when started by anything else.
+
+    It also ignores SIGINT from then on: a terminal's Ctrl-C reaches the whole foreground process group, and
+    the services get their signal from the run instead (`stop_process`'s SIGTERM once the run has stopped its
+    execution, run its Cleanup and collected; or their parent's end). Before, every service died of the
+    Ctrl-C at once, so the run's last minute was spent on asynchronous invocations whose workers were gone
+    (some 60 "asynchronous invocation dropped" warnings) and on Cleanup without a simulator."""
     import signal
 
     expected = os.environ.get(ENV_PARENT_PID)
     if not expected or not expected.isdigit():
         return
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def watch() -> None:
         while os.getppid() == int(expected):

@@ -175,3 +175,31 @@ def _alive(pid: int) -> bool:
             return fh.read().split(")")[-1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_a_terminal_s_ctrl_c_does_not_reach_a_local_service_the_run_stops_it():
+    """A Ctrl-C at a terminal sends SIGINT to the whole foreground process group; a local service (started with
+    `service_env`, running `die_with_parent`) ignores it and ends when the run stops it (SIGTERM), so the run can
+    stop its execution, run Cleanup and collect with its services still answering. Before, every service died
+    of the SIGINT at once (this test fails there: the child is gone after the SIGINT)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from local._proc import service_env, stop_process
+
+    script = ("import time\nfrom local._proc import die_with_parent\ndie_with_parent()\n"
+              "print('ready', flush=True)\ntime.sleep(600)\n")
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=str(ROOT),
+                             env={**service_env(), "PYTHONPATH": str(ROOT)})
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        os.kill(child.pid, signal.SIGINT)
+        time.sleep(1.0)
+        assert child.poll() is None, "the service died of the terminal's SIGINT"
+        stop_process(child, timeout=10)
+        assert child.returncode == -signal.SIGTERM
+    finally:
+        if child.poll() is None:
+            child.kill()
