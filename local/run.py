@@ -65,8 +65,8 @@ from stepwise import layout
 from stepwise.executions import ABNORMAL_END_STATUSES, run_id_stem
 from stepwise.settings import ENV_JUDGE_MODEL_IDS
 from stepwise.stackinfo import StackInfo
-from stepwise_cli.commands._runs import Deployment, eval_accuracy, mean_reward
-from stepwise_cli.commands.watch import eval_when, kept_groups
+from stepwise_cli.commands._runs import Deployment, mean_reward
+from stepwise_cli.commands.watch import eval_line, kept_groups
 from stepwise_cli.follow import RunFollower
 from stepwise_cli.plot import curves, plot_run
 
@@ -131,6 +131,8 @@ def user_agent(agent: str, cwd: Path | None = None):
 
 #: Seconds the end of a run waits for asynchronous invocations still running (Track's last pages).
 DRAIN_SECONDS = 60.0
+#: The same after a Ctrl-C (or SIGTERM): a person is waiting for the prompt.
+INTERRUPTED_DRAIN_SECONDS = 5.0
 #: The report page in the run folder (the Track function's page, copied as the run goes).
 REPORT_FILE = "report.html"
 
@@ -199,9 +201,12 @@ class LocalFollower(RunFollower):
             fh.write(json.dumps(line, default=str) + "\n")
         if kind == "evals":
             self._copy_eval_results(step, target)
+            # as it happens, on the terminal (stderr: stdout is the handlers' log file unless -v), with or
+            # without the bar; before, it went to the bar's write (stdout), so into logs/lambdas.log
             if self.bar is not None:
-                acc = eval_accuracy(summary)
-                self.bar.write(f"{eval_when(step)}: accuracy {acc if acc is None else round(acc, 3)}")
+                self.bar.write(eval_line(step, summary), file=sys.stderr)
+            else:
+                say(eval_line(step, summary))
             return
         now = time.monotonic()
         self._step_seconds.append(now - self._last_step_t)
@@ -329,6 +334,7 @@ def run_local(config_path: Path, *, run_id: str | None = None, out_root: Path = 
 
     t_start = time.monotonic()
     config_path = Path(config_path)
+    say(f"checking {config_path}: the config, its datasets and its agent")
     agents = None
     if agent:  # its own environment and an import check before anything starts (local.agent_env)
         from local.agent_env import prepare
@@ -339,6 +345,8 @@ def run_local(config_path: Path, *, run_id: str | None = None, out_root: Path = 
     config = load_run_config(cfg)
     if run_id and (problem := run_id_problem(run_id)) is not None:  # the rule Init and `stepwise start` refuse by
         raise RunRefused([problem])
+    if problems := preflight(cfg, config, config_path.parent, user_agent=bool(agents)):
+        raise RunRefused(problems, source="run-local, before starting the local stack")
     run_id, run_dir = new_run_folder(Path(out_root), run_id, config_path.stem)
     (run_dir / "config.json").write_text(json.dumps(cfg, indent=2))
 
@@ -359,6 +367,50 @@ def run_local(config_path: Path, *, run_id: str | None = None, out_root: Path = 
     if interrupted:
         raise RunInterrupted(result)
     return result
+
+
+def say(line: str) -> None:
+    """One line of what run-local is doing, for the person at the terminal (stderr, flushed: stdout may
+    be the handlers' log)."""
+    print(line, file=sys.stderr, flush=True)
+
+
+def preflight(cfg: dict[str, Any], config: Any, config_dir: Path, *, user_agent: bool = False) -> list[str]:
+    """Every problem knowable from the config before a service starts (``field: message``, [] when none):
+    each local dataset exists (or a generator makes it, `local.datasets.resolve_dataset`) and holds enough
+    valid rows (`stepwise.datasets.check_dataset`: ``batch_size`` for the train set, 1 for an eval set),
+    and the agent the config's ``agent_runtime_arn`` names has a module the ACR emulator can serve
+    (``runtime/NAME-...`` -> ``local.agents.NAME``; ``user_agent``: ``--agent`` was checked by its own import).
+    ``s3://`` datasets are read by Init, as on AWS. Before, a missing dataset was found only after the whole
+    stack was up (41 s to 1 min 50 s on this machine)."""
+    import importlib.util
+
+    from local.acr import agent_spec_for_arn
+    from local.datasets import resolve_dataset
+    from stepwise.datasets import DatasetError, check_dataset
+
+    problems: list[str] = []
+    checks = [("dataset_path", cfg.get("dataset_path"), config.batch_size),
+              ("eval_dataset_path", cfg.get("eval_dataset_path"), 1)]
+    checks += [(f"eval_datasets.{name}", path, 1) for name, path in (cfg.get("eval_datasets") or {}).items()]
+    for field, value, min_rows in checks:
+        if not value or str(value).startswith("s3://"):
+            continue
+        try:
+            check_dataset(str(resolve_dataset(str(value), config_dir)), min_rows)
+        except (FileNotFoundError, DatasetError) as exc:
+            problems.append(f"{field}: {exc}")
+    if not user_agent:
+        arn = str(cfg.get("agent_runtime_arn") or "")
+        try:
+            module = agent_spec_for_arn(arn).split(":", 1)[0]
+            if importlib.util.find_spec(module) is None:
+                problems.append(f"agent_runtime_arn: the local stack serves runtime/NAME-... from local/agents/NAME.py, "
+                                f"and there is no {module.replace('.', '/')}.py (got {arn!r}); or train your own "
+                                f"agent with --agent FOLDER")
+        except (ValueError, ImportError) as exc:
+            problems.append(f"agent_runtime_arn: {exc}")
+    return problems
 
 
 class RunFolderExists(FileExistsError):
@@ -435,8 +487,12 @@ def _run(stack: LocalStack, config: Any, cfg: dict[str, Any], config_path: Path,
         if config.judge is not None and not os.environ.get(ENV_JUDGE_MODEL_IDS):
             # the judge's model granted, as a stack deployed with -c judgeModelIds=MODEL grants it
             stack.set_env({ENV_JUDGE_MODEL_IDS: config.judge.model_id})
+        say("starting the local stack: moto (S3, Step Functions, Lambda), Lambda workers, the SageMaker simulator, "
+            "the gateway, the ACR emulator (about a minute on 2 cores)")
+        t_stack = time.monotonic()
         stack.start(tps_limit=config.acr_tps_limit, simulator_options=simulator_options, acr_faults=acr_faults,
                     log_dir=log_dir, agents=agents)
+        say(f"local stack up in {time.monotonic() - t_stack:.0f}s; starting run {run_id} (run folder {run_dir})")
         for arn, spec in (agents or {}).items():  # the user's agent: a clear error now, not every rollout failing
             if stack.acr.agent_for(arn) is None:
                 raise AgentNotStarted(f"the agent {spec} did not start (it must import and serve an AgentCoreRLApp "
@@ -527,8 +583,15 @@ def _finish(stack: LocalStack, follower: LocalFollower | None, desc: dict[str, A
         except Exception:
             failed("SweepSessions")
         # The asynchronous invocations still running: the last results, and Track publishing the last
-        # summaries and the run's end (the report page's final state).
-        stack.moto.dispatcher.drain(timeout=DRAIN_SECONDS)
+        # summaries and the run's end (the report page's final state). Interrupted, a person is waiting:
+        # a few seconds, then what is left is one line (the page is rebuilt from the run's objects below).
+        dispatcher = stack.moto.dispatcher
+        dispatcher.drain(timeout=INTERRUPTED_DRAIN_SECONDS if degraded else DRAIN_SECONDS)
+        left = [t.name.rsplit("-", 1)[-1] for t in getattr(dispatcher, "_async_threads", []) if t.is_alive()]
+        if left:
+            logging.getLogger("local.engine").setLevel(logging.ERROR)  # each one's "dropped" warning as it ends
+            log.warning("%d asynchronous invocation(s) still running were left (%s)", len(left),
+                        ", ".join(f"{n} x{left.count(n)}" for n in sorted(set(left))))
         try:
             follower.record_new(full=True)
         except Exception:
