@@ -289,7 +289,7 @@ def report(result: RunResult) -> str:
     if final.get("line"):
         lines.append(final["line"])
     if final.get("estimate_line"):
-        lines.append(final["estimate_line"])
+        lines.append(calibrated_estimate_line(result, final))
     if result.report:
         lines.append(f"report: {result.report}  (rollouts: stepwise rollouts {result.run_dir})")
     if result.failure:
@@ -297,6 +297,62 @@ def report(result: RunResult) -> str:
         if result.failure.cause:
             lines.append(f"cause: {result.failure.cause[:2000]}")
     return "\n".join(lines)
+
+
+def calibrated_assumptions(timing: dict[str, Any]) -> Any:
+    """`LOCAL_ASSUMPTIONS` with what a run measured (``timing.json``'s form: `timing_split`'s ``per_step`` and
+    ``seconds``, `lambda_stats` per function, the ACR emulator's ``mean_forward_seconds``) in place of each
+    assumed timing it covers: a step's rollouts, training (rebind included), advantages and orchestration, the
+    session start, each handler's mean seconds, one rollout's agent seconds."""
+    from dataclasses import replace
+
+    per = timing.get("per_step") or {}
+    handlers = dict(LOCAL_ASSUMPTIONS.handler_seconds)
+    for name, st in (timing.get("lambdas") or {}).items():
+        short = name.rsplit("-", 1)[-1]
+        if short in handlers and st.get("mean_seconds") is not None:
+            handlers[short] = float(st["mean_seconds"])
+    acr = timing.get("acr") or {}
+    return replace(LOCAL_ASSUMPTIONS, rollout_seconds=float(per.get("rollouts", 0.0)),
+                   train_seconds=float(per.get("training", 0.0)), rebind_seconds=0.0,
+                   orchestration_seconds=float(per.get("orchestration", 0.0)) + float(per.get("advantages", 0.0)),
+                   session_start_seconds=float((timing.get("seconds") or {}).get("session_start", 0.0)),
+                   handler_seconds=handlers,
+                   agent_seconds=float(acr["mean_forward_seconds"]) if acr.get("mean_forward_seconds") else None)
+
+
+def calibrated_estimate_line(result: RunResult, final: dict[str, Any]) -> str:
+    """The run's cost estimate against its ledger, for the terminal: estimated again at this machine's own
+    measured timings (`timing_split`'s seconds per step of rollouts, training, advantages and orchestration,
+    its session start, each handler's mean seconds and the ACR emulator's mean forward), so the difference
+    says how far the cost model is from what the ledger counted, not how much slower this machine is than
+    `LOCAL_ASSUMPTIONS`' quiet one (a loaded 2-core machine printed "+226%"). With no measured step it says
+    that the estimate is not calibrated. ``final``: the ledger's final report (``ledger.final``).
+
+    Source: `stepwise_cli.cost.estimate` and `run_totals` (what `stepwise cost` prints) with
+    `stepwise_cli.cost.Assumptions` replaced field by field (`calibrated_assumptions`)."""
+    nominal = str(final["estimate_line"])
+    per = (result.timing or {}).get("per_step") or {}
+    ledger_usd = final.get("total_usd")
+    steps = int(final.get("steps") or result.steps or 0)
+    try:
+        from stepwise.config import load_run_config
+        from stepwise_cli.cost import estimate
+
+        config = load_run_config(json.loads((result.run_dir / "config.json").read_text()))
+    except Exception:
+        config = None
+    if not per or not steps or ledger_usd is None or config is None:
+        return f"{nominal} [not calibrated: at the local stack's nominal timings, no step of this machine measured]"
+    a = calibrated_assumptions(result.timing)
+    from stepwise.core.ledger import usd
+
+    est = float(estimate(config, a, total_steps=steps)["run"]["total"])
+    got = float(ledger_usd)
+    pct = f" ({100.0 * (got - est) / est:+.0f}%)" if est else ""
+    return (f"estimated {usd(est)} for {steps} steps at this machine's measured timings ({per.get('wall', 0.0):.1f} s "
+            f"a step, session start {a.session_start_seconds:.0f} s); the ledger says {usd(got)}: "
+            f"{'+' if got >= est else '-'}{usd(abs(got - est))}{pct}")
 
 
 def _state(run_dir: Path) -> dict[str, Any]:

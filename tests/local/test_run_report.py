@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from local import report as report_module
 from local import run as run_module
@@ -43,3 +44,39 @@ def test_the_progress_bar_and_watch_share_one_kept_groups():
     grpo = {"sampler/num_rollouts": 64.0, "advantages/zero_groups_fraction": 0.5}
     assert watch.kept_groups(grpo, {"responses_per_prompt": 8}) == 8  # GRPO trains on every group
     assert watch.kept_groups({"sampling/kept_groups": 3.0}, {"responses_per_prompt": 8}) == 3  # DAPO
+
+
+def _ledger_run(run_dir, ledger_usd, estimate_line):
+    cfg = json.loads((Path(__file__).resolve().parents[2] / "examples" / "toy.json").read_text())
+    (run_dir / "config.json").write_text(json.dumps(cfg))
+    (run_dir / "state.json").write_text(json.dumps({"ledger": {"final": {
+        "line": f"this run cost ${ledger_usd}", "total_usd": ledger_usd, "steps": 2, "estimate_line": estimate_line}}}))
+
+
+def test_the_closing_cost_line_is_estimated_at_this_machine_s_measured_timings(tmp_path):
+    """The estimate a local run starts with assumes a quiet machine's timings (`LOCAL_ASSUMPTIONS`); the closing
+    line estimates again at the timings this run measured, so its difference is the cost model's, not the
+    machine's load (before: the start's estimate as it was, "+226%" on a loaded machine; this test fails there)."""
+    from stepwise_cli.cost import estimate
+    from stepwise.config import load_run_config
+
+    nominal = "estimated $0.0100 for 2 steps; the ledger says $0.0326: +$0.0226 (+226%)"
+    timing = {"per_step": {"rollouts": 40.0, "advantages": 2.0, "training": 9.0, "orchestration": 6.0, "wall": 57.0},
+              "seconds": {"session_start": 55.0},
+              "lambdas": {"stepwise-local-FinishRollout": {"mean_seconds": 3.0}}, "acr": {"mean_forward_seconds": 8.0}}
+    # the ledger of such a run: what the model says at those timings (a calibrated estimate is then exact)
+    a = report_module.calibrated_assumptions(timing)
+    cfg = load_run_config(json.loads((Path(__file__).resolve().parents[2] / "examples" / "toy.json").read_text()))
+    usd = estimate(cfg, a, total_steps=2)["run"]["total"]
+    _ledger_run(tmp_path, usd, nominal)
+    text = report_module.report(_result(tmp_path, timing=timing))
+    assert nominal not in text
+    line = next(x for x in text.splitlines() if x.startswith("estimated "))
+    assert "at this machine's measured timings (57.0 s a step, session start 55 s)" in line and "(+0%)" in line, line
+
+
+def test_without_a_measured_step_the_closing_cost_line_says_it_is_not_calibrated(tmp_path):
+    nominal = "estimated $0.0100 for 2 steps; the ledger says $0.0326: +$0.0226 (+226%)"
+    _ledger_run(tmp_path, 0.0326, nominal)
+    text = report_module.report(_result(tmp_path, timing={}))
+    assert f"{nominal} [not calibrated: at the local stack's nominal timings, no step of this machine measured]" in text
