@@ -701,49 +701,28 @@ def _jsonable(obj: Any) -> Any:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    """run-local's arguments: `stepwise start --local`'s (``stepwise run-local`` is its old spelling, kept for one
+    release); the shared flags are `stepwise_cli.grammar`'s."""
+    from stepwise_cli.grammar import add_json, add_local, add_set, add_timeout, add_verbose
+
     parser.add_argument("config", type=Path, help="run config, JSON or YAML (RunConfig fields), e.g. examples/toy.json")
-    parser.add_argument("--agent", metavar="FOLDER | PATH.py[:APP] | MODULE:APP",
-                        help="train your own AgentCoreRLApp instead of the one agent_runtime_arn names: an agent "
-                             "folder (its agent.py's app), a .py file of one, or a module of the current directory "
-                             "(default attribute 'app'); a requirements.txt in the folder makes it run in its own "
-                             "cached environment (~/.cache/stepwise-agents), checked before the stack starts")
     parser.add_argument("--run-id", help="run id = execution name (default: CONFIG-STEM-UTCTIME)")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="parent of the run folder (default runs-local)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.add_argument("--timeout", type=float, help="stop the execution after this many seconds")
-    parser.add_argument("--set", action="append", default=[], metavar="FIELD=JSON",
-                        help="override a config field, e.g. --set batch_size=4 (value parsed as JSON)")
-    parser.add_argument("--acr-fault", action="append", default=[], metavar="KIND=N",
-                        help="inject ACR faults: throttle, invoke_error, drop_result, malformed_result, error_result")
-    parser.add_argument("--mirror-s3", action="store_true",
-                        help="also copy the agents' result objects (rollout-results/) into the run folder "
-                             "(the run's own objects under runs/ are always kept in RUN_FOLDER/s3/)")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log the handlers' INFO lines")
-
-
-def _pairs(items: list[str], *, parse_json: bool) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"expected KEY=VALUE, got {item!r}")
-        if parse_json:
-            try:
-                out[key] = json.loads(value)
-            except json.JSONDecodeError:
-                out[key] = value
-        else:
-            out[key] = int(value)
-    return out
+    add_json(parser, "the run's result (result.json) instead of its closing lines")
+    add_set(parser)
+    add_timeout(parser)
+    add_local(parser, old_runs_dir=("--out",))
+    add_verbose(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    from infra.agent_folder import AgentFolderError
-    from local.agent_env import AgentEnvironmentError
-    from stepwise.config import ConfigError
+    """`stepwise start --local` (old spelling ``stepwise run-local``). A config that cannot run, a usage error or an
+    agent folder that cannot be used reach `stepwise_cli.main`, which reports them for every command."""
+    from stepwise_cli.commands._evals import local_faults
+    from stepwise_cli.grammar import parse_sets
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops cleanly too, like Ctrl-C
+    args.verbose = getattr(args, "verbose", False)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not args.verbose:
@@ -751,20 +730,19 @@ def run(args: argparse.Namespace) -> int:
         for noisy in ("moto", "werkzeug", "botocore", "urllib3", "sagemaker", "sagemaker.config", "local.acr"):
             logging.getLogger(noisy).setLevel(logging.CRITICAL if noisy == "moto" else logging.ERROR)
     try:
-        result = run_local(args.config, run_id=args.run_id, out_root=args.out, progress=not args.no_progress,
-                           timeout=args.timeout, overrides=_pairs(args.set, parse_json=True),
-                           acr_faults=_pairs(args.acr_fault, parse_json=False), mirror_s3=args.mirror_s3,
-                           quiet=not args.verbose, agent=args.agent)
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        return 2
-    except (AgentNotStarted, FileNotFoundError, RunFolderExists, AgentFolderError, AgentEnvironmentError) as exc:
-        print(f"stepwise run-local: {exc}", file=sys.stderr)
+        result = run_local(Path(args.config), run_id=args.run_id, out_root=args.runs_dir, progress=not args.no_progress,
+                           timeout=args.timeout, overrides=parse_sets(args.set), acr_faults=local_faults(args.acr_fault),
+                           mirror_s3=args.mirror_s3, quiet=not args.verbose, agent=args.agent)
+    except (AgentNotStarted, FileNotFoundError, RunFolderExists) as exc:
+        print(f"stepwise start --local: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:  # RunInterrupted once run_local has stopped what it started
         print("\n" + interrupted_lines(getattr(exc, "result", None)), file=sys.stderr)
         return 130
-    print(report(result))
+    if getattr(args, "json", False):
+        print(json.dumps(asdict(result), indent=2, default=str))
+    else:
+        print(report(result))
     return 0 if result.status == "SUCCEEDED" else 1
 
 

@@ -35,8 +35,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "probe-service": ("stepwise_cli.commands.probe_service", "ask a real training session what it samples while it "
                       "loads new weights; prints the sampler_binding to run with (creates and stops its own session)"),
     "simulator": ("local.simulator.cli", "run the SageMaker Training Sessions simulator (tiny model) on a loopback port"),
-    "run-local": ("local.run", "run a whole training run on this machine (moto, simulator, gateway, ACR emulator)"),
+    "run-local": ("local.run", "deprecated: stepwise start --local (a whole training run on this machine)"),
 }
+
+#: Old command spellings kept for one release: ``old -> the arguments that replace it`` (a warning each time).
+DEPRECATED_COMMANDS: dict[str, list[str]] = {"run-local": ["start", "--local"]}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -96,24 +99,67 @@ def aws_region_from_environment() -> Iterator[None]:
                 os.environ["AWS_DEFAULT_REGION"] = saved
 
 
+def command_parser(name: str) -> tuple[argparse.ArgumentParser, object]:
+    """The parser of command ``name`` (its module's arguments and the shared ``-v``) and its module."""
+    from stepwise_cli.grammar import add_verbose
+
+    module = importlib.import_module(COMMANDS[name][0])
+    sub = argparse.ArgumentParser(prog=f"stepwise {name}", description=COMMANDS[name][1])
+    module.configure(sub)
+    add_verbose(sub)
+    for action in sub._actions:  # a command's own sub-commands (stepwise agent check) take it too
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                add_verbose(child)
+    return sub, module
+
+
+def command_error(command: str, exc: BaseException) -> tuple[str, int] | None:
+    """How the command line reports ``exc`` (the line for stderr, the exit code), or None for an error nobody
+    expected (its traceback is shown). One place for every command: a usage error or a config that cannot run
+    (2, the config's own multi-line message), a problem the user must fix (1, ``error: ...``), a missing AWS
+    setup (2)."""
+    from stepwise.config import ConfigError
+    from stepwise.datasets import DatasetError
+    from stepwise_cli.commands._runs import CommandError
+    from stepwise_cli.grammar import UsageError
+
+    if isinstance(exc, UsageError):
+        return f"stepwise {command}: {exc}", 2
+    if isinstance(exc, ConfigError):
+        return str(exc), 2
+    if isinstance(exc, (CommandError, DatasetError)):
+        return f"error: {exc}", 1
+    if type(exc).__name__ in ("AgentFolderError", "AgentEnvironmentError"):  # infra.agent_folder, local.agent_env
+        return f"stepwise {command}: {exc}", 2
+    message = _aws_setup_error(exc) if isinstance(exc, Exception) else None
+    return None if message is None else (f"stepwise {command}: {message}", 2)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
+    if argv and argv[0] in DEPRECATED_COMMANDS:
+        from stepwise_cli.grammar import warn_deprecated
+
+        new = DEPRECATED_COMMANDS[argv[0]]
+        warn_deprecated(f"stepwise {argv[0]}", f"stepwise {' '.join(new)}")
+        argv = [*new, *argv[1:]]
     # Find the subcommand first, then let its module add its own arguments.
     if argv and argv[0] in COMMANDS:
-        module = importlib.import_module(COMMANDS[argv[0]][0])
-        sub = argparse.ArgumentParser(prog=f"stepwise {argv[0]}", description=COMMANDS[argv[0]][1])
-        module.configure(sub)
-        args = sub.parse_args(argv[1:])
+        sub, module = command_parser(argv[0])
+        preparse = getattr(module, "preparse", None)  # a command's old spellings argparse cannot take
+        args = sub.parse_args(preparse(argv[1:]) if preparse else argv[1:])
+        command = " ".join([argv[0], *([args.action] if isinstance(getattr(args, "action", None), str) else [])])
         try:
             with aws_region_from_environment():
-                return int(module.run(args) or 0)
+                return int(module.run(args) or 0)  # type: ignore[attr-defined]
         except Exception as exc:
-            message = _aws_setup_error(exc)
-            if message is None:
+            handled = command_error(command, exc)
+            if handled is None:
                 raise
-            print(f"stepwise {argv[0]}: {message}", file=sys.stderr)
-            return 2
+            print(handled[0], file=sys.stderr)
+            return handled[1]
     parser.parse_args(argv)  # prints usage / errors for unknown commands
     return 2
 

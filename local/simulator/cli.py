@@ -37,7 +37,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="added to each sampling operation that runs while a training operation runs (default 0)")
     parser.add_argument("--fault-seed", type=int, default=0)
     parser.add_argument("--state-dir", default=None, help="keep model packages here across restarts (default: memory only)")
-    parser.add_argument("--verbose", action="store_true", help="log every request")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log every request")
 
 
 def _latency(specs: list[str]) -> dict[str, float]:

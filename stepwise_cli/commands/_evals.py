@@ -259,38 +259,30 @@ def evaluated_text(summary: dict[str, Any], base_model: str = "") -> str:
 # ------------------------------------------------------------------------------ running an eval-only run
 
 
-def add_launch_arguments(parser: argparse.ArgumentParser, runs_out_flag: str = "--out") -> None:
-    """``--local`` (and ``runs_out_flag``, its runs' parent folder), ``--run-id``, ``--set``, ``--timeout``,
-    and the deployment's arguments."""
+def add_launch_arguments(parser: argparse.ArgumentParser, old_runs_dir: tuple[str, ...] = ("--out",)) -> None:
+    """``--run-id``, ``--set``, ``--timeout``, ``--local`` and the local stack's flags (`stepwise_cli.grammar`;
+    ``old_runs_dir``: the command's earlier spelling of ``--runs-dir``, kept for one release), and the
+    deployment's arguments."""
     from stepwise_cli.commands._runs import add_stack_arguments
+    from stepwise_cli.grammar import add_local, add_set, add_timeout
 
-    parser.add_argument("--local", action="store_true",
-                        help="run on the local stack (moto, simulator, ACR emulator) instead of the deployed stack")
-    parser.add_argument(runs_out_flag, dest="runs_out", type=Path, default=LOCAL_RUNS,
-                        help="--local: parent of the run folder (default runs-local; its .simulator/ keeps the "
-                             "model packages of earlier local runs)")
     parser.add_argument("--run-id", help="run id = execution name (default: CONFIG-STEM-KIND-UTCTIME)")
-    parser.add_argument("--set", action="append", default=[], metavar="FIELD=JSON",
-                        help="override a config field, e.g. --set eval_max_prompts=50 (value parsed as JSON)")
-    parser.add_argument("--timeout", type=float, help="give up after this many seconds (exit 1; the run is stopped "
-                                                       "when local)")
-    parser.add_argument("--no-progress", action="store_true", help="--local: no progress bar")
-    parser.add_argument("--mirror-s3", action="store_true",
-                        help="--local: also copy the run's S3 objects (rollout records, ...) into the run folder")
+    add_set(parser)
+    add_timeout(parser)
+    add_local(parser, old_runs_dir=old_runs_dir)
     add_stack_arguments(parser)
 
 
-def parse_sets(items: list[str]) -> dict[str, Any]:
-    """``--set FIELD=JSON`` values (a value that is not JSON is a string)."""
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise CommandError(f"--set expects FIELD=VALUE, got {item!r}")
-        try:
-            out[key] = json.loads(value)
-        except ValueError:
-            out[key] = value
+def local_faults(items: list[str]) -> dict[str, int]:
+    """``--acr-fault KIND=N`` values as ``{kind: n}``. Raises `stepwise_cli.grammar.UsageError` on another shape."""
+    from stepwise_cli.grammar import UsageError
+
+    out: dict[str, int] = {}
+    for item in items or []:
+        kind, sep, n = item.partition("=")
+        if not sep or not kind or not n.strip().isdigit():
+            raise UsageError(f"--acr-fault expects KIND=N, got {item!r}")
+        out[kind] = int(n)
     return out
 
 
@@ -306,22 +298,28 @@ def default_run_id(config: str, kind: str) -> str:
 def launch(args: argparse.Namespace, overrides: dict[str, Any], kind: str) -> RunEvals:
     """Start an eval-only run of ``args.config`` with ``overrides`` (which set ``eval_only``), wait for
     its end, and return its evals. On the local stack with ``--local`` (`local.run.run_local`: the run
-    folder is ``{args.runs_out}/{run id}``), else on the deployed stack (`stepwise_cli.commands.start.start`,
+    folder is ``{args.runs_dir}/{run id}``), else on the deployed stack (`stepwise_cli.commands.start.start`,
     then DescribeExecution every few seconds).
 
     Raises:
         CommandError: the run did not succeed (its error and cause), or ran past ``--timeout``.
         stepwise.config.ConfigError: the config with the overrides is invalid.
     """
+    from stepwise_cli.grammar import parse_sets
+
     overrides = {**overrides, **parse_sets(args.set)}
     run_id = validate_run_id(args.run_id or default_run_id(args.config, kind))
+    from stepwise_cli.grammar import local_only
+
+    local_only(args, kind)
     if args.local:
         from local.run import run_local
 
-        print(f"{kind}: local run {run_id} -> {Path(args.runs_out) / run_id}", file=sys.stderr)
-        result = run_local(Path(args.config), run_id=run_id, out_root=Path(args.runs_out), overrides=overrides,
-                           progress=not args.no_progress, timeout=args.timeout, quiet=True,
-                           mirror_s3=getattr(args, "mirror_s3", False))
+        print(f"{kind}: local run {run_id} -> {Path(args.runs_dir) / run_id}", file=sys.stderr)
+        result = run_local(Path(args.config), run_id=run_id, out_root=Path(args.runs_dir), overrides=overrides,
+                           progress=not args.no_progress, timeout=args.timeout, quiet=not getattr(args, "verbose", False),
+                           mirror_s3=getattr(args, "mirror_s3", False), agent=getattr(args, "agent", None),
+                           acr_faults=local_faults(getattr(args, "acr_fault", [])))
         if result.status != "SUCCEEDED":
             failure = result.failure
             raise CommandError(f"run {run_id} {result.status}"

@@ -15,6 +15,7 @@ import argparse
 import json
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 from stepwise import layout
@@ -318,3 +319,27 @@ def fmt(value: float | None, spec: str = ".3f") -> str:
 def fail(message: str) -> int:
     print(f"error: {message}", file=sys.stderr)
     return EXIT_FAILED
+
+
+def load_config(path: str | Path, sets: list[str] | None = None, *, warnings: list[str] | None = None) -> Any:
+    """The run config of file ``path`` (JSON or YAML) with ``--set FIELD=JSON`` values (`stepwise_cli.grammar.
+    parse_sets`) in place of its fields, validated (`stepwise.config.load_run_config`: every problem at once).
+
+    Raises:
+        stepwise.config.ConfigError: the file cannot be read, or the config with its overrides is invalid
+            (the message names the file).
+        stepwise_cli.grammar.UsageError: a ``--set`` without ``FIELD=``.
+    """
+    from stepwise.config import ConfigError, load_run_config, read_config_file
+    from stepwise_cli.grammar import parse_sets
+
+    overrides = parse_sets(sets)
+    if not overrides:
+        return load_run_config(path, warnings=warnings)
+    raw = read_config_file(path)
+    if not isinstance(raw, dict):
+        return load_run_config(path, warnings=warnings)  # its own error, naming the file
+    try:
+        return load_run_config({**raw, **overrides}, warnings=warnings)
+    except ConfigError as e:
+        raise ConfigError(e.errors, f"{path} with --set") from None

@@ -57,7 +57,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="more CDK context, as cdk's own -c (repeatable), e.g. -c createSageMakerRole=true")
     config = sub.add_parser("config", help="a run config with the stack's training runtime (and session role) filled in")
     config.add_argument("config", help="the run config to fill in (JSON), e.g. examples/aws/gsm8k.json")
-    config.add_argument("--out", help="write it here (default: print it)")
+    config.add_argument("--out", metavar="FILE", help="write the filled config to this file (default: print it)")
     config.add_argument("--math-agent", action="store_true", help="the example math agent's runtime (MathAgentRuntimeArn)")
     from stepwise_cli.commands._runs import add_stack_arguments
 
@@ -151,11 +151,4 @@ def config(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from infra.agent_folder import AgentFolderError
-    from local.agent_env import AgentEnvironmentError
-
-    try:
-        return {"check": check, "deploy": deploy, "config": config}[args.action](args)
-    except (AgentFolderError, AgentEnvironmentError) as e:
-        print(f"stepwise agent {args.action}: {e}", file=sys.stderr)
-        return EXIT_USAGE
+    return {"check": check, "deploy": deploy, "config": config}[args.action](args)

@@ -94,15 +94,12 @@ def _cell(name: str, value: float | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        if args.prompts < 0:  # a negative N sliced the list from its end: all but the last N prompts
-            raise CommandError(f"--prompts must be 0 or more, got {args.prompts}")
-        dep: Deployment | None = None
-        a = open_run(args.run_a, args)
-        dep = getattr(a, "dep", None)
-        b = open_run(args.run_b, args, dep)
-        data = comparison(a, b, args.eval_a, args.eval_b, args.prompts)
-    except CommandError as e:
-        return fail(str(e))
+    if args.prompts < 0:  # a negative N sliced the list from its end: all but the last N prompts
+        raise CommandError(f"--prompts must be 0 or more, got {args.prompts}")
+    dep: Deployment | None = None
+    a = open_run(args.run_a, args)
+    dep = getattr(a, "dep", None)
+    b = open_run(args.run_b, args, dep)
+    data = comparison(a, b, args.eval_a, args.eval_b, args.prompts)
     print(json.dumps(data, indent=2) if args.json else format_comparison(data))
     return EXIT_OK

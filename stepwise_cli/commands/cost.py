@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stepwise_cli.commands._runs import EXIT_OK, EXIT_USAGE
+from stepwise_cli.commands._runs import EXIT_OK
 
 if TYPE_CHECKING:
     from stepwise.config import RunConfig
@@ -89,6 +89,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="the training session's price per hour, to turn session-hours into dollars (default: the "
                              "config's session_usd_per_hour; it depends on the instance)")
     parser.add_argument("--json", action="store_true", help="print the estimate as JSON")
+    from stepwise_cli.grammar import add_set
+
+    add_set(parser)
 
 
 def total_steps(cfg: RunConfig, args: argparse.Namespace) -> int | None:
@@ -174,14 +177,10 @@ def format_parts(est: dict[str, Any]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from stepwise.config import ConfigError, load_run_config
+    from stepwise_cli.commands._runs import load_config
     from stepwise_cli.cost import Assumptions, estimate
 
-    try:
-        cfg = load_run_config(args.config)
-    except ConfigError as e:
-        print(str(e), file=sys.stderr)
-        return EXIT_USAGE
+    cfg = load_config(args.config, args.set)  # a ConfigError: stepwise_cli.main prints it, exit 2
     a = Assumptions(**{name: getattr(args, name) for name, _ in ASSUMPTION_FLAGS})
     if args.session_usd_per_hour is not None:  # the flag stands in for (or overrides) the config's field
         cfg = cfg.model_copy(update={"session_usd_per_hour": args.session_usd_per_hour})

@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 from stepwise_cli.commands._evals import add_launch_arguments, eval_table, evaluated_text, launch
-from stepwise_cli.commands._runs import EXIT_OK, EXIT_USAGE, CommandError, fail
+from stepwise_cli.commands._runs import EXIT_OK
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -41,17 +40,9 @@ def eval_overrides(model_package: str | None) -> dict[str, object]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from stepwise.config import ConfigError
-
-    try:
-        evals = launch(args, eval_overrides(None if args.base else args.model_package), "eval")
-        step = evals.last_eval()
-        summary = evals.summary(step) or {}
-    except ConfigError as e:
-        print(str(e), file=sys.stderr)
-        return EXIT_USAGE
-    except CommandError as e:
-        return fail(str(e))
+    evals = launch(args, eval_overrides(None if args.base else args.model_package), "eval")
+    step = evals.last_eval()
+    summary = evals.summary(step) or {}
     if args.json:
         print(json.dumps(summary, indent=2))
         return EXIT_OK

@@ -65,8 +65,24 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help=f"maxTokens of the long samples that span a load (default 4096, at least {MIN_TOKENS})")
     parser.add_argument("--samples", type=int, default=3,
                         help="samples of each kind per observation (default 3)")
-    parser.add_argument("--json", metavar="PATH", help="also write the findings as JSON (with 'config': the fields "
-                                                       "to put in a run config)")
+    from stepwise_cli.grammar import add_json, add_out
+
+    add_json(parser, "the findings (with 'config': the fields to put in a run config) instead of the report lines")
+    add_out(parser, "the findings as JSON to this file too")
+
+
+def preparse(argv: list[str]) -> list[str]:
+    """The old ``--json PATH`` (PATH not starting with ``-``), which wrote the findings' file before ``--out``
+    did, as ``--out PATH``, with a deprecation warning (kept for one release); `stepwise_cli.main` calls it."""
+    from stepwise_cli.grammar import warn_deprecated
+
+    out = list(argv)
+    for i, a in enumerate(out[:-1]):
+        if a == "--json" and not out[i + 1].startswith("-"):
+            warn_deprecated(f"--json {out[i + 1]}", f"--out {out[i + 1]} (and --json to print the findings)")
+            out[i:i + 2] = ["--out", out[i + 1]]
+            break
+    return out
 
 
 # ---------------------------------------------------------------------------- the target
@@ -528,9 +544,12 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     findings, interrupted = run_probe(target, max_minutes=args.max_minutes, samples=args.samples,
                                       long_tokens=args.long_tokens)
-    print("\n".join(report_lines(findings)))
     if args.json:
-        with open(args.json, "w") as fh:
+        print(json.dumps(findings.as_json(), indent=2))
+    else:
+        print("\n".join(report_lines(findings)))
+    if args.out:
+        with open(args.out, "w") as fh:
             json.dump(findings.as_json(), fh, indent=2)
     if interrupted:
         return EXIT_INTERRUPTED

@@ -18,13 +18,14 @@ folder (or with ``--rebuild``) the page made from the step's objects, written to
 from __future__ import annotations
 
 import argparse
+import json
 from datetime import datetime, timezone
 from pathlib import Path
 
 from stepwise import layout
 from stepwise.views.run import rebuild_page
 from stepwise.views.store import Unreadable
-from stepwise_cli.commands._runs import EXIT_OK, CommandError, add_stack_arguments, fail
+from stepwise_cli.commands._runs import EXIT_OK, CommandError, add_stack_arguments
 from stepwise_cli.sources import open_run
 
 #: The report page's name in a local run folder.
@@ -33,23 +34,21 @@ LOCAL_REPORT = "report.html"
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run", help="run id (deployed stack) or a local run folder (runs-local/RUN_ID)")
-    parser.add_argument("--download", type=Path, metavar="PATH", help="deployed run: save the page here")
+    from stepwise_cli.grammar import Deprecated, add_json, add_out
+
+    add_out(parser, "the page to this file: a deployed run's page as published (without --out: its presigned URL), "
+                    "or the page rebuilt (default: RUN_FOLDER/report.html of a local run, RUN-report.html with --rebuild)",
+            type=Path)
+    parser.add_argument("--download", dest="out", type=Path, action=Deprecated, new="--out", help=argparse.SUPPRESS)
     parser.add_argument("--expires", type=int, default=3600, help="deployed run: URL lifetime in seconds (default 3600)")
     parser.add_argument("--rebuild", action="store_true", help="rebuild the page here from the run's objects")
-    parser.add_argument("--out", type=Path, help="where a rebuilt page goes (local run: RUN/report.html)")
+    add_json(parser, "{run_id, page} (the file written) or {run_id, url} (a deployed page's presigned URL)")
     parser.add_argument("--step", type=int, help="one step's sample table as a page of its own")
     parser.add_argument("--eval", action="store_true", help="with --step: an eval's table instead of a training step's")
     add_stack_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        return _run(args)
-    except CommandError as e:
-        return fail(str(e))
-
-
-def _run(args: argparse.Namespace) -> int:
     if args.eval and args.step is None:
         raise CommandError("--eval needs --step N (the eval's step)")
     source = open_run(args.run, args)
@@ -66,21 +65,25 @@ def _run(args: argparse.Namespace) -> int:
         except Unreadable as e:
             raise CommandError(str(e)) from None
         _write(out, page.encode("utf-8"), "--out")
-        print(f"report of run {source.run_id}: {out} ({len(page.encode()) / 1024:.0f} KiB)")
-        return EXIT_OK
+        return _done(args, source.run_id, f"report of run {source.run_id}: {out} ({len(page.encode()) / 1024:.0f} KiB)",
+                     page=str(out))
     dep = source.deployment
     assert dep is not None
     key = layout.report_key(source.run_id)
     if not _exists(dep, layout.state_key(source.run_id)) or not _exists(dep, key):
         raise CommandError(f"run {source.run_id} has no report page yet (s3://{dep.bucket}/{key}): the Track "
                            "function writes it after the first step; `stepwise report RUN --rebuild` builds it here")
-    if args.download:
-        _write(args.download, source.store.get_bytes(key), "--download")
-        print(f"report of run {source.run_id}: {args.download}")
-        return EXIT_OK
+    if args.out:
+        _write(args.out, source.store.get_bytes(key), "--out")
+        return _done(args, source.run_id, f"report of run {source.run_id}: {args.out}", page=str(args.out))
     url = dep.s3.generate_presigned_url("get_object", Params={"Bucket": dep.bucket, "Key": key},
                                         ExpiresIn=max(1, min(args.expires, 7 * 24 * 3600)))
-    print(url)
+    return _done(args, source.run_id, url, url=url)
+
+
+def _done(args: argparse.Namespace, run_id: str, line: str, **data: str) -> int:
+    """Print what the command made: ``line``, or with ``--json`` ``{run_id, **data}``."""
+    print(json.dumps({"run_id": run_id, **data}) if getattr(args, "json", False) else line)
     return EXIT_OK
 
 
@@ -94,13 +97,13 @@ def _step_page(source, args: argparse.Namespace) -> int:
         if not _exists(dep, key):
             raise CommandError(f"run {source.run_id} has no page for {kind} step {args.step} yet (s3://{dep.bucket}/{key}): "
                                "the Track function writes it when it publishes the step; --rebuild makes it here")
-        if args.download:
-            _write(args.download, source.store.get_bytes(key), "--download")
-            print(f"{kind} step {args.step} of run {source.run_id}: {args.download}")
-            return EXIT_OK
-        print(dep.s3.generate_presigned_url("get_object", Params={"Bucket": dep.bucket, "Key": key},
-                                            ExpiresIn=max(1, min(args.expires, 7 * 24 * 3600))))
-        return EXIT_OK
+        if args.out:
+            _write(args.out, source.store.get_bytes(key), "--out")
+            return _done(args, source.run_id, f"{kind} step {args.step} of run {source.run_id}: {args.out}",
+                         page=str(args.out))
+        url = dep.s3.generate_presigned_url("get_object", Params={"Bucket": dep.bucket, "Key": key},
+                                            ExpiresIn=max(1, min(args.expires, 7 * 24 * 3600)))
+        return _done(args, source.run_id, url, url=url)
     from stepwise.views.publish import make_table, now_text
     from stepwise.views.page import render_step_page
     from stepwise.views.store import load_tokenizer, read_config, read_json, step_folder, steps_with_rollouts
@@ -119,7 +122,8 @@ def _step_page(source, args: argparse.Namespace) -> int:
         source.store, source.run_id, cfg, kind, args.step, summary, load_tokenizer(source.store, source.run_id))
     page = render_step_page(source.run_id, table, updated_at=f"{now_text()} (rebuilt by stepwise report)")
     _write(out, page.encode("utf-8"), "--out")
-    print(f"{kind} step {args.step} of run {source.run_id}: {out} ({len(page.encode()) / 1024:.0f} KiB)")
+    _done(args, source.run_id, f"{kind} step {args.step} of run {source.run_id}: {out} ({len(page.encode()) / 1024:.0f} KiB)",
+          page=str(out))
     return EXIT_OK
 
 

@@ -41,6 +41,9 @@ from stepwise_cli.commands._runs import (
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run", help="run id (the execution name)")
     parser.add_argument("--no-redrive", action="store_true", help="always start a new execution of the run")
+    from stepwise_cli.grammar import add_json
+
+    add_json(parser, "{run_id, action, reason, execution_arn, console_url}")
     add_stack_arguments(parser)
 
 
@@ -122,10 +125,10 @@ def resume(dep: Deployment, run_id: str, *, allow_redrive: bool = True) -> dict[
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        out = resume(deployment(args), args.run, allow_redrive=not getattr(args, "no_redrive", False))
-    except CommandError as e:
-        return fail(str(e))
+    out = resume(deployment(args), args.run, allow_redrive=not getattr(args, "no_redrive", False))
+    if getattr(args, "json", False):
+        print(json.dumps({"run_id": args.run, **out}, default=str))
+        return EXIT_OK
     verb = "redrove" if out["action"] == "redrive" else "started a new execution of"
     print(f"{verb} run {args.run} ({out['reason']})")
     print("\n".join(execution_lines(args.run, out["execution_arn"])))

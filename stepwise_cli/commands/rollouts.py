@@ -162,13 +162,6 @@ def _select(groups: list[GroupView], args: argparse.Namespace) -> list[tuple[int
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        return _run(args)
-    except CommandError as e:
-        return fail(str(e))
-
-
-def _run(args: argparse.Namespace) -> int:
     if args.groups is not None and args.groups < 1:  # -n 0 or -3 printed a step heading and no group
         raise CommandError(f"-n/--groups must be at least 1, got {args.groups}")
     source = open_run(args.run, args)

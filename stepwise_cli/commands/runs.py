@@ -17,7 +17,6 @@ from stepwise import layout
 from stepwise.executions import run_id_of_execution
 from stepwise_cli.commands._runs import (
     EXIT_OK,
-    CommandError,
     Deployment,
     add_stack_arguments,
     best_model,
@@ -25,7 +24,6 @@ from stepwise_cli.commands._runs import (
     checkpoint_lines,
     deployment,
     eval_accuracy,
-    fail,
     fmt,
     get_json,
     list_executions,
@@ -125,10 +123,7 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        rows = recent_runs(deployment(args), args.limit)
-    except CommandError as e:
-        return fail(str(e))
+    rows = recent_runs(deployment(args), args.limit)
     if args.json:
         print(json.dumps(rows, indent=2, default=str))
     elif not rows:

@@ -29,21 +29,25 @@ from pathlib import Path
 from typing import Any
 
 from stepwise.core.screening import ORDERS, Screening, screen
-from stepwise_cli.commands._evals import add_launch_arguments, launch, parse_sets
-from stepwise_cli.commands._runs import EXIT_OK, EXIT_USAGE, CommandError, fail
+from stepwise_cli.commands._evals import add_launch_arguments, launch
+from stepwise_cli.grammar import parse_sets
+from stepwise_cli.commands._runs import EXIT_OK, CommandError
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", help="the training run config whose dataset_path is screened")
     parser.add_argument("--k", type=int, required=True, help="group size to screen at (the run's responses_per_prompt)")
-    parser.add_argument("--out", dest="output", type=Path, required=True,
-                        help="the screened dataset to write (JSON Lines); its report goes beside it (.screen.json)")
+    from stepwise_cli.grammar import add_json, add_out
+
+    add_out(parser, "the screened dataset to this file (JSON Lines); its report goes beside it (.screen.json)",
+            dest="output", type=Path, required=True)
+    add_json(parser, "the screen's report (what FILE.screen.json holds) instead of its summary lines")
     parser.add_argument("--order", choices=ORDERS, default="dataset", help="order of the kept rows (default: dataset)")
     parser.add_argument("--min-pass-rate", type=float, default=0.0, help="too hard at or below this (default 0: all-fail)")
     parser.add_argument("--max-pass-rate", type=float, default=1.0, help="too easy at or above this (default 1: all-pass)")
     parser.add_argument("--model-package", metavar="ARN", help="screen with this model package (default: the base model)")
     parser.add_argument("--temperature", type=float, help="sampling temperature (default: the config's temperature)")
-    add_launch_arguments(parser, runs_out_flag="--runs-out")
+    add_launch_arguments(parser, old_runs_dir=("--runs-out",))
 
 
 def screen_overrides(raw: dict[str, Any], k: int, temperature: float | None, model_package: str | None,
@@ -127,45 +131,41 @@ def write_outputs(output: Path, result: Screening, payloads: dict[int, dict[str,
 
 
 def run(args: argparse.Namespace) -> int:
-    from stepwise.config import ConfigError, drop_unsupported, read_config_file
+    from stepwise.config import drop_unsupported, read_config_file
     from stepwise.core.screening import distinct_rows
 
-    from stepwise.datasets import DatasetError
 
-    try:
-        if args.k < 1:
-            raise CommandError(f"--k must be at least 1, got {args.k}")
-        check_writable(args.output)
-        raw = read_config_file(args.config)
-        if not isinstance(raw, dict) or not raw.get("dataset_path"):
-            raise CommandError(f"{args.config}: needs a dataset_path to screen")
-        # --set applies to the rows screened too (max_prompts, dataset_path), not only to the eval-only run
-        raw = {**drop_unsupported(raw)[0], **parse_sets(args.set)}
-        if not 0.0 <= args.min_pass_rate < args.max_pass_rate <= 1.0:
-            raise CommandError("need 0 <= --min-pass-rate < --max-pass-rate <= 1")
-        payloads = read_dataset(str(raw["dataset_path"]), int(raw.get("max_prompts") or 0), Path(args.config).parent,
-                                args.local)
-        first, rows_of = distinct_rows(payloads)
-        distinct = prompts_path(args.output)
-        distinct.parent.mkdir(parents=True, exist_ok=True)
-        distinct.write_text("".join(json.dumps({"payload": payloads[r]}, ensure_ascii=False) + "\n" for r in first))
-        print(f"screen: {len(payloads)} rows, {len(first)} distinct prompts x {args.k} rollouts ({distinct})",
-              file=sys.stderr)
-        overrides = screen_overrides(raw, args.k, args.temperature, args.model_package, distinct)
-        evals = launch(args, overrides, "screen")
-        results = evals.results(evals.last_eval())
-        result = screen(results.prompts, args.k, rows_of=rows_of, min_pass_rate=args.min_pass_rate,
-                        max_pass_rate=args.max_pass_rate, order=args.order)
-        report = write_outputs(args.output, result, dict(enumerate(payloads)), {
-            "config": str(args.config), "run": evals.label, "dataset_path": raw["dataset_path"],
-            "model_package_arn": results.model_package_arn, "temperature": overrides["eval_temperature"],
-            "min_pass_rate": args.min_pass_rate, "max_pass_rate": args.max_pass_rate, "order": args.order,
-            "rollouts": sum(p.n for p in results.prompts)})
-    except ConfigError as e:
-        print(str(e), file=sys.stderr)
-        return EXIT_USAGE
-    except (CommandError, DatasetError) as e:
-        return fail(str(e))
+    if args.k < 1:
+        raise CommandError(f"--k must be at least 1, got {args.k}")
+    check_writable(args.output)
+    raw = read_config_file(args.config)
+    if not isinstance(raw, dict) or not raw.get("dataset_path"):
+        raise CommandError(f"{args.config}: needs a dataset_path to screen")
+    # --set applies to the rows screened too (max_prompts, dataset_path), not only to the eval-only run
+    raw = {**drop_unsupported(raw)[0], **parse_sets(args.set)}
+    if not 0.0 <= args.min_pass_rate < args.max_pass_rate <= 1.0:
+        raise CommandError("need 0 <= --min-pass-rate < --max-pass-rate <= 1")
+    payloads = read_dataset(str(raw["dataset_path"]), int(raw.get("max_prompts") or 0), Path(args.config).parent,
+                            args.local)
+    first, rows_of = distinct_rows(payloads)
+    distinct = prompts_path(args.output)
+    distinct.parent.mkdir(parents=True, exist_ok=True)
+    distinct.write_text("".join(json.dumps({"payload": payloads[r]}, ensure_ascii=False) + "\n" for r in first))
+    print(f"screen: {len(payloads)} rows, {len(first)} distinct prompts x {args.k} rollouts ({distinct})",
+          file=sys.stderr)
+    overrides = screen_overrides(raw, args.k, args.temperature, args.model_package, distinct)
+    evals = launch(args, overrides, "screen")
+    results = evals.results(evals.last_eval())
+    result = screen(results.prompts, args.k, rows_of=rows_of, min_pass_rate=args.min_pass_rate,
+                    max_pass_rate=args.max_pass_rate, order=args.order)
+    report = write_outputs(args.output, result, dict(enumerate(payloads)), {
+        "config": str(args.config), "run": evals.label, "dataset_path": raw["dataset_path"],
+        "model_package_arn": results.model_package_arn, "temperature": overrides["eval_temperature"],
+        "min_pass_rate": args.min_pass_rate, "max_pass_rate": args.max_pass_rate, "order": args.order,
+        "rollouts": sum(p.n for p in results.prompts)})
+    if args.json:
+        print(Path(report).read_text())
+        return EXIT_OK
     f = result.figures()
     print(f"screened {f['rows']} rows ({f['prompts']} prompts, {args.k} rollouts each) (run {evals.label}):")
     print(f"  kept {f['kept_rows']} rows ({f['kept_prompts']} prompts); removed {f['removed_too_easy_rows']} always "

@@ -33,14 +33,12 @@ from stepwise.executions import default_run_id
 from stepwise_cli.commands._runs import (
     EXIT_FAILED,
     EXIT_OK,
-    EXIT_USAGE,
     CommandError,
     Deployment,
     add_stack_arguments,
     console_url,
     deployment,
     execution_lines,
-    fail,
     run_executions,
     run_state,
     validate_run_id,
@@ -54,7 +52,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run-id", help="run id = execution name (default: CONFIG-STEM-YYYYMMDD-HHMMSS, UTC)")
     parser.add_argument("--resume", action="store_true",
                         help="if the run id exists, resume that run (as `stepwise resume RUN`) instead of refusing")
-    parser.add_argument("--json", action="store_true", help="print {run_id, execution_arn, console_url} as JSON")
+    parser.add_argument("--json", action="store_true", help="print {run_id, execution_arn, console_url} as JSON "
+                                                            "(--local: the run's result)")
+    from stepwise_cli.grammar import add_local, add_set, add_timeout
+
+    add_set(parser)
+    add_timeout(parser)
+    # `stepwise run-local` was this command with --local: its --out (the run folders' parent) still works
+    add_local(parser, old_runs_dir=("--out",))
     add_stack_arguments(parser)
 
 
@@ -190,21 +195,25 @@ def start(args: argparse.Namespace, overrides: dict[str, Any] | None = None) -> 
 
 
 def run(args: argparse.Namespace) -> int:
-    from stepwise.config import ConfigError
+    from stepwise_cli.grammar import UsageError, local_only, parse_sets
 
-    try:
-        if args.resume and args.run_id:
-            from stepwise_cli.commands import resume
+    if args.local:  # the whole run on this machine, followed to its end (local.run)
+        if args.resume:
+            raise UsageError("--resume continues a deployed run; a local run starts afresh (give another --run-id)")
+        from local.run import run as run_on_local_stack
 
-            dep = deployment(args)
-            if run_exists(dep, validate_run_id(args.run_id)):
-                return resume.run(argparse.Namespace(**{**vars(args), "run": args.run_id}))
-        out = start(args)
-    except ConfigError as e:
-        print(str(e), file=sys.stderr)
-        return EXIT_USAGE
-    except CommandError as e:
-        return fail(str(e))
+        return run_on_local_stack(args)
+    local_only(args, "start")
+    if args.timeout is not None:
+        raise UsageError("--timeout needs --local: a deployed run's start returns once it started "
+                         "(`stepwise watch RUN --timeout SECONDS` gives up watching it)")
+    if args.resume and args.run_id:
+        from stepwise_cli.commands import resume
+
+        dep = deployment(args)
+        if run_exists(dep, validate_run_id(args.run_id)):
+            return resume.run(argparse.Namespace(**{**vars(args), "run": args.run_id}))
+    out = start(args, parse_sets(args.set))
     if args.json:
         print(json.dumps(out, indent=2))
         return EXIT_OK

@@ -13,6 +13,7 @@ Exit code 0 when the session is stopping or stopped (or was never created), 1 ot
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from typing import Any
 
@@ -23,7 +24,6 @@ from stepwise_cli.commands._runs import (
     Deployment,
     add_stack_arguments,
     deployment,
-    fail,
     run_config,
     run_executions,
     run_state,
@@ -39,6 +39,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="seconds to wait for the Cleanup Lambda to stop the session before stopping it here "
                              "(default 60)")
     parser.add_argument("--cause", default="stopped with `stepwise stop`", help="cause recorded on the execution")
+    from stepwise_cli.grammar import add_json
+
+    add_json(parser, "{run_id, stopped_executions, session, status, stopped_here}")
     add_stack_arguments(parser)
 
 
@@ -92,22 +95,25 @@ def ensure_session_stopped(dep: Deployment, run_id: str, *, wait: float, poll: f
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        dep = deployment(args)
-        executions = run_executions(dep, args.run)
-        if not executions and run_state(dep, args.run) is None:
-            raise CommandError(f"no run {args.run!r}: no execution of that name and no runs/{args.run}/state.json "
-                               f"in s3://{dep.bucket}")
-        stopped = stop_execution(dep, args.run, args.cause)
-        if stopped:
-            for arn in stopped:
-                print(f"stopped execution {arn}")
-        else:
-            newest = executions[-1]["status"] if executions else "none"
-            print(f"no running execution of run {args.run} (newest: {newest})")
-        result = ensure_session_stopped(dep, args.run, wait=args.wait if stopped else 0.0)
-    except CommandError as e:
-        return fail(str(e))
+    dep = deployment(args)
+    executions = run_executions(dep, args.run)
+    if not executions and run_state(dep, args.run) is None:
+        raise CommandError(f"no run {args.run!r}: no execution of that name and no runs/{args.run}/state.json "
+                           f"in s3://{dep.bucket}")
+    stopped = stop_execution(dep, args.run, args.cause)
+    say = (lambda line: None) if args.json else print
+    if stopped:
+        for arn in stopped:
+            say(f"stopped execution {arn}")
+    else:
+        newest = executions[-1]["status"] if executions else "none"
+        say(f"no running execution of run {args.run} (newest: {newest})")
+    result = ensure_session_stopped(dep, args.run, wait=args.wait if stopped else 0.0)
+    code = EXIT_OK if result["session"] is None or result["status"] in STOPPED_STATUSES or \
+        result["status"] == "NotFound" else EXIT_FAILED
+    if args.json:
+        print(json.dumps({"run_id": args.run, "stopped_executions": stopped, **result}, default=str))
+        return code
     if result["session"] is None:
         print("no training session was created for this run")
         return EXIT_OK

@@ -25,7 +25,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from stepwise.config import ConfigError, RunConfig, load_run_config
+from stepwise.config import ConfigError, RunConfig
 from stepwise.datasets import DatasetError, check_dataset
 
 if TYPE_CHECKING:
@@ -43,6 +43,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="also run Init's refusals against the deployed stack: region, agent runtime (GetAgentRuntime), "
                              "S3 locations and the stack's grants (implies --check-datasets; calls AWS, read-only)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    from stepwise_cli.grammar import add_set
+
+    add_set(parser)
     from stepwise_cli.commands._runs import add_stack_arguments
 
     add_stack_arguments(parser)
@@ -167,26 +170,20 @@ def projection(cfg: RunConfig, total_steps: int | None) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from stepwise_cli.commands._runs import load_config
+
     warnings: list[str] = []
-    try:
-        cfg = load_run_config(args.config, warnings=warnings)
-    except ConfigError as e:
+    try:  # an invalid config: stepwise_cli.main prints it (exit 2) after these warnings
+        cfg = load_config(args.config, args.set, warnings=warnings)
+    finally:
         for w in warnings:
             print(f"warning: {w}", file=sys.stderr)
-        print(str(e), file=sys.stderr)
-        return EXIT_INVALID
-    for w in warnings:
-        print(f"warning: {w}", file=sys.stderr)
     train_rows: int | None = None
     scope = None
     if args.check_aws:
-        from stepwise_cli.commands._runs import CommandError, fail
         from stepwise.core.preflight import RunRefused, resolve_region
 
-        try:
-            scope, refused = check_aws(cfg, args)
-        except CommandError as e:
-            return fail(str(e))
+        scope, refused = check_aws(cfg, args)  # a CommandError: stepwise_cli.main prints it, exit 1
         if refused:  # with the datasets' own problems, except where a refusal already names the field
             named = {e.split(":", 1)[0] for e in refused}
             refused += [e for e in check_datasets(cfg)[1] if e.split(":", 1)[0] not in named]

@@ -305,8 +305,6 @@ def run(args: argparse.Namespace) -> int:
                       file=sys.stderr)
                 return EXIT_FAILED
             time.sleep(args.interval)
-    except CommandError as e:
-        return fail(str(e))
     except KeyboardInterrupt:
         print("\nstopped watching (the run goes on; `stepwise stop` ends it)", file=sys.stderr)
         return EXIT_INTERRUPTED

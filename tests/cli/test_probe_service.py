@@ -35,7 +35,7 @@ def _args(sim, tmp_path, **over) -> argparse.Namespace:
     probe_service.configure(parser)
     argv = ["--region", sim.region, "--role-arn", sim.role_arn, "--model-package-group-arn",
             sim.model_package_group_arn, "--s3-output-path", sim.s3_output_path, "--samples", "1",
-            "--json", str(tmp_path / "probe.json")]
+            "--out", str(tmp_path / "probe.json")]
     for k, v in over.items():
         argv += [f"--{k.replace('_', '-')}", str(v)]
     return parser.parse_args(argv)

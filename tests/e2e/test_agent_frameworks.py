@@ -87,7 +87,7 @@ def test_a_framework_missing_from_the_requirements_is_refused_before_the_stack_s
     (folder / "requirements.txt").write_text((project / "langgraph-agent" / "requirements.txt").read_text())
     (folder / "agent.py").write_text((project / "strands-agent" / "agent.py").read_text())
     before = set((project / "runs").glob("*"))
-    run = _stepwise(project, "run-local", "run.json", "--agent", folder.name, "--no-progress", "--out", "runs")
+    run = _stepwise(project, "run-local", "run.json", "--agent", folder.name, "--no-progress", "--runs-dir", "runs")
     assert run.returncode == 2, run.stderr[-2000:]
     assert "ModuleNotFoundError: No module named 'strands'" in run.stderr and "requirements" in run.stderr, run.stderr
     assert set((project / "runs").glob("*")) == before  # no run folder: nothing started

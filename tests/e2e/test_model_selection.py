@@ -92,7 +92,7 @@ def test_eval_of_the_best_package_and_compare_with_the_base_models_eval(trained,
 
     # the best package loads in a later simulator (on the state folder the training run left) and, a
     # greedy eval of the same weights on the same prompts, scores what the run's eval scored at that step
-    code = main(["eval", str(TOY), "--model-package", best["model_package_arn"], "--local", "--out", str(runs),
+    code = main(["eval", str(TOY), "--model-package", best["model_package_arn"], "--local", "--runs-dir", str(runs),
                  "--run-id", "e2e-toy-best", "--no-progress", "--timeout", "900"])
     assert code == 0, capsys.readouterr().err
     capsys.readouterr()
@@ -121,7 +121,7 @@ def test_eval_of_the_best_package_and_compare_with_the_base_models_eval(trained,
 def test_mix_screen_removes_the_always_and_never_solved_buckets_and_its_pass_at_k_is_a_direct_count(
         runs, tmp_path, capsys):
     out = tmp_path / "mix_screened.jsonl"
-    code = main(["screen", str(MIX), "--k", "4", "--out", str(out), "--local", "--runs-out", str(runs),
+    code = main(["screen", str(MIX), "--k", "4", "--out", str(out), "--local", "--runs-dir", str(runs),
                  "--run-id", "e2e-mix-screen", "--no-progress", "--mirror-s3", "--timeout", "840",
                  "--set", "max_prompts=12"])
     assert code == 0, capsys.readouterr().err

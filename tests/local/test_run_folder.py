@@ -48,7 +48,7 @@ def test_run_local_says_so_in_one_line_and_exits_2_before_starting_anything(tmp_
     (tmp_path / "taken").mkdir()
     parser = argparse.ArgumentParser()
     configure(parser)
-    args = parser.parse_args(["examples/toy.json", "--run-id", "taken", "--out", str(tmp_path), "--no-progress"])
+    args = parser.parse_args(["examples/toy.json", "--run-id", "taken", "--runs-dir", str(tmp_path), "--no-progress"])
     assert run(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[0].startswith("checking ") and len(err) == 2 and "taken exists" in err[1], err  # what it does, then why not

@@ -72,7 +72,7 @@ def test_ctrl_c_after_the_simulator_died_says_so_stops_everything_and_names_the_
         dying_simulator, tmp_path, capsys, caplog):
     parser = argparse.ArgumentParser()
     run_module.configure(parser)
-    args = parser.parse_args([str(ROOT / "examples" / "toy.json"), "--run-id", "interrupted", "--out", str(tmp_path),
+    args = parser.parse_args([str(ROOT / "examples" / "toy.json"), "--run-id", "interrupted", "--runs-dir", str(tmp_path),
                               "--no-progress"])
     stopped: list[LocalStack] = []
     real_stop = LocalStack.stop
