@@ -33,7 +33,7 @@ $(TOOLS): tools/package.json tools/package-lock.json
 install-dev: $(VENV)/.dev-installed $(TOOLS)
 
 run: $(VENV)/.local-installed
-	$(VENV)/bin/stepwise run-local $(CONFIG)
+	$(VENV)/bin/stepwise start --local $(CONFIG)
 
 # The suite on TEST_WORKERS pytest-xdist workers, a module per worker at a time, the modules with a
 # whole local run first (tests/conftest.py); TEST_WORKERS=0 runs it in this one process, in the same order.
