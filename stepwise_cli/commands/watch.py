@@ -75,7 +75,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics", type=Path, help="write the summaries as JSON lines (metrics.jsonl form)")
     parser.add_argument("--once", action="store_true", help="print the current view once and exit")
     parser.add_argument("--interval", type=float, default=10.0, help="seconds between polls (default 10)")
-    parser.add_argument("--timeout", type=float, help="give up watching after this many seconds (exit 1)")
+    from stepwise_cli.grammar import add_json, add_timeout
+
+    add_timeout(parser)
+    add_json(parser, "one JSON object a line instead of the table: each step's and eval's summary as it appears "
+                     "({kind: train|eval, step, ...}, metrics.jsonl's form), each status change "
+                     "({kind: status, line}) and warning ({kind: warning, line})")
     add_stack_arguments(parser)
 
 
@@ -184,9 +189,10 @@ def metrics_lines(cache: SummaryCache) -> list[dict[str, Any]]:
 class Watcher(RunFollower):
     """One run's view; ``poll()`` prints what changed and returns the newest execution's description."""
 
-    def __init__(self, dep: Deployment, run_id: str, out: Any = None) -> None:
+    def __init__(self, dep: Deployment, run_id: str, out: Any = None, *, json_lines: bool = False) -> None:
         super().__init__(dep, run_id)
         self.out = out or sys.stdout
+        self.json_lines = json_lines  # --json: one object a line (`_emit`)
         self.cfg: dict[str, Any] | None = None
         self._status_line = ""
         self._printed_header = False
@@ -196,7 +202,19 @@ class Watcher(RunFollower):
         self._unpublished: list[tuple[str, int]] = []  # steps whose report table (Track) is not read yet
 
     def _print(self, text: str) -> None:
+        if self.json_lines:  # a status or warning line: its object (`_emit` prints the summaries')
+            kind = "status" if text.startswith("-- ") else "warning"
+            text = json.dumps({"kind": kind, "line": text.removeprefix("-- ").strip()})
         print(text, file=self.out, flush=True)
+
+    def _emit(self, kind: str, step: int) -> bool:
+        """--json: the summary as its metrics.jsonl line; False when printing the table instead."""
+        if not self.json_lines:
+            return False
+        summary = (self.cache.steps if kind == "steps" else self.cache.evals)[step]
+        line = {"kind": "train" if kind == "steps" else "eval", "step": step, **summary}
+        print(json.dumps(line, default=str), file=self.out, flush=True)
+        return True
 
     def poll(self) -> dict[str, Any] | None:
         newest = self.newest_execution()
@@ -207,7 +225,9 @@ class Watcher(RunFollower):
             if (kind, step) in self._seen:
                 self._warn(kind, step)  # a summary extended later (Rebind) may bring its own
                 continue
-            if kind == "steps":
+            if self._emit(kind, step):
+                pass
+            elif kind == "steps":
                 if not self._printed_header:
                     self._print(HEADER)
                     self._printed_header = True
@@ -281,7 +301,7 @@ class Watcher(RunFollower):
 def run(args: argparse.Namespace) -> int:
     try:
         dep = deployment(args)
-        watcher = Watcher(dep, args.run)
+        watcher = Watcher(dep, args.run, json_lines=args.json)
         deadline = None if args.timeout is None else time.monotonic() + args.timeout
         last_steps = -1
         first = True
@@ -311,6 +331,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def report_end(desc: dict[str, Any], watcher: Watcher) -> int:
+    if watcher.json_lines:  # the end as one object: status, error, the run's state (weights, ledger)
+        state = run_state(watcher.dep, watcher.run_id) or {}
+        print(json.dumps({"kind": "end", "status": desc["status"], "error": desc.get("error"),
+                          "cause": failure_message(desc.get("cause")) if desc.get("cause") else None,
+                          "steps": len(watcher.cache.steps), "checkpoints": state.get("checkpoints") or [],
+                          "ledger": (state.get("ledger") or {}).get("final") or {}}, default=str), flush=True)
+        return EXIT_OK if desc["status"] == "SUCCEEDED" else EXIT_FAILED
     rewards, evals = curves(watcher.cache.steps, watcher.cache.evals)
     print(f"run {watcher.run_id} {desc['status']}: {len(watcher.cache.steps)} step(s)"
           + (f", last mean reward {rewards[-1][1]:.3f}" if rewards else "")

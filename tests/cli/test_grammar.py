@@ -22,11 +22,11 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIG_COMMANDS = {"validate", "start", "eval", "screen", "cost"}
 #: Commands that print data (a person or a script reads it): each has --json.
 DATA_COMMANDS = {"models", "validate", "start", "runs", "report", "rollouts", "eval", "compare", "screen", "cost",
-                 "probe-service", "stop", "resume"}
+                 "probe-service", "stop", "resume", "watch"}
 #: Commands that can run on the local stack: each takes --local and --runs-dir the same way.
 LOCAL_COMMANDS = {"start", "eval", "screen"}
-#: Commands that are services or follow a run (no data to print as one JSON document).
-NOT_DATA = {"agent", "watch", "simulator"}
+#: Commands that act or serve (agent check/deploy; agent config prints a config, JSON already; the simulator).
+NOT_DATA = {"agent", "simulator"}
 
 
 def _parsers() -> dict[str, argparse.ArgumentParser]:
@@ -67,11 +67,7 @@ def test_each_shared_flag_has_its_one_meaning(name, capsys):
     if (js := _option(parser, "--json")) is not None:  # a flag: print the data as JSON on stdout
         assert js.nargs == 0 and js.help.startswith("print "), f"{name}: --json {js.help}"
     if (timeout := _option(parser, "--timeout")) is not None:
-        if name == "watch":  # give up watching: a deployed run goes on (the same words' last clause)
-            assert timeout.help.startswith("give up after this many seconds") or \
-                timeout.help.startswith("give up watching"), timeout.help
-        else:
-            assert timeout.help == grammar.TIMEOUT_HELP, f"{name}: --timeout {timeout.help}"
+        assert timeout.help == grammar.TIMEOUT_HELP, f"{name}: --timeout {timeout.help}"
     if (sets := _option(parser, "--set")) is not None:
         assert sets.help == grammar.SET_HELP and sets.metavar == "FIELD=JSON", name
     if (local := _option(parser, "--local")) is not None:

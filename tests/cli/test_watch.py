@@ -160,3 +160,18 @@ def test_a_lambda_errors_cause_prints_as_its_message():
     assert failure_message(cause) == "all 4 rollouts ... 4 x AgentError: boom"
     assert failure_message("failed on purpose") == "failed on purpose" and failure_message(None) == ""
     assert failure_message("[1]") == "[1]"
+
+
+def test_watch_json_prints_one_object_a_line(moto_dep, capsys):
+    """--json: every line of stdout is a JSON object (summaries, status changes, warnings, the end), for a script
+    following a run (before: no --json on watch)."""
+    arn = moto_dep.sfn.start_execution(stateMachineArn=moto_dep.state_machine_arn, name="j",
+                                       input=json.dumps({"wait": 1}))["executionArn"]
+    _seed(moto_dep, "j", arn, step=3, finished=True)
+    assert main(["watch", "j", "--json", "--interval", "0.2", "--timeout", "30", *moto_dep.flags]) == 0
+    objects = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    summaries = {(o["kind"], o["step"]): o for o in objects if o["kind"] in ("train", "eval")}
+    assert sorted(summaries) == [("eval", 2), ("train", 0), ("train", 1), ("train", 2)]  # each once, as it appeared
+    assert summaries[("train", 0)]["sampler/mean_reward"] == 0.125 and summaries[("eval", 2)]["eval/accuracy"] == 0.5
+    assert any(o["kind"] == "status" and o["line"].startswith("j RUNNING") for o in objects)
+    assert objects[-1]["kind"] == "end" and objects[-1]["status"] == "SUCCEEDED" and objects[-1]["steps"] == 3
