@@ -13,7 +13,7 @@ config, rollouts and seeds:
   is pushed up or down with the first answer's luck.
 - ``trajectory-grpo``: the default estimator (``grpo``) with trajectory rewards.
 
-Runs ``stepwise run-local`` per arm and seed (``--seeds``, ``--parallel`` at a time), reads each run's
+Runs ``stepwise start --local`` per arm and seed (``--seeds``, ``--parallel`` at a time), reads each run's
 ``metrics.jsonl`` and prints per arm and seed the optimizer steps until the mean train reward
 (``sampler/mean_reward``: the first turn's accuracy at temperature 1) of ``--window`` consecutive steps
 reaches ``--threshold``, and the train reward at a few steps. Usage:
@@ -61,7 +61,7 @@ def steps_to(rewards: list[float], threshold: float, window: int) -> int | None:
 
 def run_one(arm: str, seed: int, out: Path, timeout: float, extra: list[str]) -> dict[str, Any]:
     run_id = f"{arm}-s{seed}"
-    cmd = [sys.executable, "-m", "stepwise_cli", "run-local", str(CONFIG), "--no-progress", "--out", str(out),
+    cmd = [sys.executable, "-m", "stepwise_cli", "start", "--local", str(CONFIG), "--no-progress", "--runs-dir", str(out),
            "--run-id", run_id, "--timeout", str(timeout), "--set", f"seed={seed}"]
     for s in ARMS[arm] + extra:
         cmd += ["--set", s]

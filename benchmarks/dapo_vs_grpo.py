@@ -1,6 +1,6 @@
 """DAPO vs GRPO on the toy task at the same rollout budget: learning curves by rollouts consumed.
 
-Runs ``stepwise run-local`` once per arm and repeat (``--repeats``; ``--parallel`` at a time),
+Runs ``stepwise start --local`` once per arm and repeat (``--repeats``; ``--parallel`` at a time),
 reads each run's ``metrics.jsonl`` and prints, per arm, the mean train reward (every rollout of
 the step, all generation batches: ``sampler/mean_reward``) as a function of the rollouts consumed,
 averaged over repeats, plus the rollouts each repeat needed to reach a reward threshold.
@@ -154,8 +154,8 @@ def run_arm(arm: str, repeat: int, out: Path, timeout: float, extra: list[str], 
         curve = read_curve(out / run_id)
         print(f"[{arm} r{repeat}] reused {out / run_id}", flush=True)
         return {"arm": arm, "repeat": repeat, "exit_code": 0, "wall_seconds": json.loads(done.read_text()).get("wall_seconds"), **curve}
-    cmd = [sys.executable, "-m", "stepwise_cli", "run-local", str(config), "--no-progress",
-           "--out", str(out), "--run-id", run_id, "--timeout", str(timeout)]
+    cmd = [sys.executable, "-m", "stepwise_cli", "start", "--local", str(config), "--no-progress",
+           "--runs-dir", str(out), "--run-id", run_id, "--timeout", str(timeout)]
     for s in sets:
         cmd += ["--set", s]
     t0 = time.monotonic()

@@ -1,6 +1,6 @@
 """What enforcing Lambda's limits costs a local run, per memory measure (`local/limits.py`).
 
-Runs ``stepwise run-local`` on the toy config (``--steps`` steps of 8 x 8 rollouts, no evals, no
+Runs ``stepwise start --local`` on the toy config (``--steps`` steps of 8 x 8 rollouts, no evals, no
 checkpoints) once per measure (``off``: the timeout only; ``rss``; ``tracemalloc``), ``--repeats``
 times in turn, and prints the wall seconds per step and, per function, the largest memory growth one
 invocation was measured at against its ``memory_mb`` (the margin before a local run would fail).

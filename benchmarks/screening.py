@@ -103,15 +103,15 @@ def run_seed(seed: int, out: Path, k: int) -> dict[str, Any]:
     runs.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     unscreened_id, screened_id, screen_id = f"mix-unscreened-s{seed}", f"mix-screened-s{seed}", f"mix-screen-s{seed}"
-    common = ["--out", str(runs), "--no-progress", "--mirror-s3", "--set", f"seed={seed}"]
-    _stepwise("run-local", str(CONFIG), "--run-id", unscreened_id, *common, log=runs / f"{unscreened_id}.log")
+    common = ["--runs-dir", str(runs), "--no-progress", "--mirror-s3", "--set", f"seed={seed}"]
+    _stepwise("start", "--local", str(CONFIG), "--run-id", unscreened_id, *common, log=runs / f"{unscreened_id}.log")
     screened = runs / f"mix_screened_s{seed}.jsonl"
-    _stepwise("screen", str(CONFIG), "--k", str(k), "--out", str(screened), "--local", "--runs-out", str(runs),
+    _stepwise("screen", str(CONFIG), "--k", str(k), "--out", str(screened), "--local", "--runs-dir", str(runs),
               "--run-id", screen_id, "--no-progress", "--set", f"seed={seed}", log=runs / f"{screen_id}.log")
     report = _json(screened.with_suffix(".screen.json"))
     kept = max(1, report["kept_rows"])
     epochs = -(-160 // kept) + 1
-    _stepwise("run-local", str(CONFIG), "--run-id", screened_id, *common, "--set", f"dataset_path=\"{screened}\"",
+    _stepwise("start", "--local", str(CONFIG), "--run-id", screened_id, *common, "--set", f"dataset_path=\"{screened}\"",
               "--set", "max_prompts=0", "--set", f"epochs={epochs}", "--set", "max_steps=20",
               log=runs / f"{screened_id}.log")
     base = step_curve(runs / unscreened_id, unscreened_id)

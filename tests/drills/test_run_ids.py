@@ -92,6 +92,6 @@ def test_stepwise_start_and_run_local_refuse_from_the_command_line(moto_dep, tmp
     assert main(["start", str(config), "--run-id", "a--1", *moto_dep.flags]) != 0
     assert RUN_ID_RULE in capsys.readouterr().err
     assert moto_dep.sfn.list_executions(stateMachineArn=moto_dep.state_machine_arn)["executions"] == []
-    assert main(["run-local", str(config), "--run-id", "a--1", "--out", str(tmp_path / "runs")]) == 2
+    assert main(["start", "--local", str(config), "--run-id", "a--1", "--runs-dir", str(tmp_path / "runs")]) == 2
     assert RUN_ID_RULE in capsys.readouterr().err
     assert not (tmp_path / "runs" / "a--1").exists()

@@ -1,5 +1,5 @@
 """Your own agent, end to end: a Strands agent and a LangGraph agent (copies of ``examples/agents/*`` in a
-temporary folder outside the repository) each train for two steps through ``stepwise run-local --agent FOLDER``,
+temporary folder outside the repository) each train for two steps through ``stepwise start --local --agent FOLDER``,
 served from an environment built from their own ``requirements.txt`` (never this repository's ``.venv``, which
 holds neither framework), and each synthesizes as the stack's training runtime (cdk-nag and cfn-lint clean, the
 documented role: tests/infra/test_agent_runtime.py checks the role itself).
@@ -58,8 +58,8 @@ def test_this_repositorys_environment_holds_neither_framework():
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_a_framework_agent_trains_two_steps_from_its_own_environment_and_deploys_as_a_training_runtime(project, framework):
     folder = project / f"{framework}-agent"
-    run = _stepwise(project, "run-local", "run.json", "--agent", folder.name, "--run-id", framework, "--no-progress",
-                    "--mirror-s3", "--out", "runs")
+    run = _stepwise(project, "start", "--local", "run.json", "--agent", folder.name, "--run-id", framework, "--no-progress",
+                    "--mirror-s3", "--runs-dir", "runs")
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     run_dir = project / "runs" / framework
     result = json.loads((run_dir / "result.json").read_text())
@@ -87,7 +87,7 @@ def test_a_framework_missing_from_the_requirements_is_refused_before_the_stack_s
     (folder / "requirements.txt").write_text((project / "langgraph-agent" / "requirements.txt").read_text())
     (folder / "agent.py").write_text((project / "strands-agent" / "agent.py").read_text())
     before = set((project / "runs").glob("*"))
-    run = _stepwise(project, "run-local", "run.json", "--agent", folder.name, "--no-progress", "--runs-dir", "runs")
+    run = _stepwise(project, "start", "--local", "run.json", "--agent", folder.name, "--no-progress", "--runs-dir", "runs")
     assert run.returncode == 2, run.stderr[-2000:]
     assert "ModuleNotFoundError: No module named 'strands'" in run.stderr and "requirements" in run.stderr, run.stderr
     assert set((project / "runs").glob("*")) == before  # no run folder: nothing started

@@ -1,4 +1,4 @@
-"""`stepwise run-local --agent`: a user's own AgentCoreRLApp, kept in a folder outside this repository with a
+"""`stepwise start --local --agent`: a user's own AgentCoreRLApp, kept in a folder outside this repository with a
 helper module of its own, trains through the whole local stack (moto's state machine, the handlers, the
 gateway, the simulator), served by the ACR emulator in place of the config's runtime."""
 
@@ -77,8 +77,8 @@ def _stepwise(project: Path, *args: str, timeout: float = 1100) -> subprocess.Co
 @pytest.mark.timeout(1200)  # a subprocess run: about 60 s on an idle 2-core machine, minutes on a loaded one
 def test_run_local_trains_a_users_own_agent_from_a_folder_outside_the_repository(outside):
     project = _project(outside)
-    run = _stepwise(project, "run-local", "run.json", "--agent", "agent.py", "--run-id", "mine", "--no-progress",
-                    "--mirror-s3", "--out", "runs")
+    run = _stepwise(project, "start", "--local", "run.json", "--agent", "agent.py", "--run-id", "mine", "--no-progress",
+                    "--mirror-s3", "--runs-dir", "runs")
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     run_dir = project / "runs" / "mine"
     result = json.loads((run_dir / "result.json").read_text())
@@ -108,7 +108,7 @@ def test_the_agent_is_a_module_of_the_current_directory_or_a_file_and_a_broken_o
     with pytest.raises(FileNotFoundError, match="no file"):
         user_agent_spec("missing.py", project)
     (project / "broken.py").write_text("import not_a_module_anywhere\n")
-    run = _stepwise(project, "run-local", "run.json", "--agent", "broken.py", "--no-progress", "--out", "runs")
+    run = _stepwise(project, "start", "--local", "run.json", "--agent", "broken.py", "--no-progress", "--runs-dir", "runs")
     # refused before the stack starts (local.agent_env's import check), quoting Python's own error
     assert run.returncode == 2 and "broken:app does not import" in run.stderr, run.stderr[-2000:]
     assert "No module named 'not_a_module_anywhere'" in run.stderr and "requirements.txt" in run.stderr
