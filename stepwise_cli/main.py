@@ -21,7 +21,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "agent": ("stepwise_cli.commands.agent", "your own agent folder: check its environment, deploy it as a training "
               "runtime (cdk deploy -c agentDir=FOLDER), fill a config with its runtime"),
     "validate": ("stepwise_cli.commands.validate", "check a run config (and its datasets) without starting anything"),
-    "start": ("stepwise_cli.commands.start", "validate a config, upload its local data, start a run on the deployed stack"),
+    "start": ("stepwise_cli.commands.start", "validate a config, upload its local data, start a run on the deployed "
+              "stack; or, with --local, the whole run on this machine (moto, simulator, gateway, ACR emulator)"),
     "watch": ("stepwise_cli.commands.watch", "follow a run until it ends: status, per-step reward, eval accuracy, plot"),
     "stop": ("stepwise_cli.commands.stop", "stop a run's execution and make sure its training session stops"),
     "resume": ("stepwise_cli.commands.resume", "continue a failed or stopped run from its saved state"),

@@ -15,6 +15,10 @@ Before anything starts, the run's projected cost (`stepwise_cli.cost.estimate`, 
 is printed, with a warning (`cap_warnings`) when nothing caps the run's spending (neither ``max_cost_usd`` nor
 ``max_session_hours``) or when its session price is the price table's unconfirmed default.
 
+With ``--local`` the whole run goes on this machine instead (`local.run`: moto, the SageMaker simulator, the
+gateway, the ACR emulator), followed to its end with a progress bar, in a run folder under ``--runs-dir``;
+``stepwise run-local`` is its old spelling.
+
 An existing run id (an execution of that name, or ``runs/{run_id}/state.json``) is refused,
 unless ``--resume`` is given, which hands over to `stepwise resume` (the config is then ignored:
 the run continues with the config it started with).
