@@ -59,6 +59,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     config.add_argument("config", help="the run config to fill in (JSON), e.g. examples/aws/gsm8k.json")
     config.add_argument("--out", metavar="FILE", help="write the filled config to this file (default: print it)")
     config.add_argument("--math-agent", action="store_true", help="the example math agent's runtime (MathAgentRuntimeArn)")
+    from stepwise_cli.grammar import add_set
+
+    add_set(config)
     from stepwise_cli.commands._runs import add_stack_arguments
 
     add_stack_arguments(config)
@@ -135,7 +138,9 @@ def config(args: argparse.Namespace) -> int:
     name = args.stack or os.environ.get(ENV_STACK) or DEFAULT_STACK_NAME
     try:
         outputs = stack_outputs(name, boto3.client("cloudformation", region_name=args.region or None))
-        raw = json.loads(Path(args.config).read_text())
+        from stepwise_cli.grammar import parse_sets
+
+        raw = {**json.loads(Path(args.config).read_text()), **parse_sets(args.set)}
         filled, changed = fill_config(raw, outputs, math_agent=args.math_agent)
     except (StackNotFound, LookupError, OSError, ValueError) as e:
         print(f"stepwise agent config: {e}", file=sys.stderr)

@@ -65,7 +65,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help=f"maxTokens of the long samples that span a load (default 4096, at least {MIN_TOKENS})")
     parser.add_argument("--samples", type=int, default=3,
                         help="samples of each kind per observation (default 3)")
-    from stepwise_cli.grammar import add_json, add_out
+    from stepwise_cli.grammar import add_json, add_out, add_set
+
+    add_set(parser)
 
     add_json(parser, "the findings (with 'config': the fields to put in a run config) instead of the report lines")
     add_out(parser, "the findings as JSON to this file too")
@@ -130,8 +132,10 @@ def resolve_target(args: argparse.Namespace) -> Target:
     if args.config:
         from stepwise.config import read_config_file
 
+        from stepwise_cli.grammar import parse_sets
+
         raw = read_config_file(args.config)
-        cfg = raw if isinstance(raw, dict) else {}
+        cfg = {**raw, **parse_sets(getattr(args, "set", []))} if isinstance(raw, dict) else {}
     region = args.region or cfg.get("region") or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
     if not region:
         raise ValueError("no region: pass --region (or a --config naming one, or set AWS_REGION)")

@@ -19,7 +19,7 @@ from stepwise_cli.main import COMMANDS, DEPRECATED_COMMANDS, command_parser, mai
 ROOT = Path(__file__).resolve().parents[2]
 
 #: Commands that take a run config (a positional ``config``, or probe-service's optional ``--config``).
-CONFIG_COMMANDS = {"validate", "start", "eval", "screen", "cost"}
+CONFIG_COMMANDS = {"validate", "start", "eval", "screen", "cost", "probe-service", "agent config"}
 #: Commands that print data (a person or a script reads it): each has --json.
 DATA_COMMANDS = {"models", "validate", "start", "runs", "report", "rollouts", "eval", "compare", "screen", "cost",
                  "probe-service", "stop", "resume", "watch"}
