@@ -95,26 +95,12 @@ def estimate_with_the_runs_timings(run_dir: Path, timing: dict[str, Any], steps:
     run-local's assumptions with the run's Map, advantages, training and orchestration seconds per step, its
     handlers' own seconds per invocation and the gateway's per LLM call (the ledger's), and its session
     start-up. Returns the whole run's parts (`stepwise_cli.cost.estimate`'s ``run``) and the batch's flow."""
-    from dataclasses import replace
-
-    from local.report import LOCAL_ASSUMPTIONS
+    from local.report import calibrated_assumptions
     from stepwise.config import load_run_config
     from stepwise_cli.cost import estimate
 
     cfg = load_run_config(json.loads((run_dir / "run_config.json").read_text()))
-    per = timing["per_step"]
-    seconds = (timing.get("ledger_check") or {}).get("lambda_seconds") or {}
-    handler = {name: row["local"] / row["local_requests"] for name, row in seconds.items()
-               if row.get("local_requests")}
-    gateway = seconds.get("Gateway") or {}
-    n = cfg.batch_size * cfg.responses_per_prompt
-    a = replace(LOCAL_ASSUMPTIONS, rollout_seconds=per["rollouts"], train_seconds=per["training"], rebind_seconds=0.0,
-                orchestration_seconds=per["orchestration"], advantages_seconds_per_rollout=per["advantages"] / n,
-                seconds_per_turn=(gateway["ledger"] / gateway["requests"]) if gateway.get("requests") else
-                LOCAL_ASSUMPTIONS.seconds_per_turn,
-                session_start_seconds=timing["seconds"].get("session_start", 0.0),
-                handler_seconds={**LOCAL_ASSUMPTIONS.handler_seconds,
-                                 **{k: v for k, v in handler.items() if k in LOCAL_ASSUMPTIONS.handler_seconds}})
+    a = calibrated_assumptions(timing, cfg)
     est = estimate(cfg, a, total_steps=steps)
     return {"run": est["run"], "flow": est["flow"]}
 

@@ -289,7 +289,7 @@ def report(result: RunResult) -> str:
     if final.get("line"):
         lines.append(final["line"])
     if final.get("estimate_line"):
-        lines.append(calibrated_estimate_line(result, final))
+        lines.extend(calibrated_estimate_lines(result, final))
     if result.report:
         lines.append(f"report: {result.report}  (rollouts: stepwise rollouts {result.run_dir})")
     if result.failure:
@@ -299,39 +299,44 @@ def report(result: RunResult) -> str:
     return "\n".join(lines)
 
 
-def calibrated_assumptions(timing: dict[str, Any]) -> Any:
-    """`LOCAL_ASSUMPTIONS` with what a run measured (``timing.json``'s form: `timing_split`'s ``per_step`` and
-    ``seconds``, `lambda_stats` per function, the ACR emulator's ``mean_forward_seconds``) in place of each
-    assumed timing it covers: a step's rollouts, training (rebind included), advantages and orchestration, the
-    session start, each handler's mean seconds, one rollout's agent seconds."""
+def calibrated_assumptions(timing: dict[str, Any], cfg: Any) -> Any:
+    """`LOCAL_ASSUMPTIONS` fed what a run measured (``timing.json``'s form: `timing_split`'s ``per_step`` and
+    ``seconds``, and ``ledger_check``'s handler and gateway seconds): the Map's, advantages', training's and
+    orchestration's seconds per step, each handler's own seconds per invocation, the gateway's per LLM call
+    and the session's start-up. ``cfg``: the run's `stepwise.config.RunConfig` (its batch's rollouts).
+
+    The one home of this mapping: run-local's closing cost line (`calibrated_estimate_lines`) and
+    ``benchmarks/rollouts_at_scale.py`` use it."""
     from dataclasses import replace
 
     per = timing.get("per_step") or {}
-    handlers = dict(LOCAL_ASSUMPTIONS.handler_seconds)
-    for name, st in (timing.get("lambdas") or {}).items():
-        short = name.rsplit("-", 1)[-1]
-        if short in handlers and st.get("mean_seconds") is not None:
-            handlers[short] = float(st["mean_seconds"])
-    acr = timing.get("acr") or {}
+    seconds = (timing.get("ledger_check") or {}).get("lambda_seconds") or {}
+    handler = {name: row["local"] / row["local_requests"] for name, row in seconds.items()
+               if row.get("local_requests") and row.get("local") is not None}
+    gateway = seconds.get("Gateway") or {}
+    n = max(1, cfg.batch_size * cfg.responses_per_prompt)
     return replace(LOCAL_ASSUMPTIONS, rollout_seconds=float(per.get("rollouts", 0.0)),
                    train_seconds=float(per.get("training", 0.0)), rebind_seconds=0.0,
-                   orchestration_seconds=float(per.get("orchestration", 0.0)) + float(per.get("advantages", 0.0)),
+                   orchestration_seconds=float(per.get("orchestration", 0.0)),
+                   advantages_seconds_per_rollout=float(per.get("advantages", 0.0)) / n,
+                   seconds_per_turn=(gateway["ledger"] / gateway["requests"]) if gateway.get("requests") else
+                   LOCAL_ASSUMPTIONS.seconds_per_turn,
                    session_start_seconds=float((timing.get("seconds") or {}).get("session_start", 0.0)),
-                   handler_seconds=handlers,
-                   agent_seconds=float(acr["mean_forward_seconds"]) if acr.get("mean_forward_seconds") else None)
+                   handler_seconds={**LOCAL_ASSUMPTIONS.handler_seconds,
+                                    **{k: v for k, v in handler.items() if k in LOCAL_ASSUMPTIONS.handler_seconds}})
 
 
-def calibrated_estimate_line(result: RunResult, final: dict[str, Any]) -> str:
-    """The run's cost estimate against its ledger, for the terminal: estimated again at this machine's own
-    measured timings (`timing_split`'s seconds per step of rollouts, training, advantages and orchestration,
-    its session start, each handler's mean seconds and the ACR emulator's mean forward), so the difference
-    says how far the cost model is from what the ledger counted, not how much slower this machine is than
-    `LOCAL_ASSUMPTIONS`' quiet one (a loaded 2-core machine printed "+226%"). With no measured step it says
-    that the estimate is not calibrated. ``final``: the ledger's final report (``ledger.final``).
+def calibrated_estimate_lines(result: RunResult, final: dict[str, Any]) -> list[str]:
+    """The run's cost estimate against its ledger, for the terminal, each figure saying what it stands on: the
+    estimate the run started with, which assumes `LOCAL_ASSUMPTIONS`' timings (a quiet machine's, not this
+    one's: before, that line alone printed "+226%" on a loaded machine), and, when a step was measured, the
+    estimate again at this machine's measured timings (`calibrated_assumptions`: seconds per step of
+    rollouts, training, advantages and orchestration, the session's start-up, each handler's and the
+    gateway's own seconds), against the same ledger. ``final``: the ledger's final report (``ledger.final``).
 
-    Source: `stepwise_cli.cost.estimate` and `run_totals` (what `stepwise cost` prints) with
-    `stepwise_cli.cost.Assumptions` replaced field by field (`calibrated_assumptions`)."""
-    nominal = str(final["estimate_line"])
+    Source: `stepwise_cli.cost.estimate`'s ``run`` (what `stepwise cost` prints), fed `calibrated_assumptions`."""
+    lines = [f"{final['estimate_line']} [the estimate at the start: the local stack's nominal timings, "
+             f"not calibrated to this machine]"]
     per = (result.timing or {}).get("per_step") or {}
     ledger_usd = final.get("total_usd")
     steps = int(final.get("steps") or result.steps or 0)
@@ -343,16 +348,16 @@ def calibrated_estimate_line(result: RunResult, final: dict[str, Any]) -> str:
     except Exception:
         config = None
     if not per or not steps or ledger_usd is None or config is None:
-        return f"{nominal} [not calibrated: at the local stack's nominal timings, no step of this machine measured]"
-    a = calibrated_assumptions(result.timing)
+        return [*lines, "  no step of this machine measured: no estimate calibrated to it"]
     from stepwise.core.ledger import usd
 
+    a = calibrated_assumptions(result.timing, config)
     est = float(estimate(config, a, total_steps=steps)["run"]["total"])
     got = float(ledger_usd)
     pct = f" ({100.0 * (got - est) / est:+.0f}%)" if est else ""
-    return (f"estimated {usd(est)} for {steps} steps at this machine's measured timings ({per.get('wall', 0.0):.1f} s "
-            f"a step, session start {a.session_start_seconds:.0f} s); the ledger says {usd(got)}: "
-            f"{'+' if got >= est else '-'}{usd(abs(got - est))}{pct}")
+    return [*lines, f"  at this machine's measured timings ({per.get('wall', 0.0):.1f} s a step, start-up "
+                    f"{a.session_start_seconds:.0f} s): estimated {usd(est)}; the ledger says {usd(got)}: "
+                    f"{'+' if got >= est else '-'}{usd(abs(got - est))}{pct}"]
 
 
 def _state(run_dir: Path) -> dict[str, Any]:

@@ -54,29 +54,37 @@ def _ledger_run(run_dir, ledger_usd, estimate_line):
 
 
 def test_the_closing_cost_line_is_estimated_at_this_machine_s_measured_timings(tmp_path):
-    """The estimate a local run starts with assumes a quiet machine's timings (`LOCAL_ASSUMPTIONS`); the closing
-    line estimates again at the timings this run measured, so its difference is the cost model's, not the
-    machine's load (before: the start's estimate as it was, "+226%" on a loaded machine; this test fails there)."""
+    """The estimate a local run starts with assumes a quiet machine's timings (`LOCAL_ASSUMPTIONS`): the closing
+    lines say so, and estimate again at the timings this run measured, so that difference is the cost model's,
+    not the machine's load (before: the start's estimate alone, unlabelled, "+226%" on a loaded machine; this test
+    fails there)."""
     from stepwise_cli.cost import estimate
     from stepwise.config import load_run_config
 
     nominal = "estimated $0.0100 for 2 steps; the ledger says $0.0326: +$0.0226 (+226%)"
     timing = {"per_step": {"rollouts": 40.0, "advantages": 2.0, "training": 9.0, "orchestration": 6.0, "wall": 57.0},
               "seconds": {"session_start": 55.0},
-              "lambdas": {"stepwise-local-FinishRollout": {"mean_seconds": 3.0}}, "acr": {"mean_forward_seconds": 8.0}}
-    # the ledger of such a run: what the model says at those timings (a calibrated estimate is then exact)
-    a = report_module.calibrated_assumptions(timing)
+              "ledger_check": {"lambda_seconds": {"FinishRollout": {"local": 30.0, "local_requests": 10},
+                                                  "Gateway": {"ledger": 12.0, "requests": 8}}}}
     cfg = load_run_config(json.loads((Path(__file__).resolve().parents[2] / "examples" / "toy.json").read_text()))
+    a = report_module.calibrated_assumptions(timing, cfg)
+    assert (a.rollout_seconds, a.train_seconds, a.orchestration_seconds, a.session_start_seconds) == (40.0, 9.0, 6.0, 55.0)
+    assert a.handler_seconds["FinishRollout"] == 3.0 and a.seconds_per_turn == 1.5
+    assert a.advantages_seconds_per_rollout == 2.0 / (cfg.batch_size * cfg.responses_per_prompt)
+    # the ledger of such a run: what the model says at those timings (a calibrated estimate is then exact)
     usd = estimate(cfg, a, total_steps=2)["run"]["total"]
     _ledger_run(tmp_path, usd, nominal)
-    text = report_module.report(_result(tmp_path, timing=timing))
-    assert nominal not in text
-    line = next(x for x in text.splitlines() if x.startswith("estimated "))
-    assert "at this machine's measured timings (57.0 s a step, session start 55 s)" in line and "(+0%)" in line, line
+    lines = report_module.report(_result(tmp_path, timing=timing)).splitlines()
+    i = lines.index(f"{nominal} [the estimate at the start: the local stack's nominal timings, not calibrated to "
+                    f"this machine]")
+    assert lines[i + 1].startswith("  at this machine's measured timings (57.0 s a step, start-up 55 s): estimated $")
+    assert lines[i + 1].endswith("(+0%)"), lines[i + 1]
 
 
 def test_without_a_measured_step_the_closing_cost_line_says_it_is_not_calibrated(tmp_path):
     nominal = "estimated $0.0100 for 2 steps; the ledger says $0.0326: +$0.0226 (+226%)"
     _ledger_run(tmp_path, 0.0326, nominal)
-    text = report_module.report(_result(tmp_path, timing={}))
-    assert f"{nominal} [not calibrated: at the local stack's nominal timings, no step of this machine measured]" in text
+    lines = report_module.report(_result(tmp_path, timing={})).splitlines()
+    i = lines.index(f"{nominal} [the estimate at the start: the local stack's nominal timings, not calibrated to "
+                    f"this machine]")
+    assert lines[i + 1] == "  no step of this machine measured: no estimate calibrated to it"
