@@ -539,7 +539,7 @@ def _run(stack: LocalStack, config: Any, cfg: dict[str, Any], config_path: Path,
         try:
             result = _finish(stack, follower, desc, run_id, run_dir, t_start, mirror_s3, degraded=interrupted)
         finally:  # whatever collecting met, everything started is stopped
-            stack.stop()
+            stack.stop(drain_seconds=0.0 if interrupted else 10.0)
             if follower is not None:
                 follower.close()
     return result, interrupted

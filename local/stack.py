@@ -215,7 +215,9 @@ class LocalStack:
                 report["training_sessions"] = {"?": f"could not ask the simulator: {exc}"}
         return report
 
-    def stop(self) -> None:
+    def stop(self, drain_seconds: float = 10.0) -> None:
+        """Stop every service; ``drain_seconds``: how long asynchronous invocations still running may finish
+        first (0 after an interrupt: run-local has waited its own few seconds and named what it left)."""
         if self.acr is not None and self.observers:
             report = self.billing_report()
             for observe in list(self.observers):
@@ -229,7 +231,7 @@ class LocalStack:
                     log.exception("stopping %s", name)
                 setattr(self, name, None)
         if self.moto is not None:
-            self.moto.dispatcher.drain(timeout=10)
+            self.moto.dispatcher.drain(timeout=drain_seconds)
             if self.moto.dispatcher.workers is not None:
                 self.moto.dispatcher.workers.stop()
                 self.moto.dispatcher.workers = None

@@ -77,9 +77,9 @@ def test_ctrl_c_after_the_simulator_died_says_so_stops_everything_and_names_the_
     stopped: list[LocalStack] = []
     real_stop = LocalStack.stop
 
-    def stop(self):
+    def stop(self, **kwargs):
         stopped.append(self)
-        real_stop(self)
+        real_stop(self, **kwargs)
 
     LocalStack.stop = stop
     try:

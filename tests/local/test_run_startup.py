@@ -32,7 +32,7 @@ def no_stack(monkeypatch):
         raise StackStarted
 
     monkeypatch.setattr(LocalStack, "start", start)
-    monkeypatch.setattr(LocalStack, "stop", lambda self: None)
+    monkeypatch.setattr(LocalStack, "stop", lambda self, **kwargs: None)
     return seen
 
 
@@ -78,7 +78,7 @@ def test_start_up_says_what_it_does_before_the_stack_starts(monkeypatch, tmp_pat
         raise StackStarted
 
     monkeypatch.setattr(LocalStack, "start", start)
-    monkeypatch.setattr(LocalStack, "stop", lambda self: None)
+    monkeypatch.setattr(LocalStack, "stop", lambda self, **kwargs: None)
     monkeypatch.setattr(run_module, "_finish", lambda *a, **k: None)
     with pytest.raises(StackStarted):
         run_module.run_local(ROOT / "examples" / "toy.json", out_root=tmp_path, progress=False)
