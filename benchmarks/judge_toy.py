@@ -1,7 +1,7 @@
 """The judged toy task: does the group judge's rubric teach what an answer key would, and does the judge agree
 with the answer key?
 
-Runs ``stepwise run-local examples/toy_judge.json`` (the toy agent without an answer key: its reward is a constant
+Runs ``stepwise start --local examples/toy_judge.json`` (the toy agent without an answer key: its reward is a constant
 0.0, the judge's score replaces it) with the local Bedrock emulator's judge wrong on ``--error-rate`` of the
 attempts (``STEPWISE_LOCAL_BEDROCK_ERROR_RATE``; 0 = the rubric applied exactly), or reads a finished run folder
 (``--run-dir``). Per step it prints:

@@ -491,7 +491,7 @@ def _run(stack: LocalStack, config: Any, cfg: dict[str, Any], config_path: Path,
             # the judge's model granted, as a stack deployed with -c judgeModelIds=MODEL grants it
             stack.set_env({ENV_JUDGE_MODEL_IDS: config.judge.model_id})
         say("starting the local stack: moto (S3, Step Functions, Lambda), Lambda workers, the SageMaker simulator, "
-            "the gateway, the ACR emulator (about a minute on 2 cores)")
+            "the gateway, the ACR and Bedrock emulators (about a minute on 2 cores)")
         t_stack = time.monotonic()
         stack.start(tps_limit=config.acr_tps_limit, simulator_options=simulator_options, acr_faults=acr_faults,
                     log_dir=log_dir, agents=agents)
