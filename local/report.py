@@ -246,6 +246,8 @@ def interrupted_lines(result: RunResult | None) -> str:
         lines.append(simulator_gone_line(result.simulator_exit_code))
     elif result.session_status:
         lines.append(f"training session: {result.session_status}")
+    if result.report is None and (Path(result.run_dir) / "s3").is_dir():
+        lines.append(f"report page: stepwise report {result.run_dir} rebuilds it from the run folder")
     lines.append(f"run folder: {result.run_dir}")
     return "\n".join(lines)
 

@@ -561,6 +561,7 @@ def _finish(stack: LocalStack, follower: LocalFollower | None, desc: dict[str, A
     report_path = None
     billing: dict[str, Any] = {}
     counters: dict[str, Any] = {}
+    interrupted = degraded  # a person is waiting for the prompt: what can be done later is left for later
     simulator_gone = simulator_exit_code(stack, settle=5.0 if degraded else 0.0)
     if simulator_gone is not None:
         log.warning("the simulator process had stopped answering before run-local collected the run (exit code %s): "
@@ -638,7 +639,9 @@ def _finish(stack: LocalStack, follower: LocalFollower | None, desc: dict[str, A
         timing["mirror"] = {"objects": mirror_run_objects(s3, stack.bucket, run_id, run_dir / "s3", results=mirror_s3),
                             "seconds": 0.0}
         timing["mirror"]["seconds"] = round(time.monotonic() - t0, 2)
-        report_path = write_local_report(run_dir, run_id)
+        # interrupted: the page is rebuilt on demand (`stepwise report RUN_FOLDER`, from the mirrored objects);
+        # it took 5-15 s of a Ctrl-C's wait on this machine
+        report_path = None if interrupted else write_local_report(run_dir, run_id)
     if stack.simulator is not None and simulator_gone is None:
         try:
             counters = dict(getattr(stack.simulator, "counters", {}) or {})
