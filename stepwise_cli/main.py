@@ -152,6 +152,10 @@ def main(argv: list[str] | None = None) -> int:
         preparse = getattr(module, "preparse", None)  # a command's old spellings argparse cannot take
         args = sub.parse_args(preparse(argv[1:]) if preparse else argv[1:])
         command = " ".join([argv[0], *([args.action] if isinstance(getattr(args, "action", None), str) else [])])
+        if getattr(args, "verbose", False):  # -v: every command's INFO lines (the local stack adds the handlers')
+            import logging
+
+            logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         try:
             with aws_region_from_environment():
                 return int(module.run(args) or 0)  # type: ignore[attr-defined]

@@ -169,3 +169,19 @@ def test_a_command_error_is_one_line_and_exit_1(monkeypatch, capsys):
     monkeypatch.setattr(runs, "deployment", refuse)
     assert main(["runs"]) == 1
     assert capsys.readouterr().err == "error: no stack here\n"
+
+
+def test_v_logs_every_command_s_info_lines(monkeypatch, capsys):
+    import logging
+
+    from stepwise_cli.commands import cost
+
+    def run(args):
+        logging.getLogger("stepwise.test").info("an INFO line")
+        return 0
+
+    monkeypatch.setattr(cost, "run", run)
+    monkeypatch.setattr(logging.root, "handlers", [])
+    monkeypatch.setattr(logging.root, "level", logging.WARNING)
+    assert main(["cost", str(ROOT / "examples" / "toy.json"), "-v"]) == 0
+    assert "INFO stepwise.test: an INFO line" in capsys.readouterr().err
