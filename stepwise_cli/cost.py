@@ -35,7 +35,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from stepwise.core import prices
+from stepwise.core import ledger
 from stepwise.core.prices import PRICES_AS_OF, REGION
 
 if TYPE_CHECKING:
@@ -193,15 +193,11 @@ class Usage:
         return self
 
     def dollars(self, architecture: str = "x86_64") -> dict[str, float]:
-        """USD per service of the stack at `stepwise.core.prices`, and ``total``."""
-        out = {
-            "lambda_duration": self.lambda_gb_seconds * prices.LAMBDA_USD_PER_GB_SECOND[architecture],
-            "lambda_requests": self.lambda_requests * prices.LAMBDA_USD_PER_REQUEST,
-            "step_functions": self.state_transitions * prices.SFN_USD_PER_TRANSITION,
-            "s3_requests": self.s3_put_class * prices.S3_USD_PER_PUT_CLASS + self.s3_get_class * prices.S3_USD_PER_GET_CLASS,
-        }
-        out["total"] = sum(out.values())
-        return out
+        """USD per service of the stack (`stepwise.core.ledger.price`, the ledger's own pricing):
+        ``lambda_duration``, ``lambda_requests``, ``step_functions``, ``s3_requests`` and ``total``."""
+        usd = ledger.price(**asdict(self), architecture=architecture)
+        return {"lambda_duration": usd["lambda_duration"], "lambda_requests": usd["lambda_requests"],
+                "step_functions": usd["step_functions"], "s3_requests": usd["s3"], "total": usd["stack"]}
 
 
 # ---------------------------------------------------------------------------- transitions from the ASL
@@ -599,9 +595,9 @@ def judge_per_step(cfg: RunConfig, a: Assumptions, gen_batches: float = 1.0) -> 
     tokens_in = requests * (JUDGE_PROMPT_CHARS + len(judge.rubric) + n * member_chars) / CHARS_PER_TOKEN
     tokens_out = requests * n * a.judge_output_tokens_per_member
     out = {"requests": requests, "input_tokens": tokens_in, "output_tokens": tokens_out}
-    price = judge.usd_per_million
-    if price is not None:
-        out["usd"] = (tokens_in * price[0] + tokens_out * price[1]) / 1e6
+    if judge.usd_per_million is not None:
+        out["usd"] = ledger.price(judge_input_tokens=tokens_in, judge_output_tokens=tokens_out,
+                                  judge_usd_per_million=judge.usd_per_million)["judge"]
     return out
 
 
@@ -610,20 +606,15 @@ def parts(cfg: RunConfig, stack: Usage, session_hours: float, acr_session_second
     """USD by ledger part (`stepwise.core.ledger.PARTS`) of a step: the stack's ``stack`` usage, the
     training session's ``session_hours``, the ACR sessions' ``acr_session_seconds`` and the judge's
     (`judge_per_step`); plus ``stack``, ``total`` and ``session_hours``. ``session`` only when the config has
-    ``session_usd_per_hour``, ``judge`` only when the run has a judge with a known price."""
-    usd = stack.dollars()
-    out: dict[str, float] = {}
-    if cfg.session_usd_per_hour is not None:
-        out["session"] = session_hours * cfg.session_usd_per_hour
-    out["agent"] = acr_session_seconds / 3600 * (cfg.acr_vcpus * prices.ACR_USD_PER_VCPU_HOUR
-                                                 + cfg.acr_memory_gb * prices.ACR_USD_PER_GB_HOUR)
-    if judge is not None and "usd" in judge:
-        out["judge"] = judge["usd"]
-    out["lambda"] = usd["lambda_duration"] + usd["lambda_requests"]
-    out["step_functions"] = usd["step_functions"]
-    out["s3"] = usd["s3_requests"]
-    out["stack"] = out["lambda"] + out["step_functions"] + out["s3"]
-    out["total"] = out.get("session", 0.0) + out["agent"] + out.get("judge", 0.0) + out["stack"]
+    ``session_usd_per_hour``, ``judge`` only when the run has a judge with a known price. Priced by
+    `stepwise.core.ledger.price`, as the ledger prices what a run used."""
+    judge = judge or {}
+    usd = ledger.price(**asdict(stack), acr_vcpu_seconds=acr_session_seconds * cfg.acr_vcpus,
+                       acr_gb_seconds=acr_session_seconds * cfg.acr_memory_gb, session_seconds=session_hours * 3600,
+                       judge_input_tokens=judge.get("input_tokens", 0.0), judge_output_tokens=judge.get("output_tokens", 0.0),
+                       judge_usd_per_million=ledger.judge_usd_per_million(cfg) if "usd" in judge else None,
+                       session_usd_per_hour=cfg.session_usd_per_hour)
+    out = {k: v for k, v in usd.items() if k in ledger.PARTS or k in ("stack", "total")}
     out["session_hours"] = session_hours
     return out
 

@@ -7,6 +7,8 @@ from dataclasses import replace
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from stepwise_cli.main import main
 from state_machine.definition import load_asl
@@ -231,3 +233,33 @@ def test_the_judge_s_share_is_projected_per_group_and_priced(capsys):
     assert with_judge["usage_per_step"]["state_transitions"] - without["usage_per_step"]["state_transitions"] == 2
     assert with_judge["usage_per_step"]["lambda_requests"] - without["usage_per_step"]["lambda_requests"] == 1
     assert "judge" not in without["parts_per_step"] and cost.judge_per_step(base, a) is None
+
+
+_units = st.floats(min_value=0, max_value=1e7, allow_nan=False, allow_infinity=False)
+
+
+@settings(max_examples=60, deadline=None)
+@given(gb_s=_units, requests=st.integers(0, 10_000_000), transitions=st.integers(0, 10_000_000),
+       puts=st.integers(0, 10_000_000), gets=st.integers(0, 10_000_000), hours=_units, acr_s=_units,
+       usd_per_hour=st.one_of(st.none(), st.floats(0, 100)))
+def test_the_estimate_prices_units_as_the_ledger_does(gb_s, requests, transitions, puts, gets, hours, acr_s,
+                                                      usd_per_hour):
+    """One pricing function (`stepwise.core.ledger.price`) serves the ledger and the estimate: the same units
+    cost the same by part, whichever side prices them."""
+    from stepwise.core import ledger
+    from stepwise.records import Usage as Measured
+
+    cfg = load_run_config(BASE).model_copy(update={"session_usd_per_hour": usd_per_hour})
+    projected = cost.parts(cfg, cost.Usage(lambda_gb_seconds=gb_s, lambda_requests=requests,
+                                           state_transitions=transitions, s3_put_class=puts, s3_get_class=gets),
+                           hours, acr_s)
+    measured = ledger.part_usd(Measured(lambda_gb_seconds={"PlanStep": gb_s}, lambda_requests={"PlanStep": requests},
+                                        state_transitions=transitions, s3_put_class=puts, s3_get_class=gets,
+                                        acr_vcpu_seconds=acr_s * cfg.acr_vcpus, acr_gb_seconds=acr_s * cfg.acr_memory_gb),
+                               hours * 3600, cfg)
+    assert set(measured) == set(projected) - {"session_hours"}
+    for part, usd in measured.items():
+        assert projected[part] == pytest.approx(usd, rel=1e-12, abs=1e-12), part
+    stack = cost.Usage(lambda_gb_seconds=gb_s, lambda_requests=requests, state_transitions=transitions,
+                       s3_put_class=puts, s3_get_class=gets).dollars()
+    assert stack["total"] == pytest.approx(measured["stack"], rel=1e-12, abs=1e-12)

@@ -63,26 +63,58 @@ def session_seconds(state: RunState, now: float) -> float:
     return state.ledger.sessions_closed_seconds + current
 
 
-def part_usd(usage: Usage, session_s: float, cfg: RunConfig, *,
-             architecture: str = DEFAULT_ARCHITECTURE) -> dict[str, float]:
-    """USD per part of ``usage`` and ``session_s`` seconds of training session, at `stepwise.core.prices`
-    and the config's rates; plus ``stack`` (Lambda + Step Functions + S3) and ``total``. ``session`` is
-    absent when the config has no ``session_usd_per_hour`` (the total then leaves it out)."""
+def price(*, lambda_gb_seconds: float = 0.0, lambda_requests: float = 0.0, state_transitions: float = 0.0,
+          s3_put_class: float = 0.0, s3_get_class: float = 0.0, acr_vcpu_seconds: float = 0.0,
+          acr_gb_seconds: float = 0.0, judge_input_tokens: float = 0.0, judge_output_tokens: float = 0.0,
+          judge_usd_per_million: tuple[float, float] | None = None, session_seconds: float = 0.0,
+          session_usd_per_hour: float | None = None, architecture: str = DEFAULT_ARCHITECTURE) -> dict[str, float]:
+    """USD of billable units at `stepwise.core.prices`: the one pricing function of the ledger (`part_usd`,
+    measured units) and the estimate (`stepwise_cli.cost`, projected units, which may be fractional).
+
+    Units: GB-seconds and requests of Lambda, Standard state transitions, S3 requests by price class,
+    ACR vCPU- and GB-seconds, the group judge's input and output tokens at ``judge_usd_per_million``
+    (input, output), seconds of training session at ``session_usd_per_hour``.
+
+    Returns:
+        ``lambda_duration``, ``lambda_requests`` (the two halves of ``lambda``), and per part
+        (`PARTS`): ``agent``, ``lambda``, ``step_functions``, ``s3``, ``session`` only when
+        ``session_usd_per_hour`` is given (unset: hours only, no dollars, and ``total`` leaves it out) and
+        ``judge`` only when ``judge_usd_per_million`` is;
+        plus ``stack`` (Lambda + Step Functions + S3) and ``total``.
+
+    Raises:
+        KeyError: an ``architecture`` the price table has no Lambda price for (x86_64, arm64).
+    """
     out: dict[str, float] = {}
-    if cfg.session_usd_per_hour is not None:
-        out["session"] = session_s / 3600 * cfg.session_usd_per_hour
-    out["agent"] = (usage.acr_vcpu_seconds / 3600 * prices.ACR_USD_PER_VCPU_HOUR
-                    + usage.acr_gb_seconds / 3600 * prices.ACR_USD_PER_GB_HOUR)
-    judge_price = judge_usd_per_million(cfg)
-    if judge_price is not None:
-        out["judge"] = (usage.judge_input_tokens * judge_price[0] + usage.judge_output_tokens * judge_price[1]) / 1e6
-    out["lambda"] = (sum(usage.lambda_gb_seconds.values()) * prices.LAMBDA_USD_PER_GB_SECOND[architecture]
-                     + sum(usage.lambda_requests.values()) * prices.LAMBDA_USD_PER_REQUEST)
-    out["step_functions"] = usage.state_transitions * prices.SFN_USD_PER_TRANSITION
-    out["s3"] = usage.s3_put_class * prices.S3_USD_PER_PUT_CLASS + usage.s3_get_class * prices.S3_USD_PER_GET_CLASS
+    if session_usd_per_hour is not None:
+        out["session"] = session_seconds / 3600 * session_usd_per_hour
+    out["agent"] = acr_vcpu_seconds / 3600 * prices.ACR_USD_PER_VCPU_HOUR + acr_gb_seconds / 3600 * prices.ACR_USD_PER_GB_HOUR
+    if judge_usd_per_million is not None:
+        out["judge"] = (judge_input_tokens * judge_usd_per_million[0] + judge_output_tokens * judge_usd_per_million[1]) / 1e6
+    out["lambda_duration"] = lambda_gb_seconds * prices.LAMBDA_USD_PER_GB_SECOND[architecture]
+    out["lambda_requests"] = lambda_requests * prices.LAMBDA_USD_PER_REQUEST
+    out["lambda"] = out["lambda_duration"] + out["lambda_requests"]
+    out["step_functions"] = state_transitions * prices.SFN_USD_PER_TRANSITION
+    out["s3"] = s3_put_class * prices.S3_USD_PER_PUT_CLASS + s3_get_class * prices.S3_USD_PER_GET_CLASS
     out["stack"] = sum(out[p] for p in STACK_PARTS)
     out["total"] = sum(out[p] for p in PARTS if p in out)
     return out
+
+
+def part_usd(usage: Usage, session_s: float, cfg: RunConfig, *,
+             architecture: str = DEFAULT_ARCHITECTURE) -> dict[str, float]:
+    """USD per part of ``usage`` and ``session_s`` seconds of training session (`price` at the config's
+    rates): ``session`` (absent when the config has no ``session_usd_per_hour``), ``agent``, ``judge`` (absent
+    without a judge of known price), ``lambda``, ``step_functions``, ``s3``, plus ``stack`` (Lambda + Step
+    Functions + S3) and ``total``."""
+    usd = price(lambda_gb_seconds=sum(usage.lambda_gb_seconds.values()),
+                lambda_requests=sum(usage.lambda_requests.values()), state_transitions=usage.state_transitions,
+                s3_put_class=usage.s3_put_class, s3_get_class=usage.s3_get_class,
+                acr_vcpu_seconds=usage.acr_vcpu_seconds, acr_gb_seconds=usage.acr_gb_seconds,
+                judge_input_tokens=usage.judge_input_tokens, judge_output_tokens=usage.judge_output_tokens,
+                judge_usd_per_million=judge_usd_per_million(cfg), session_seconds=session_s,
+                session_usd_per_hour=cfg.session_usd_per_hour, architecture=architecture)
+    return {k: v for k, v in usd.items() if k in PARTS or k in ("stack", "total")}
 
 
 def judge_usd_per_million(cfg: RunConfig) -> tuple[float, float] | None:
