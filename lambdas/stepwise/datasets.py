@@ -31,6 +31,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict
 
+# The error is defined where datasets are first read (the S3 boundary raises it too); importing it from here
+# is what every caller does. This module reads S3 through that boundary; it never imports back.
+from stepwise.aws.datasets import DatasetError, open_object
+
 __all__ = ["DatasetError", "DatasetIndex", "iter_payloads", "load_payloads", "check_dataset", "shard_dataset",
            "read_rows", "PAYLOAD_COLUMN", "SHARD_BYTES"]
 
@@ -49,10 +53,6 @@ MAX_LINE_BYTES = 100_000_000 + (1 << 20)
 PARQUET_BATCH_ROWS = 1024
 
 
-class DatasetError(ValueError):
-    """A dataset cannot be used; the message names the file and, where it applies, the row or line."""
-
-
 def _is_parquet(path: str) -> bool:
     return path.lower().endswith(PARQUET_SUFFIXES)
 
@@ -60,8 +60,6 @@ def _is_parquet(path: str) -> bool:
 def _open(path: str, s3_client: Any | None, *, seekable: bool) -> BinaryIO:
     """A binary stream of ``path``: a local file, or an S3 object (`stepwise.aws.datasets.open_object`)."""
     if path.startswith("s3://"):
-        from stepwise.aws.datasets import open_object
-
         return open_object(path, s3_client, seekable=seekable, chunk=READ_CHUNK)
     try:
         return open(path, "rb")

@@ -1,7 +1,8 @@
 """Reading dataset objects from S3: one GetObject stream, or ranged GETs for Parquet.
 
-`stepwise.datasets` parses and validates what these streams hold; errors here are its
-`DatasetError`, naming the ``s3://`` path.
+`stepwise.datasets` parses and validates what these streams hold (it imports this module, never the other
+way round); errors here and there are `DatasetError` (defined here, where a dataset is first read, and
+imported by every caller from `stepwise.datasets`), naming the ``s3://`` path.
 """
 
 from __future__ import annotations
@@ -10,8 +11,11 @@ import io
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
-from stepwise.datasets import DatasetError
 from stepwise.layout import dataset_shard_key
+
+class DatasetError(ValueError):
+    """A dataset cannot be used; the message names the file and, where it applies, the row or line."""
+
 
 #: What the first ranged GET of a Parquet object reads from its end (its footer, usually all of it).
 TAIL_BYTES = 1 << 20
