@@ -4,7 +4,7 @@ A toy-task variant with a difficulty mix, for DAPO's regime (most groups all-equ
 as the seed's GSM8K run filtered 74-81% of its groups), on what the simulator's base model was
 pre-trained on (``local/simulator/build_assets.py``):
 
-* ``easy``: "What digit comes after N?" under ``toy_task.KNOWING_SYSTEM_PROMPT``: the base
+* ``easy``: "What digit comes after N?" under ``prepare_toy.KNOWING_SYSTEM_PROMPT``: the base
   model answers right (sampled solve rate ~1.0), so every group is all-correct;
 * ``middle``: the toy task itself (the toy system prompt): right ~20% of the time, learnable by
   GRPO (``examples/toy.json``);
@@ -25,7 +25,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from local.agents import toy_task
 from prepare_datasets import prepare_toy, sampled_rows_main, shuffled_cycles, write_payload_rows
 
 DIFFICULTIES = ("easy", "middle", "hard")
@@ -43,11 +42,11 @@ def make_payload(difficulty: str, n: int) -> dict[str, str]:
     if difficulty == "hard":
         if not 0 <= n < PROMPTS_PER_DIFFICULTY:
             raise ValueError(f"mix task prompt index must be in 0..{PROMPTS_PER_DIFFICULTY - 1}, got {n!r}")
-        prompt, answer, system = f"What number comes after {10 + n}?", str(11 + n), toy_task.SYSTEM_PROMPT
+        prompt, answer, system = f"What number comes after {10 + n}?", str(11 + n), prepare_toy.SYSTEM_PROMPT
     else:
         toy = prepare_toy.make_payload(n)
         prompt, answer = toy["prompt"], toy["answer"]
-        system = toy_task.KNOWING_SYSTEM_PROMPT if difficulty == "easy" else toy_task.SYSTEM_PROMPT
+        system = prepare_toy.KNOWING_SYSTEM_PROMPT if difficulty == "easy" else prepare_toy.SYSTEM_PROMPT
     return {"prompt": prompt, "answer": answer, "system": system, "difficulty": difficulty}
 
 

@@ -17,6 +17,12 @@ from pathlib import Path
 from prepare_datasets import sampled_rows_main, shuffled_cycles, write_payload_rows
 
 NUM_PROMPTS = 10
+#: The system prompt the toy agent sends when a payload names none (``local/agents/toy_task.py`` holds the
+#: agent's copy, since the agents' image holds only ``local/agents/``; a test keeps the two equal).
+SYSTEM_PROMPT = "Reply with one digit."
+#: A system prompt under which the base model answers the toy question correctly (pre-trained so:
+#: ``local/simulator/build_assets.py``); the mix task's easy bucket uses it.
+KNOWING_SYSTEM_PROMPT = "You are good at counting. Reply with the next digit."
 
 
 def prompt_text(n: int) -> str:

@@ -12,10 +12,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
+#: The system prompt sent when the payload names none: the task's (``prepare_datasets.prepare_toy.SYSTEM_PROMPT``,
+#: copied here because the agents' image holds only ``local/agents/``; a test keeps the two equal).
 SYSTEM_PROMPT = "Reply with one digit."
-#: A system prompt under which the base model answers the toy question correctly (pre-trained so:
-#: ``local/simulator/build_assets.py``); the mix task's easy bucket uses it.
-KNOWING_SYSTEM_PROMPT = "You are good at counting. Reply with the next digit."
 
 _THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
 

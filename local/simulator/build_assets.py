@@ -45,7 +45,7 @@ def pretrain_batch(tokenizer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
     Per prompt and digit, one row per context: with the toy system prompt the digit target
     is the mixture ``base_answer_distribution`` (mostly wrong); with
-    ``toy_task.KNOWING_SYSTEM_PROMPT`` or no system prompt it is the right digit. So the model *has*
+    ``prepare_toy.KNOWING_SYSTEM_PROMPT`` or no system prompt it is the right digit. So the model *has*
     the skill (as a real base model would) but under the toy prompt answers mostly at
     random: GRPO only has to surface it. The ``<|im_end|>`` after the digit is a hard target.
     """
@@ -60,7 +60,7 @@ def pretrain_batch(tokenizer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]
         user = {"role": "user", "content": payload["prompt"]}
         contexts = [
             (toy_task.messages(payload), mix),
-            ([{"role": "system", "content": toy_task.KNOWING_SYSTEM_PROMPT}, user], one_hot),
+            ([{"role": "system", "content": prepare_toy.KNOWING_SYSTEM_PROMPT}, user], one_hot),
             ([user], one_hot),
         ]
         for c, (messages, target) in enumerate(contexts):

@@ -21,6 +21,13 @@ def test_score_is_exact_match_of_the_next_digit(reply, reward):
     assert toy_task.score(prepare_toy.make_payload(3), reply) == reward
 
 
+def test_the_toy_agent_sends_the_tasks_system_prompt():
+    """The task's prompts live with its dataset (`prepare_datasets.prepare_toy`); the agent keeps its own copy of the
+    default (its image holds only local/agents/), which must be the task's, or the base model's pre-training misses."""
+    assert toy_task.SYSTEM_PROMPT == prepare_toy.SYSTEM_PROMPT
+    assert toy_task.messages(prepare_toy.make_payload(1))[0] == {"role": "system", "content": prepare_toy.SYSTEM_PROMPT}
+
+
 def test_nine_wraps_to_zero_and_out_of_range_prompts_are_refused():
     assert prepare_toy.make_payload(9) == {"prompt": "What digit comes after 9?", "answer": "0"}
     with pytest.raises(ValueError, match="0..9"):
