@@ -1273,6 +1273,26 @@ class MotoServer:
 
         return boto3.client(service, region_name=REGION, endpoint_url=self.endpoint)
 
+    def objects(self, bucket: str, prefix: str) -> Iterator[tuple[str, bytes]]:
+        """(key, body) of every object under ``prefix`` of ``bucket`` (its newest version), read from this
+        process's moto S3 backend without a request: for copying a run's objects out at its end (thousands of
+        GETs through the server, each parsed on both sides under this process's GIL, took 19 s of a toy run).
+
+        Raises:
+            SeamBroken: moto's S3 backend no longer keeps buckets and keys where this reads them.
+        """
+        from moto.s3.models import s3_backends
+
+        try:
+            keys = s3_backends[ACCOUNT_ID]["aws"].buckets[bucket].keys
+            items = list(keys.items())  # moto copies the key store first: safe beside writers
+        except (KeyError, AttributeError) as exc:
+            raise SeamBroken(f"moto's S3 backend has no bucket {bucket!r} at s3_backends[account]['aws'].buckets "
+                             f"({exc!r}); port local/engine.py's MotoServer.objects") from exc
+        for key, obj in sorted(items):
+            if key.startswith(prefix):
+                yield key, obj.value
+
 
 # --------------------------------------------------------------------------------------
 # Resources: the same ones the stack creates

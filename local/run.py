@@ -636,7 +636,8 @@ def _finish(stack: LocalStack, follower: LocalFollower | None, desc: dict[str, A
         # The run's objects outlive the stack in the run folder (`stepwise rollouts runs-local/RUN_ID`
         # and `stepwise report` read them there); the agents' raw results only with --mirror-s3.
         t0 = time.monotonic()
-        timing["mirror"] = {"objects": mirror_run_objects(s3, stack.bucket, run_id, run_dir / "s3", results=mirror_s3),
+        timing["mirror"] = {"objects": mirror_run_objects(s3, stack.bucket, run_id, run_dir / "s3", results=mirror_s3,
+                                                              objects=stack.moto.objects),
                             "seconds": 0.0}
         timing["mirror"]["seconds"] = round(time.monotonic() - t0, 2)
         # interrupted: the page is rebuilt on demand (`stepwise report RUN_FOLDER`, from the mirrored objects);

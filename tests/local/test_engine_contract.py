@@ -11,6 +11,7 @@ import gc
 import json
 import os
 import time
+from pathlib import Path
 from urllib.parse import unquote_plus
 
 import boto3
@@ -156,6 +157,30 @@ def test_s3_request_log_counts_every_process_s_requests_by_operation_and_key_kin
         assert apps and not any(app.debug for app in apps.values())  # engine.without_flask_debug
     assert counts == {"GET state": 1, "HEAD state": 1, "LIST turn": 1, "PUT bucket": 1, "PUT result": 1,
                       "PUT state": 1, "PUT turn": 1}
+
+
+def test_a_run_s_objects_are_copied_out_from_moto_s_memory_as_the_requests_would_copy_them(tmp_path):
+    """run-local's mirror of the run folder reads moto's S3 backend in this process (`MotoServer.objects`), not
+    a GET per object: the same keys and newest bodies as ListObjectsV2 and GetObject give, no request made."""
+    from local.report import mirror_run_objects
+
+    bucket = "stepwise-engine-objects"
+    with engine.MotoServer() as moto:
+        s3 = moto.client("s3")
+        s3.create_bucket(Bucket=bucket)
+        for key, body in [("runs/r1/state.json", b"old"), ("runs/r1/state.json", b"{}"), ("runs/r1/steps/0/s.json", b"1"),
+                          ("runs/r10/state.json", b"x"), ("rollout-results/r1/0/a.json", b"2"), ("other/r1", b"3")]:
+            s3.put_object(Bucket=bucket, Key=key, Body=body)
+        before = moto.s3_requests.snapshot()
+        n = mirror_run_objects(s3, bucket, "r1", tmp_path / "memory", objects=moto.objects)
+        assert moto.s3_requests.snapshot() == before
+        assert n == mirror_run_objects(s3, bucket, "r1", tmp_path / "requests") == 3
+        with pytest.raises(engine.SeamBroken, match="no bucket"):
+            list(moto.objects("no-such-bucket", "runs/"))
+    files = {p.relative_to(tmp_path / "memory"): p.read_bytes() for p in (tmp_path / "memory").rglob("*") if p.is_file()}
+    assert files == {p.relative_to(tmp_path / "requests"): p.read_bytes()
+                     for p in (tmp_path / "requests").rglob("*") if p.is_file()}
+    assert files[Path("runs/r1/state.json")] == b"{}" and Path("runs/r10/state.json") not in files
 
 
 def test_send_task_success_answers_as_moto_does_for_live_unknown_and_ended_tasks():
