@@ -211,10 +211,31 @@ _TOKENIZERS: dict[tuple[int, str], Tokenizer | None] = {}
 _TOKENIZER_LOCK = threading.Lock()
 
 
+def _decoder(folder: str) -> Any:
+    """A decoder of the tokenizer saved in ``folder``: its ``tokenizer.json`` through the ``tokenizers`` library
+    (what a fast ``transformers`` tokenizer decodes with: the same text, without importing ``transformers``,
+    which took 15-20 s of a loaded machine's CPU before a page's first table); ``transformers.AutoTokenizer``
+    when there is no ``tokenizer.json``, or when its config asks for ``clean_up_tokenization_spaces`` (which
+    ``transformers`` applies after the backend's decode, except for BPE models)."""
+    config_path, fast_path = os.path.join(folder, "tokenizer_config.json"), os.path.join(folder, "tokenizer.json")
+    try:
+        with open(config_path, encoding="utf-8") as fh:
+            cleans_up = bool(json.load(fh).get("clean_up_tokenization_spaces"))
+    except (OSError, ValueError, AttributeError):
+        cleans_up = False
+    if os.path.isfile(fast_path) and not cleans_up:
+        from tokenizers import Tokenizer as FastTokenizer
+
+        return FastTokenizer.from_file(fast_path)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder)
+
+
 def load_tokenizer(store: Store, run_id: str) -> Tokenizer | None:
     """The run's tokenizer from ``runs/{run_id}/tokenizer/``, once per store and run; None when there is
     none or it does not load (the views then show token counts instead of text). Its files are copied to
-    a temporary folder for ``transformers.AutoTokenizer`` and the folder is removed once it is loaded
+    a temporary folder, loaded from there (`_decoder`: the ``tokenizers`` library, or ``transformers``) and the folder removed
     (a Lambda's ``/tmp`` is 512 MB and a container serves many runs)."""
     key = (id(store), run_id)
     with _TOKENIZER_LOCK:
@@ -231,9 +252,7 @@ def load_tokenizer(store: Store, run_id: str) -> Tokenizer | None:
                         os.makedirs(os.path.dirname(path), exist_ok=True)
                         with open(path, "wb") as fh:
                             fh.write(store.get_bytes(k))
-                    from transformers import AutoTokenizer
-
-                    tok = Tokenizer(AutoTokenizer.from_pretrained(dest))
+                    tok = Tokenizer(_decoder(dest))
         except Exception:  # a view without text is still a view
             tok = None
         _TOKENIZERS[key] = tok
