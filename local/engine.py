@@ -286,6 +286,8 @@ class LambdaDispatcher:
         self._lock = threading.Lock()
         self.invocations: list[InvocationRecord] = []
         self._async_threads: list[threading.Thread] = []
+        self._beside_loop_threads: set[threading.Thread] = set()
+        self.beside_loop_abandoned = False
         self.workers = workers
         self.faults = InvocationFaults()
         #: When a list (drills set it): every invocation's (function name, event JSON, payload bytes) -- the
@@ -371,13 +373,19 @@ class LambdaDispatcher:
                 try:
                     self.call(function_name, event, "Event")
                 except OSError as exc:  # its worker process is gone (a Ctrl-C reached the process group)
+                    if self.beside_loop_abandoned and threading.current_thread() in self._beside_loop_threads:
+                        log.debug("Lambda %s: left unfinished at the run's end (beside the loop): %s", function_name, exc)
+                        return
                     log.warning("Lambda %s: asynchronous invocation dropped, its worker process did not answer: %s",
                                 function_name, exc)
 
             t = threading.Thread(target=run_later, name=f"lambda-{function_name}", daemon=True)
             t.start()
+            beside = reg.beside_loop if (reg := self._functions.get(function_name)) is not None else False
             with self._lock:
                 self._async_threads = [x for x in self._async_threads if x.is_alive()] + [t]
+                if beside:
+                    self._beside_loop_threads = {x for x in self._beside_loop_threads if x.is_alive()} | {t}
             return b""
         if self.faults.take_throttle(function_name, event):
             raise LambdaThrottled(f"Rate Exceeded. (function {function_name}: injected throttling)")
@@ -387,11 +395,24 @@ class LambdaDispatcher:
         response_headers["x-amz-log-result"] = base64.b64encode(b"").decode()
         return payload
 
-    def drain(self, timeout: float = 30.0) -> None:
-        """Wait for asynchronous (Event) invocations still running."""
+    def drain(self, timeout: float = 30.0, *, beside_loop: bool | None = None) -> None:
+        """Wait for asynchronous (Event) invocations still running, at most ``timeout`` seconds in all.
+
+        ``beside_loop=False`` (default once `abandon_beside_loop` was called, else True): not for the functions beside the loop (`stepwise.functions.FunctionSpec.beside_loop`:
+        Track), which are left to end with their worker (`abandon_beside_loop`): run-local rebuilds what they
+        produce at a run's end, and waited for them up to a minute (a Track invocation takes 8.5 s idle, about
+        a minute under load)."""
         deadline = time.monotonic() + timeout
-        for t in list(self._async_threads):
+        beside_loop = not self.beside_loop_abandoned if beside_loop is None else beside_loop
+        with self._lock:
+            threads = [t for t in self._async_threads if beside_loop or t not in self._beside_loop_threads]
+        for t in threads:
             t.join(max(0.0, deadline - time.monotonic()))
+
+    def abandon_beside_loop(self) -> None:
+        """From now on a beside-the-loop invocation cut short by its worker's end is a debug line, not a warning:
+        the caller has chosen not to wait for them (`drain` with ``beside_loop=False``)."""
+        self.beside_loop_abandoned = True
 
 
 def moto_invoke_target() -> Any:

@@ -281,9 +281,6 @@ def report(result: RunResult) -> str:
         lines.append(f"deleted (keep_model_packages best_and_last): {len(state['deleted_packages'])} model package(s)")
     if state.get("stop_reason"):
         lines.append(f"stop reason: {state['stop_reason']}")
-    per = result.timing.get("per_step")
-    if per:
-        lines.append("per step (s): " + ", ".join(f"{k} {v:.2f}" for k, v in per.items()))
     if result.session_status:
         lines.append(f"training session: {result.session_status}")
     if result.simulator_exit_code is not None:
@@ -301,6 +298,7 @@ def report(result: RunResult) -> str:
         lines.extend(calibrated_estimate_lines(result, final))
     if result.report:
         lines.append(f"report: {result.report}  (rollouts: stepwise rollouts {result.run_dir})")
+    lines += time_lines(result)
     if result.failure:
         lines.append(f"FAILED in state {result.failure.state!r}: {result.failure.error}")
         if result.failure.cause:
@@ -367,6 +365,24 @@ def calibrated_estimate_lines(result: RunResult, final: dict[str, Any]) -> list[
     return [*lines, f"  at this machine's measured timings ({per.get('wall', 0.0):.1f} s a step, start-up "
                     f"{a.session_start_seconds:.0f} s): estimated {usd(est)}; the ledger says {usd(got)}: "
                     f"{'+' if got >= est else '-'}{usd(abs(got - est))}{pct}"]
+
+
+def time_lines(result: RunResult) -> list[str]:
+    """Where the run's wall time went, the closing lines of a run: the start-up (services, datasets), the
+    execution (the training session's start, the steps, the evals and checkpoints) and the end (collecting
+    the run folder), then a step's mean time by part (`timing_split`: the execution histories' states)."""
+    t = result.timing
+    lines = []
+    phases, secs = t.get("phases"), t.get("seconds") or {}
+    if phases:
+        steps = sum(secs.get(k, 0.0) for k in ("rollouts", "advantages", "training", "orchestration"))
+        evals = secs.get("eval_rollouts", 0.0) + secs.get("eval_checkpoint", 0.0)
+        lines.append(f"time (s): {result.wall_seconds:.0f} = start-up {phases['start_up']:.0f} + execution "
+                     f"{phases['execution']:.0f} (session start {secs.get('session_start', 0.0):.0f}, {t.get('steps', 0)} "
+                     f"steps {steps:.0f}, evals and checkpoints {evals:.0f}) + end {phases['end']:.0f}")
+    if per := t.get("per_step"):
+        lines.append("per step (s): " + ", ".join(f"{k} {v:.2f}" for k, v in per.items()))
+    return lines
 
 
 def _state(run_dir: Path) -> dict[str, Any]:

@@ -483,6 +483,7 @@ def _run(stack: LocalStack, config: Any, cfg: dict[str, Any], config_path: Path,
     follower: LocalFollower | None = None
     desc: dict[str, Any] | None = None
     interrupted = False
+    marks: dict[str, float] = {}  # time.monotonic() at StartExecution ("started") and when it ended ("ended")
     try:
         # W&B (a config naming wandb_project) logs offline into the run folder unless told otherwise.
         stack.set_env({"WANDB_MODE": os.environ.get("WANDB_MODE") or "offline",
@@ -510,6 +511,7 @@ def _run(stack: LocalStack, config: Any, cfg: dict[str, Any], config_path: Path,
         # the run's cost estimate (as `stepwise start` writes it), at the local stack's timings
         put_estimate(s3, bucket, run_id, config, total, LOCAL_ASSUMPTIONS)
         sfn = stack.moto.client("stepfunctions")
+        marks["started"] = time.monotonic()
         sfn.start_execution(stateMachineArn=stack.resources.state_machine_arn, name=run_id, input=json.dumps(run_cfg))
         follower = LocalFollower(stack, run_id, run_dir, total, progress, responses_per_prompt=config.responses_per_prompt)
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -527,6 +529,7 @@ def _run(stack: LocalStack, config: Any, cfg: dict[str, Any], config_path: Path,
                 break
             time.sleep(0.5)
             desc = follower.poll()
+        marks["ended"] = time.monotonic()
     except KeyboardInterrupt:
         interrupted = True
         say("\ninterrupted: stopping the execution, then its training session (Cleanup) and the local services")
@@ -536,8 +539,10 @@ def _run(stack: LocalStack, config: Any, cfg: dict[str, Any], config_path: Path,
                 desc = stop_execution(stack.moto.client("stepfunctions"), newest["executionArn"],
                                       error="Interrupted", cause="Ctrl-C in run-local", wait=INTERRUPTED_STOP_WAIT)
     finally:
+        marks.setdefault("ended", time.monotonic())
         try:
-            result = _finish(stack, follower, desc, run_id, run_dir, t_start, mirror_s3, degraded=interrupted)
+            result = _finish(stack, follower, desc, run_id, run_dir, t_start, mirror_s3, degraded=interrupted,
+                             marks=marks)
         finally:  # whatever collecting met, everything started is stopped
             stack.stop(drain_seconds=0.0 if interrupted else 10.0)
             if follower is not None:
@@ -546,7 +551,8 @@ def _run(stack: LocalStack, config: Any, cfg: dict[str, Any], config_path: Path,
 
 
 def _finish(stack: LocalStack, follower: LocalFollower | None, desc: dict[str, Any] | None, run_id: str, run_dir: Path,
-            t_start: float, mirror_s3: bool = False, *, degraded: bool = False) -> RunResult:
+            t_start: float, mirror_s3: bool = False, *, degraded: bool = False,
+            marks: dict[str, float] | None = None) -> RunResult:
     """After the execution ends (or on any error): cleanup on abnormal ends, collect, write the run folder.
 
     The simulator may be gone by then (a terminal's Ctrl-C and ``timeout``'s signal reach the whole
@@ -575,6 +581,15 @@ def _finish(stack: LocalStack, follower: LocalFollower | None, desc: dict[str, A
         else:
             log.exception(what)
 
+    laps: dict[str, float] = {}  # the end's parts, seconds (timing.json "end_seconds")
+    t_lap = time.monotonic()
+
+    def lap(name: str) -> None:
+        nonlocal t_lap
+        now = time.monotonic()
+        laps[name] = round(laps.get(name, 0.0) + now - t_lap, 2)
+        t_lap = now
+
     if stack.moto is not None and stack.resources is not None and follower is not None:
         sfn = stack.moto.client("stepfunctions")
         if desc is not None and status in ABNORMAL_END_STATUSES and simulator_gone is None:  # else it has
@@ -587,20 +602,28 @@ def _finish(stack: LocalStack, follower: LocalFollower | None, desc: dict[str, A
                 run_sweeper(stack)
         except Exception:
             failed("SweepSessions")
-        # The asynchronous invocations still running: the last results, and Track publishing the last
-        # summaries and the run's end (the report page's final state). Interrupted, a person is waiting:
-        # a few seconds, then what is left is one line (the page is rebuilt from the run's objects below).
+        lap("cleanup_and_sweep")
+        # The asynchronous invocations still running: the last results; Track publishing the last summaries
+        # and the run's end only when it calls a tracker (MLflow, W&B): otherwise its process is stopped (no
+        # invocation ends while the ledger and the invocations are compared) and the page and every step's
+        # page are rebuilt from the run's objects below (`write_local_report`): nothing a person reads holds the
+        # end. Interrupted, a person is waiting: a few seconds, then what is left is one line.
         dispatcher = stack.moto.dispatcher
+        if not _tracking(run_dir):
+            dispatcher.abandon_beside_loop()
         dispatcher.drain(timeout=INTERRUPTED_DRAIN_SECONDS if degraded else DRAIN_SECONDS)
-        left = [t.name.rsplit("-", 1)[-1] for t in getattr(dispatcher, "_async_threads", []) if t.is_alive()]
+        left = [t.name.rsplit("-", 1)[-1] for t in getattr(dispatcher, "_async_threads", []) if t.is_alive()
+                and not (dispatcher.beside_loop_abandoned and t in dispatcher._beside_loop_threads)]
         if left:
             logging.getLogger("local.engine").setLevel(logging.ERROR)  # each one's "dropped" warning as it ends
             log.warning("%d asynchronous invocation(s) still running were left (%s)", len(left),
                         ", ".join(f"{n} x{left.count(n)}" for n in sorted(set(left))))
+        lap("drain")
         try:
             follower.record_new(full=True)
         except Exception:
             failed("reading summaries")
+        lap("summaries")
         histories = [(_arn, _history(sfn, _arn)) for _arn in follower.executions]
         all_events = [ev for _, h in histories for ev in h]
         if status != "SUCCEEDED" and histories:
@@ -619,6 +642,7 @@ def _finish(stack: LocalStack, follower: LocalFollower | None, desc: dict[str, A
             timing["acr"] = {"invocations": c.invocations, "forwarded": c.forwarded, "throttled": c.throttled,
                              "mean_forward_seconds": round(c.forward_seconds / max(1, c.forwarded), 4),
                              "max_forward_seconds": round(c.max_forward_seconds, 4), **stack.acr.session_counters()}
+        lap("histories")
         session_status = training_session_status(stack, run_id) if simulator_gone is None else None
         billing = stack.billing_report()
         s3 = stack.moto.client("s3")
@@ -633,6 +657,7 @@ def _finish(stack: LocalStack, follower: LocalFollower | None, desc: dict[str, A
                 timing["ledger_check"] = _ledger_check(stack, run_dir)
         except Exception:
             failed("comparing the cost ledger with the local stack's counts")
+        lap("ledger_check_and_state")
         # The run's objects outlive the stack in the run folder (`stepwise rollouts runs-local/RUN_ID`
         # and `stepwise report` read them there); the agents' raw results only with --mirror-s3.
         t0 = time.monotonic()
@@ -640,9 +665,11 @@ def _finish(stack: LocalStack, follower: LocalFollower | None, desc: dict[str, A
                                                               objects=stack.moto.objects),
                             "seconds": 0.0}
         timing["mirror"]["seconds"] = round(time.monotonic() - t0, 2)
+        lap("mirror")
         # interrupted: the page is rebuilt on demand (`stepwise report RUN_FOLDER`, from the mirrored objects);
         # it took 5-15 s of a Ctrl-C's wait on this machine
         report_path = None if interrupted else write_local_report(run_dir, run_id)
+        lap("report_page")
     if stack.simulator is not None and simulator_gone is None:
         try:
             counters = dict(getattr(stack.simulator, "counters", {}) or {})
@@ -653,6 +680,7 @@ def _finish(stack: LocalStack, follower: LocalFollower | None, desc: dict[str, A
     rewards, evals = curves(summaries, eval_summaries)
     if rewards or evals:
         plot_run(run_dir / "reward.png", summaries, eval_summaries, run_dir.name)
+    lap("plot")
     result = RunResult(
         run_id=run_id, status=status, run_dir=run_dir, wall_seconds=round(time.monotonic() - t_start, 1),
         steps=len(steps), rewards=[r for _, r in rewards],
@@ -661,6 +689,12 @@ def _finish(stack: LocalStack, follower: LocalFollower | None, desc: dict[str, A
         executions=follower.executions if follower else [], report=report_path,
         billing=_jsonable(billing),
     )
+    if marks and "started" in marks:  # where the run's wall time went: `local.report.time_lines`
+        timing["phases"] = {"start_up": round(marks["started"] - t_start, 1),
+                            "execution": round(marks["ended"] - marks["started"], 1),
+                            "end": round(time.monotonic() - marks["ended"], 1)}
+        timing["end_seconds"] = laps
+        result.timing = timing
     (run_dir / "timing.json").write_text(json.dumps(timing, indent=2))
     (run_dir / "result.json").write_text(json.dumps(asdict(result), indent=2, default=str))
     return result
@@ -681,17 +715,37 @@ def _ledger_check(stack: LocalStack, run_dir: Path) -> dict[str, Any]:
     return ledger_check(state.get("ledger") or {}, invocations=stack.moto.dispatcher.invocations,
                         memory_mb={f.name: f.memory_mb for f in (*FUNCTIONS, GATEWAY_FUNCTION)},
                         sim_sessions=sim_sessions, session_names=names, acr=acr)
+def _tracking(run_dir: Path) -> bool:
+    """Whether the run's config (the run folder's ``config.json``) names a tracker Track calls (MLflow, W&B)."""
+    try:
+        cfg = json.loads((run_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return True  # unknown: wait for Track, as before
+    return bool(cfg.get("mlflow_tracking_uri") or cfg.get("wandb_project"))
+
+
 def write_local_report(run_dir: Path, run_id: str) -> Path | None:
     """``{run_dir}/report.html``: the run's page rebuilt from the run's objects in the folder's copy of the
     bucket (`stepwise.views.run.rebuild_page`, what `stepwise report RUN_FOLDER` does), so it holds the
     table of the step a failed run ended at even when the run's last Track invocation had not finished;
-    its links to older steps lead into ``s3/runs/RUN_ID/report/``. None when it cannot be made (logged)."""
+    its links to older steps lead into ``s3/runs/RUN_ID/report/``, where the page of every step the Track function
+    had not written (it runs beside the loop, and run-local does not wait for it: `_tracking`) is written here.
+    None when it cannot be made (logged)."""
     target = run_dir / REPORT_FILE
     try:
-        from stepwise.views.run import rebuild_page
+        from stepwise.views.page import render_step_page
+        from stepwise.views.run import fold, rebuild_page
+        from stepwise.views.store import read_config
         from stepwise_cli.sources import DirStore
 
-        target.write_text(rebuild_page(DirStore(run_dir / "s3"), run_id, updated_at="end of run-local",
+        store = DirStore(run_dir / "s3")
+        folded = fold(store, run_id, read_config(store, run_id))
+        for (kind, step), table in folded[1].items():
+            page = run_dir / "s3" / layout.report_step_page_key(run_id, kind, step)
+            if not page.exists():
+                page.parent.mkdir(parents=True, exist_ok=True)
+                page.write_text(render_step_page(run_id, table, updated_at="end of run-local"), encoding="utf-8")
+        target.write_text(rebuild_page(store, run_id, updated_at="end of run-local", folded=folded,
                                        link_prefix=f"s3/{layout.report_prefix(run_id)}"), encoding="utf-8")
         return target
     except Exception:

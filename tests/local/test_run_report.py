@@ -39,6 +39,21 @@ def test_report_counts_the_runs_acr_sessions_and_flags_any_left_billing(tmp_path
     assert "1 left active (peak 25 at once) <- still billing" in text
 
 
+def test_the_closing_lines_end_with_where_the_runs_time_went(tmp_path):
+    """A run's last lines say where its wall time went (start-up, execution, end) and a step's mean time by part;
+    before, the step line sat among the checkpoints and nothing said how long start-up and the end took."""
+    (tmp_path / "state.json").write_text(json.dumps({"checkpoints": [{"step": 2, "reason": "final",
+                                                                      "model_package_arn": "arn:x"}]}))
+    timing = {"steps": 20, "seconds": {"rollouts": 100.0, "eval_rollouts": 6.0, "advantages": 10.0, "training": 20.0,
+                                       "eval_checkpoint": 1.0, "orchestration": 5.0, "session_start": 8.0},
+              "per_step": {"rollouts": 5.0, "advantages": 0.5, "training": 1.0, "orchestration": 0.25, "wall": 6.75},
+              "phases": {"start_up": 20.0, "execution": 150.0, "end": 3.0}}
+    lines = report_module.report(_result(tmp_path, wall_seconds=173.0, timing=timing)).splitlines()
+    assert lines[-2] == ("time (s): 173 = start-up 20 + execution 150 (session start 8, 20 steps 135, evals and "
+                         "checkpoints 7) + end 3")
+    assert lines[-1] == "per step (s): rollouts 5.00, advantages 0.50, training 1.00, orchestration 0.25, wall 6.75"
+
+
 def test_the_progress_bar_and_watch_share_one_kept_groups():
     assert run_module.kept_groups is watch.kept_groups
     grpo = {"sampler/num_rollouts": 64.0, "advantages/zero_groups_fraction": 0.5}

@@ -78,12 +78,13 @@ def fold(store: Any, run_id: str, cfg: RunConfig, *, tokenizer: Tokenizer | None
 
 
 def rebuild_page(store: Any, run_id: str, *, updated_at: str = "", link_prefix: str = "",
-                 tokenizer: Tokenizer | None = None) -> str:
-    """The report page from the run's objects (`fold`); nothing is written. Raises
-    `stepwise.views.store.Unreadable` for a damaged ``config.json`` or ``state.json``."""
+                 tokenizer: Tokenizer | None = None,
+                 folded: tuple[ReportIndex, dict[tuple[str, int], dict[str, Any]]] | None = None) -> str:
+    """The report page from the run's objects (`fold`, or ``folded``: what `fold` returned for this run);
+    nothing is written. Raises `stepwise.views.store.Unreadable` for a damaged ``config.json`` or ``state.json``."""
     cfg = read_config(store, run_id)
     state = read_state(store, run_id)
-    index, tables = fold(store, run_id, cfg, tokenizer=tokenizer)
+    index, tables = folded if folded is not None else fold(store, run_id, cfg, tokenizer=tokenizer)
     recent = [tables[(k, s)] for k, s in index.recent[-ix.RECENT:] if (k, s) in tables]
     return render_page(PageInputs(run_id=run_id, config=cfg, state=state, index=index, tables=recent,
                                   ended=store.get_json_or(layout.run_summary_key(run_id)), updated_at=updated_at,
