@@ -1,4 +1,4 @@
-"""The moto seam: the local Step Functions engine, S3 and in-process Lambda dispatch.
+"""The moto seam: the local Step Functions engine and S3, with the Lambda invoke seam.
 
 One moto server (``ThreadedMotoServer``) on a loopback port serves every AWS service the
 pipeline uses (S3, Step Functions, Lambda, IAM/STS), so other threads and other processes
@@ -10,24 +10,15 @@ through moto's ``LambdaFunction.invoke(body, request_headers, response_headers)`
 real handler from ``stepwise.functions``. This module is the only place that knows moto's
 internals; ``tests/local/test_engine_contract.py`` fails loudly when a moto upgrade moves them.
 
-Faults a drill injects (`InvocationFaults`, ``dispatcher.faults``): throttle a named function (its next
-synchronous invocations answer Lambda's 429 TooManyRequestsException, which a ``lambda:invoke`` task
-reports as ``Lambda.TooManyRequestsException``), delay or drop its asynchronous invocations (an S3
-notification delivered late, or never: S3 event notifications are at-least-once and may arrive late),
-and hide new executions from DescribeExecution for a while (`InvocationFaults.hide_new_executions`:
-Step Functions' reads are eventually consistent).
-
-Lambda's limits are enforced per invocation (``local/limits.py``, in `run_handler`, in this
-process and in the worker processes alike): a handler that runs past its ``FunctionSpec.timeout_s``
-or whose memory goes past its ``memory_mb`` fails the way Lambda fails it (an unhandled error; Step
-Functions sees ``Lambda.Unknown`` with a message naming the function and the figure). Not
-emulated: EventBridge does not deliver to Lambda targets in moto, so the local runner calls Cleanup
-itself on abnormal ends. docs/internals.md lists the remaining differences.
+Its parts of the local stack's other jobs live beside it: the dispatch of each invocation to its handler,
+under Lambda's limits and the drills' faults (`local.dispatch`), the S3 requests counted by kind
+(`local.s3_requests`), the stack's resources made in this server (`local.resources`). Not emulated:
+EventBridge does not deliver to Lambda targets in moto, so the local runner calls Cleanup itself on
+abnormal ends. docs/internals.md lists the remaining differences.
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import functools
 import importlib
@@ -39,7 +30,6 @@ import os
 import socket
 import threading
 import time
-import traceback
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
@@ -47,15 +37,15 @@ from typing import Any, Callable, Iterator
 from botocore.config import Config
 
 from local._proc import restore_env
-from local.limits import LimitMonitor, MemoryMeasure, default_measure, process_monitor
-from stepwise.layout import RESULTS_PREFIX, RUNS_PREFIX, SUMMARY_NAME, key_kind
+# the dispatch and the request log were parts of this module: their names are still read from here
+from local.dispatch import (Handler, InvocationFaults, InvocationRecord, LambdaContext, LambdaDispatcher,  # noqa: F401
+                            LambdaThrottled, run_handler)
+from local.s3_requests import S3RequestLog, s3_request_kind  # noqa: F401
 
 log = logging.getLogger(__name__)
 
 REGION = "us-east-1"
 ACCOUNT_ID = "123456789012"  # moto's default account
-LAMBDA_ROLE_NAME = "stepwise-local-lambda"
-STATE_MACHINE_ROLE_NAME = "stepwise-local-states"
 #: boto3 service name -> the suffix of its ``AWS_ENDPOINT_URL_*`` variable (botocore's
 #: service id, upper-cased, spaces as underscores: Step Functions is ``SFN``). SNS, Secrets Manager and
 #: CloudFormation too: the handlers call them when the environment names a topic, a secret or a stack,
@@ -70,349 +60,9 @@ MOTO_SERVICES = {
 #: seam is broken and we refuse to start rather than silently echoing payloads.
 _EXPECTED_INVOKE_PARAMS = ("self", "body", "request_headers", "response_headers")
 
-Handler = Callable[[dict[str, Any], Any], Any]
-
 
 class SeamBroken(RuntimeError):
     """moto's internals no longer match what the local engine patches (pin or port the seam)."""
-
-
-# --------------------------------------------------------------------------------------
-# The Lambda invoke seam
-# --------------------------------------------------------------------------------------
-
-
-@dataclass
-class LambdaContext:
-    """The subset of the Lambda context object handlers and Powertools read."""
-
-    function_name: str
-    memory_limit_in_mb: int
-    invoked_function_arn: str
-    timeout_s: int
-    aws_request_id: str = field(default_factory=lambda: str(uuid.uuid4()))
-    function_version: str = "$LATEST"
-    log_group_name: str = ""
-    log_stream_name: str = ""
-    _started: float = field(default_factory=time.monotonic)
-
-    def get_remaining_time_in_millis(self) -> int:
-        return max(0, int((self.timeout_s - (time.monotonic() - self._started)) * 1000))
-
-
-@dataclass
-class _Registered:
-    handler_path: str
-    memory_mb: int
-    timeout_s: int
-    arn: str
-    handler: Handler | None = None
-    beside_loop: bool = False
-
-
-@dataclass
-class InvocationRecord:
-    """One dispatched invocation (kept for tests and the run's timing split).
-
-    ``error`` is the ``errorType`` of a failed invocation (``Lambda.Unknown`` when it broke its
-    function's limit); ``peak_mb`` is its measured memory growth (`local.limits`); ``seconds`` is the
-    dispatch's wall time, ``handler_seconds`` the handler's own (what Lambda would bill; the cost
-    ledger's check compares with it).
-    """
-
-    function_name: str
-    invocation_type: str
-    started: float
-    seconds: float
-    error: str | None
-    peak_mb: float = 0.0
-    handler_seconds: float = 0.0  # the handler's own run (in its worker), without the dispatch around it
-
-
-def run_handler(function_name: str, handler: Handler, event: Any, ctx: LambdaContext,
-                monitor: LimitMonitor | None = None) -> tuple[bytes, str | None, float]:
-    """Run ``handler(event, ctx)`` under the function's limits; returns (payload bytes, ``"Unhandled"``
-    or None, measured peak MB) like Lambda's Invoke: an exception becomes the ``errorType`` /
-    ``errorMessage`` / ``stackTrace`` payload, and an invocation past ``ctx.timeout_s`` or
-    ``ctx.memory_limit_in_mb`` is stopped and answers ``Lambda.Unknown`` (the name Step Functions
-    gives Lambda timeouts and out-of-memory kills) with a message naming the function and the figure.
-
-    ``monitor``: the `local.limits.LimitMonitor` to run under (default: this process's).
-    """
-    monitor = monitor or process_monitor()
-    out = monitor.run(function_name, lambda: handler(event, ctx), memory_mb=ctx.memory_limit_in_mb,
-                      timeout_s=ctx.timeout_s)
-    peak = out.invocation.peak_mb
-    if out.violation is not None:
-        log.warning("Lambda %s stopped: %s", function_name, out.violation)
-        return json.dumps({"errorType": "Lambda.Unknown", "errorMessage": f"RequestId: {ctx.aws_request_id} "
-                           f"Error: {out.violation}"}).encode(), "Unhandled", peak
-    if out.error is not None:  # Lambda reports an unhandled error as a payload, not a crash
-        exc = out.error
-        error = type(exc).__name__
-        log.warning("Lambda %s raised %s: %s", function_name, error, exc)
-        return json.dumps({"errorType": error, "errorMessage": str(exc),
-                           "stackTrace": traceback.format_exception(exc)}).encode(), "Unhandled", peak
-    try:
-        return json.dumps(out.result, default=str).encode(), None, peak
-    except (TypeError, ValueError) as exc:
-        return json.dumps({"errorType": type(exc).__name__, "errorMessage": f"result not JSON: {exc}"}).encode(), \
-            "Unhandled", peak
-
-
-class LambdaThrottled(Exception):
-    """A synchronous invocation `InvocationFaults` throttles (`DirectLambdaClient` answers it as Lambda's
-    429 TooManyRequestsException)."""
-
-
-@dataclass
-class _Fault:
-    function: str  # a function name, or its logical name (the part after ``{prefix}-``)
-    remaining: int
-    match: Callable[[Any], bool] | None = None
-    seconds: float = 0.0
-
-    def applies(self, function_name: str, event: Any) -> bool:
-        if self.remaining <= 0:
-            return False
-        if function_name != self.function and not function_name.endswith(f"-{self.function}"):
-            return False
-        try:
-            return self.match is None or bool(self.match(event))
-        except Exception:  # a predicate that cannot read this event does not match it
-            return False
-
-
-class InvocationFaults:
-    """Faults armed for the next invocations of named functions (the drills' "Lambda misbehaves").
-
-    ``function`` is a function name or its logical name (``FinishRollout`` matches
-    ``stepwise-local-FinishRollout``); ``match`` (optional) picks invocations by their event.
-    Counters of what fired: ``throttled``, ``delayed``, ``dropped``, ``unseen`` (DescribeExecution
-    answers of `hide_new_executions`: Step Functions' reads are eventually consistent too).
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._throttles: list[_Fault] = []
-        self._delays: list[_Fault] = []
-        self._drops: list[_Fault] = []
-        self._unseen: list[tuple[float, Callable[[str], bool] | None]] = []
-        self.throttled = 0
-        self.delayed = 0
-        self.dropped = 0
-        self.unseen = 0
-
-    def throttle(self, function: str, n: int = 1, *, match: Callable[[Any], bool] | None = None) -> None:
-        """The next ``n`` synchronous invocations of ``function`` (those ``match`` accepts) answer
-        TooManyRequestsException (429) and do not run."""
-        with self._lock:
-            self._throttles.append(_Fault(function, n, match))
-
-    def delay_events(self, function: str, seconds: float, n: int = 1, *, match: Callable[[Any], bool] | None = None) -> None:
-        """The next ``n`` asynchronous (Event) invocations of ``function`` run ``seconds`` late (an S3
-        notification delivered after its rollout's task timed out, say)."""
-        with self._lock:
-            self._delays.append(_Fault(function, n, match, seconds))
-
-    def drop_events(self, function: str, n: int = 1, *, match: Callable[[Any], bool] | None = None) -> None:
-        """The next ``n`` asynchronous (Event) invocations of ``function`` never run."""
-        with self._lock:
-            self._drops.append(_Fault(function, n, match))
-
-    def hide_new_executions(self, seconds: float, *, match: Callable[[str], bool] | None = None) -> None:
-        """From now on, DescribeExecution answers ExecutionDoesNotExist for an execution (those whose ARN
-        ``match`` accepts) until it is ``seconds`` old: Step Functions' eventual consistency, under which
-        an execution just started (a continue-as-new successor) can read as not existing for a while."""
-        with self._lock:
-            self._unseen.append((float(seconds), match))
-
-    def show_new_executions(self) -> None:
-        """Disarm every `hide_new_executions`: DescribeExecution sees each execution at once again."""
-        with self._lock:
-            self._unseen.clear()
-
-    def hidden_for(self, execution_arn: str) -> float:
-        """How many seconds after its start execution ``execution_arn`` reads as not existing (0 = seen)."""
-        with self._lock:
-            return max((s for s, m in self._unseen if m is None or m(execution_arn)), default=0.0)
-
-    def count_unseen(self) -> None:
-        with self._lock:
-            self.unseen += 1
-
-    def _take(self, faults: list[_Fault], function_name: str, event: Any) -> _Fault | None:
-        with self._lock:
-            for fault in faults:
-                if fault.applies(function_name, event):
-                    fault.remaining -= 1
-                    return fault
-        return None
-
-    def take_throttle(self, function_name: str, event: Any) -> bool:
-        fired = self._take(self._throttles, function_name, event) is not None
-        if fired:
-            with self._lock:
-                self.throttled += 1
-        return fired
-
-    def take_event_fault(self, function_name: str, event: Any) -> tuple[str, float] | None:
-        """``("drop", 0)`` or ``("delay", seconds)`` for an asynchronous invocation, or None."""
-        if self._take(self._drops, function_name, event) is not None:
-            with self._lock:
-                self.dropped += 1
-            return "drop", 0.0
-        fault = self._take(self._delays, function_name, event)
-        if fault is not None:
-            with self._lock:
-                self.delayed += 1
-            return "delay", fault.seconds
-        return None
-
-
-class LambdaDispatcher:
-    """Maps moto function names to real handlers and runs them in-process, or in worker processes.
-
-    ``invocations`` records every call (function name, wall seconds, error type or None, peak MB).
-    ``workers``: a `local.workers.WorkerPool`; handlers registered by path then run there (off
-    moto's GIL), handlers registered as callables (tests) still run in this process. Both run under
-    Lambda's limits (`run_handler`); ``measure`` is how this process measures per-invocation memory
-    (`local.limits`; default ``STEPWISE_LOCAL_MEMORY_MEASURE`` or ``rss``), its monitor runs
-    between the first call and `stop_limits` (`MotoServer.stop`).
-    """
-
-    def __init__(self, workers: Any = None, measure: MemoryMeasure | None = None) -> None:
-        self._functions: dict[str, _Registered] = {}
-        self._lock = threading.Lock()
-        self.invocations: list[InvocationRecord] = []
-        self._async_threads: list[threading.Thread] = []
-        self._beside_loop_threads: set[threading.Thread] = set()
-        self.beside_loop_abandoned = False
-        self.workers = workers
-        self.faults = InvocationFaults()
-        #: When a list (drills set it): every invocation's (function name, event JSON, payload bytes) -- the
-        #: inputs and outputs the executions' histories hold for Lambda tasks.
-        self.payloads: list[tuple[str, str, bytes]] | None = None
-        self.limits = LimitMonitor(measure or default_measure())
-        self._limits_started = False
-
-    def _monitor(self) -> LimitMonitor:
-        with self._lock:
-            if not self._limits_started:
-                self.limits.start()
-                self._limits_started = True
-        return self.limits
-
-    def stop_limits(self) -> None:
-        if self._limits_started:
-            self.limits.stop()
-            self._limits_started = False
-
-    def register(self, function_name: str, *, handler_path: str, memory_mb: int, timeout_s: int, arn: str,
-                 handler: Handler | None = None, beside_loop: bool = False) -> None:
-        """Route invocations of ``function_name`` to ``handler_path`` (``module.function``) or ``handler``;
-        ``beside_loop`` (`stepwise.functions.FunctionSpec.beside_loop`): to the workers' low-priority process."""
-        self._functions[function_name] = _Registered(handler_path, memory_mb, timeout_s, arn, handler, beside_loop)
-
-    def _resolve(self, name: str) -> tuple[_Registered, Handler]:
-        reg = self._functions.get(name)
-        if reg is None:
-            raise KeyError(f"no local handler registered for Lambda function {name!r}; known: {sorted(self._functions)}")
-        if reg.handler is None:
-            module_name, _, attr = reg.handler_path.rpartition(".")
-            reg.handler = getattr(importlib.import_module(module_name), attr)
-        return reg, reg.handler
-
-    def call(self, function_name: str, event: Any, invocation_type: str) -> tuple[bytes, str | None]:
-        """Run the handler; returns (payload bytes, function error kind or None) like Lambda's Invoke."""
-        started = time.time()
-        t0 = time.monotonic()
-        reg = self._functions.get(function_name)
-        if self.workers is not None and reg is not None and reg.handler_path and reg.handler is None:
-            context = {"function_name": function_name, "memory_limit_in_mb": reg.memory_mb,
-                       "invoked_function_arn": reg.arn, "timeout_s": reg.timeout_s}
-            payload, kind, peak, handler_seconds = self.workers.call(reg.handler_path, event, context, reg.timeout_s,
-                                                                     beside_loop=reg.beside_loop)
-        else:
-            reg, handler = self._resolve(function_name)
-            ctx = LambdaContext(function_name, reg.memory_mb, reg.arn, reg.timeout_s)
-            t_handler = time.monotonic()
-            payload, kind, peak = run_handler(function_name, handler, event, ctx, self._monitor())
-            handler_seconds = time.monotonic() - t_handler
-        error = None
-        if kind:
-            try:
-                error = str(json.loads(payload).get("errorType") or kind)
-            except (ValueError, AttributeError):
-                error = kind
-        with self._lock:
-            self.invocations.append(InvocationRecord(function_name, invocation_type, started,
-                                                     time.monotonic() - t0, error, peak, handler_seconds))
-            if self.payloads is not None:
-                self.payloads.append((function_name, json.dumps(event, default=str), payload))
-        return payload, kind
-
-    def invoke_from_moto(self, function_name: str, body: Any, request_headers: Any, response_headers: Any) -> bytes:
-        """The body of the patched ``LambdaFunction.invoke``.
-
-        An S3 notification calls with empty headers and (like AWS) is asynchronous: the
-        handler runs on its own thread so the agent's PutObject returns at once.
-        """
-        event = json.loads(body) if isinstance(body, (str, bytes)) and body else {}
-        inv_type = (request_headers or {}).get("x-amz-invocation-type") or ("Event" if not request_headers else "RequestResponse")
-        if inv_type == "Event":
-            fault = self.faults.take_event_fault(function_name, event)
-            if fault is not None and fault[0] == "drop":
-                log.warning("Lambda %s: asynchronous invocation dropped (injected fault)", function_name)
-                return b""
-            delay = fault[1] if fault is not None else 0.0
-
-            def run_later() -> None:
-                if delay:
-                    time.sleep(delay)
-                try:
-                    self.call(function_name, event, "Event")
-                except OSError as exc:  # its worker process is gone (a Ctrl-C reached the process group)
-                    if self.beside_loop_abandoned and threading.current_thread() in self._beside_loop_threads:
-                        log.debug("Lambda %s: left unfinished at the run's end (beside the loop): %s", function_name, exc)
-                        return
-                    log.warning("Lambda %s: asynchronous invocation dropped, its worker process did not answer: %s",
-                                function_name, exc)
-
-            t = threading.Thread(target=run_later, name=f"lambda-{function_name}", daemon=True)
-            t.start()
-            beside = reg.beside_loop if (reg := self._functions.get(function_name)) is not None else False
-            with self._lock:
-                self._async_threads = [x for x in self._async_threads if x.is_alive()] + [t]
-                if beside:
-                    self._beside_loop_threads = {x for x in self._beside_loop_threads if x.is_alive()} | {t}
-            return b""
-        if self.faults.take_throttle(function_name, event):
-            raise LambdaThrottled(f"Rate Exceeded. (function {function_name}: injected throttling)")
-        payload, error = self.call(function_name, event, inv_type)
-        if error:
-            response_headers["x-amz-function-error"] = error
-        response_headers["x-amz-log-result"] = base64.b64encode(b"").decode()
-        return payload
-
-    def drain(self, timeout: float = 30.0, *, beside_loop: bool | None = None) -> None:
-        """Wait for asynchronous (Event) invocations still running, at most ``timeout`` seconds in all.
-
-        ``beside_loop=False`` (default once `abandon_beside_loop` was called, else True): not for the functions beside the loop (`stepwise.functions.FunctionSpec.beside_loop`:
-        Track), which are left to end with their worker (`abandon_beside_loop`): run-local rebuilds what they
-        produce at a run's end, and waited for them up to a minute (a Track invocation takes 8.5 s idle, about
-        a minute under load)."""
-        deadline = time.monotonic() + timeout
-        beside_loop = not self.beside_loop_abandoned if beside_loop is None else beside_loop
-        with self._lock:
-            threads = [t for t in self._async_threads if beside_loop or t not in self._beside_loop_threads]
-        for t in threads:
-            t.join(max(0.0, deadline - time.monotonic()))
-
-    def abandon_beside_loop(self) -> None:
-        """From now on a beside-the-loop invocation cut short by its worker's end is a debug line, not a warning:
-        the caller has chosen not to wait for them (`drain` with ``beside_loop=False``)."""
-        self.beside_loop_abandoned = True
 
 
 def moto_invoke_target() -> Any:
@@ -1128,65 +778,6 @@ def with_pool(client: Any) -> Any:
                         config=meta.config.merge(Config(max_pool_connections=max_pool_connections())))
 
 
-# --------------------------------------------------------------------------------------
-# S3 request log (what a rollout costs in requests, by kind)
-# --------------------------------------------------------------------------------------
-
-def s3_request_kind(method: str, path: str, query: str) -> tuple[str, str]:
-    """``(operation, object kind)`` of one path-style S3 request.
-
-    Operation: ``GET``, ``PUT``, ``HEAD``, ``DELETE``, ``POST`` or ``LIST`` (a GET of the bucket
-    itself); object kind: the layout's kind of the key it touches (`stepwise.layout.key_kind`: ``state``, ``session``, ``turn``, ...;
-    ``bucket`` for bucket-level calls, ``other`` for keys outside the layout). For a LIST the kind
-    is the one of its ``prefix`` (``turn`` for a session's turns).
-    """
-    from urllib.parse import parse_qs, unquote
-
-    parts = unquote(path).lstrip("/").split("/", 1)
-    key = parts[1] if len(parts) > 1 else ""
-    op = method.upper()
-    if not key:
-        if op != "GET":
-            return op, "bucket"
-        prefix = parse_qs(query).get("prefix", [""])[0]
-        op, key = "LIST", prefix
-        if not key:
-            return op, "bucket"
-    return op, key_kind(key)
-
-
-class S3RequestLog:
-    """Counts the S3 requests a moto server answers, by ``(operation, object kind)``.
-
-    Installed around moto's WSGI app (every process's S3 client reaches the same server: the
-    handlers, the gateway, the agents), so the figure is the whole run's, as S3 would bill it.
-    A request is S3 when its SigV4 credential scope names ``s3``.
-    """
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-        self._lock = threading.Lock()
-        self.counts: dict[tuple[str, str], int] = {}
-
-    def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
-        if "/s3/aws4_request" in environ.get("HTTP_AUTHORIZATION", ""):
-            kind = s3_request_kind(environ.get("REQUEST_METHOD", ""), environ.get("PATH_INFO", ""),
-                                   environ.get("QUERY_STRING", ""))
-            with self._lock:
-                self.counts[kind] = self.counts.get(kind, 0) + 1
-        return self.app(environ, start_response)
-
-    def snapshot(self) -> dict[str, int]:
-        """``{"OP kind": count}``, sorted by key (JSON-ready)."""
-        with self._lock:
-            return {f"{op} {kind}": n for (op, kind), n in sorted(self.counts.items())}
-
-
-# --------------------------------------------------------------------------------------
-# The moto server
-# --------------------------------------------------------------------------------------
-
-
 def endpoint_env(endpoint: str) -> dict[str, str]:
     """Environment that points boto3 (in any process) at the moto server for MOTO_SERVICES (and makes
     botocore honour the variables even where the user's shared config says to ignore them)."""
@@ -1315,119 +906,13 @@ class MotoServer:
                 yield key, obj.value
 
 
-# --------------------------------------------------------------------------------------
-# Resources: the same ones the stack creates
-# --------------------------------------------------------------------------------------
+#: Names of `local.resources` once defined here, still read from here (``engine.create_state_machine``).
+_MOVED_TO_RESOURCES = ("LocalResources", "create_functions", "create_bucket", "create_state_machine",
+                       "state_machine_arn_for", "local_function_name", "_ensure_role", "LAMBDA_ROLE_NAME",
+                       "STATE_MACHINE_ROLE_NAME")
 
 
-@dataclass
-class LocalResources:
-    """What ``create_resources`` made: names and ARNs the runner needs."""
-
-    bucket: str
-    state_machine_arn: str
-    function_arns: dict[str, str]
-    definition: str
-
-
-def _ensure_role(iam: Any, name: str, service: str) -> str:
-    doc = json.dumps({"Version": "2012-10-17", "Statement": [
-        {"Effect": "Allow", "Principal": {"Service": service}, "Action": "sts:AssumeRole"}]})
-    try:
-        return iam.create_role(RoleName=name, AssumeRolePolicyDocument=doc)["Role"]["Arn"]
-    except iam.exceptions.EntityAlreadyExistsException:
-        return iam.get_role(RoleName=name)["Role"]["Arn"]
-
-
-def local_function_name(prefix: str, logical: str) -> str:
-    return f"{prefix}-{logical}"
-
-
-def create_functions(moto: MotoServer, *, prefix: str = "stepwise-local") -> dict[str, str]:
-    """Create one moto Lambda per ``stepwise.functions.FUNCTIONS`` entry, routed in-process.
-
-    Returns logical name -> function ARN. The environment is the one the stack gives
-    (``functions.environment``), set on the moto function and in this process's environment
-    (restored by ``MotoServer.stop``).
-    """
-    from stepwise import functions, settings
-
-    lam = moto.client("lambda")
-    role = _ensure_role(moto.client("iam"), LAMBDA_ROLE_NAME, "lambda.amazonaws.com")
-    env = functions.environment(bucket=os.environ.get("STEPWISE_BUCKET", ""),
-                                gateway_url=os.environ.get("STEPWISE_GATEWAY_URL", ""),
-                                data_buckets=os.environ.get(settings.ENV_DATA_BUCKETS, ""),
-                                agent_runtime_arns=os.environ.get(settings.ENV_AGENT_RUNTIME_ARNS, ""),
-                                judge_model_ids=os.environ.get(settings.ENV_JUDGE_MODEL_IDS, ""))
-    # Handlers run in this process: they see the stack's environment (plus the local endpoints
-    # already set here). Every function gets the same one, so the process env can carry it.
-    moto.set_env(env)
-    arns: dict[str, str] = {}
-    for spec in functions.FUNCTIONS:
-        name = local_function_name(prefix, spec.name)
-        try:
-            arn = lam.create_function(
-                FunctionName=name,
-                Role=role,
-                PackageType="Image",
-                Code={"ImageUri": f"{ACCOUNT_ID}.dkr.ecr.{REGION}.amazonaws.com/stepwise:local"},
-                ImageConfig={"Command": [spec.handler]},
-                MemorySize=spec.memory_mb,
-                Timeout=spec.timeout_s,
-                Description=spec.description[:256],
-                Environment={"Variables": env},
-            )["FunctionArn"]
-        except lam.exceptions.ResourceConflictException:
-            # moto's backends outlive a server in this process: a function left by an earlier
-            # local stack must take this stack's environment, not keep the old one.
-            arn = lam.update_function_configuration(
-                FunctionName=name, MemorySize=spec.memory_mb, Timeout=spec.timeout_s,
-                Environment={"Variables": env},
-            )["FunctionArn"]
-        moto.dispatcher.register(name, handler_path=spec.handler, memory_mb=spec.memory_mb,
-                                 timeout_s=spec.timeout_s, arn=arn, beside_loop=spec.beside_loop)
-        arns[spec.name] = arn
-    return arns
-
-
-def create_bucket(moto: MotoServer, bucket: str, *, result_function_arn: str | None,
-                  track_function_arn: str | None = None) -> None:
-    """The run bucket, with the stack's ObjectCreated notifications: ``rollout-results/`` ->
-    OnRolloutResult, and (when given) ``runs/`` + suffix ``summary.json`` -> Track."""
-    s3 = moto.client("s3")
-    with contextlib.suppress(s3.exceptions.BucketAlreadyOwnedByYou):
-        s3.create_bucket(Bucket=bucket)
-    configs = []
-    if result_function_arn:
-        configs.append({
-            "Id": "rollout-results",
-            "LambdaFunctionArn": result_function_arn,
-            "Events": ["s3:ObjectCreated:*"],
-            "Filter": {"Key": {"FilterRules": [{"Name": "prefix", "Value": RESULTS_PREFIX}]}},
-        })
-    if track_function_arn:
-        configs.append({
-            "Id": "summaries",
-            "LambdaFunctionArn": track_function_arn,
-            "Events": ["s3:ObjectCreated:*"],
-            "Filter": {"Key": {"FilterRules": [{"Name": "prefix", "Value": RUNS_PREFIX},
-                                               {"Name": "suffix", "Value": SUMMARY_NAME}]}},
-        })
-    if configs:
-        s3.put_bucket_notification_configuration(Bucket=bucket,
-                                                 NotificationConfiguration={"LambdaFunctionConfigurations": configs})
-
-
-def create_state_machine(moto: MotoServer, name: str, definition: str) -> str:
-    """A STANDARD state machine with ``definition`` (already substituted). Returns its ARN."""
-    sfn = moto.client("stepfunctions")
-    role = _ensure_role(moto.client("iam"), STATE_MACHINE_ROLE_NAME, "states.amazonaws.com")
-    for sm in sfn.list_state_machines()["stateMachines"]:
-        if sm["name"] == name:
-            sfn.update_state_machine(stateMachineArn=sm["stateMachineArn"], definition=definition)
-            return sm["stateMachineArn"]
-    return sfn.create_state_machine(name=name, definition=definition, roleArn=role, type="STANDARD")["stateMachineArn"]
-
-
-def state_machine_arn_for(name: str) -> str:
-    return f"arn:aws:states:{REGION}:{ACCOUNT_ID}:stateMachine:{name}"
+def __getattr__(name: str) -> Any:
+    if name in _MOVED_TO_RESOURCES:
+        return getattr(importlib.import_module("local.resources"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -146,7 +146,7 @@ class LocalStack:
               agents: dict[str, str] | None = None) -> "LocalStack":
         """Start every service; ``agents`` maps runtime ARNs to the apps the ACR emulator serves for them
         (``MODULE:ATTR`` or ``PATH.py:ATTR``, `local.agents.serve.load_app`; others by their runtime name)."""
-        from local import engine
+        from local import engine, resources
         from local.acr import AcrEmulator, Faults
         from local.gateway import GatewayProcess
         from local.simulator import start_simulator
@@ -171,7 +171,7 @@ class LocalStack:
         # Loopback gateway: a streamed turn lands within ms of [DONE]; the 1 s default grace sat on
         # every rollout's critical path (FinishRollout sleeps it). A value set by the user wins.
         self.set_env({"STEPWISE_TURN_GRACE_SECONDS": os.environ.get("STEPWISE_TURN_GRACE_SECONDS", "0.2")})
-        engine.create_bucket(self.moto, self.bucket, result_function_arn=None)
+        resources.create_bucket(self.moto, self.bucket, result_function_arn=None)
         self.gateway = GatewayProcess(dict(os.environ), log_path=str(log_dir / "gateway.log") if log_dir else None)
         self.set_env({"STEPWISE_GATEWAY_URL": self.gateway.url})
         # ACR scoped as the stack's IAM grant scopes it: the stack's region, or its allow-list.
@@ -267,14 +267,14 @@ def local_substitutions(function_arns: dict[str, str], bucket: str) -> dict[str,
 
 def create_resources(moto: Any, bucket: str, *, state_machine_name: str = "stepwise-training-loop") -> Any:
     """Functions, bucket notification and state machine, as the stack creates them."""
-    from local import engine
+    from local import resources
     from state_machine.definition import render_definition
 
-    arns = engine.create_functions(moto)
-    engine.create_bucket(moto, bucket, result_function_arn=arns["OnRolloutResult"], track_function_arn=arns["Track"])
+    arns = resources.create_functions(moto)
+    resources.create_bucket(moto, bucket, result_function_arn=arns["OnRolloutResult"], track_function_arn=arns["Track"])
     definition = render_definition(local_substitutions(arns, bucket))
-    sm_arn = engine.create_state_machine(moto, state_machine_name, definition)
-    return engine.LocalResources(bucket=bucket, state_machine_arn=sm_arn, function_arns=arns, definition=definition)
+    sm_arn = resources.create_state_machine(moto, state_machine_name, definition)
+    return resources.LocalResources(bucket=bucket, state_machine_arn=sm_arn, function_arns=arns, definition=definition)
 
 
 def run_cleanup(stack: LocalStack, execution: dict[str, Any]) -> None:

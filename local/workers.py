@@ -172,7 +172,7 @@ class _Invoke(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
     def do_POST(self) -> None:  # noqa: N802 (http.server's name)
-        from local.engine import LambdaContext, run_handler
+        from local.dispatch import LambdaContext, run_handler
 
         req = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
         _apply_env(req.get("env") or {})
