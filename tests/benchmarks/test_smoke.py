@@ -323,3 +323,20 @@ def test_judge_toy_reads_a_run_folder_and_measures_the_judge_against_the_answer_
     assert (row["judged"], row["correct"], row["agree"], row["groups"]) == (1.0, 0.5, 0.5, 1)
     assert row["input_tokens_per_group"] == 600 and row["usd_per_group"] == pytest.approx((600 * 0.035 + 100 * 0.14) / 1e6)
     assert "0.500" in judge_toy.table(out)
+
+
+def test_toy_run_profile_names_each_process_and_prints_the_parts_per_step() -> None:
+    from benchmarks import toy_run_profile as trp
+
+    assert trp.kind_of("python -m local.workers --port 0 --beside-loop") == "Track worker (niced)"
+    assert trp.kind_of("python -m local.workers --port 0") == "loop workers (handlers)"
+    assert trp.kind_of("python -m local.no_aws stepwise.gateway --port 0") == "gateway"
+    assert trp.kind_of("python -m stepwise_cli run-local examples/toy.json") == "run-local (moto, ASL, ACR emulator)"
+    timing = {"steps": 2, "per_step": {"rollouts": 4.0, "wall": 5.0}, "seconds": {"session_start": 3.0},
+              "phases": {"start_up": 10.0, "execution": 20.0, "end": 1.0}, "end_seconds": {"mirror": 0.1},
+              "lambdas": {"Track": {"count": 3, "errors": 0, "seconds": 8.0}},
+              "acr": {"invocations": 10, "throttled": 2, "stop_calls": 8}, "s3_requests": {"per_rollout": {"total": 17}}}
+    text = trp.table({"wall_seconds": 31.0, "load_before": "1/1/1", "load_after": "2/2/2", "timing": timing,
+                      "cpu_seconds": {"gateway": 4.0}})
+    assert "| Track | 3 (0 errors) | 4.00 |" in text and "| gateway | 4.0 | 2.00 |" in text
+    assert "2 throttled" in text and "rollouts 4.00" in text
