@@ -367,7 +367,16 @@ class LambdaDispatcher:
         for t in threads:
             t.join(max(0.0, deadline - time.monotonic()))
 
-    def abandon_beside_loop(self) -> None:
-        """From now on a beside-the-loop invocation cut short by its worker's end is a debug line, not a warning:
-        the caller has chosen not to wait for them (`drain` with ``beside_loop=False``)."""
+    def abandon_beside_loop(self) -> bool:
+        """Stop the functions beside the loop where they run in a process of their own (`local.workers.WorkerPool`):
+        an invocation still running is cut short (a debug line, not a warning) and none ends later, so what is
+        read next (the run's ledger, these invocations) holds still. Returns False, abandoning nothing, when they
+        run in this process (no worker pool, or none of their own): `drain` then waits for them as before."""
+        workers = self.workers
+        if workers is None or not hasattr(workers, "stop_beside_loop"):
+            return False
         self.beside_loop_abandoned = True
+        if not workers.stop_beside_loop():
+            self.beside_loop_abandoned = False
+            return False
+        return True

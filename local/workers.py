@@ -140,6 +140,14 @@ class WorkerPool:
         finally:
             conn.close()
 
+    def stop_beside_loop(self) -> bool:
+        """Stop the process of the functions beside the loop, whatever it is running (its invocations then fail
+        with an OSError); the loop's workers go on. Returns whether there was one to stop."""
+        if not self._beside or not self.procs:
+            return False
+        stop_process(self.procs[-1], None, timeout=5)
+        return True
+
     def stop(self) -> None:
         for proc in self.procs:
             stop_process(proc, None, timeout=5)

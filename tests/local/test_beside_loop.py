@@ -39,3 +39,46 @@ def test_a_function_beside_the_loop_runs_in_its_own_lower_priority_worker(monkey
     assert {r["nice"] for r in loop} == {base}
     assert {r["nice"] for r in page} == {min(19, base + BESIDE_LOOP_NICE)}
     assert not {r["pid"] for r in loop} & {r["pid"] for r in page}
+
+
+def _slow(event, context):
+    import time
+
+    time.sleep(float(event.get("seconds", 0)))
+    return {"pid": os.getpid()}
+
+
+def test_a_run_s_end_stops_the_functions_beside_the_loop_instead_of_waiting_for_them(monkeypatch, caplog):
+    """run-local's end (no tracker configured) does not wait for Track: it stops its process, so an invocation in
+    flight is cut short quietly and none ends later (the ledger and the invocations compared at the end hold still);
+    the loop's workers go on. Before, the end drained Track for up to 60 s."""
+    import time
+
+    from local import engine
+    from local.workers import WorkerPool
+
+    monkeypatch.setenv("PYTHONPATH", os.path.dirname(__file__) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    d = engine.LambdaDispatcher(workers=WorkerPool(1))
+    try:
+        d.register("loop", handler_path="test_beside_loop._slow", memory_mb=256, timeout_s=60, arn="arn:loop")
+        d.register("page", handler_path="test_beside_loop._slow", memory_mb=256, timeout_s=60, arn="arn:page",
+                   beside_loop=True)
+        d.workers.wait()
+        d.invoke_from_moto("page", json.dumps({"seconds": 30}), {}, {})  # an S3 notification: asynchronous
+        time.sleep(1.0)
+        t0 = time.monotonic()
+        assert d.abandon_beside_loop() is True
+        d.drain(timeout=60)
+        assert time.monotonic() - t0 < 15
+        assert json.loads(d.call("loop", {"seconds": 0}, "RequestResponse")[0])["pid"]  # the loop's worker answers
+    finally:
+        d.workers.stop()
+        d.stop_limits()
+    assert [i.function_name for i in d.invocations] == ["loop"]  # the cut-short one is not counted
+    assert not [r for r in caplog.records if r.levelname == "WARNING" and "dropped" in r.getMessage()]
+
+
+def test_without_a_process_of_their_own_the_functions_beside_the_loop_are_waited_for():
+    from local import engine
+
+    assert engine.LambdaDispatcher().abandon_beside_loop() is False
