@@ -904,15 +904,3 @@ class MotoServer:
         for key, obj in sorted(items):
             if key.startswith(prefix):
                 yield key, obj.value
-
-
-#: Names of `local.resources` once defined here, still read from here (``engine.create_state_machine``).
-_MOVED_TO_RESOURCES = ("LocalResources", "create_functions", "create_bucket", "create_state_machine",
-                       "state_machine_arn_for", "local_function_name", "_ensure_role", "LAMBDA_ROLE_NAME",
-                       "STATE_MACHINE_ROLE_NAME")
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED_TO_RESOURCES:
-        return getattr(importlib.import_module("local.resources"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -29,18 +29,18 @@ TIMEOUT_S = 30  # max_rollout_time of the drill's config
 @pytest.fixture(scope="module")
 def child():
     from infra.definition import substitutions
-    from local import engine
+    from local import engine, resources
     from state_machine.definition import PLACEHOLDER_RE, load_asl
 
     stack = Stack()
     agent = FakeAgent()
     stack.mp.setenv("AWS_ENDPOINT_URL_BEDROCK_AGENTCORE", agent.url)
-    arns = engine.create_functions(stack.moto, prefix="late")
-    engine.create_bucket(stack.moto, BUCKET, result_function_arn=arns["OnRolloutResult"])
+    arns = resources.create_functions(stack.moto, prefix="late")
+    resources.create_bucket(stack.moto, BUCKET, result_function_arn=arns["OnRolloutResult"])
     processor = load_asl()["States"]["Roll out generation batch"]["ItemProcessor"]
     text = json.dumps({"StartAt": processor["StartAt"], "States": processor["States"]})
     values = substitutions(function_arns=arns, bucket_name=BUCKET)
-    sm = engine.create_state_machine(stack.moto, "late-child", PLACEHOLDER_RE.sub(lambda m: values[m.group(1)], text))
+    sm = resources.create_state_machine(stack.moto, "late-child", PLACEHOLDER_RE.sub(lambda m: values[m.group(1)], text))
     yield stack, agent, sm
     agent.stop()
     stack.stop()

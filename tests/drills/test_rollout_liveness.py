@@ -41,18 +41,18 @@ TIMEOUT_S = 60
 @pytest.fixture(scope="module")
 def child():
     from infra.definition import substitutions
-    from local import engine
+    from local import engine, resources
     from state_machine.definition import PLACEHOLDER_RE, load_asl
 
     stack = Stack()
     agent = FakeAgent()
     agent.write_results = False  # each test plays its agent itself
     stack.mp.setenv("AWS_ENDPOINT_URL_BEDROCK_AGENTCORE", agent.url)
-    arns = engine.create_functions(stack.moto, prefix="liveness")
+    arns = resources.create_functions(stack.moto, prefix="liveness")
     processor = load_asl()["States"]["Roll out generation batch"]["ItemProcessor"]
     text = json.dumps({"StartAt": processor["StartAt"], "States": processor["States"]})
     values = substitutions(function_arns=arns, bucket_name=BUCKET)
-    sm = engine.create_state_machine(stack.moto, "liveness-child", PLACEHOLDER_RE.sub(lambda m: values[m.group(1)], text))
+    sm = resources.create_state_machine(stack.moto, "liveness-child", PLACEHOLDER_RE.sub(lambda m: values[m.group(1)], text))
     run_id = f"liveness-{int(time.time())}"
     init_run(stack, run_id, stack.config(batch_size=4, rollout_heartbeat_seconds=HEARTBEAT_S))
     assert wait_ready(run_id)["ready"]

@@ -80,10 +80,10 @@ ENDS = json.dumps({"StartAt": "Done", "States": {"Done": {"Type": "Succeed"}}})
 
 def _machines(stack) -> tuple[str, str]:
     """Two stand-in state machines in moto: one whose executions keep RUNNING, one whose succeed at once."""
-    from local import engine
+    from local import engine, resources
 
-    return (engine.create_state_machine(stack.moto, "leak-drill-runs", WAITS),
-            engine.create_state_machine(stack.moto, "leak-drill-ends", ENDS))
+    return (resources.create_state_machine(stack.moto, "leak-drill-runs", WAITS),
+            resources.create_state_machine(stack.moto, "leak-drill-ends", ENDS))
 
 
 def _start(stack, sm_arn: str, name: str, body: dict | None = None, until: str = "RUNNING") -> str:

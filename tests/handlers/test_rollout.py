@@ -26,13 +26,13 @@ from stepwise.layout import result_key, rollout_key, session_key, task_token_key
 
 @pytest.fixture(scope="module")
 def env():
-    from local import engine
+    from local import engine, resources
 
     stack = Stack()
     agent = FakeAgent()
     agent.write_results = False  # the tests deliver results themselves
     stack.mp.setenv("AWS_ENDPOINT_URL_BEDROCK_AGENTCORE", agent.url)
-    arns = engine.create_functions(stack.moto, prefix="rollout-test")
+    arns = resources.create_functions(stack.moto, prefix="rollout-test")
     # The rollout child's callback task, exactly as the ASL has it, as a one-state machine.
     task = dict(load_asl()["States"]["Roll out generation batch"]["ItemProcessor"]["States"]["Start rollout"])
     task.pop("Catch")
@@ -44,7 +44,7 @@ def env():
 
     values = substitutions(function_arns=arns, bucket_name=BUCKET)  # the rendered ASL's values
     text = PLACEHOLDER_RE.sub(lambda m: values[m.group(1)], text)
-    sm = engine.create_state_machine(stack.moto, "rollout-test", text)
+    sm = resources.create_state_machine(stack.moto, "rollout-test", text)
     # A run id with every kind of character `stepwise.executions.RUN_ID_RE` allows. (It held '=', '+' and '@',
     # which Step Functions allows in execution names and S3 URL-encodes in event keys; Init refuses them now,
     # so no result key holds a character S3 encodes. The notifications here are still URL-encoded.)

@@ -91,12 +91,12 @@ def allowed(rules: list[tuple[set[str], list[str]]], action: str, key: str | Non
 def recorded_calls():
     import botocore.client
 
-    from local import engine
+    from local import engine, resources
     from stepwise.functions import FUNCTIONS
 
     calls: list[tuple[str, str, str, dict]] = []
     lock = threading.Lock()
-    by_local_name = {engine.local_function_name(PREFIX, s.name): s.name for s in FUNCTIONS}
+    by_local_name = {resources.local_function_name(PREFIX, s.name): s.name for s in FUNCTIONS}
     original_call = engine.LambdaDispatcher.call
     original_api = botocore.client.BaseClient._make_api_call
 
@@ -150,14 +150,14 @@ def recorded_calls():
         event = {"source": "aws.states", "detail-type": "Step Functions Execution Status Change",
                  "detail": {"executionArn": last["executionArn"], "stateMachineArn": sm_arn, "name": last["name"],
                             "status": "ABORTED", "input": last.get("input")}}
-        moto.dispatcher.call(engine.local_function_name(PREFIX, "Cleanup"), event, "Event")
+        moto.dispatcher.call(resources.local_function_name(PREFIX, "Cleanup"), event, "Event")
         # An execution that ended without any stop (its events never delivered): the schedule's
         # sweeper stops its session (the local stack invokes it; moto delivers no schedule).
         orphan = f"iam-orphan-{uuid.uuid4().hex[:6]}"
         orphan_arn = sm_arn.replace(":stateMachine:", ":execution:") + f":{orphan}"  # never started: GONE
-        moto.dispatcher.call(engine.local_function_name(PREFIX, "Init"),
+        moto.dispatcher.call(resources.local_function_name(PREFIX, "Init"),
                              {"input": config, "execution_arn": orphan_arn, "execution_name": orphan}, "RequestResponse")
-        swept, error = moto.dispatcher.call(engine.local_function_name(PREFIX, "SweepSessions"), {}, "RequestResponse")
+        swept, error = moto.dispatcher.call(resources.local_function_name(PREFIX, "SweepSessions"), {}, "RequestResponse")
         assert error is None and orphan in swept.decode(), swept
         moto.dispatcher.drain(timeout=120)  # Track publishing the summaries and the run's end
         yield calls

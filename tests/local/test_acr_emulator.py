@@ -18,7 +18,7 @@ import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from local import engine
+from local import engine, resources
 from local.acr import AcrEmulator, SessionLifecycle, agent_spec_for_arn
 from local.agents.math_agent import calculate, strict_reward
 
@@ -68,7 +68,7 @@ class ScriptedLLM:
 @pytest.fixture(scope="module")
 def stack():
     moto = engine.MotoServer().start()
-    engine.create_bucket(moto, BUCKET, result_function_arn=None)
+    resources.create_bucket(moto, BUCKET, result_function_arn=None)
     llm = ScriptedLLM()
     acr = AcrEmulator({TOY_ARN: "local.agents.toy_agent:app", MATH_ARN: "local.agents.math_agent:app"},
                       tps_limit=50, agent_env=engine.endpoint_env(moto.endpoint))

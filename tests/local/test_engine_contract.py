@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from local import engine
+from local import engine, resources
 from tests.support.pipeline import wait_execution
 
 BUCKET = "stepwise-engine-test"
@@ -77,7 +77,7 @@ def test_tasks_and_s3_notifications_dispatch_to_handlers():
                 Code={"ImageUri": "123456789012.dkr.ecr.us-east-1.amazonaws.com/x:1"}, Timeout=30,
             )["FunctionArn"]
             moto.dispatcher.register(name, handler_path="", memory_mb=128, timeout_s=30, arn=arns[name], handler=fn)
-        engine.create_bucket(moto, BUCKET, result_function_arn=arns["on-result"])
+        resources.create_bucket(moto, BUCKET, result_function_arn=arns["on-result"])
         definition = {
             "StartAt": "Echo",
             "States": {
@@ -95,7 +95,7 @@ def test_tasks_and_s3_notifications_dispatch_to_handlers():
                 "Done": {"Type": "Pass", "End": True},
             },
         }
-        sm = engine.create_state_machine(moto, "engine-test", json.dumps(definition))
+        sm = resources.create_state_machine(moto, "engine-test", json.dumps(definition))
         sfn = moto.client("stepfunctions")
         arn = sfn.start_execution(stateMachineArn=sm, name="run-1", input=json.dumps({"a": 1}))["executionArn"]
         desc = wait_execution(sfn, arn, timeout=30)
@@ -126,7 +126,7 @@ def test_functions_are_created_with_the_stack_environment(monkeypatch):
                                      data_buckets="my-datasets,my-outputs")
     assert expected[settings.ENV_DATA_BUCKETS] == "my-datasets,my-outputs" and expected[settings.ENV_AGENT_RUNTIME_ARNS] == ""
     with engine.MotoServer() as moto:
-        arns = engine.create_functions(moto)
+        arns = resources.create_functions(moto)
         assert set(arns) == {spec.name for spec in functions.FUNCTIONS}
         lam = moto.client("lambda")
         for spec in functions.FUNCTIONS:
@@ -198,7 +198,7 @@ def test_send_task_success_answers_as_moto_does_for_live_unknown_and_ended_tasks
         wait["States"]["W"]["Parameters"]["FunctionName"] = lam.create_function(
             FunctionName="start-tok", Role=role, PackageType="Image", Timeout=30,
             Code={"ImageUri": "123456789012.dkr.ecr.us-east-1.amazonaws.com/x:1"})["FunctionArn"]
-        sm = engine.create_state_machine(moto, "tok", json.dumps(wait))
+        sm = resources.create_state_machine(moto, "tok", json.dumps(wait))
         arns = [sfn.start_execution(stateMachineArn=sm, name=f"tok-{i}", input="{}")["executionArn"] for i in range(3)]
         deadline = time.monotonic() + 30
         while len(tokens) < 3 and time.monotonic() < deadline:
@@ -233,7 +233,7 @@ def test_a_second_success_for_a_task_that_has_its_outcome_is_refused_as_on_aws()
         child["States"]["W"]["Parameters"]["FunctionName"] = lam.create_function(
             FunctionName="start-dup", Role=role, PackageType="Image", Timeout=30,
             Code={"ImageUri": "123456789012.dkr.ecr.us-east-1.amazonaws.com/x:1"})["FunctionArn"]
-        sm = engine.create_state_machine(moto, "dup", json.dumps(machine))
+        sm = resources.create_state_machine(moto, "dup", json.dumps(machine))
         arn = sfn.start_execution(stateMachineArn=sm, name="dup-1", input=json.dumps({"items": [{"i": 0}, {"i": 1}]}))[
             "executionArn"]
         deadline = time.monotonic() + 30
@@ -274,7 +274,7 @@ def test_handlers_registered_by_path_run_in_worker_processes_with_the_parent_s_e
                           "Catch": [{"ErrorEquals": ["ValueError"], "ResultPath": "$.error", "Next": "Done"}],
                           "Next": "Done"},
                 "Done": {"Type": "Pass", "End": True}}}
-            sm = engine.create_state_machine(moto, "workers-test", json.dumps(definition))
+            sm = resources.create_state_machine(moto, "workers-test", json.dumps(definition))
             sfn = moto.client("stepfunctions")
             ok = wait_execution(sfn, sfn.start_execution(stateMachineArn=sm, name="w-ok", input="{}")["executionArn"], timeout=30)
             out = json.loads(ok["output"])["p"]
@@ -385,7 +385,7 @@ def test_an_invocation_past_its_timeout_is_stopped_and_fails_naming_the_function
 def test_step_functions_sees_a_broken_limit_as_lambda_unknown_naming_the_function():
     with engine.MotoServer() as moto:
         lam, iam = moto.client("lambda"), moto.client("iam")
-        role = engine._ensure_role(iam, "limits-test", "lambda.amazonaws.com")
+        role = resources._ensure_role(iam, "limits-test", "lambda.amazonaws.com")
         arns = {}
         for name, fn, memory_mb, timeout_s in [("hog", _hog, 160, 30), ("slow", _slow, 128, 1)]:
             arns[name] = lam.create_function(
@@ -401,7 +401,7 @@ def test_step_functions_sees_a_broken_limit_as_lambda_unknown_naming_the_functio
                             "Catch": [{"ErrorEquals": ["Lambda.Unknown"], "ResultPath": f"$.{name}", "Next": nxt}],
                             "Next": nxt}
         states["Done"] = {"Type": "Pass", "End": True}
-        sm = engine.create_state_machine(moto, "limits-test", json.dumps({"StartAt": "hog", "States": states}))
+        sm = resources.create_state_machine(moto, "limits-test", json.dumps({"StartAt": "hog", "States": states}))
         sfn = moto.client("stepfunctions")
         with _no_gc():
             arn = sfn.start_execution(stateMachineArn=sm, name="limits-1", input="{}")["executionArn"]
@@ -419,7 +419,7 @@ def test_execution_history_newest_first_one_event_is_the_history_length():
     newest event, whose id is the history's length (moto ignores both parameters; the seam adds them)."""
     with engine.MotoServer() as moto:
         definition = {"StartAt": "A", "States": {"A": {"Type": "Pass", "Next": "B"}, "B": {"Type": "Pass", "End": True}}}
-        sm = engine.create_state_machine(moto, "history-test", json.dumps(definition))
+        sm = resources.create_state_machine(moto, "history-test", json.dumps(definition))
         sfn = moto.client("stepfunctions")
         arn = sfn.start_execution(stateMachineArn=sm, name="h-1", input="{}")["executionArn"]
         wait_execution(sfn, arn, timeout=30)
@@ -480,7 +480,7 @@ def _answer(resp):
 def test_the_interpreter_s_lambda_client_answers_as_moto_does_over_http_without_a_request():
     with engine.MotoServer() as moto:
         lam, iam = moto.client("lambda"), moto.client("iam")
-        role = engine._ensure_role(iam, "direct-test", "lambda.amazonaws.com")
+        role = resources._ensure_role(iam, "direct-test", "lambda.amazonaws.com")
         arns = {}
         for name, fn in [("echo", _echo), ("boom", _boom), ("big", _big)]:
             arns[name] = lam.create_function(
@@ -521,7 +521,7 @@ def test_the_interpreter_s_lambda_client_answers_as_moto_does_over_http_without_
         definition = {"StartAt": "Echo", "States": {"Echo": {
             "Type": "Task", "Resource": "arn:aws:states:::lambda:invoke", "End": True,
             "Parameters": {"FunctionName": arns["echo"], "Payload.$": "$"}, "OutputPath": "$.Payload"}}}
-        sm = engine.create_state_machine(moto, "direct-test", json.dumps(definition))
+        sm = resources.create_state_machine(moto, "direct-test", json.dumps(definition))
         sfn = moto.client("stepfunctions")
         desc = wait_execution(sfn, sfn.start_execution(stateMachineArn=sm, input=json.dumps({"b": 2}))["executionArn"], timeout=30)
         assert desc["status"] == "SUCCEEDED", desc
@@ -675,7 +675,7 @@ def test_injected_throttling_delays_and_drops_and_heartbeats_answer_as_aws_would
     one that keeps beating outlives its HeartbeatSeconds."""
     with engine.MotoServer() as moto:
         lam, iam = moto.client("lambda"), moto.client("iam")
-        role = engine._ensure_role(iam, "faults-test", "lambda.amazonaws.com")
+        role = resources._ensure_role(iam, "faults-test", "lambda.amazonaws.com")
         arns = {}
         for name, fn in [("echo", _echo), ("beat", _beat), ("start-result", _start_result), ("resume", _resume)]:
             arns[name] = lam.create_function(
@@ -684,7 +684,7 @@ def test_injected_throttling_delays_and_drops_and_heartbeats_answer_as_aws_would
             )["FunctionArn"]
             moto.dispatcher.register(f"faults-{name}", handler_path="", memory_mb=128, timeout_s=30, arn=arns[name],
                                      handler=fn)
-        engine.create_bucket(moto, BUCKET, result_function_arn=arns["resume"])
+        resources.create_bucket(moto, BUCKET, result_function_arn=arns["resume"])
         catch = [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.error", "Next": "Done"}]
         wait = "arn:aws:states:::lambda:invoke.waitForTaskToken"
         states = {
@@ -708,7 +708,7 @@ def test_injected_throttling_delays_and_drops_and_heartbeats_answer_as_aws_would
                      "ResultPath": "$.lost", "Catch": [{**catch[0], "ResultPath": "$.lost"}], "Next": "Done"},
             "Done": {"Type": "Pass", "End": True},
         }
-        sm = engine.create_state_machine(moto, "faults-test", json.dumps({"StartAt": "Integration", "States": states}))
+        sm = resources.create_state_machine(moto, "faults-test", json.dumps({"StartAt": "Integration", "States": states}))
         faults = moto.dispatcher.faults
         faults.throttle("echo", 2)
         faults.delay_events("resume", 1.5, match=lambda e: "/1/" in unquote_plus(e["Records"][0]["s3"]["object"]["key"]))
@@ -785,7 +785,7 @@ def _answer_before_returning(event, ctx):
 
 def _early_answer_machine(moto, name):
     lam, iam = moto.client("lambda"), moto.client("iam")
-    role = engine._ensure_role(iam, "early-test", "lambda.amazonaws.com")
+    role = resources._ensure_role(iam, "early-test", "lambda.amazonaws.com")
     arn = lam.create_function(FunctionName=name, Role=role, PackageType="Image", Timeout=30,
                               Code={"ImageUri": "123456789012.dkr.ecr.us-east-1.amazonaws.com/x:1"})["FunctionArn"]
     moto.dispatcher.register(name, handler_path="", memory_mb=128, timeout_s=30, arn=arn,
@@ -800,7 +800,7 @@ def _early_answer_machine(moto, name):
 
     states = {"Success": task("success", "Failure"), "Failure": task("failure", "Heartbeat"),
               "Heartbeat": task("heartbeat", "Done"), "Done": {"Type": "Pass", "End": True}}
-    return engine.create_state_machine(moto, name, json.dumps({"StartAt": "Success", "States": states}))
+    return resources.create_state_machine(moto, name, json.dumps({"StartAt": "Success", "States": states}))
 
 
 def test_an_outcome_sent_before_the_task_waits_ends_the_task_at_once():
@@ -849,7 +849,7 @@ def test_a_new_execution_can_read_as_not_existing_for_a_while_as_step_functions_
     answers ExecutionDoesNotExist (boto3's modelled error, as Step Functions answers), then its real
     status; an execution outside ``match``, and one that does not exist at all, answer as moto does."""
     with engine.MotoServer() as moto:
-        sm = engine.create_state_machine(moto, "unseen-test", json.dumps(
+        sm = resources.create_state_machine(moto, "unseen-test", json.dumps(
             {"StartAt": "Wait", "States": {"Wait": {"Type": "Wait", "Seconds": 30, "End": True}}}))
         sfn = moto.client("stepfunctions")
         moto.dispatcher.faults.hide_new_executions(1.5, match=lambda arn: arn.endswith("--1"))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from local import engine
+from local import engine, resources
 from local.stack import local_substitutions
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,10 +29,10 @@ def test_local_definition_equals_synthesized_one():
     tokens = synthesized_substitutions(template)
 
     with engine.MotoServer() as moto:
-        arns = engine.create_functions(moto)
+        arns = resources.create_functions(moto)
         local_subs = local_substitutions(arns, "stepwise-local-bucket")
         local = render_definition(local_subs)
-        sm = engine.create_state_machine(moto, "definition-test", local)
+        sm = resources.create_state_machine(moto, "definition-test", local)
         stored = moto.client("stepfunctions").describe_state_machine(stateMachineArn=sm)["definition"]
 
     assert stored == local  # moto runs exactly what we rendered

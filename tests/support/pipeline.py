@@ -77,16 +77,16 @@ class Stack:
         ``name`` (default ``prefix``) with the real ASL; ``agent`` plays ACR.
         Returns (function ARNs by spec name, state machine ARN)."""
         from infra.definition import substitutions
-        from local import engine
+        from local import resources
         from state_machine.definition import render_definition
 
         self.mp.setenv("AWS_ENDPOINT_URL_BEDROCK_AGENTCORE", agent.url)
         self.agent = agent
-        arns = engine.create_functions(self.moto, prefix=prefix)
-        engine.create_bucket(self.moto, self.bucket, result_function_arn=arns["OnRolloutResult"],
-                             track_function_arn=arns["Track"] if track else None)
+        arns = resources.create_functions(self.moto, prefix=prefix)
+        resources.create_bucket(self.moto, self.bucket, result_function_arn=arns["OnRolloutResult"],
+                                track_function_arn=arns["Track"] if track else None)
         definition = render_definition(substitutions(function_arns=arns, bucket_name=self.bucket))
-        return arns, engine.create_state_machine(self.moto, name or prefix, definition)
+        return arns, resources.create_state_machine(self.moto, name or prefix, definition)
 
     def stop(self) -> None:
         from tests.support import billing
