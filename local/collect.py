@@ -113,7 +113,7 @@ def finish(stack: LocalStack, follower: Any, desc: dict[str, Any] | None, run_id
         left = [t.name.rsplit("-", 1)[-1] for t in getattr(dispatcher, "_async_threads", []) if t.is_alive()
                 and not (dispatcher.beside_loop_abandoned and t in dispatcher._beside_loop_threads)]
         if left:
-            logging.getLogger("local.engine").setLevel(logging.ERROR)  # each one's "dropped" warning as it ends
+            logging.getLogger("local.dispatch").setLevel(logging.ERROR)  # each one's "dropped" warning as it ends
             log.warning("%d asynchronous invocation(s) still running were left (%s)", len(left),
                         ", ".join(f"{n} x{left.count(n)}" for n in sorted(set(left))))
         lap("drain")
