@@ -544,8 +544,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """`stepwise start --local` (old spelling ``stepwise run-local``). A config that cannot run, a usage error or an
     agent folder that cannot be used reach `stepwise_cli.main`, which reports them for every command."""
-    from stepwise_cli.commands._evals import local_faults
-    from stepwise_cli.grammar import parse_sets
+    from stepwise_cli.grammar import parse_acr_faults, parse_sets
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops cleanly too, like Ctrl-C
@@ -558,7 +557,7 @@ def run(args: argparse.Namespace) -> int:
             logging.getLogger(noisy).setLevel(logging.CRITICAL if noisy == "moto" else logging.ERROR)
     try:
         result = run_local(Path(args.config), run_id=args.run_id, out_root=args.runs_dir, progress=not args.no_progress,
-                           timeout=args.timeout, overrides=parse_sets(args.set), acr_faults=local_faults(args.acr_fault),
+                           timeout=args.timeout, overrides=parse_sets(args.set), acr_faults=parse_acr_faults(args.acr_fault),
                            mirror_s3=args.mirror_s3, quiet=not args.verbose, agent=args.agent)
     except (AgentNotStarted, FileNotFoundError, RunFolderExists) as exc:
         print(f"stepwise start --local: {exc}", file=sys.stderr)

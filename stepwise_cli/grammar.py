@@ -82,6 +82,21 @@ def parse_sets(items: list[str] | None) -> dict[str, Any]:
     return out
 
 
+def parse_acr_faults(items: list[str] | None) -> dict[str, int]:
+    """``--acr-fault KIND=N`` values as ``{kind: n}`` (the local ACR emulator's faults, `local.acr`).
+
+    Raises:
+        UsageError: an item of another shape.
+    """
+    out: dict[str, int] = {}
+    for item in items or []:
+        kind, sep, n = item.partition("=")
+        if not sep or not kind or not n.strip().isdigit():
+            raise UsageError(f"--acr-fault expects KIND=N, got {item!r}")
+        out[kind] = int(n)
+    return out
+
+
 def add_json(parser: argparse.ArgumentParser, what: str) -> None:
     """``--json``: print ``what`` as JSON on stdout (``args.json``)."""
     parser.add_argument("--json", action="store_true", help=f"print {what} as JSON on stdout")

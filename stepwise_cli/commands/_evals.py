@@ -273,19 +273,6 @@ def add_launch_arguments(parser: argparse.ArgumentParser, old_runs_dir: tuple[st
     add_stack_arguments(parser)
 
 
-def local_faults(items: list[str]) -> dict[str, int]:
-    """``--acr-fault KIND=N`` values as ``{kind: n}``. Raises `stepwise_cli.grammar.UsageError` on another shape."""
-    from stepwise_cli.grammar import UsageError
-
-    out: dict[str, int] = {}
-    for item in items or []:
-        kind, sep, n = item.partition("=")
-        if not sep or not kind or not n.strip().isdigit():
-            raise UsageError(f"--acr-fault expects KIND=N, got {item!r}")
-        out[kind] = int(n)
-    return out
-
-
 def default_run_id(config: str, kind: str) -> str:
     """``{config stem}-{kind}-{YYYYMMDD-HHMMSS}`` (UTC), a valid run id."""
     from stepwise.executions import default_run_id as start_default
@@ -305,7 +292,7 @@ def launch(args: argparse.Namespace, overrides: dict[str, Any], kind: str) -> Ru
         CommandError: the run did not succeed (its error and cause), or ran past ``--timeout``.
         stepwise.config.ConfigError: the config with the overrides is invalid.
     """
-    from stepwise_cli.grammar import parse_sets
+    from stepwise_cli.grammar import parse_acr_faults, parse_sets
 
     overrides = {**overrides, **parse_sets(args.set)}
     run_id = validate_run_id(args.run_id or default_run_id(args.config, kind))
@@ -319,7 +306,7 @@ def launch(args: argparse.Namespace, overrides: dict[str, Any], kind: str) -> Ru
         result = run_local(Path(args.config), run_id=run_id, out_root=Path(args.runs_dir), overrides=overrides,
                            progress=not args.no_progress, timeout=args.timeout, quiet=not getattr(args, "verbose", False),
                            mirror_s3=getattr(args, "mirror_s3", False), agent=getattr(args, "agent", None),
-                           acr_faults=local_faults(getattr(args, "acr_fault", [])))
+                           acr_faults=parse_acr_faults(getattr(args, "acr_fault", [])))
         if result.status != "SUCCEEDED":
             failure = result.failure
             raise CommandError(f"run {run_id} {result.status}"
