@@ -33,7 +33,7 @@ import reprlib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from stepwise.core import service_limits as limits
 
@@ -70,6 +70,9 @@ DEFAULT_SAVE_EVERY = 10
 
 LOSSES = ("ppo", "importance_sampling", "cispo")
 CLIPPED_LOSSES = ("ppo", "cispo")
+#: The largest ``max_staleness`` a config may ask for (admission 'group'); the async systems this follows
+#: train at 1 to 8 (docs/operating.md, deep asynchrony).
+MAX_STALENESS = 16
 
 # Reference fields that cannot apply serverless -> why (the warning when a config names one).
 DROPPED_FIELDS: dict[str, str] = {
@@ -492,7 +495,9 @@ class RunConfig(BaseModel):
         "config that sets save_every keeps its value",
     )
     loss: Literal["ppo", "importance_sampling", "cispo"] = Field(
-        "ppo", description="forward_backward loss function of the training session"
+        "ppo", description="forward_backward loss function of the training session; from max_staleness 2 on, a "
+        "config that names none gets cispo with clip_low_threshold 0 and clip_high_threshold 2 (truncated "
+        "importance sampling), and importance_sampling is refused"
     )
     clip_low_threshold: float | None = Field(None, description="ratio clip low bound, 0..1 (ppo/cispo loss_fn_config)")
     clip_high_threshold: float | None = Field(
@@ -503,12 +508,36 @@ class RunConfig(BaseModel):
         description="DAPO: generation batches per step before giving up (checkpoint and stop); bounded so one "
         "step's batches fit in one execution's 25,000-event history",
     )
+    admission: Literal["batch", "group"] = Field(
+        "batch",
+        description="how rollouts are admitted: 'batch' = a step rolls out its generation batch, then trains "
+        "(max_staleness 0; 1 overlaps one step's training with the next step's rollouts); 'group' = the group "
+        "engine: each prompt's group starts on its own as soon as capacity allows (sampling_steps_ahead, "
+        "max_rollouts_in_flight), each step trains the oldest complete groups, and the trainer never waits "
+        "for the slowest rollout of a batch (docs/operating.md, deep asynchrony). Needed for max_staleness >= 2",
+    )
     max_staleness: int = Field(
-        0, ge=0,
-        description="policy versions a trained batch may lag the policy it updates: 0 = strict on-policy (the "
-        "reference loop: roll out, then train); 1 = the next step's rollouts run on the current sampler while "
-        "this step trains and rebinds (one Parallel state), and the losses correct for the lag with the "
-        "sampling logprobs the datums carry. At most 1",
+        0, ge=0, le=MAX_STALENESS,
+        description="policy versions a trained rollout may lag the policy it updates, counted from the version "
+        "that sampled its first turn: 0 = strict on-policy (the reference loop: roll out, then train); with "
+        "admission 'batch', 1 = the next step's rollouts run on the current sampler while this step trains and "
+        "rebinds (one Parallel state). With admission 'group' a hard bound kept by pacing: the trainer waits "
+        "rather than apply an update that would leave an unfinished group past it; nothing is ever discarded "
+        "for staleness. From 2 on the loss defaults to cispo with clip_low_threshold 0 and clip_high_threshold "
+        "2 (truncated importance sampling) and importance_sampling is refused",
+    )
+    sampling_steps_ahead: int | None = Field(
+        None, ge=0,
+        description="admission 'group': how many steps of groups may be admitted ahead of training (d: groups "
+        "admitted and not yet trained stay under (d + 1) x batch_size); at most max_staleness. None = "
+        "min(1, max_staleness)",
+    )
+    max_rollouts_in_flight: int | None = Field(
+        None, ge=1, le=limits.DISTRIBUTED_MAP_MAX_CHILDREN,
+        description="admission 'group': rollouts running at once at most (a group starts only when all its "
+        "members fit). None = what the quotas allow: min(acr_max_active_sessions, acr_tps_limit x "
+        f"{limits.CONCURRENCY_PER_TPS}, {limits.MAX_MAP_CONCURRENCY}). Refused above acr_max_active_sessions, "
+        "above what acr_tps_limit can start within max_rollout_time, or below responses_per_prompt",
     )
     sampler_binding: Literal["per_rollout", "next_turn", "turn_gate"] = Field(
         "turn_gate",
@@ -834,17 +863,76 @@ class RunConfig(BaseModel):
             raise ValueError(f"must be between {lo:g} and {hi:g} (the service's accepted range)")
         return v
 
+    @model_validator(mode="before")
+    @classmethod
+    def _deep_async_loss(cls, data: Any) -> Any:
+        """From ``max_staleness`` 2 on, a config that names no ``loss`` gets truncated importance sampling
+        (`stepwise.core.staleness.DEEP_ASYNC_LOSS`: cispo, clip thresholds 0 and 2; docs/operating.md)."""
+        from stepwise.core.staleness import deep_async_defaults
+
+        if isinstance(data, dict):
+            return {**data, **deep_async_defaults(data)}
+        return data
+
     @field_validator("max_staleness")
     @classmethod
-    def _staleness(cls, v: int) -> int:
-        from stepwise.core.staleness import MAX_SUPPORTED_STALENESS
+    def _staleness(cls, v: int, info: ValidationInfo) -> int:
+        from stepwise.core.staleness import MAX_SUPPORTED_STALENESS, deep_loss_problem
 
-        if v > MAX_SUPPORTED_STALENESS:
+        if v > MAX_SUPPORTED_STALENESS and info.data.get("admission", "batch") == "batch":
             raise ValueError(
-                f"max_staleness {v} is not supported: one Parallel state overlaps a step's training with the next "
-                f"step's rollouts, so a batch lags by at most {MAX_SUPPORTED_STALENESS} policy version; use 0 "
-                f"(on-policy) or {MAX_SUPPORTED_STALENESS}"
+                f"max_staleness {v} needs admission 'group': with admission 'batch' one Parallel state overlaps a "
+                f"step's training with the next step's rollouts, so a batch lags by at most "
+                f"{MAX_SUPPORTED_STALENESS} policy version; use 0, {MAX_SUPPORTED_STALENESS}, or admission 'group'"
             )
+        problem = deep_loss_problem(info.data.get("loss"), v)
+        if problem:
+            raise ValueError(problem)
+        return v
+
+    @field_validator("admission")
+    @classmethod
+    def _admission(cls, v: str, info: ValidationInfo) -> str:
+        group, quota = info.data.get("responses_per_prompt"), info.data.get("acr_max_active_sessions")
+        if v == "group" and group is not None and quota is not None and quota < group:
+            raise ValueError(f"a group of responses_per_prompt ({group}) rollouts starts only when all of them fit "
+                             f"under acr_max_active_sessions ({quota}): none could start")
+        return v
+
+    @field_validator("sampling_steps_ahead")
+    @classmethod
+    def _steps_ahead(cls, v: int | None, info: ValidationInfo) -> int | None:
+        if v is None:
+            return v
+        if info.data.get("admission", "batch") != "group":
+            raise ValueError("applies to admission 'group' only; remove it or set admission 'group'")
+        k = info.data.get("max_staleness")
+        if k is not None and v > k:
+            raise ValueError(f"must be <= max_staleness ({k}): a group admitted {v} step(s) ahead would be "
+                             f"trained more than {k} version(s) after it sampled")
+        return v
+
+    @field_validator("max_rollouts_in_flight")
+    @classmethod
+    def _in_flight(cls, v: int | None, info: ValidationInfo) -> int | None:
+        if v is None:
+            return v
+        if info.data.get("admission", "batch") != "group":
+            raise ValueError("applies to admission 'group' only (admission 'batch' bounds its Map by acr_tps_limit "
+                             "and acr_max_active_sessions); remove it or set admission 'group'")
+        group = info.data.get("responses_per_prompt")
+        if group is not None and v < group:
+            raise ValueError(f"must be >= responses_per_prompt ({group}): a group starts only when all its "
+                             "members fit, so none could start")
+        quota = info.data.get("acr_max_active_sessions")
+        if quota is not None and v > quota:
+            raise ValueError(f"must be <= acr_max_active_sessions ({quota}): each rollout in flight holds one ACR "
+                             "runtime session, and ACR refuses sessions past the account's quota")
+        tps, lifetime = info.data.get("acr_tps_limit"), info.data.get("max_rollout_time")
+        if tps is not None and lifetime is not None and v > tps * lifetime:
+            raise ValueError(f"must be <= acr_tps_limit x max_rollout_time ({tps} x {lifetime:g} = "
+                             f"{tps * lifetime:g}): InvokeAgentRuntime at {tps}/s cannot start more rollouts "
+                             "than that while the first of them still runs")
         return v
 
     @field_validator("reward_granularity")
@@ -1050,6 +1138,21 @@ class RunConfig(BaseModel):
             if v is not None
         }
         return cfg or None
+
+    @property
+    def steps_ahead(self) -> int:
+        """The group engine's ``d`` (`sampling_steps_ahead`, default ``min(1, max_staleness)``)."""
+        return min(1, self.max_staleness) if self.sampling_steps_ahead is None else self.sampling_steps_ahead
+
+    @property
+    def rollouts_in_flight_cap(self) -> int:
+        """The group engine's cap on rollouts in flight: ``max_rollouts_in_flight``, else what the quotas
+        allow (`stepwise.core.planning.map_concurrency` of an unbounded batch), at least one group."""
+        if self.max_rollouts_in_flight is not None:
+            return self.max_rollouts_in_flight
+        bound = min(limits.MAX_MAP_CONCURRENCY, self.acr_max_active_sessions,
+                    self.acr_tps_limit * limits.CONCURRENCY_PER_TPS)
+        return max(bound, self.responses_per_prompt)
 
     @property
     def sampling_defaults(self) -> dict[str, Any]:

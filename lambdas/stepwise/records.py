@@ -198,6 +198,8 @@ class Checkpoint(BaseModel):
     policy_version: int = -1
     # Retention (keep_model_packages best_and_last) deleted its model package: listed, not usable.
     deleted: bool = False
+    #: admission 'group': which groups were trained (or filtered) when it was saved (a resume redoes the rest).
+    groups: GroupFrontier | None = None
 
 
 class PlannedBatch(BaseModel):
@@ -243,6 +245,90 @@ class EvalPoint(BaseModel):
     step: int
     value: float
     model_package_arn: str = ""
+
+
+# ---------------------------------------------------------------------------- the group engine
+
+
+#: A group of the group engine (``admission: group``, `stepwise.core.groups`): ``queued`` = to be rolled out
+#: (again, after a resume) and not admitted yet; ``running`` = admitted, its execution rolling it out;
+#: ``complete`` = every member recorded, not yet trained. A group trained or filtered leaves the buffer.
+GroupStatus = Literal["queued", "running", "complete"]
+
+
+class GroupEntry(BaseModel):
+    """One group in the buffer (`GroupBuffer.groups`): group ``id`` (admission order = prompt order:
+    `stepwise.core.groups.group_prompt`), its ``attempt`` (0, then one more each time a resume rolls it
+    again), ``members`` (its rollouts), the sampler version it was admitted at (``admitted_version``, the
+    lower bound of its first turn's) and, once complete, the version its members' first turns sampled
+    (``first_turn_version``: the oldest; None when no member sampled a turn) and its members' durations in
+    seconds. Times are epoch seconds."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: int
+    attempt: int = 0
+    status: GroupStatus = "queued"
+    members: int
+    admitted_version: int | None = None
+    first_turn_version: int | None = None
+    admitted_at: float | None = None
+    completed_at: float | None = None
+    durations_s: list[float] = Field(default_factory=list)
+    reused: bool = False  # a resume kept its rollouts (complete and within max_staleness of the resumed policy)
+
+
+class GroupFrontier(BaseModel):
+    """Which groups had been consumed (trained or filtered) at a point of the run (a `Checkpoint`'s):
+    every id below ``next_group`` except ``unconsumed``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    next_group: int = 0
+    unconsumed: list[int] = Field(default_factory=list)
+
+
+class Consumption(BaseModel):
+    """What one step took from the buffer (`GroupBuffer.last_consumption`): the groups it trains (id,
+    attempt) and those DAPO filtered since the step before, so a retried ComputeAdvantages takes the same."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    step: int
+    trained: list[tuple[int, int]] = Field(default_factory=list)
+    filtered: list[tuple[int, int]] = Field(default_factory=list)
+    decision: str = "train"
+
+
+class GroupBuffer(BaseModel):
+    """``runs/{run_id}/buffer.json``: the group engine's groups admitted and not yet trained, its admission
+    counter and the trainer's wake-up; written conditionally (If-Match) by admission, group completion,
+    ComputeAdvantages and the trainer's wait (`stepwise.core.groups`). Bounded: ``groups`` holds at most
+    ``(sampling_steps_ahead + 1) x batch_size`` admitted groups (plus, after a resume, the groups queued
+    to be rolled again).
+
+    ``next_update_version``: the policy version the next step's update applies to (the sampler's, or one
+    more while a step trains). ``filtered``: DAPO groups with equal rewards since the last step (they count
+    toward the next step's generation batches). ``trainer_token``: the task token of the trainer waiting
+    for a batch (None = not waiting); ``waiting_since`` / ``data_ready_at`` time that wait (epoch seconds).
+    ``stopping``: the run is ending, admit nothing more. ``discarded_rollouts``: rollouts rolled out and
+    never trained nor filtered (a resume rolling a group again whose rollouts were past ``max_staleness``).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    run_id: str
+    next_group: int = 0
+    total_groups: int = 0
+    groups: list[GroupEntry] = Field(default_factory=list)
+    next_update_version: int = 0
+    filtered: list[tuple[int, int]] = Field(default_factory=list)
+    last_consumption: Consumption | None = None
+    trainer_token: str | None = None
+    waiting_since: float | None = None
+    data_ready_at: float | None = None
+    stopping: bool = False
+    discarded_rollouts: int = 0
 
 
 class RunState(BaseModel):
@@ -429,6 +515,11 @@ class BatchRef(BaseModel):
     heartbeat_on: bool | None = None
     final: bool = False
     policy: SamplerPolicy | None = None
+    #: admission 'group': the group this batch is (its id and attempt; its folder is
+    #: `stepwise.layout.group_prefix`); ``step`` is then the step of the synchronous loop whose batch holds the
+    #: group's prompt (`stepwise.core.groups.seed_place`), which fixes its rollouts' seeds and input ids.
+    group: int | None = None
+    attempt: int = 0
 
     def timeouts(self) -> Any:
         """The callback task's `stepwise.core.liveness.RolloutTimeouts` (``heartbeat_on`` resolved)."""
@@ -560,6 +651,13 @@ class RolloutRecord(BaseModel):
     tool_calls: int = 0
     duration_s: float | None = None
     policy_version: int | None = None  # the policy the rollout sampled with (None: written before it was recorded)
+    # The policy version each LLM turn sampled, in the order the gateway recorded them (its captured turns),
+    # and the first and last of them (None: no turn, or written before they were recorded). Staleness is
+    # counted from the first (`stepwise.core.staleness`).
+    turn_versions: list[int] | None = None
+    first_turn_version: int | None = None
+    last_turn_version: int | None = None
+    group: int | None = None  # admission 'group': the group it belongs to (`BatchRef.group`)
     usage: Usage | None = None  # what the rollout used: its handlers, gateway turns, child transitions, ACR session
     records: list[dict[str, Any]] = Field(default_factory=list)
     # Per-turn rewards (reward_granularity per_turn): one reward per LLM turn, in the order the gateway
@@ -762,3 +860,5 @@ class JudgeProgress(BaseModel):
     invocations: int = 0
     done: bool = False
     usage: Usage | None = None
+
+Checkpoint.model_rebuild()

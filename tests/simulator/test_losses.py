@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 
 from local.simulator import start_simulator
@@ -199,3 +201,47 @@ def test_unknown_loss_config_keys_and_missing_inputs_fail_the_operation(session)
     )
     resp = wait_op(rt, session.name, op["operationId"])
     assert resp["status"] == "Failed" and "clip_ratio" in resp["errorDetails"]
+
+
+# ---------------------------------------------------------------------------- deep asynchrony's loss
+
+
+def _decoupled_ppo_gradient(logp_T: torch.Tensor, behaviour_T: torch.Tensor, advantages_T: torch.Tensor,
+                            weights_T: torch.Tensor, cap: float, eps: float = 0.2) -> torch.Tensor:
+    """AReaL's decoupled PPO objective (arXiv:2505.24298, eq. 5) with one optimizer step per batch: the
+    proximal policy is the policy being updated (detached), so its clipped ratio is 1 at the point the
+    gradient is taken; the behaviour weight pi_prox / pi_behaviour is truncated at ``cap``. Returns the
+    gradient of the loss (the negated objective, summed over weighted tokens) w.r.t. ``logp_T``."""
+    logp = logp_T.detach().clone().requires_grad_(True)
+    prox = logp.detach()
+    ratio = torch.exp(logp - prox)  # 1 here, with gradient
+    behaviour_weight = torch.exp(prox - behaviour_T).clamp(max=cap)
+    objective = behaviour_weight * torch.minimum(ratio * advantages_T, ratio.clamp(1 - eps, 1 + eps) * advantages_T)
+    (-(weights_T * objective).sum()).backward()
+    return logp.grad
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.floats(-4, 0), st.floats(-3, 3), st.floats(-2, 2), st.sampled_from([0.0, 1.0])),
+                min_size=1, max_size=24))
+def test_cispo_0_2_is_the_decoupled_objective_with_one_optimizer_step(tokens):
+    """The deep-async default (`stepwise.core.staleness.DEEP_ASYNC_LOSS`): the simulator's cispo with clip
+    thresholds 0 and 2 has exactly the gradient of AReaL's decoupled objective truncated at 2, while
+    importance_sampling's weight is unbounded."""
+    from local.simulator.losses import datum_loss
+
+    from stepwise.core.staleness import DEEP_ASYNC_LOSS
+
+    loss_fn, lo, hi = DEEP_ASYNC_LOSS
+    logp_T = torch.tensor([t[0] for t in tokens], dtype=torch.float64)
+    behaviour_T = logp_T - torch.tensor([t[1] for t in tokens], dtype=torch.float64)  # log ratio in [-3, 3]
+    advantages_T = torch.tensor([t[2] for t in tokens], dtype=torch.float64)
+    weights_T = torch.tensor([t[3] for t in tokens], dtype=torch.float64)
+    x = logp_T.clone().requires_grad_(True)
+    datum_loss(loss_fn, x, weights_T, behaviour_T, advantages_T, (lo, hi)).loss.backward()
+    expected = _decoupled_ppo_gradient(logp_T, behaviour_T, advantages_T, weights_T, cap=hi)
+    assert torch.allclose(x.grad, expected, atol=1e-9)
+    # untruncated importance sampling weights a token by the full ratio (up to e^3 here)
+    y = logp_T.clone().requires_grad_(True)
+    datum_loss("importance_sampling", y, weights_T, behaviour_T, advantages_T, (lo, hi)).loss.backward()
+    assert torch.allclose(y.grad, -weights_T * advantages_T * torch.exp(logp_T - behaviour_T), atol=1e-9)

@@ -21,9 +21,56 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-#: The largest ``max_staleness`` the state machine implements: one Parallel state overlaps one
-#: training step with the next step's rollouts, so nothing can lag by two versions.
+#: The largest ``max_staleness`` the batch engine (``admission: batch``) implements: one Parallel state
+#: overlaps one training step with the next step's rollouts, so nothing can lag by two versions. The group
+#: engine (``admission: group``, `stepwise.core.groups`) takes any bound.
 MAX_SUPPORTED_STALENESS = 1
+
+#: From this ``max_staleness`` on, the loss defaults to `DEEP_ASYNC_LOSS` and ``importance_sampling`` is refused.
+DEEP_STALENESS = 2
+#: The loss a config that names none gets from ``max_staleness`` `DEEP_STALENESS` on: ``(loss,
+#: clip_low_threshold, clip_high_threshold)``. With one optimizer step per batch the proximal policy of
+#: AReaL's decoupled PPO objective (Fu et al. 2025, "AReaL: A Large-Scale Asynchronous Reinforcement
+#: Learning System for Language Reasoning", arXiv:2505.24298, eq. 5) is the policy being updated, so
+#: its clipped ratio is 1 where the gradient is taken and the objective's gradient is the behaviour
+#: importance weight ``pi_theta / pi_behaviour`` times ``A * grad log pi_theta``; the weight is truncated
+#: (AReaL and verl cap it). The service's cispo computes exactly ``sg(clip(r, lo, hi)) * A * log pi``
+#: (`local/simulator/losses.py`), so lo 0 and hi 2 is truncated importance sampling with the cap at 2
+#: (tests/simulator/test_losses.py checks the gradients agree).
+DEEP_ASYNC_LOSS = ("cispo", 0.0, 2.0)
+
+
+def deep_async_defaults(config: dict) -> dict:
+    """The fields a raw config (a mapping, before validation) gets filled in from ``max_staleness``
+    `DEEP_STALENESS` on when it names no ``loss``: `DEEP_ASYNC_LOSS` (the thresholds only where unset).
+    ``{}`` otherwise, and for a config whose ``max_staleness`` is not an integer (validation says why)."""
+    k = config.get("max_staleness")
+    if isinstance(k, bool) or not isinstance(k, int) or k < DEEP_STALENESS or "loss" in config:
+        return {}
+    loss, lo, hi = DEEP_ASYNC_LOSS
+    out: dict = {"loss": loss}
+    if config.get("clip_low_threshold") is None:
+        out["clip_low_threshold"] = lo
+    if config.get("clip_high_threshold") is None:
+        out["clip_high_threshold"] = hi
+    return out
+
+
+def deep_loss_problem(loss: str | None, max_staleness: int) -> str | None:
+    """Why ``loss`` cannot train rollouts up to ``max_staleness`` versions old, or None.
+
+    Untruncated importance sampling weights a token by ``pi_theta / pi_behaviour`` without a bound:
+    beyond a lag of one or two versions a few tokens whose probability moved far get weights of
+    hundreds, and the async systems' ablations (AReaL's "naive PPO" at staleness 4: 23.3 on AIME24
+    against 42.2 with the decoupled objective) show training collapse without a correction.
+    """
+    if loss == "importance_sampling" and max_staleness >= DEEP_STALENESS:
+        lo_hi = f"{DEEP_ASYNC_LOSS[1]:g} and {DEEP_ASYNC_LOSS[2]:g}"
+        return (f"loss 'importance_sampling' is not bounded, and from max_staleness {DEEP_STALENESS} on rollouts "
+                f"sampled several versions ago get unbounded weights (training collapses in the async systems' "
+                f"ablations): use loss 'cispo' with clip_low_threshold/clip_high_threshold {lo_hi} (truncated "
+                f"importance sampling, the default when no loss is named), or 'ppo'")
+    return None
 
 
 class StalenessExceeded(RuntimeError):
