@@ -19,7 +19,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from state_machine.definition import PLACEHOLDER_RE, placeholders
+from state_machine.definition import GROUP_STATE_MACHINE_PLACEHOLDER, PLACEHOLDER_RE, placeholders
 from stepwise.functions import FUNCTIONS
 
 BUCKET_PLACEHOLDER = "BucketName"
@@ -42,7 +42,8 @@ def function_placeholder(name: str) -> str:
     return f"{name}FunctionArn"
 
 
-def substitutions(*, function_arns: Mapping[str, str], bucket_name: str, partition: str = "aws") -> dict[str, str]:
+def substitutions(*, function_arns: Mapping[str, str], bucket_name: str, partition: str = "aws",
+                  group_state_machine_arn: str | None = None) -> dict[str, str]:
     """Every placeholder the ASL may use, mapped to its value.
 
     Args:
@@ -51,6 +52,8 @@ def substitutions(*, function_arns: Mapping[str, str], bucket_name: str, partiti
             entry; extra names are refused.
         bucket_name: the run bucket.
         partition: the AWS partition (the stack passes ``Aws.PARTITION``; locally ``aws``).
+        group_state_machine_arn: the rollout group state machine's ARN (``${RolloutGroupStateMachineArn}``,
+            which the training loop needs and the rollout group's own definition does not use).
 
     Returns:
         ``{"<Name>FunctionArn": arn, ..., "BucketName": bucket_name, "StatesS3GetObject":
@@ -69,6 +72,8 @@ def substitutions(*, function_arns: Mapping[str, str], bucket_name: str, partiti
         )
     subs = {function_placeholder(n): function_arns[n] for n in known}
     subs[BUCKET_PLACEHOLDER] = bucket_name
+    if group_state_machine_arn is not None:
+        subs[GROUP_STATE_MACHINE_PLACEHOLDER] = group_state_machine_arn
     subs.update({p: integration_arn(i, partition) for p, i in INTEGRATION_PLACEHOLDERS.items()})
     return subs
 
@@ -104,38 +109,47 @@ def _token_text(value: Any) -> str:
     return json.dumps(value, sort_keys=True)
 
 
-def synthesized_substitutions(template: Mapping[str, Any]) -> dict[str, str]:
-    """The ``DefinitionSubstitutions`` of the template's one state machine, tokens as text.
+#: How a definition is told apart in a template: its ``StartAt``.
+MACHINE_STARTS = {"training_loop": "Initialize run", "rollout_group": "Roll out the group"}
+
+
+def synthesized_substitutions(template: Mapping[str, Any], machine: str = "training_loop") -> dict[str, str]:
+    """The ``DefinitionSubstitutions`` of the template's ``machine`` state machine (``training_loop`` or
+    ``rollout_group``), tokens as text.
 
     ``{"InitFunctionArn": "FunctionsInitFunction1234.Arn", "BucketName": "StorageBucket5678", ...}``.
 
     Raises:
-        ValueError: the template has no state machine, or more than one.
+        ValueError: the template has no such state machine, or more than one.
     """
-    machine = _the_state_machine(template)
-    return {k: _token_text(v) for k, v in (machine.get("DefinitionSubstitutions") or {}).items()}
+    found = _the_state_machine(template, machine)
+    return {k: _token_text(v) for k, v in (found.get("DefinitionSubstitutions") or {}).items()}
 
 
-def synthesized_definition(template: Mapping[str, Any]) -> str:
-    """The template's state machine definition with every placeholder replaced by its token text.
+def synthesized_definition(template: Mapping[str, Any], machine: str = "training_loop") -> str:
+    """The template's ``machine`` state machine definition with every placeholder replaced by its token text.
 
     Equal to ``render_definition(synthesized_substitutions(template))`` when the deployed
     definition is the ASL file (the property the local stack's equality test relies on).
     """
-    machine = _the_state_machine(template)
-    text = machine["DefinitionString"]
+    found = _the_state_machine(template, machine)
+    text = found["DefinitionString"]
     if not isinstance(text, str):
         raise ValueError("DefinitionString is not a literal string; the stack must use DefinitionBody.from_string")
-    subs = synthesized_substitutions(template)
+    subs = synthesized_substitutions(template, machine)
     return PLACEHOLDER_RE.sub(lambda m: subs.get(m.group(1), m.group(0)), text)
 
 
-def _the_state_machine(template: Mapping[str, Any]) -> Mapping[str, Any]:
+def _the_state_machine(template: Mapping[str, Any], machine: str = "training_loop") -> Mapping[str, Any]:
+    start = MACHINE_STARTS[machine]
     machines = [
         r["Properties"]
         for r in template.get("Resources", {}).values()
         if r.get("Type") == "AWS::StepFunctions::StateMachine"
+        and isinstance(r["Properties"].get("DefinitionString"), str)
+        and json.loads(r["Properties"]["DefinitionString"]).get("StartAt") == start
     ]
     if len(machines) != 1:
-        raise ValueError(f"expected exactly one AWS::StepFunctions::StateMachine in the template, found {len(machines)}")
+        raise ValueError(f"expected exactly one {machine} AWS::StepFunctions::StateMachine (StartAt {start!r}) in the "
+                         f"template, found {len(machines)}")
     return machines[0]

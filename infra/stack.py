@@ -55,6 +55,13 @@ def load_asl() -> str:
     return load_definition()
 
 
+def load_group_definition() -> str:
+    """The ASL text of ``state_machine/rollout_group.asl.json`` (placeholders in)."""
+    from state_machine.definition import load_group_definition as load
+
+    return load()
+
+
 class StepwiseStack(Stack):
     """Bucket, handler and gateway Lambdas, the training loop, cleanup, dashboard and alarms."""
 
@@ -99,11 +106,27 @@ class StepwiseStack(Stack):
             data_buckets=settings.data_buckets,
         )
         fns = self.functions.functions
+        function_arns = {n: f.function_arn for n, f in fns.items()}
+        # The group engine's executions (admission: group), one per group, started by the training loop's
+        # functions: created first, the training loop's definition names it.
+        self.rollout_group = TrainingLoop(
+            self, "RolloutGroup",
+            definition=load_group_definition(),
+            substitutions=substitutions(function_arns=function_arns, bucket_name=bucket.bucket_name,
+                                        partition=Aws.PARTITION),
+            functions=fns,
+            bucket=bucket,
+            log_retention_days=settings.log_retention_days,
+            bulk_retention_days=settings.bulk_retention_days,
+            log_name="rollout-group",
+            comment="Stepwise RL rollout group: one group's rollouts (admission: group), started by the training loop",
+        )
         self.training_loop = TrainingLoop(
             self, "TrainingLoop",
             definition=definition,
-            substitutions=substitutions(function_arns={n: f.function_arn for n, f in fns.items()},
-                                        bucket_name=bucket.bucket_name, partition=Aws.PARTITION),
+            substitutions=substitutions(function_arns=function_arns, bucket_name=bucket.bucket_name,
+                                        partition=Aws.PARTITION,
+                                        group_state_machine_arn=self.rollout_group.state_machine.state_machine_arn),
             functions=fns,
             bucket=bucket,
             log_retention_days=settings.log_retention_days,
@@ -212,6 +235,17 @@ class StepwiseStack(Stack):
         for name in ("PollSession", "Checkpoint"):
             sessions.grant_read_model_packages(fns[name])
         loop.grant_continue_run(fns["ContinueRun"])
+        # The group engine (admission: group): AdmitGroups and RecordGroupComplete start groups and read their
+        # prompts; AwaitGroups and RecordGroupComplete resume the trainer's wait; AwaitGroups asks about groups
+        # past their time; a run's end stops its running groups.
+        groups = self.rollout_group
+        for name in ("AdmitGroups", "RecordGroupComplete"):
+            groups.grant_start_executions(fns[name])
+            storage.grant_data_read(fns[name])
+        for name in ("AwaitGroups", "RecordGroupComplete"):
+            loop.grant_task_response(fns[name])
+        for name in ("AwaitGroups", "StopSession", "Cleanup", "SweepSessions"):  # the sweeper: a swept run's groups
+            groups.grant_stop_executions(fns[name])
         for name in ("StopSession", "Cleanup"):
             sessions.grant_stop(fns[name])
         # The session sweeper: this stack's active sessions, its runs' states (above), their executions.

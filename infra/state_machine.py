@@ -129,21 +129,22 @@ class TrainingLoop(Construct):
 
     def __init__(self, scope: Construct, id: str, *, definition: str, substitutions: Mapping[str, str],
                  functions: Mapping[str, lambda_.IFunction], bucket: s3.Bucket, log_retention_days: int,
-                 bulk_retention_days: int) -> None:
+                 bulk_retention_days: int, log_name: str = "training-loop",
+                 comment: str = "Stepwise RL training loop (GRPO/DAPO on SageMaker Training Sessions)") -> None:
         super().__init__(scope, id)
         needs = asl_needs(definition)
         used = used_substitutions(definition, substitutions)
         self.log_group = logs.LogGroup(
             self, "Logs",
             # The vendedlogs prefix keeps CloudWatch Logs' resource policy small (Step Functions docs).
-            log_group_name=f"/aws/vendedlogs/states/{Stack.of(self).stack_name}-training-loop",
+            log_group_name=f"/aws/vendedlogs/states/{Stack.of(self).stack_name}-{log_name}",
             retention=_retention(log_retention_days),
             removal_policy=RemovalPolicy.DESTROY,
         )
         self.state_machine = sfn.StateMachine(
             self,
             "StateMachine",
-            comment="Stepwise RL training loop (GRPO/DAPO on SageMaker Training Sessions)",
+            comment=comment,
             definition_body=sfn.DefinitionBody.from_string(definition),
             definition_substitutions=dict(used),
             state_machine_type=sfn.StateMachineType.STANDARD,
@@ -160,6 +161,9 @@ class TrainingLoop(Construct):
 
         # Grants that name the state machine itself go in a separate policy: the state machine
         # must not depend on them (CDK's DistributedMap does the same).
+        if not (needs.distributed_map or needs.item_reader or needs.result_writer_prefixes):
+            _suppress_findings(self)  # an inline Map only (the rollout group): nothing names itself
+            return
         self_policy = iam.Policy(self, "SelfReferencePolicy")
         role.attach_inline_policy(self_policy)
         executions = [self.execution_arns("*")]
@@ -205,6 +209,24 @@ class TrainingLoop(Construct):
         policy = iam.Policy(self, f"{function.node.id}StartExecutionPolicy", statements=[
             iam.PolicyStatement(actions=["states:StartExecution"], resources=[self.state_machine.state_machine_arn]),
             iam.PolicyStatement(actions=["states:DescribeExecution"], resources=[self.execution_arns("*")])])
+        function.role.attach_inline_policy(policy)
+        _suppress_findings(policy)
+
+    def grant_start_executions(self, function: lambda_.IFunction) -> None:
+        """StartExecution of this state machine and DescribeExecution of its executions (the rollout group:
+        AdmitGroups and RecordGroupComplete start groups; a group is named at run time)."""
+        policy = iam.Policy(self, f"{function.node.id}StartGroupsPolicy", statements=[
+            iam.PolicyStatement(actions=["states:StartExecution"], resources=[self.state_machine.state_machine_arn]),
+            iam.PolicyStatement(actions=["states:DescribeExecution"], resources=[self.execution_arns("*")])])
+        function.role.attach_inline_policy(policy)
+        _suppress_findings(policy)
+
+    def grant_stop_executions(self, function: lambda_.IFunction) -> None:
+        """StopExecution and DescribeExecution of this state machine's executions (the rollout group:
+        StopSession and Cleanup stop the running groups of a run that ends; AwaitGroups asks about groups
+        past their time)."""
+        policy = iam.Policy(self, f"{function.node.id}StopExecutionsPolicy", statements=[iam.PolicyStatement(
+            actions=["states:StopExecution", "states:DescribeExecution"], resources=[self.execution_arns("*")])])
         function.role.attach_inline_policy(policy)
         _suppress_findings(policy)
 

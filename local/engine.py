@@ -122,6 +122,17 @@ def check_seam() -> None:
             or "self._outcome = outcome" not in inspect.getsource(endpoint.notify)):
         raise SeamBroken("moto's CallbackEndpoint (notify, setup_heartbeat_endpoint, notify_heartbeat) changed; "
                          "port local/engine.py's early_task_outcomes")
+    from moto.stepfunctions.parser.backend import execution
+
+    stop = getattr(execution.Execution.stop, "__stepwise_original__", execution.Execution.stop)
+    reflect = execution.BaseExecutionWorkerCommunication._reflect_execution_status
+    reflect = getattr(reflect, "__stepwise_original__", reflect)
+    if (tuple(inspect.signature(stop).parameters) != ("self", "stop_date", "error", "cause")
+            or "ExecutionStatus.FAILED" not in inspect.getsource(reflect)
+            or "self._pool" not in inspect.getsource(callback.CallbackPoolManager.__init__)
+            or "def interrupt_all" not in inspect.getsource(endpoint)):
+        raise SeamBroken("moto's Execution.stop / CallbackPoolManager / CallbackEndpoint.interrupt_all changed; "
+                         "port local/engine.py's stops_wake_callback_tasks")
     from moto.stepfunctions.responses import StepFunctionResponse
 
     history = getattr(StepFunctionResponse.get_execution_history, "__stepwise_original__",
@@ -544,6 +555,51 @@ def early_task_outcomes() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def stops_wake_callback_tasks() -> Iterator[None]:
+    """StopExecution ends an execution at once, as on AWS, also while its tasks wait for a task token.
+
+    moto 5.2.5's ``Execution.stop`` marks the program stopped and waits for the interpreter's thread to
+    notice; a ``.waitForTaskToken`` task inside an inline Map iteration waits on its ``CallbackEndpoint``
+    until its timeout, and the Map waits for its iterations, so the stopped execution reads ``RUNNING``
+    for up to the task's timeout (the rollout-group executions of the group engine: their rollouts wait
+    for their agents). Here a stop also interrupts every callback endpoint of the execution
+    (``CallbackEndpoint.interrupt_all``, what moto itself does when a task ends), so the waits return and
+    the execution ends ``ABORTED``. A Distributed Map's children are not waited for on a stop, so they
+    never showed it. Upstream: ``Execution.stop`` could call ``interrupt_all`` on its pool's endpoints.
+    """
+    from moto.stepfunctions.parser.api import ExecutionStatus
+    from moto.stepfunctions.parser.backend import execution
+
+    cls, comm = execution.Execution, execution.BaseExecutionWorkerCommunication
+    original, original_reflect = cls.stop, comm._reflect_execution_status
+
+    def stop(self: Any, stop_date: Any, error: Any, cause: Any) -> Any:
+        self._stepwise_stopped = True
+        out = original(self, stop_date, error, cause)
+        worker = getattr(self, "exec_worker", None)
+        pool = getattr(getattr(worker, "env", None), "callback_pool_manager", None)
+        for endpoint in list(getattr(pool, "_pool", {}).values()):
+            endpoint.interrupt_all()
+        return out
+
+    def reflect(self: Any) -> Any:
+        # the interrupted waits end their iterations with an error after the stop: still a stop
+        out = original_reflect(self)
+        if getattr(self.execution, "_stepwise_stopped", False) and self.execution.exec_status == ExecutionStatus.FAILED:
+            self.execution.exec_status = ExecutionStatus.ABORTED
+            self.execution.error = self.execution.cause = None
+        return out
+
+    stop.__stepwise_original__ = original  # type: ignore[attr-defined]
+    reflect.__stepwise_original__ = original_reflect  # type: ignore[attr-defined]
+    cls.stop, comm._reflect_execution_status = stop, reflect
+    try:
+        yield
+    finally:
+        cls.stop, comm._reflect_execution_status = original, original_reflect
+
+
+@contextlib.contextmanager
 def aws_error_names() -> Iterator[None]:
     """The error names AWS reports where moto 5.2.5 reports others.
 
@@ -828,6 +884,7 @@ class MotoServer:
         self._patch.enter_context(cached_asl_clients())
         self._patch.enter_context(indexed_task_tokens())
         self._patch.enter_context(early_task_outcomes())
+        self._patch.enter_context(stops_wake_callback_tasks())
         self._patch.enter_context(cached_json_paths())
         self._patch.enter_context(paged_execution_history())
         self._patch.enter_context(unseen_new_executions(self.dispatcher.faults))

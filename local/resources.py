@@ -33,6 +33,7 @@ class LocalResources:
     state_machine_arn: str
     function_arns: dict[str, str]
     definition: str
+    group_state_machine_arn: str = ""  # the rollout group state machine (admission: group)
 
 
 def _ensure_role(iam: Any, name: str, service: str) -> str:

@@ -258,23 +258,36 @@ def local_pool_size(tps_limit: float | None) -> int:
     return 2 * concurrency + 16
 
 
-def local_substitutions(function_arns: dict[str, str], bucket: str) -> dict[str, str]:
-    """The state machine's substitutions, computed exactly as the stack computes them."""
+def local_substitutions(function_arns: dict[str, str], bucket: str, group_state_machine_arn: str | None = None
+                        ) -> dict[str, str]:
+    """The state machines' substitutions, computed exactly as the stack computes them."""
     from infra.definition import substitutions
 
-    return substitutions(function_arns=function_arns, bucket_name=bucket)
+    return substitutions(function_arns=function_arns, bucket_name=bucket, group_state_machine_arn=group_state_machine_arn)
+
+
+def create_state_machines(moto: Any, arns: dict[str, str], bucket: str, name: str) -> tuple[str, str, str]:
+    """The rollout group state machine (``{name}-rollout-group``), then the training loop ``name`` that starts
+    its executions, as the stack creates them. Returns ``(training loop ARN, its definition, group ARN)``."""
+    from local import resources
+    from state_machine.definition import load_group_definition, render_definition
+
+    group_text = load_group_definition()
+    group_arn = resources.create_state_machine(moto, f"{name}-rollout-group",
+                                               render_definition(local_substitutions(arns, bucket), group_text))
+    definition = render_definition(local_substitutions(arns, bucket, group_arn))
+    return resources.create_state_machine(moto, name, definition), definition, group_arn
 
 
 def create_resources(moto: Any, bucket: str, *, state_machine_name: str = "stepwise-training-loop") -> Any:
-    """Functions, bucket notification and state machine, as the stack creates them."""
+    """Functions, bucket notification and state machines, as the stack creates them."""
     from local import resources
-    from state_machine.definition import render_definition
 
     arns = resources.create_functions(moto)
     resources.create_bucket(moto, bucket, result_function_arn=arns["OnRolloutResult"], track_function_arn=arns["Track"])
-    definition = render_definition(local_substitutions(arns, bucket))
-    sm_arn = resources.create_state_machine(moto, state_machine_name, definition)
-    return resources.LocalResources(bucket=bucket, state_machine_arn=sm_arn, function_arns=arns, definition=definition)
+    sm_arn, definition, group_arn = create_state_machines(moto, arns, bucket, state_machine_name)
+    return resources.LocalResources(bucket=bucket, state_machine_arn=sm_arn, function_arns=arns, definition=definition,
+                                    group_state_machine_arn=group_arn)
 
 
 def run_cleanup(stack: LocalStack, execution: dict[str, Any]) -> None:

@@ -1,12 +1,19 @@
-"""The training loop's ASL: one file, loaded by the CDK stack and by the local stack alike.
+"""The state machines' ASL: one file each, loaded by the CDK stack and by the local stack alike.
 
-``training_loop.asl.json`` is JSONPath ASL (moto's engine has no JSONata) with ``${Name}``
-placeholders for deployed resources: ``${<Name>FunctionArn}`` for every entry of
-``stepwise.functions.FUNCTIONS`` the ASL uses, ``${BucketName}``, and ``${Partition}`` in service
-integration ARNs (``arn:${Partition}:states:::lambda:invoke``). The stack passes the
-file text to ``DefinitionBody.from_string`` with ``definition_substitutions``; the local stack
-calls :func:`render_definition` with literal values. Both substitute the same placeholders in
-the same text, so the deployed and the local definitions are the same document.
+``training_loop.asl.json`` (the training loop: one execution per run segment) and
+``rollout_group.asl.json`` (one execution per group of the group engine, ``admission: group``) are
+JSONPath ASL (moto's engine has no JSONata) with ``${Name}`` placeholders for deployed resources:
+``${<Name>FunctionArn}`` for every entry of ``stepwise.functions.FUNCTIONS`` the ASL uses,
+``${BucketName}``, ``${RolloutGroupStateMachineArn}`` (the training loop starts groups of it), and the
+service integrations (``${StatesLambdaInvoke}`` = ``arn:PARTITION:states:::lambda:invoke``). The stack
+passes the file text to ``DefinitionBody.from_string`` with ``definition_substitutions``; the local stack
+calls :func:`render_definition` with literal values. Both substitute the same placeholders in the same
+text, so the deployed and the local definitions are the same document.
+
+Every rollout runs the same child states (``rollout_child.json``: Start rollout, Finish rollout, Record
+failed rollout, Rollout lost): the training loop's two Distributed Maps (the second under names of its own)
+and the rollout group's inline Map carry generated copies of them. ``python -m state_machine.definition
+--write`` regenerates the copies after the fragment changed; `stale_copies` is what a test checks.
 """
 
 from __future__ import annotations
@@ -18,14 +25,77 @@ from pathlib import Path
 from typing import Any
 
 ASL_PATH = Path(__file__).with_name("training_loop.asl.json")
+GROUP_ASL_PATH = Path(__file__).with_name("rollout_group.asl.json")
+CHILD_PATH = Path(__file__).with_name("rollout_child.json")
+#: The placeholder of the rollout-group state machine's ARN in the training loop.
+GROUP_STATE_MACHINE_PLACEHOLDER = "RolloutGroupStateMachineArn"
+
+#: Where each copy of the rollout child states sits: (file, path of the Map state through the ASL,
+#: the copy's state names for the fragment's).
+NEXT_STEP_NAMES = {
+    "Start rollout": "Start a rollout of the next step",
+    "Finish rollout": "Finish a rollout of the next step",
+    "Record failed rollout": "Record a failed rollout of the next step",
+    "Rollout lost": "A rollout of the next step lost",
+}
+CHILD_COPIES: tuple[tuple[Path, tuple[str, ...], dict[str, str]], ...] = (
+    (ASL_PATH, ("Roll out generation batch",), {}),
+    (ASL_PATH, ("Train this step while rolling out the next", "1", "Roll out the next step's generation batch"),
+     NEXT_STEP_NAMES),
+    (GROUP_ASL_PATH, ("Roll out the group",), {}),
+)
 
 #: ``${Name}`` as Step Functions' DefinitionSubstitutions spells a placeholder.
 PLACEHOLDER_RE = re.compile(r"\$\{([A-Za-z0-9_]+)\}")
 
 
 def load_definition() -> str:
-    """The ASL text with its ``${...}`` placeholders (what the stack hands to Step Functions)."""
+    """The training loop's ASL text with its ``${...}`` placeholders (what the stack hands to Step Functions)."""
     return ASL_PATH.read_text()
+
+
+def load_group_definition() -> str:
+    """The rollout group's ASL text with its ``${...}`` placeholders."""
+    return GROUP_ASL_PATH.read_text()
+
+
+def child_states(names: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The rollout child states (``rollout_child.json``'s ``States``), renamed by ``names`` (fragment name ->
+    copy's name; state keys and ``Next`` targets)."""
+    names = dict(names or {})
+    states = json.loads(CHILD_PATH.read_text())["States"]
+
+    def rename(obj: Any) -> Any:
+        if isinstance(obj, dict):
+            return {names.get(k, k): (names.get(v, v) if k == "Next" else rename(v)) for k, v in obj.items()}
+        if isinstance(obj, list):
+            return [rename(x) for x in obj]
+        return obj
+
+    return rename(states)
+
+
+def _map_state(asl: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any]:
+    state: Any = asl
+    for part in path:
+        state = state["Branches"][int(part)] if part.isdigit() else state["States"][part]
+    return state
+
+
+def with_child_copies(path: Path) -> str:
+    """The text of ``path`` with every rollout child copy it holds regenerated from the fragment."""
+    asl = json.loads(path.read_text())
+    for file, where, names in CHILD_COPIES:
+        if file == path:
+            proc = _map_state(asl, where)["ItemProcessor"]
+            proc["States"] = child_states(names)
+            proc["StartAt"] = names.get("Start rollout", "Start rollout")
+    return json.dumps(asl, indent=2) + "\n"
+
+
+def stale_copies() -> list[str]:
+    """The ASL files whose rollout child copies differ from ``rollout_child.json`` ([] = in sync)."""
+    return [p.name for p in dict.fromkeys(f for f, _, _ in CHILD_COPIES) if with_child_copies(p) != p.read_text()]
 
 
 def placeholders(text: str | None = None) -> set[str]:
@@ -56,5 +126,33 @@ def render_definition(substitutions: Mapping[str, str], text: str | None = None)
 
 
 def load_asl() -> dict[str, Any]:
-    """The ASL as a dict (placeholders left in place)."""
+    """The training loop's ASL as a dict (placeholders left in place)."""
     return json.loads(load_definition())
+
+
+def load_group_asl() -> dict[str, Any]:
+    """The rollout group's ASL as a dict (placeholders left in place)."""
+    return json.loads(load_group_definition())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m state_machine.definition [--write]``: check (or regenerate) the rollout child copies."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="check or regenerate the rollout child states' copies")
+    parser.add_argument("--write", action="store_true", help="rewrite the ASL files from rollout_child.json")
+    args = parser.parse_args(argv)
+    stale = stale_copies()
+    if args.write:
+        for path in dict.fromkeys(f for f, _, _ in CHILD_COPIES):
+            path.write_text(with_child_copies(path))
+        print(f"regenerated: {', '.join(stale) or 'nothing (in sync)'}")
+        return 0
+    if stale:
+        print(f"out of date with rollout_child.json: {', '.join(stale)}; run: python -m state_machine.definition --write")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1140,6 +1140,13 @@ class RunConfig(BaseModel):
         return cfg or None
 
     @property
+    def saves_initial_sampler(self) -> bool:
+        """Whether the run binds its sampler to the saved base weights before the first step
+        (`stepwise.core.phases.plan_initial_sampler`): the group engine with ``max_staleness`` >= 1 admits
+        groups while a step trains, and no rollout may sample the base model (``""``) then."""
+        return self.admission == "group" and self.max_staleness >= 1 and not self.resume_from_model_package
+
+    @property
     def steps_ahead(self) -> int:
         """The group engine's ``d`` (`sampling_steps_ahead`, default ``min(1, max_staleness)``)."""
         return min(1, self.max_staleness) if self.sampling_steps_ahead is None else self.sampling_steps_ahead

@@ -42,6 +42,27 @@ class BatchEvent(_Event):
     batch: BatchRef
 
 
+class AdmitEvent(RunEvent):
+    """AdmitGroups (``admission: group``): the run and the rollout group state machine to start groups of."""
+
+    group_state_machine_arn: str
+
+
+class AwaitEvent(AdmitEvent):
+    """AwaitGroups (``lambda:invoke.waitForTaskToken``): the trainer's task token, resumed when a batch of
+    groups is ready."""
+
+    task_token: str
+
+
+class GroupEvent(BatchEvent):
+    """RecordGroupComplete: the group's batch (`stepwise.records.BatchRef` with ``group``) and its state
+    machine (``$$.StateMachine.Id``: the groups it admits in turn are started there)."""
+
+    group_state_machine_arn: str
+    retry_count: int = 0  # $$.State.RetryCount: the attempts before this one (the group's transitions)
+
+
 class InitEvent(_Event):
     """Init: the execution's input (a RunConfig, or a continuation) and its ARN and name."""
 

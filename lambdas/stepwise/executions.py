@@ -34,6 +34,7 @@ __all__ = [
     "continuation_name",
     "default_run_id",
     "execution_arn_of",
+    "group_execution_name",
     "run_id_of_execution",
     "run_id_problem",
     "run_id_stem",
@@ -88,6 +89,15 @@ CONTINUATION_RE = re.compile(r"^(?P<prefix>.+)--(?P<segment>\d+)$")
 def continuation_name(run_id: str, segment: int) -> str:
     """Execution name of segment ``segment`` (<= 80 chars, deterministic so a retry cannot start two)."""
     return f"{run_id[:70]}--{segment}"
+
+
+def group_execution_name(run_id: str, group: int, attempt: int = 0) -> str:
+    """The rollout-group execution of group ``group`` (attempt ``attempt``) of run ``run_id``:
+    ``{run_id[:56]}-{8 hex of sha256(run_id)}-g{group}a{attempt}`` (<= 80 chars; deterministic, so a retried
+    admission finds it started: ExecutionAlreadyExists)."""
+    import hashlib
+
+    return f"{run_id[:56]}-{hashlib.sha256(run_id.encode()).hexdigest()[:8]}-g{group}a{attempt}"
 
 
 def execution_arn_of(state_machine_arn: str, name: str) -> str:

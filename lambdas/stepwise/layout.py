@@ -14,6 +14,9 @@ Layout (docs/internals.md, "S3 layout")::
     runs/{run_id}/steps/{step}/gen{g}/judge/{input_id}.json the group judge's record of one group (scores, reasons)
     runs/{run_id}/steps/{step}/gen{g}/judge-progress.json   the judging of the batch (start, invocations, done)
     runs/{run_id}/judge-cache/{key}.json                    a judge verdict by the hash of what was judged
+    runs/{run_id}/buffer.json                               the group engine's buffer (admission: group); conditional writes
+    runs/{run_id}/groups/{g}/a{n}/...                       one group (attempt n): items, prompts, starts, rollouts as a batch's
+    runs/{run_id}/groups/{g}/a{n}/complete.json             what the group's completion recorded (versions, DAPO, durations)
     runs/{run_id}/steps/{step}/datums/{chunk:04d}.json      forward_backward datum chunks
     runs/{run_id}/steps/{step}/summary.json                 the step's metrics
     runs/{run_id}/summary.json                              the run's end: status, reason, checkpoints (StopSession, Cleanup)
@@ -96,37 +99,70 @@ def summaries_prefix(run_id: str, folder: str) -> str:
     return run_prefix(run_id) + f"{folder}/"
 
 
-def batch_prefix(run_id: str, step: int, generation_batch: int, kind: str = "train") -> str:
-    """Prefix of one generation batch: ``steps/{step}/gen{g}/`` (train) or ``evals/{step}/`` (eval)."""
+def batch_prefix(run_id: str, step: int, generation_batch: int, kind: str = "train", *,
+                 group: int | None = None, attempt: int = 0) -> str:
+    """Prefix of one generation batch: ``steps/{step}/gen{g}/`` (train) or ``evals/{step}/`` (eval); for
+    the group engine's groups (``group`` given), the group's folder (`group_prefix`)."""
+    if group is not None:
+        return group_prefix(run_id, group, attempt)
     if kind == "eval":
         return summaries_prefix(run_id, "evals") + f"{step}/"
     return summaries_prefix(run_id, "steps") + f"{step}/gen{generation_batch}/"
 
 
-def items_key(run_id: str, step: int, generation_batch: int, kind: str = "train") -> str:
-    return batch_prefix(run_id, step, generation_batch, kind) + "items.json"
+def items_key(run_id: str, step: int, generation_batch: int, kind: str = "train", *,
+              group: int | None = None, attempt: int = 0) -> str:
+    return batch_prefix(run_id, step, generation_batch, kind, group=group, attempt=attempt) + "items.json"
 
 
-def prompts_key(run_id: str, step: int, generation_batch: int, kind: str = "train") -> str:
-    return batch_prefix(run_id, step, generation_batch, kind) + "prompts.json"
+def prompts_key(run_id: str, step: int, generation_batch: int, kind: str = "train", *,
+                group: int | None = None, attempt: int = 0) -> str:
+    return batch_prefix(run_id, step, generation_batch, kind, group=group, attempt=attempt) + "prompts.json"
 
 
-def start_marker_key(run_id: str, step: int, generation_batch: int, kind: str, i: int) -> str:
+def start_marker_key(run_id: str, step: int, generation_batch: int, kind: str, i: int, *,
+                     group: int | None = None, attempt: int = 0) -> str:
     """Which sid item ``i`` of a batch was started with (the timeout path needs it)."""
-    return start_markers_prefix(run_id, step, generation_batch, kind) + f"{i}.json"
+    return start_markers_prefix(run_id, step, generation_batch, kind, group=group, attempt=attempt) + f"{i}.json"
 
 
-def start_markers_prefix(run_id: str, step: int, generation_batch: int, kind: str = "train") -> str:
+def start_markers_prefix(run_id: str, step: int, generation_batch: int, kind: str = "train", *,
+                         group: int | None = None, attempt: int = 0) -> str:
     """Prefix of a batch's start markers (`start_marker_key`): the rollouts started so far."""
-    return batch_prefix(run_id, step, generation_batch, kind) + "starts/"
+    return batch_prefix(run_id, step, generation_batch, kind, group=group, attempt=attempt) + "starts/"
 
 
-def rollouts_prefix(run_id: str, step: int, generation_batch: int, kind: str = "train") -> str:
-    return batch_prefix(run_id, step, generation_batch, kind) + "rollouts/"
+def rollouts_prefix(run_id: str, step: int, generation_batch: int, kind: str = "train", *,
+                    group: int | None = None, attempt: int = 0) -> str:
+    return batch_prefix(run_id, step, generation_batch, kind, group=group, attempt=attempt) + "rollouts/"
 
 
-def rollout_key(run_id: str, step: int, generation_batch: int, sid: str, kind: str = "train") -> str:
-    return rollouts_prefix(run_id, step, generation_batch, kind) + f"{sid}.json"
+def rollout_key(run_id: str, step: int, generation_batch: int, sid: str, kind: str = "train", *,
+                group: int | None = None, attempt: int = 0) -> str:
+    return rollouts_prefix(run_id, step, generation_batch, kind, group=group, attempt=attempt) + f"{sid}.json"
+
+
+def buffer_key(run_id: str) -> str:
+    """``runs/{run_id}/buffer.json``: the group engine's buffer (`stepwise.records.GroupBuffer`); every write
+    conditional on the ETag."""
+    return run_prefix(run_id) + "buffer.json"
+
+
+def groups_prefix(run_id: str) -> str:
+    """``runs/{run_id}/groups/``: the group engine's groups, one folder per group and attempt."""
+    return run_prefix(run_id) + "groups/"
+
+
+def group_prefix(run_id: str, group: int | str, attempt: int | str = 0) -> str:
+    """``runs/{run_id}/groups/{group}/a{attempt}/``: one group's rollouts (``items.json``, ``prompts.json``,
+    ``starts/``, ``rollouts/`` as a generation batch's) and its ``complete.json``."""
+    return groups_prefix(run_id) + f"{group}/a{attempt}/"
+
+
+def group_complete_key(run_id: str, group: int | str, attempt: int | str = 0) -> str:
+    """``.../groups/{group}/a{attempt}/complete.json``: what the group's completion recorded (its versions,
+    whether DAPO keeps it, its durations; `stepwise.core.groups.CompleteMark`), written once by RecordGroupComplete."""
+    return group_prefix(run_id, group, attempt) + "complete.json"
 
 
 def judge_prefix(run_id: str, step: int, generation_batch: int) -> str:
@@ -359,6 +395,8 @@ def _pattern(key: str) -> str:
 #: ``(regex on the object key, kind)``, first match wins: what object of the layout a key is.
 KEY_KINDS: tuple[tuple[re.Pattern[str], str], ...] = tuple((re.compile(rx), kind) for rx, kind in (
     (f"^{_pattern(state_key(_ID))}$", "state"),
+    (f"^{_pattern(buffer_key(_ID))}$", "buffer"),
+    (f"^{_pattern(group_complete_key(_ID, _ID, _ID))}$", "group"),
     (f"^{_pattern(config_key(_ID))}$", "config"),
     (f"^{_pattern(task_token_key(_ID, _ID))}$", "task_token"),
     (f"^{_pattern(turns_prefix(_ID, _ID))}", "turn"),

@@ -218,6 +218,7 @@ class PlannedBatch(BaseModel):
     rows: list[int] = Field(default_factory=list)
     responses_per_prompt: int = 1
     final: bool = False
+    group_engine: bool = False  # a group-engine step (admission: group): its groups come from the buffer, not rows
 
 
 class EvalSetRows(BaseModel):
@@ -313,6 +314,7 @@ class GroupBuffer(BaseModel):
     for a batch (None = not waiting); ``waiting_since`` / ``data_ready_at`` time that wait (epoch seconds).
     ``stopping``: the run is ending, admit nothing more. ``discarded_rollouts``: rollouts rolled out and
     never trained nor filtered (a resume rolling a group again whose rollouts were past ``max_staleness``).
+    ``waiting_version``: the version the waiting trainer's update would apply to (readiness is judged for it).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -325,10 +327,16 @@ class GroupBuffer(BaseModel):
     filtered: list[tuple[int, int]] = Field(default_factory=list)
     last_consumption: Consumption | None = None
     trainer_token: str | None = None
+    waiting_version: int | None = None  # the policy version the waiting trainer's next update applies to
     waiting_since: float | None = None
     data_ready_at: float | None = None
     stopping: bool = False
     discarded_rollouts: int = 0
+    #: What groups used that no step reads the rollout records of (DAPO's filtered groups, every group's own
+    #: state transitions), added to the cost ledger by the next step's ComputeAdvantages.
+    pending_usage: Usage = Field(default_factory=Usage)
+    group_state_machine_arn: str = ""  # the rollout group state machine (the first admission records it)
+    rewound_for: str = ""  # the training session a resume rewound the buffer for (once per resume)
 
 
 class RunState(BaseModel):
@@ -377,6 +385,8 @@ class RunState(BaseModel):
     step_cursor_start: int = 0  # cursor at the start of the current step (for DAPO generation batches)
     kept_groups: int = 0
     datum_chunks: list[int] = Field(default_factory=list)  # datums per forward_backward chunk of the step
+    # admission group: each datum's staleness, in chunk order (the loss outputs are summed by it)
+    datum_staleness: list[int] = Field(default_factory=list)
     empty_steps: int = 0  # consecutive steps skipped for having no datum (max_consecutive_empty_steps fails the run)
     empty_steps_report: str = ""  # what the last skipped step's rollouts reported (the failure's cause)
     step_started_at: float | None = None
@@ -393,6 +403,7 @@ class RunState(BaseModel):
     last_sequence_number: int = 0
     phase: Phase = "idle"
     checkpoint_reason: CheckpointReason = ""  # why the pending checkpoint is saved
+    checkpoint_groups: GroupFrontier | None = None  # admission group: the frontier the pending checkpoint records
     pending: list[PendingOperation] = Field(default_factory=list)
     checkpoints: list[Checkpoint] = Field(default_factory=list)
     last_eval_step: int | None = None
@@ -412,7 +423,8 @@ class RunLeftovers(BaseModel):
     after the end itself was recorded (StopSession, Cleanup), which they do in the time left and the
     session sweeper finishes (`stepwise.handlers._leftovers`).
 
-    ``batches``: generation batches whose rollouts in flight are not resolved to sids yet;
+    ``batches``: generation batches whose rollouts in flight are not resolved to sids yet; ``groups``:
+    likewise the group executions ``[id, attempt]`` (admission group) the end stopped;
     ``sids``: rollouts whose gateway and runtime sessions are still to be ended; ``retention``:
     ``keep_model_packages: best_and_last`` still to apply (what it deletes is recomputed from
     ``state.json``, where each deletion is recorded); ``failed_packages``: ARN -> the refusal of a
@@ -427,6 +439,7 @@ class RunLeftovers(BaseModel):
     since: float  # when the run's end handed it over (epoch seconds)
     reason: str = ""  # the run's stop reason, for the logs
     batches: list[PlannedBatch] = Field(default_factory=list)
+    groups: list[list[int]] = Field(default_factory=list)
     sids: list[str] = Field(default_factory=list)
     retention: bool = False
     failed_packages: dict[str, str] = Field(default_factory=dict)
@@ -435,7 +448,7 @@ class RunLeftovers(BaseModel):
 
     def empty(self) -> bool:
         """Nothing left to do."""
-        return not (self.batches or self.sids or self.retention)
+        return not (self.batches or self.groups or self.sids or self.retention)
 
 
 # ---------------------------------------------------------------------------- state machine payloads
@@ -526,6 +539,12 @@ class BatchRef(BaseModel):
         from stepwise.core.liveness import RolloutTimeouts
 
         return RolloutTimeouts.of(self.timeout_seconds, self.heartbeat_seconds, self.heartbeat_on)
+
+    @property
+    def folder(self) -> dict[str, Any]:
+        """The keyword arguments that place this batch's objects (`stepwise.layout.batch_prefix`): a group's
+        folder for the group engine's batches, else none."""
+        return {"group": self.group, "attempt": self.attempt} if self.group is not None else {}
 
     def is_planned(self, planned: PlannedBatch | None) -> bool:
         """True when this is the batch ``planned`` (same kind, step and generation batch)."""
@@ -862,3 +881,4 @@ class JudgeProgress(BaseModel):
     usage: Usage | None = None
 
 Checkpoint.model_rebuild()
+RunState.model_rebuild()

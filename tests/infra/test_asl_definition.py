@@ -128,15 +128,22 @@ def test_one_child_never_sinks_a_step() -> None:
 def test_placeholders_are_exactly_functions_the_bucket_and_integrations() -> None:
     from infra.definition import INTEGRATION_PLACEHOLDERS, substitutions
 
+    from state_machine.definition import GROUP_STATE_MACHINE_PLACEHOLDER, load_group_definition
+
     names = {spec.name for spec in FUNCTIONS}
     used = placeholders()
-    assert used - {"BucketName", *INTEGRATION_PLACEHOLDERS} <= {f"{n}FunctionArn" for n in names}
-    assert "BucketName" in used
+    assert used - {"BucketName", GROUP_STATE_MACHINE_PLACEHOLDER, *INTEGRATION_PLACEHOLDERS} <= {
+        f"{n}FunctionArn" for n in names}
+    assert "BucketName" in used and GROUP_STATE_MACHINE_PLACEHOLDER in used
+    # the rollout group names functions only (and is what the training loop's placeholder stands for)
+    assert placeholders(load_group_definition()) - INTEGRATION_PLACEHOLDERS.keys() <= {f"{n}FunctionArn" for n in names}
     # no literal partition: the same text deploys to aws and aws-cn (cdk.json targets both)
-    assert "arn:aws" not in load_definition()
+    assert "arn:aws" not in load_definition() and "arn:aws" not in load_group_definition()
     arns = {n: f"arn:aws-cn:lambda:cn-north-1:123456789012:function:{n}" for n in names}
+    group = "arn:aws-cn:states:cn-north-1:123456789012:stateMachine:group"
     rendered = json.loads(render_definition(substitutions(function_arns=arns, bucket_name="stepwise-runs",
-                                                          partition="aws-cn")))
+                                                          partition="aws-cn", group_state_machine_arn=group)))
+    assert rendered["States"]["Admit groups"]["Parameters"]["group_state_machine_arn"] == group
     assert "${" not in json.dumps(rendered)
     assert rendered["States"]["Roll out generation batch"]["ItemReader"]["Resource"] == "arn:aws-cn:states:::s3:getObject"
     assert rendered["States"]["Initialize run"]["Resource"].endswith(":function:Init")
@@ -272,3 +279,49 @@ def test_the_rollout_task_with_its_resolved_timeouts_is_a_valid_task_state() -> 
     # the validator does refuse a heartbeat that is no positive integer ("off cannot be 0")
     states["config 0"]["HeartbeatSeconds"] = 0
     assert asl_validate(json.dumps({"StartAt": "config 0", "States": states})).returncode != 0
+
+
+# ---------------------------------------------------------------------------- the group engine (admission: group)
+
+
+def test_every_rollout_runs_the_child_states_of_one_source() -> None:
+    """The training loop's two Maps and the rollout group's inline Map hold generated copies of
+    ``state_machine/rollout_child.json``; a hand edit of one copy is refused here."""
+    from state_machine.definition import CHILD_COPIES, child_states, stale_copies, with_child_copies
+
+    assert stale_copies() == [], "run: python -m state_machine.definition --write"
+    assert len(CHILD_COPIES) == 3
+    path = CHILD_COPIES[2][0]
+    edited = json.loads(path.read_text())
+    edited["States"]["Roll out the group"]["ItemProcessor"]["States"]["Finish rollout"]["Retry"][0]["MaxAttempts"] = 1
+    assert json.loads(with_child_copies(path))["States"]["Roll out the group"]["ItemProcessor"]["States"] == child_states()
+
+
+def test_the_group_engine_branch_admits_waits_on_a_token_and_trains_the_chosen_groups() -> None:
+    from state_machine.definition import load_group_asl
+
+    states = load_asl()["States"]
+    assert {"Variable": "$.plan.action", "StringEquals": "groups", "Next": "Admit groups"} in \
+        states["What comes next?"]["Choices"]
+    assert states["Admit groups"]["Next"] == "Wait for a batch of groups"
+    wait = states["Wait for a batch of groups"]
+    # a callback, not a polling loop: its timeout (from PlanStep) comes back to itself to re-check
+    assert wait["Resource"] == "${StatesLambdaInvokeWaitForTaskToken}" and wait["TimeoutSecondsPath"] == "$.plan.wait_seconds"
+    assert wait["Parameters"]["Payload"]["task_token.$"] == "$$.Task.Token"
+    assert {"ErrorEquals": ["States.Timeout"], "ResultPath": "$.wait_timeout", "Next": "Wait for a batch of groups"} in wait["Catch"]
+    assert wait["Next"] == "Compute advantages on the chosen groups"
+    # the groups just taken free room: the next ones start before the step trains
+    assert states["Compute advantages on the chosen groups"]["Next"] == "Admit groups while this step trains"
+    choice = states["Train the chosen groups?"]["Choices"]
+    assert {c["Next"] for c in choice} == {"Submit training step", "Wait for a batch of groups"}
+    # the rollout group: every member a child with its task token, then the judge's place, then the record
+    group = load_group_asl()
+    rollouts = group["States"]["Roll out the group"]
+    assert rollouts["ItemProcessor"]["ProcessorConfig"] == {"Mode": "INLINE"} and rollouts["ItemsPath"] == "$.items"
+    start = rollouts["ItemProcessor"]["States"]["Start rollout"]
+    assert start["Resource"] == "${StatesLambdaInvokeWaitForTaskToken}"
+    assert rollouts["Next"] == "Judge the group" and group["States"]["Judge the group"]["Next"] == "Record group complete"
+    record = group["States"]["Record group complete"]
+    assert record["Resource"] == "${RecordGroupCompleteFunctionArn}" and record["End"]
+    assert record["Parameters"]["group_state_machine_arn.$"] == "$$.StateMachine.Id"
+    assert group.get("QueryLanguage") == "JSONPath"

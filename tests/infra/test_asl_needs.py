@@ -47,7 +47,8 @@ def test_an_integration_the_stack_cannot_grant_is_refused_by_name(state, message
 
 def test_substitutions_cover_every_function_and_refuse_unknown_ones():
     arns = {s.name: f"arn:aws:lambda:us-east-1:123456789012:function:{s.name}" for s in FUNCTIONS}
-    subs = substitutions(function_arns=arns, bucket_name="stepwise-bucket")
+    subs = substitutions(function_arns=arns, bucket_name="stepwise-bucket",
+                         group_state_machine_arn="arn:aws:states:us-east-1:123456789012:stateMachine:g")
     assert placeholders() <= set(subs)
     assert used_substitutions(load_definition(), subs).keys() == placeholders()
     with pytest.raises(ValueError, match="missing"):

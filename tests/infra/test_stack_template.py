@@ -41,8 +41,10 @@ def resources(template: dict, type_: str) -> dict[str, dict]:
     return {lid: r for lid, r in template["Resources"].items() if r["Type"] == type_}
 
 
-def the_state_machine(template: dict) -> dict:
-    (machine,) = resources(template, "AWS::StepFunctions::StateMachine").values()
+def the_state_machine(template: dict, start_at: str = "Initialize run") -> dict:
+    """The training loop's properties (``start_at``: "Roll out the group" for the rollout group's)."""
+    (machine,) = [m for m in resources(template, "AWS::StepFunctions::StateMachine").values()
+                  if json.loads(m["Properties"]["DefinitionString"])["StartAt"] == start_at]
     return machine["Properties"]
 
 
@@ -319,7 +321,7 @@ def test_only_start_rollout_invokes_agents_and_only_init_passes_roles(default_ap
     responders = {h for h, a in holders.items() if "states:SendTaskSuccess" in a}
     assert invokers == {_spec("StartRollout").handler}
     assert passers == creators == {_spec("Init").handler}
-    assert responders == {_spec("OnRolloutResult").handler}
+    assert responders == {_spec(n).handler for n in ("OnRolloutResult", "AwaitGroups", "RecordGroupComplete")}
     _, gw = gateway_function(template)
     gw_actions = actions_of(statements_of_role(template, role_of(gw)))
     assert {"sagemaker:ExecuteSamplingOperation", "sagemaker:GetSamplingOperationResult"} <= gw_actions
@@ -422,10 +424,12 @@ def test_task_token_responses_are_granted_on_star_as_documented(default_app):
         for st in stmts:
             if {"states:SendTaskSuccess", "states:SendTaskFailure", "states:SendTaskHeartbeat"} & actions_of([st]):
                 holders.setdefault(name, []).append(st)
-    assert set(holders) == {"OnRolloutResult", "Gateway"}
-    (st,) = holders["OnRolloutResult"]  # minimizePolicies merges it with X-Ray's '*' statement
-    assert {"states:SendTaskSuccess", "states:SendTaskFailure", "states:SendTaskHeartbeat"} <= actions_of([st])
-    assert st["Resource"] == "*" and st["Effect"] == "Allow"
+    # the group engine's AwaitGroups and RecordGroupComplete resume the trainer's wait for a batch of groups
+    assert set(holders) == {"OnRolloutResult", "Gateway", "AwaitGroups", "RecordGroupComplete"}
+    for name in ("OnRolloutResult", "AwaitGroups", "RecordGroupComplete"):
+        (st,) = holders[name]  # minimizePolicies merges it with X-Ray's '*' statement
+        assert {"states:SendTaskSuccess", "states:SendTaskFailure", "states:SendTaskHeartbeat"} <= actions_of([st])
+        assert st["Resource"] == "*" and st["Effect"] == "Allow"
     # the gateway heartbeats a rollout's task on its agent's LLM calls: the heartbeat only, never a result
     (st,) = holders["Gateway"]
     assert {a for a in actions_of([st]) if a.startswith("states:")} == {"states:SendTaskHeartbeat"}
@@ -659,8 +663,10 @@ def _bucket_lid(template: dict) -> str:
     return next(lid for lid in resources(template, "AWS::S3::Bucket") if re.match(r"StorageBucket[0-9A-F]{8}$", lid))
 
 
-def _sm_lid(template: dict) -> str:
-    (lid,) = resources(template, "AWS::StepFunctions::StateMachine")
+def _sm_lid(template: dict, start_at: str = "Initialize run") -> str:
+    """The training loop's logical id (``start_at`` "Roll out the group": the rollout group's)."""
+    (lid,) = [lid for lid, m in resources(template, "AWS::StepFunctions::StateMachine").items()
+              if json.loads(m["Properties"]["DefinitionString"])["StartAt"] == start_at]
     return lid
 
 

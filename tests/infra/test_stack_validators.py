@@ -135,11 +135,13 @@ def test_cfn_lint_catches_what_cloudformation_would_refuse():
 # --- asl-validator --------------------------------------------------------------------
 
 
-def deployed_definition(body: dict) -> str:
-    """The state machine definition as Step Functions stores it: substitutions resolved."""
+def deployed_definition(body: dict, start_at: str = "Initialize run") -> str:
+    """A state machine's definition as Step Functions stores it, substitutions resolved: the training
+    loop's (``start_at`` "Roll out the group": the rollout group's)."""
     from state_machine.definition import render_definition
 
-    (machine,) = [r["Properties"] for r in body["Resources"].values() if r["Type"] == "AWS::StepFunctions::StateMachine"]
+    (machine,) = [r["Properties"] for r in body["Resources"].values() if r["Type"] == "AWS::StepFunctions::StateMachine"
+                  and json.loads(r["Properties"]["DefinitionString"])["StartAt"] == start_at]
     subs = {k: resolve(v, body) for k, v in machine["DefinitionSubstitutions"].items()}
     return render_definition(subs, machine["DefinitionString"])
 
@@ -157,6 +159,10 @@ def test_asl_validator_accepts_the_deployed_definition(template):
     assert f":function:stepwise-functionsinit" in definition and "arn:aws:states:::s3:getObject" in definition
     out = asl_validate(definition)
     assert out.returncode == 0, f"asl-validator on the {name} definition: {out.stdout}{out.stderr}"
+    group = deployed_definition(body, "Roll out the group")  # the rollout group (admission: group)
+    assert "${" not in group and ":function:stepwise-functionsrecordgroupcomplete" in group.lower()
+    out = asl_validate(group)
+    assert out.returncode == 0, f"asl-validator on the {name} rollout group: {out.stdout}{out.stderr}"
 
 
 def test_asl_validator_refuses_a_broken_definition():

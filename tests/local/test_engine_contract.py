@@ -865,3 +865,60 @@ def test_a_new_execution_can_read_as_not_existing_for_a_while_as_step_functions_
         assert moto.dispatcher.faults.unseen == 1
         for arn in (hidden, seen):
             sfn.stop_execution(executionArn=arn)
+
+
+def _never_answered(event, ctx):
+    return {}  # the task waits for a token nobody sends (an agent still working)
+
+
+def _inline_wait_machine(moto, name):
+    """An inline Map whose iterations wait for a task token (the rollout group's shape)."""
+    lam, iam = moto.client("lambda"), moto.client("iam")
+    role = engine._ensure_role(iam, "stop-test", "lambda.amazonaws.com")
+    arn = lam.create_function(FunctionName=name, Role=role, PackageType="Image", Timeout=30,
+                              Code={"ImageUri": "123456789012.dkr.ecr.us-east-1.amazonaws.com/x:1"})["FunctionArn"]
+    moto.dispatcher.register(name, handler_path="", memory_mb=128, timeout_s=30, arn=arn, handler=_never_answered)
+    wait = {"Type": "Task", "Resource": "arn:aws:states:::lambda:invoke.waitForTaskToken", "TimeoutSeconds": 30,
+            "Parameters": {"FunctionName": arn, "Payload": {"token.$": "$$.Task.Token"}},
+            "Catch": [{"ErrorEquals": ["States.ALL"], "Next": "Done"}], "Next": "Done"}
+    definition = {"StartAt": "Map", "States": {"Map": {
+        "Type": "Map", "ItemsPath": "$.items", "End": True,
+        "ItemProcessor": {"ProcessorConfig": {"Mode": "INLINE"}, "StartAt": "Wait",
+                          "States": {"Wait": wait, "Done": {"Type": "Pass", "End": True}}}}}}
+    return engine.create_state_machine(moto, name, json.dumps(definition))
+
+
+def _stop_and_time(moto, sm: str, name: str) -> tuple[str, float]:
+    sfn = moto.client("stepfunctions")
+    arn = sfn.start_execution(stateMachineArn=sm, name=name, input='{"items": [1, 2]}')["executionArn"]
+    time.sleep(1.0)  # both iterations wait for their token
+    sfn.stop_execution(executionArn=arn, error="Stopped", cause="test")
+    started = time.monotonic()
+    while time.monotonic() - started < 8 and sfn.describe_execution(executionArn=arn)["status"] == "RUNNING":
+        time.sleep(0.1)
+    return sfn.describe_execution(executionArn=arn)["status"], time.monotonic() - started
+
+
+def test_a_stopped_execution_whose_inline_map_waits_for_task_tokens_ends_aborted_at_once():
+    """engine.stops_wake_callback_tasks: StopExecution of an execution waiting for task tokens in an inline
+    Map (a rollout group of the group engine) ends it ABORTED at once, as on AWS."""
+    with engine.MotoServer() as moto:
+        status, took = _stop_and_time(moto, _inline_wait_machine(moto, "inline-stop"), "stop-1")
+    assert (status, took < 5) == ("ABORTED", True), (status, took)
+
+
+def test_without_the_fix_moto_keeps_a_stopped_inline_map_running_until_its_tasks_time_out():
+    """The moto behaviour `stops_wake_callback_tasks` exists for. If this fails, moto fixed it upstream:
+    drop the patch (and this test)."""
+    from moto.stepfunctions.parser.backend import execution
+
+    with engine.MotoServer() as moto:
+        cls, comm = execution.Execution, execution.BaseExecutionWorkerCommunication
+        patched = cls.stop, comm._reflect_execution_status
+        cls.stop, comm._reflect_execution_status = (patched[0].__stepwise_original__,
+                                                    patched[1].__stepwise_original__)
+        try:
+            status, _ = _stop_and_time(moto, _inline_wait_machine(moto, "inline-stop-plain"), "stop-2")
+        finally:
+            cls.stop, comm._reflect_execution_status = patched
+    assert status == "RUNNING"

@@ -76,17 +76,16 @@ class Stack:
         ``track``, summaries -> Track: most drills leave the report page out), and the state machine
         ``name`` (default ``prefix``) with the real ASL; ``agent`` plays ACR.
         Returns (function ARNs by spec name, state machine ARN)."""
-        from infra.definition import substitutions
         from local import resources
-        from state_machine.definition import render_definition
+        from local.stack import create_state_machines
 
         self.mp.setenv("AWS_ENDPOINT_URL_BEDROCK_AGENTCORE", agent.url)
         self.agent = agent
         arns = resources.create_functions(self.moto, prefix=prefix)
         resources.create_bucket(self.moto, self.bucket, result_function_arn=arns["OnRolloutResult"],
                                 track_function_arn=arns["Track"] if track else None)
-        definition = render_definition(substitutions(function_arns=arns, bucket_name=self.bucket))
-        return arns, resources.create_state_machine(self.moto, name or prefix, definition)
+        sm_arn, _, self.group_state_machine_arn = create_state_machines(self.moto, arns, self.bucket, name or prefix)
+        return arns, sm_arn
 
     def stop(self) -> None:
         from tests.support import billing
@@ -281,7 +280,9 @@ class FakeAgent:
         self.throttle = 0
         self.fail = 0  # the next N invokes start their session, then answer 500
         self.write_results = True
-        self.result_delay = 0.0  # seconds each rollout takes before its result is written (its ACR session)
+        # seconds each rollout takes before its result is written (its ACR session); or a function of the
+        # invocation's body (e.g. a heavy tail by prompt)
+        self.result_delay: float | Any = 0.0
         self.visible_at_invoke: dict[str, dict[str, bool]] = {}
         self.sessions: dict[str, str] = {}
         self.stopped: list[str] = []
@@ -311,12 +312,18 @@ class FakeAgent:
     def finish(self, body: dict, sid: str) -> None:
         if not self.write_results:
             return
-        if self.result_delay:
-            time.sleep(self.result_delay)
+        delay = self.result_delay(body) if callable(self.result_delay) else self.result_delay
+        if delay:
+            time.sleep(delay)
         ro = body["_rollout"]
         run_id = ro["exp_id"].split("/", 1)[1]
         s3 = boto3.client("s3")
         turn = captured_turn(sid, [1, 2, 3], [20, 21, 22], [-0.3, -0.2, -0.1])
+        try:  # the policy version the gateway would have sampled the turn with (its session record's)
+            record = json.loads(s3.get_object(Bucket=ro["s3_bucket"], Key=session_key(sid))["Body"].read())
+            turn["policy_version"] = record["policy_version"]
+        except Exception:
+            pass
         s3.put_object(Bucket=ro["s3_bucket"], Key=turns_prefix(run_id, sid) + f"{time.time_ns():020d}-{uuid.uuid4().hex}.json",
                       Body=json.dumps(turn).encode())
         with self._lock:

@@ -8,16 +8,20 @@ moto 5.2.5 honours both with ``PreconditionFailed`` like S3 does.
 from __future__ import annotations
 
 import json
+import random
+import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import boto3
 from botocore.exceptions import ClientError
 from pydantic import BaseModel
 
 from stepwise import metering
-from stepwise.layout import RUNS_PREFIX, BULK_TAGGING, rollouts_prefix, start_marker_key, state_key
-from stepwise.records import RolloutRecord, RunState
+from stepwise.layout import RUNS_PREFIX, BULK_TAGGING, buffer_key, rollouts_prefix, start_marker_key, state_key
+from stepwise.records import GroupBuffer, RolloutRecord, RunState
+
+T = TypeVar("T")
 
 
 class RunStoreError(RuntimeError):
@@ -209,13 +213,15 @@ class RunStore:
 
     # -- a generation batch's rollout records
 
-    def batch_rollouts(self, run_id: str, step: int, generation_batch: int, kind: str = "train") -> list[RolloutRecord]:
-        """The current rollout record of each item of a generation batch, in item order: when an item has
+    def batch_rollouts(self, run_id: str, step: int, generation_batch: int, kind: str = "train", *,
+                       group: int | None = None, attempt: int = 0) -> list[RolloutRecord]:
+        """The current rollout record of each item of a generation batch (with ``group``, of that group's attempt:
+        admission 'group' keeps a group's rollouts in its own folder), in item order: when an item has
         several (a resumed run re-doing a step after a rewind, a re-run Map child), the one whose sid its start
         marker names (the newest start). Items without a record are absent. One LIST, then the GETs in
         parallel (`get_json_many`: a GET from a Lambda takes tens of ms, one at a time 1,024 records hold the
         training session idle for tens of seconds), each record parsed as it arrives."""
-        prefix = rollouts_prefix(run_id, step, generation_batch, kind)
+        prefix = rollouts_prefix(run_id, step, generation_batch, kind, group=group, attempt=attempt)
         keys = [k for k in self.list_keys(prefix) if k.endswith(".json")]
         by_i: dict[int, list[RolloutRecord]] = {}
         for r in self.get_json_many(keys, RolloutRecord.model_validate):
@@ -223,7 +229,8 @@ class RunStore:
         out = []
         for i, records in sorted(by_i.items()):
             if len(records) > 1:
-                sid = (self.get_json_or(start_marker_key(run_id, step, generation_batch, kind, i)) or {}).get("sid")
+                sid = (self.get_json_or(start_marker_key(run_id, step, generation_batch, kind, i, group=group,
+                                                         attempt=attempt)) or {}).get("sid")
                 records = [r for r in records if r.sid == sid] or records[-1:]
             out.append(records[0])
         return out
@@ -320,6 +327,47 @@ class RunStore:
         state, _ = self.read_state(run_id)
         check_owner(state, execution_arn)
         return state
+
+
+    # -- the group engine's buffer (admission: group)
+
+    def read_buffer(self, run_id: str) -> tuple[GroupBuffer, str]:
+        """``(buffer, etag)`` of ``runs/{run_id}/buffer.json``. Raises KeyError when the run has none."""
+        obj, etag = self.get_json_etag(buffer_key(run_id))
+        return GroupBuffer.model_validate(obj), etag
+
+    def create_buffer(self, buffer: GroupBuffer) -> bool:
+        """First write of the buffer; False (nothing written) when the run has one already (a retried Init)."""
+        try:
+            self.put_json(buffer_key(buffer.run_id), buffer.model_dump(), if_none_match=True)
+            return True
+        except ClientError as e:
+            if _precondition_failed(e):
+                return False
+            raise
+
+    def update_buffer(self, run_id: str, change: Callable[[GroupBuffer], T], *, attempts: int = 24
+                      ) -> tuple[GroupBuffer, T]:
+        """Read-modify-write ``buffer.json``, conditional on the ETag read; ``change`` mutates the buffer
+        and returns what the caller wants back (it is re-applied to a fresh read after a conflict, so it
+        must be a pure function of the buffer it is given). Groups completing together conflict: each
+        retry waits a random moment first (full jitter, up to 2 s).
+
+        Raises:
+            KeyError: the run has no buffer.
+            StateConflict: still conflicting after ``attempts`` reads.
+        """
+        for attempt in range(attempts):
+            buffer, etag = self.read_buffer(run_id)
+            out = change(buffer)
+            try:
+                self.put_json(buffer_key(run_id), buffer.model_dump(), if_match=etag)
+                return buffer, out
+            except ClientError as e:
+                if not _precondition_failed(e):
+                    raise
+            time.sleep(random.uniform(0, min(2.0, 0.02 * 2 ** attempt)))
+        raise StateConflict(f"buffer.json of run {run_id!r} kept changing under us ({attempts} attempts)")
 
 
 def check_owner(state: RunState, execution_arn: str | None) -> None:

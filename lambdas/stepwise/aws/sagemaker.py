@@ -177,7 +177,8 @@ def read_op(rt: Any, session_name: str, op: PendingOperation) -> tuple[str, dict
 
 
 def advance_pending(rt: Any, state: RunState, *, timeout_s: float, now: float | None = None,
-                    refusals: list[str] | None = None) -> bool:
+                    refusals: list[str] | None = None,
+                    on_result: Callable[[PendingOperation, dict[str, Any]], dict[str, Any] | None] | None = None) -> bool:
     """Poll every submitted, unfinished op in ``state.pending``; record results. True when all succeeded.
 
     A poll refused as transient (`is_transient`) leaves the op running: its status reads
@@ -206,10 +207,40 @@ def advance_pending(rt: Any, state: RunState, *, timeout_s: float, now: float | 
                 refusals.append(describe_error(e))
         if not record_status(op, status, result, now=now, timeout_s=timeout_s):
             all_done = False
+        elif on_result is not None and op.result is not None:
+            extra = on_result(op, result)  # what the compact result keeps of the full one (e.g. loss outputs)
+            if extra:
+                op.result.update(extra)
     return all_done
 
 
 # ---------------------------------------------------------------------------- the operation driver
+
+
+def loss_outputs_hook(rs: RunStore, run_id: str, state: RunState, cfg: RunConfig
+                      ) -> Callable[[PendingOperation, dict[str, Any]], dict[str, Any] | None] | None:
+    """For a step whose datums carry their staleness (the group engine), what a finished forward_backward
+    chunk keeps of its per-datum ``lossFnOutputs``: their KL and clip fraction summed by staleness
+    (`stepwise.core.staleness.loss_outputs_by_staleness`, ``by_staleness``), read against the chunk's
+    datums (one more GET of the chunk); None (no hook) otherwise."""
+    if not state.datum_staleness or not state.datum_chunks:
+        return None
+    from stepwise.core.staleness import loss_clip_bounds, loss_outputs_by_staleness
+
+    starts = [sum(state.datum_chunks[:i]) for i in range(len(state.datum_chunks))]
+
+    def hook(op: PendingOperation, result: dict[str, Any]) -> dict[str, Any] | None:
+        chunk = datum_chunk_of(op)
+        fb = (result or {}).get("forwardBackward") or {}
+        outputs = fb.get("lossFnOutputs")
+        if chunk is None or not isinstance(outputs, list) or chunk >= len(starts):
+            return None
+        datums = rs.get_json(datums_key(run_id, state.step, chunk))
+        lags = state.datum_staleness[starts[chunk]:starts[chunk] + len(datums)]
+        return {"by_staleness": loss_outputs_by_staleness(datums, outputs, lags, loss_clip_bounds(cfg))}
+
+    return hook
+
 
 #: Seconds between status reads while a handler polls inline (its budget: STEPWISE_INLINE_WAIT_SECONDS).
 POLL_INTERVAL_S = 0.25
@@ -270,7 +301,8 @@ def drive(rs: RunStore, rt: Any, cfg: RunConfig, run_id: str, execution_arn: str
                     op.status = "Submitted"
                 elif refused and op.operation_id is None:
                     check_submit_wait(op, refused=refused, now=now(), timeout_s=cfg.train_op_timeout)
-            if advance_pending(rt, s, timeout_s=cfg.train_op_timeout, now=now(), refusals=poll_refusals):
+            if advance_pending(rt, s, timeout_s=cfg.train_op_timeout, now=now(), refusals=poll_refusals,
+                               on_result=loss_outputs_hook(rs, run_id, s, cfg)):
                 results.update(complete_phase(s, now=now, cfg=cfg))
                 results["_completed"] = True
 

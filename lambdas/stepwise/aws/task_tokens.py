@@ -101,3 +101,19 @@ def execution_status(sfn: Any, execution_arn: str) -> tuple[str | None, float | 
     stopped = resp.get("stopDate")
     return str(resp["status"]), (stopped.timestamp() if hasattr(stopped, "timestamp") else
                                  float(stopped) if stopped is not None else None)
+
+
+def stop_execution(sfn: Any, execution_arn: str, *, error: str, cause: str) -> bool:
+    """StopExecution of ``execution_arn``; False when it is not running (already ended, or unknown to Step
+    Functions). Other errors raise."""
+    from botocore.exceptions import ClientError
+
+    try:
+        sfn.stop_execution(executionArn=execution_arn, error=error[:256], cause=cause[:32768])
+        return True
+    except sfn.exceptions.ExecutionDoesNotExist:
+        return False
+    except ClientError as e:
+        if e.response.get("Error", {}).get("Code") in ("ExecutionAlreadyEnded", "ValidationException"):
+            return False
+        raise

@@ -40,15 +40,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from stepwise.records import BatchItem, Consumption, GroupBuffer, GroupEntry, GroupFrontier
+from stepwise.records import BatchItem, Consumption, GroupBuffer, GroupEntry, GroupFrontier, RolloutRecord
 
 if TYPE_CHECKING:
     from stepwise.config import RunConfig
 
 __all__ = [
-    "CompleteMark", "Knobs", "Readiness", "admission_blocker", "admit", "complete_group", "consume",
-    "floor", "frontier", "group_items", "group_prompt", "groups_per_epoch", "in_flight_rollouts",
-    "new_buffer", "readiness", "rewind", "seed_place", "total_groups", "untrained",
+    "CompleteMark", "Knobs", "Readiness", "admission_blocker", "admit", "complete_group", "completion", "consume",
+    "floor", "frontier", "generation_batches", "group_items", "group_prompt", "groups_per_epoch",
+    "in_flight_rollouts", "new_buffer", "readiness", "rewind", "seed_place", "step_metrics", "total_groups",
+    "untrained",
 ]
 
 
@@ -321,9 +322,11 @@ def consume(buffer: GroupBuffer, ready: Readiness, *, step: int, version: int, d
     last = buffer.last_consumption
     if last is not None and last.step == step:
         return last
-    chosen = set(ready.chosen)
+    # DAPO's cap trains nothing: its informative groups stay (a resumed run may still train them)
+    chosen = set(ready.chosen) if decision != "cap_reached" else set()
     buffer.groups = [g for g in buffer.groups if (g.id, g.attempt) not in chosen]
-    taken = Consumption(step=step, trained=list(ready.chosen), filtered=list(buffer.filtered), decision=decision)
+    taken = Consumption(step=step, trained=sorted(chosen, key=ready.chosen.index), filtered=list(buffer.filtered),
+                        decision=decision)
     buffer.filtered = []
     buffer.last_consumption = taken
     buffer.next_update_version = version + 1 if decision == "train" else version
@@ -359,6 +362,84 @@ class CompleteMark:
     last_turn_version: int | None
     informative: bool = True
     durations_s: tuple[float, ...] = ()
+
+
+def completion(rollouts_G: Sequence[RolloutRecord], cfg: RunConfig, attempt: int) -> CompleteMark:
+    """What a group's completion records, from its members' rollout records: the oldest first-turn version
+    (`stepwise.core.staleness.sampled_version` of the members that sampled a turn; None when none did), the
+    newest version any turn sampled, whether DAPO keeps it (its estimator's rewards differ:
+    `stepwise.core.dapo.is_informative_group`, as the synchronous loop's filter decides) and the durations."""
+    from stepwise.core.dapo import is_informative_group
+    from stepwise.core.steps import estimator_rewards, group_rollouts
+
+    grouped = group_rollouts(list(rollouts_G), cfg)
+    informative = bool(grouped) and all(is_informative_group(estimator_rewards(g, cfg)) for g in grouped)
+    firsts = [r.first_turn_version for r in rollouts_G if r.first_turn_version is not None]
+    lasts = [v for r in rollouts_G for v in (r.last_turn_version, r.first_turn_version) if v is not None]
+    return CompleteMark(attempt=attempt, members=len(rollouts_G), first_turn_version=min(firsts) if firsts else None,
+                        last_turn_version=max(lasts) if lasts else None, informative=informative,
+                        durations_s=tuple(float(r.duration_s or 0.0) for r in rollouts_G))
+
+
+def _quantiles(name: str, values: Sequence[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    xs = sorted(values)
+
+    def q(p: float) -> float:
+        return xs[min(len(xs) - 1, int(p * len(xs)))]
+
+    return {f"{name}_p50": q(0.5), f"{name}_p90": q(0.9), f"{name}_max": xs[-1]}
+
+
+def step_metrics(before: GroupBuffer, ready: Readiness, knobs: Knobs, *, version: int, now: float) -> dict[str, float]:
+    """The group engine's part of a step's summary, from the buffer as the step found it (``before``) and
+    what it took (``ready``):
+
+    - ``groups/trained``, ``groups/filtered`` (DAPO, since the last step), ``groups/forced`` (beyond
+      ``batch_size``), ``sampling/generation_batches`` and ``sampling/filtered_fraction`` (DAPO, as
+      `generation_batches` counts them);
+    - ``groups/buffer_depth`` (admitted, not trained, after this step took its batch), ``groups/in_flight``,
+      ``rollouts/in_flight``, ``rollouts/discarded`` (the run's total: must stay 0);
+    - ``staleness/in_flight_mean|max`` (versions the running groups would lag if trained at the next update,
+      counted from their admission) and ``staleness/in_queue_mean|max`` (the complete ones waiting);
+    - ``time/trainer_wait`` (seconds the trainer waited for this batch), split into ``time/trainer_wait_data``
+      (fewer than ``batch_size`` complete groups) and ``time/trainer_wait_stale`` (enough, but pacing
+      waited for a group that would exceed ``max_staleness``);
+    - ``rollouts/duration_trained_*`` and ``rollouts/duration_complete_*`` (p50, p90, max seconds): the
+      rollouts trained beside every complete rollout the buffer held: slow groups are not starved when
+      the two agree.
+    """
+    chosen = set(ready.chosen)
+    taken = [g for g in before.groups if (g.id, g.attempt) in chosen]
+    left = [g for g in before.groups if (g.id, g.attempt) not in chosen and g.status != "queued"]
+    running = [g for g in left if g.status == "running"]
+    waiting = [g for g in left if g.status == "complete"]
+    nxt = version + 1
+    filtered = len(before.filtered)
+    out: dict[str, float] = {
+        "groups/trained": float(len(taken)), "groups/filtered": float(filtered), "groups/forced": float(ready.forced),
+        "groups/buffer_depth": float(len(left)), "groups/in_flight": float(len(running)),
+        "rollouts/in_flight": float(sum(g.members for g in running)),
+        "rollouts/discarded": float(before.discarded_rollouts),
+    }
+    if knobs.dapo:
+        examined = len(taken) + filtered
+        out["sampling/generation_batches"] = float(max(1, math.ceil(examined / knobs.batch_size)))
+        out["sampling/filtered_fraction"] = filtered / examined if examined else 0.0
+    for name, gs in (("in_flight", running), ("in_queue", waiting)):
+        lags = [nxt - floor(g) for g in gs]
+        if lags:
+            out[f"staleness/{name}_mean"] = sum(lags) / len(lags)
+            out[f"staleness/{name}_max"] = float(max(lags))
+    if before.waiting_since is not None:
+        wait = max(0.0, now - before.waiting_since)
+        stale = max(0.0, now - before.data_ready_at) if before.data_ready_at is not None else 0.0
+        out.update({"time/trainer_wait": wait, "time/trainer_wait_stale": min(stale, wait),
+                    "time/trainer_wait_data": max(0.0, wait - stale)})
+    out.update(_quantiles("rollouts/duration_trained", [d for g in taken for d in g.durations_s]))
+    out.update(_quantiles("rollouts/duration_complete", [d for g in [*taken, *waiting] for d in g.durations_s]))
+    return out
 
 
 def rewind(buffer: GroupBuffer, at: GroupFrontier | None, *, version: int, knobs: Knobs,

@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 from stepwise.core import ledger
 from stepwise.core.operations import forward_backward_metrics, saved_state_arn, saved_weights_arn
-from stepwise.core.staleness import session_time_metrics
-from stepwise.records import Checkpoint, PendingOperation, RunState
+from stepwise.core.staleness import session_time_metrics, staleness_loss_metrics
+from stepwise.records import Checkpoint, GroupFrontier, PendingOperation, RunState
 
 if TYPE_CHECKING:
     from stepwise.config import RunConfig
@@ -107,8 +107,10 @@ def plan_train_phase(state: RunState, num_chunks: int) -> None:
     state.phase = "train"
 
 
-def plan_checkpoint(state: RunState, reason: str) -> None:
-    """Plan a save (``reason``: "save_every" | "final" -> save_state, "weights_at_end" -> save_weights)."""
+def plan_checkpoint(state: RunState, reason: str, *, groups: GroupFrontier | None = None) -> None:
+    """Plan a save (``reason``: "save_every" | "final" -> save_state, "weights_at_end" -> save_weights).
+    ``groups``: the group engine's frontier at this point, which the checkpoint records (a resume redoes
+    the groups it had not consumed)."""
     if state.phase == "checkpoint":
         return
     if state.phase != "idle":
@@ -123,6 +125,7 @@ def plan_checkpoint(state: RunState, reason: str) -> None:
     state.pending[0].description = f"stepwise {state.run_id} step {state.step} ({reason})"
     state.phase = "checkpoint"
     state.checkpoint_reason = reason  # type: ignore[assignment]  # a CheckpointReason
+    state.checkpoint_groups = groups
 
 
 def plan_resume(state: RunState, model_package_arn: str) -> None:
@@ -132,6 +135,18 @@ def plan_resume(state: RunState, model_package_arn: str) -> None:
     plan_training_ops(state, ["load_state", "save_weights"], tag="resume")
     state.pending[0].argument = model_package_arn
     state.pending[1].description = f"stepwise {state.run_id} resumed sampler weights"
+    state.phase = "resume"
+
+
+def plan_initial_sampler(state: RunState) -> None:
+    """Save the base weights as the first sampler (``save_weights``, then bind the sampler to them), so no
+    rollout samples the base model (``""``) while a step trains: the group engine admits groups while a
+    step trains from the first step on, and for the service a sample without a model package is "the
+    session's latest checkpoint" (`stepwise.core.staleness.roll_out_ahead_blocker`). Idempotent once planned."""
+    if state.phase == "resume":
+        return
+    plan_training_ops(state, ["save_weights"], tag="initial")
+    state.pending[0].description = f"stepwise {state.run_id} base weights (the first sampler)"
     state.phase = "resume"
 
 
@@ -183,6 +198,8 @@ def complete_phase(state: RunState, *, now: Callable[[], float] = time.time, cfg
             f"train/{k}": v
             for k, v in forward_backward_metrics([o.result or {} for o in fb], state.datum_chunks).items()
         }
+        by_staleness = [o.result.get("by_staleness") for o in fb if o.result and o.result.get("by_staleness")]
+        out.update(staleness_loss_metrics(by_staleness))
         optim = next(o for o in state.pending if o.name == "optim_step")
         out.update({f"optim/{k}": v for k, v in ((optim.result or {}).get("optimizerStep") or {}).get("metrics", {}).items()})
         started = min((o.submitted_at for o in state.pending if o.submitted_at), default=None)
@@ -218,6 +235,7 @@ def complete_phase(state: RunState, *, now: Callable[[], float] = time.time, cfg
             state.generation_batch = 0
             state.kept_groups = 0
             state.datum_chunks = []
+            state.datum_staleness = []
         else:
             state.resume_loaded = True
         state.pending = []
@@ -229,7 +247,9 @@ def complete_phase(state: RunState, *, now: Callable[[], float] = time.time, cfg
         kind = "weights" if op.name == "save_weights" else "state"
         _created(state, arn)
         state.checkpoints.append(Checkpoint(step=state.step, kind=kind, model_package_arn=arn, reason=state.checkpoint_reason,
-                                            epoch=state.epoch, cursor=state.cursor, policy_version=state.policy_version))
+                                            epoch=state.epoch, cursor=state.cursor, policy_version=state.policy_version,
+                                            groups=state.checkpoint_groups))
+        state.checkpoint_groups = None
         if state.checkpoint_reason == "final":
             state.final_checkpoint_done = True
         elif state.checkpoint_reason == "weights_at_end":
@@ -272,6 +292,7 @@ def rewind_to_checkpoint(state: RunState, *, session_name: str, created_at: floa
     state.pending = []
     state.phase = "idle"
     state.checkpoint_reason = ""
+    state.checkpoint_groups = None
     state.current_batch = None
     # a batch rolled out ahead belongs to a step after the checkpoint: redone from its cursor
     state.ahead_batch, state.ahead_started_at, state.ahead_cursor_start = None, None, 0

@@ -49,7 +49,7 @@ from stepwise.core import ledger, stopping
 from stepwise.core.evals import eval_batch_rows, eval_sets_of
 from stepwise.core.phases import PhaseMismatch, plan_checkpoint
 from stepwise.core.staleness import roll_out_ahead_blocker
-from stepwise.records import BatchItem, PlannedBatch, RunState
+from stepwise.records import BatchItem, GroupFrontier, PlannedBatch, RunState
 from stepwise.core.service_limits import CONCURRENCY_PER_TPS, MAX_MAP_CONCURRENCY
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ class NoTrainingSignal(RuntimeError):
 
 @dataclass
 class Decision:
-    action: Literal["rollout", "rolled_out", "checkpoint", "continue", "finish"]
+    action: Literal["rollout", "rolled_out", "groups", "checkpoint", "continue", "finish"]
     reason: str
     kind: Literal["train", "eval"] | None = None
     step: int = 0
@@ -85,7 +85,8 @@ def prompts_used(rows: int, limit: int) -> int:
 
 
 def _batch_decision(batch: PlannedBatch) -> Decision:
-    return Decision("rollout", "planned", batch.kind, batch.step, batch.generation_batch, list(batch.rows),
+    action = "groups" if batch.kind == "train" and batch.group_engine else "rollout"
+    return Decision(action, "planned", batch.kind, batch.step, batch.generation_batch, list(batch.rows),
                     batch.responses_per_prompt, batch.final)
 
 
@@ -120,25 +121,37 @@ def history_budget_decision(state: RunState, cfg: RunConfig, history_events: int
     return None
 
 
+@dataclass(frozen=True)
+class GroupProgress:
+    """What the planner needs of the group engine's buffer (``admission: group``): whether every group of
+    the run is consumed (the data is exhausted), and the frontier a checkpoint records."""
+
+    exhausted: bool
+    frontier: GroupFrontier
+
+
 def decide(state: RunState, cfg: RunConfig, history_events: int | None = None, *,
-           now: Callable[[], float] = time.time) -> Decision:
+           now: Callable[[], float] = time.time, groups: GroupProgress | None = None) -> Decision:
     """The next action; mutates ``state`` (cursor, epoch, planned batch, planned checkpoint, history marks).
 
     ``history_events``: the id of the execution's newest history event (see `history_budget_decision`).
     ``now``: the clock a step's start is stamped with (``state.step_started_at``, epoch seconds).
+    ``groups``: the group engine's progress (``admission: group``; required then). Its step is
+    ``action="groups"``: the training loop admits groups and waits for a batch of them (`stepwise.core.groups`),
+    after the same evals, stopping rules, checkpoints and continue-as-new as a generation batch.
 
     Raises:
         PhaseMismatch: the run is driving operations (not idle, no checkpoint planned).
         NoTrainingSignal: the run ends without one optimizer step, its last steps empty.
     """
     warnings: list[str] = []
-    d = _decide(state, cfg, history_events, now, warnings)
+    d = _decide(state, cfg, history_events, now, warnings, groups)
     d.warnings = warnings
     return d
 
 
 def _decide(state: RunState, cfg: RunConfig, history_events: int | None, now: Callable[[], float],
-            warnings: list[str]) -> Decision:
+            warnings: list[str], groups: GroupProgress | None = None) -> Decision:
     if state.current_batch is not None:
         return _batch_decision(state.current_batch)  # a retried PlanStep re-plans the same batch
     if state.phase == "checkpoint":
@@ -170,6 +183,8 @@ def _decide(state: RunState, cfg: RunConfig, history_events: int | None, now: Ca
             return eval_batch(False, f"eval_every {cfg.eval_every}")
         if state.ahead_batch is not None:
             return _take_ahead(state, history_events)
+        if cfg.admission == "group":
+            return _decide_groups(state, cfg, history_events, now, warnings, groups, eval_batch, bool(eval_n))
         if state.stop_reason is None and state.epoch < cfg.epochs and state.cursor + bs > used:
             state.epoch += 1
             state.cursor = 0
@@ -218,6 +233,50 @@ def _decide(state: RunState, cfg: RunConfig, history_events: int | None, now: Ca
     d = Decision("rollout", "generation batch", "train", state.step, state.generation_batch,
                  list(range(state.cursor, state.cursor + bs)), cfg.responses_per_prompt)
     state.cursor += bs
+    state.current_batch = _planned(d)
+    return d
+
+
+def _decide_groups(state: RunState, cfg: RunConfig, history_events: int | None, now: Callable[[], float],
+                   warnings: list[str], groups: GroupProgress | None, eval_batch: Callable[[bool, str], Decision],
+                   has_evals: bool) -> Decision:
+    """The start of a group-engine step: the batch path's order (stopping rules, the end of the run,
+    save_every, continue-as-new), the end of the data being every group consumed."""
+    if groups is None:
+        raise ValueError("admission 'group' needs the group engine's progress (GroupProgress) to plan")
+    if state.stop_reason is None and not groups.exhausted:
+        t = now()
+        state.stop_reason = stopping.stop_reason(state, cfg, t)
+        warnings.extend(stopping.record_checks(state, cfg, t))
+    if state.stop_reason is not None or groups.exhausted:
+        if state.empty_steps and state.policy_version == 0:
+            raise NoTrainingSignal(
+                f"the run ended after {state.step} step(s) without one optimizer step; its last "
+                f"{state.empty_steps} step(s) produced no trainable datum; {state.empty_steps_report}"
+            )
+        if has_evals and cfg.final_eval_needed(state.step, state.last_eval_step):
+            return eval_batch(True, "final eval")
+        if not state.final_checkpoint_done:
+            plan_checkpoint(state, "final", groups=groups.frontier)
+            return Decision("checkpoint", "final save_state")
+        if cfg.save_weights_at_end and not state.final_weights_done:
+            plan_checkpoint(state, "weights_at_end", groups=groups.frontier)
+            return Decision("checkpoint", "save_weights_at_end")
+        return Decision("finish", state.stop_reason or f"{cfg.epochs} epoch(s) done: every group trained")
+    if cfg.should_save(state.step) and not any(
+        c.step == state.step and c.reason == "save_every" for c in state.checkpoints
+    ):
+        plan_checkpoint(state, "save_every", groups=groups.frontier)
+        return Decision("checkpoint", f"save_every {cfg.save_every}")
+    if state.step - state.segment_start_step >= cfg.steps_per_execution:
+        return Decision("continue", f"steps_per_execution {cfg.steps_per_execution}")
+    state.step_started_at = now()
+    ledger.open_first_step(state, state.step_started_at)
+    if history_events is not None:
+        state.step_start_event = history_events
+        state.step_start_event_step = state.step
+        state.step_start_event_segment = state.segment
+    d = Decision("groups", "group engine", "train", state.step, 0, [], cfg.responses_per_prompt)
     state.current_batch = _planned(d)
     return d
 
@@ -285,7 +344,7 @@ def plan_ahead(state: RunState, cfg: RunConfig, trained_step: int, *,
 
 def _planned(d: Decision) -> PlannedBatch:
     return PlannedBatch(kind=d.kind or "train", step=d.step, generation_batch=d.generation_batch, rows=d.rows,
-                        responses_per_prompt=d.responses_per_prompt, final=d.final)
+                        responses_per_prompt=d.responses_per_prompt, final=d.final, group_engine=d.action == "groups")
 
 
 def input_id(kind: str, step: int, generation_batch: int, position: int) -> str:

@@ -20,6 +20,7 @@ policy that receives the update has moved since the rollout sampled. Units: poli
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 #: The largest ``max_staleness`` the batch engine (``admission: batch``) implements: one Parallel state
 #: overlaps one training step with the next step's rollouts, so nothing can lag by two versions. The group
@@ -114,6 +115,25 @@ def check_staleness(sampled_versions_R: Sequence[int | None], trained_version: i
                                 f"{' and '.join(parts)}; sampled versions {versions}")
 
 
+def sampled_version(rollout: Any) -> int | None:
+    """The version a rollout's staleness is counted from: its first turn's (`RolloutRecord.first_turn_version`),
+    else the version its session was opened on (``policy_version``: a rollout without a turn, or a record
+    written before turns' versions were recorded; the same version under per-rollout packages)."""
+    first = getattr(rollout, "first_turn_version", None)
+    return first if first is not None else getattr(rollout, "policy_version", None)
+
+
+def staleness_histogram(sampled_versions_R: Sequence[int | None], trained_version: int, max_staleness: int
+                        ) -> dict[str, float]:
+    """How many trained rollouts lag by each staleness: ``staleness/hist/{j}`` for j in 0..``max_staleness``
+    (every key present), and ``staleness/past_k``: those beyond ``max_staleness`` (the group engine keeps it
+    at 0 by pacing; a non-zero figure is a bug to report, never a reason to discard)."""
+    lags = staleness_R(sampled_versions_R, trained_version)
+    out = {f"staleness/hist/{j}": float(sum(1 for lag in lags if lag == j)) for j in range(max_staleness + 1)}
+    out["staleness/past_k"] = float(sum(1 for lag in lags if lag > max_staleness or lag < 0))
+    return out
+
+
 def staleness_metrics(sampled_versions_R: Sequence[int | None], trained_version: int) -> dict[str, float]:
     """``staleness/max``, ``staleness/mean`` (policy versions) and ``staleness/stale_fraction`` (rollouts
     sampled on an older version) of the rollouts a step trains on; ``{}`` when there are none."""
@@ -169,12 +189,85 @@ def session_time_metrics(*, train_started_at: float, rebound_at: float, previous
     previous step's rebind (``previous_end``; None = the step's start is unknown, so no idle figure):
     rollouts, advantages and orchestration, all billed too. Overlapped steps shrink the idle part.
 
-    Returns ``{"time/session_busy", "time/session_idle", "time/step_wall"}`` (idle and wall only when
-    ``previous_end`` is given; idle is never negative).
+    Returns ``{"time/session_busy", "time/session_idle", "time/step_wall", "session/busy_fraction"}``
+    (idle, wall and the busy fraction only when ``previous_end`` is given; idle is never negative). The
+    busy fraction, busy over wall, is the figure a user pays for: the session bills for wall time.
     """
     busy = max(0.0, rebound_at - train_started_at)
     out = {"time/session_busy": busy}
     if previous_end is not None:
         wall = max(busy, rebound_at - previous_end)
-        out.update({"time/session_idle": wall - busy, "time/step_wall": wall})
+        out.update({"time/session_idle": wall - busy, "time/step_wall": wall,
+                    "session/busy_fraction": busy / wall if wall > 0 else 1.0})
+    return out
+
+
+#: The ratio bounds a loss clips at when its config names none: Tinker's documented defaults for ppo and
+#: cispo (0.8, 1.2), which the simulator implements (`local/simulator/losses.py`); the clip fraction of
+#: importance_sampling (no clip) is reported against them too.
+DEFAULT_CLIP = (0.8, 1.2)
+
+
+def loss_clip_bounds(cfg: Any) -> tuple[float, float]:
+    """``(lo, hi)``: the config's ``clip_low_threshold`` / ``clip_high_threshold``, else `DEFAULT_CLIP`."""
+    lo, hi = cfg.clip_low_threshold, cfg.clip_high_threshold
+    return (DEFAULT_CLIP[0] if lo is None else float(lo), DEFAULT_CLIP[1] if hi is None else float(hi))
+
+
+def loss_outputs_by_staleness(datums_D: Sequence[Any], outputs_D: Sequence[Any], staleness_D: Sequence[int],
+                              clip: tuple[float, float]) -> dict[str, list[float]]:
+    """The service's per-datum loss outputs of one forward_backward chunk, summed by staleness bucket:
+    ``{"j": [kl_sum, clipped_tokens, tokens]}`` over the datums of staleness j, counting the tokens whose
+    weight is not zero. ``kl`` is the k1 estimator of KL(sampler || policy) per token, ``log q - log p``
+    (the sampler's logprob from the datum's ``lossFnInputs.logprobs``, the policy's from the output's
+    ``logprobs``, as the simulator's ``actor/ppo_kl``); a token is clipped when ``exp(log p - log q)`` is
+    outside ``clip`` = (lo, hi). Datums or outputs of an unexpected shape are left out.
+
+    Args:
+        datums_D: the chunk's datums as sent (``lossFnInputs``: ``logprobs``, ``weights`` as TensorData).
+        outputs_D: the result's ``lossFnOutputs`` (``per_datum``: one ``{"logprobs": TensorData}`` each).
+        staleness_D: each datum's staleness (`stepwise.core.steps.StepOutcome.datum_staleness`'s slice).
+        clip: the loss's ratio bounds.
+    """
+    import math
+
+    def values(t: Any) -> list[float]:
+        data = t.get("data") if isinstance(t, dict) else t
+        return [float(x) for x in data] if isinstance(data, list) else []
+
+    out: dict[str, list[float]] = {}
+    lo, hi = clip
+    for datum, output, lag in zip(datums_D, outputs_D, staleness_D):
+        inputs = (datum or {}).get("lossFnInputs") or {} if isinstance(datum, dict) else {}
+        logq, weights = values(inputs.get("logprobs")), values(inputs.get("weights"))
+        logp = values((output or {}).get("logprobs")) if isinstance(output, dict) else []
+        if not logq or len(logq) != len(logp) or len(weights) != len(logp):
+            continue
+        acc = out.setdefault(str(int(lag)), [0.0, 0.0, 0.0])
+        for p_, q_, w in zip(logp, logq, weights):
+            if w == 0:
+                continue
+            ratio = math.exp(max(-50.0, min(50.0, p_ - q_)))
+            acc[0] += q_ - p_
+            acc[1] += 1.0 if (ratio < lo or ratio > hi) else 0.0
+            acc[2] += 1.0
+    return out
+
+
+def staleness_loss_metrics(parts: Sequence[dict[str, list[float]]]) -> dict[str, float]:
+    """``train/kl_staleness_{j}`` and ``train/clipfrac_staleness_{j}`` per staleness bucket j, from the chunks'
+    `loss_outputs_by_staleness` sums: the early warning of an off-policy collapse is the KL of the old
+    buckets growing step after step."""
+    total: dict[str, list[float]] = {}
+    for part in parts:
+        for lag, (kl, clipped, n) in part.items():
+            acc = total.setdefault(lag, [0.0, 0.0, 0.0])
+            acc[0] += kl
+            acc[1] += clipped
+            acc[2] += n
+    out: dict[str, float] = {}
+    for lag, (kl, clipped, n) in sorted(total.items(), key=lambda kv: int(kv[0])):
+        if n:
+            out[f"train/kl_staleness_{lag}"] = kl / n
+            out[f"train/clipfrac_staleness_{lag}"] = clipped / n
     return out

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Group",
     "RolloutsFailed",
+    "chosen_groups",
     "LOST_ROLLOUT_ERROR",
     "StepOutcome",
     "TOP_CAUSES",
@@ -120,7 +121,7 @@ def lost_rollout(item: BatchItem, batch: BatchRef, sid: str | None) -> RolloutRe
     return RolloutRecord(sid=sid, i=item.i, input_id=item.input_id, row=item.row, member=item.member, kind=batch.kind,
                          step=batch.step, generation_batch=batch.generation_batch, reward=0.0,
                          reward_reason=f"error: {LOST_ROLLOUT_ERROR}", status="error",
-                         error={"error": LOST_ROLLOUT_ERROR, "cause": LOST_ROLLOUT_CAUSE},
+                         error={"error": LOST_ROLLOUT_ERROR, "cause": LOST_ROLLOUT_CAUSE}, group=batch.group,
                          policy_version=batch.policy.policy_version if batch.policy is not None else None)
 
 
@@ -200,11 +201,13 @@ def estimator_rewards(group: Group, cfg: RunConfig) -> list:
     return group.rewards_G
 
 
-def datums_for(groups: list[Group], cfg: RunConfig | None = None) -> tuple[list[dict[str, Any]], list[list]]:
+def datums_for(groups: list[Group], cfg: RunConfig | None = None, *, counts_P: list[int] | None = None
+               ) -> tuple[list[dict[str, Any]], list[list]]:
     """``(datums, advantages_P)``: the config's estimator's advantages for the groups
     (`stepwise.core.advantages.compute_advantages`; GRPO without a config), then one datum per
     TraceRecord: every token of a rollout gets its advantage, or, with a per-turn estimator, each
-    turn's tokens get that turn's (`stepwise.core.datums.group_to_turn_datums`)."""
+    turn's tokens get that turn's (`stepwise.core.datums.group_to_turn_datums`). ``counts_P``, when
+    given, receives how many datums each group gave (they are contiguous, in group order)."""
     from stepwise.core.advantages import PER_TURN_ESTIMATORS, compute_advantages
     from stepwise.core.datums import group_to_datums, group_to_turn_datums
 
@@ -213,10 +216,13 @@ def datums_for(groups: list[Group], cfg: RunConfig | None = None) -> tuple[list[
     advantages_P = compute_advantages(estimator, rewards_P)
     datums: list[dict[str, Any]] = []
     for g, advantages_G in zip(groups, advantages_P, strict=True):
+        before = len(datums)
         if estimator in PER_TURN_ESTIMATORS:
             datums.extend(group_to_turn_datums(g.records_G, g.turn_spans_G, advantages_G))
         else:
             datums.extend(group_to_datums(g.records_G, advantages_G))
+        if counts_P is not None:
+            counts_P.append(len(datums) - before)
     return datums, advantages_P
 
 
@@ -271,6 +277,9 @@ class StepOutcome:
         advantages_P: when ``ready``: the advantages the datums carry, one ``advantages_G`` per group of
             ``train_groups`` (per member, or per member and turn under a per-turn estimator): what a
             person reads of a trained rollout (`stepwise.views`) is this, never a recomputation.
+        datum_staleness: with ``chosen`` (the group engine), each datum's staleness (its group's: the
+            version the update applies to minus its oldest member's first turn), for the service's
+            per-datum loss outputs by staleness (`stepwise.core.staleness.loss_outputs_by_staleness`).
     """
 
     status: str
@@ -281,27 +290,49 @@ class StepOutcome:
     train_metrics: dict[str, Any] = field(default_factory=dict)
     datums: list[dict[str, Any]] = field(default_factory=list)
     advantages_P: list[list] = field(default_factory=list)
+    datum_staleness: list[int] = field(default_factory=list)
+
+
+def chosen_groups(groups: Sequence[Sequence[RolloutRecord]], cfg: RunConfig
+                  ) -> tuple[str, list[Group], list[Group], dict[str, float]]:
+    """`select_groups` for the group engine (``admission: group``): ``groups`` are the rollouts of the groups
+    it chose (`stepwise.core.groups.readiness`), one sequence per group in the order chosen (oldest first);
+    every one is trained (DAPO filtered the others as they completed). The ``sampling/`` metrics count
+    these groups; the engine's own (generation batches, filtered) come from its consumption."""
+    from stepwise.core.dapo import sampling_metrics
+
+    out = [grp for rollouts in groups for grp in group_rollouts(list(rollouts), cfg)]
+    metrics_ = sampling_metrics(gen_batches=1, groups_rolled_out=len(out), groups_kept=len(out),
+                                empty_rollouts=sum(grp.empty for grp in out))
+    return "ready", out, out, metrics_
 
 
 def compute_step(batches: Sequence[Sequence[RolloutRecord]], cfg: RunConfig, *, policy_version: int,
-                 where: str = "") -> StepOutcome:
+                 where: str = "", chosen: bool = False) -> StepOutcome:
     """The step's decision, datums and metrics from its rollout records (one pure function).
 
     Args:
-        batches: the rollout records of generation batches 0..g of the step, each in item order.
+        batches: the rollout records of generation batches 0..g of the step, each in item order; with
+            ``chosen``, the rollouts of each group the group engine chose, one sequence per group.
         cfg: the run config.
         policy_version: the version the update would apply to (the run state's ``policy_version``).
         where: names the step in a staleness error (``"step 3"``).
+        chosen: the group engine's step (`chosen_groups`): every group is trained, and staleness past
+            ``max_staleness`` is counted (``staleness/past_k``), never raised: pacing keeps it at 0 and
+            nothing is discarded for it.
+
+    Staleness is counted from each rollout's first turn (`stepwise.core.staleness.sampled_version`).
 
     Raises:
-        StalenessExceeded: a rollout to train on sampled more than ``max_staleness`` versions ago.
+        StalenessExceeded: the batch engine only: a rollout to train on sampled more than ``max_staleness``
+            versions ago.
     """
     from stepwise.core.advantages import advantage_metrics
     from stepwise.core.behaviour import behaviour_metrics
     from stepwise.core.rewards import reward_metrics
-    from stepwise.core.staleness import check_staleness, staleness_metrics
+    from stepwise.core.staleness import check_staleness, sampled_version, staleness_histogram, staleness_metrics
 
-    status, train_groups, all_groups, sampling = select_groups(batches, cfg)
+    status, train_groups, all_groups, sampling = (chosen_groups if chosen else select_groups)(batches, cfg)
     rollouts = [r for g in all_groups for r in g.rollouts_G]
     all_rewards = [r for g in all_groups for r in g.rewards_G]
     metrics_: dict[str, Any] = {}
@@ -312,10 +343,18 @@ def compute_step(batches: Sequence[Sequence[RolloutRecord]], cfg: RunConfig, *, 
     if status != "ready":
         return outcome
     # No batch is trained on rollouts more than max_staleness policy versions old.
-    sampled_versions = [r.policy_version for g in train_groups for r in g.rollouts_G]
-    check_staleness(sampled_versions, policy_version, cfg.max_staleness, where=where)
+    sampled_versions = [sampled_version(r) for g in train_groups for r in g.rollouts_G]
+    if chosen:
+        outcome.train_metrics.update(staleness_histogram(sampled_versions, policy_version, cfg.max_staleness))
+    else:
+        check_staleness(sampled_versions, policy_version, cfg.max_staleness, where=where)
     outcome.train_metrics.update(staleness_metrics(sampled_versions, policy_version))
-    datums, advantages_P = datums_for(train_groups, cfg)
+    counts_P: list[int] = []
+    datums, advantages_P = datums_for(train_groups, cfg, counts_P=counts_P)
+    if chosen:
+        for g, n in zip(train_groups, counts_P, strict=True):
+            versions = [v for v in (sampled_version(r) for r in g.rollouts_G) if v is not None]
+            outcome.datum_staleness.extend([policy_version - min(versions, default=policy_version)] * n)
     outcome.train_metrics["sampler/num_datums"] = len(datums)
     outcome.train_metrics.update(advantage_metrics(advantages_P, [estimator_rewards(g, cfg) for g in train_groups]))
     outcome.datums = datums

@@ -6,7 +6,8 @@ the invocation has left, and whatever is left then is handed to the session swee
 it on its next passes:
 
 - the rollouts in flight (`stepwise.handlers._rollout_sessions`: start markers without a record,
-  their gateway sessions closed and runtime sessions stopped, in parallel at ACR's request rate);
+  their gateway sessions closed and runtime sessions stopped, in parallel at ACR's request rate),
+  with ``admission: group`` those of the group executions the end stopped (`stepwise.handlers._groups.stop_groups`);
 - retention ``keep_model_packages: best_and_last`` (`stepwise.core.selection.packages_to_delete`):
   DeleteModelPackage in parallel with one client, each deletion recorded in ``state.json`` as it goes
   (`stepwise.core.selection.mark_deleted`), so a pass cut short is resumed by the next.
@@ -99,12 +100,16 @@ def update(rs: RunStore, run_id: str, change: Callable[[RunLeftovers], None]) ->
 
 
 def hand_over(rs: RunStore, run_id: str, *, batches: list[PlannedBatch | None], retention: bool, reason: str,
-              deadline: float, sids: list[str] | tuple[str, ...] = ()) -> RunLeftovers | None:
-    """Record what the run's end leaves (the batches whose rollouts may be in flight, rollouts known by
-    their sids, retention still to apply), held by this invocation until ``deadline`` (``time.monotonic``).
-    Merges with a record an earlier end left (a catch-all after a failed stop, Cleanup after StopSession).
-    None when there is nothing to leave."""
-    fresh = RunLeftovers(run_id=run_id, since=now(), reason=reason, batches=[b for b in batches if b is not None],
+              deadline: float, sids: list[str] | tuple[str, ...] = (),
+              groups: list[tuple[int, int]] | tuple = ()) -> RunLeftovers | None:
+    """Record what the run's end leaves (the batches whose rollouts may be in flight, the group executions
+    ``(id, attempt)`` it stopped (admission group), rollouts known by their sids, retention still to apply),
+    held by this invocation until ``deadline`` (``time.monotonic``). Merges with a record an earlier end
+    left (a catch-all after a failed stop, Cleanup after StopSession). None when there is nothing to leave.
+    A batch of the group engine (``group_engine``) has no rollouts of its own: its groups' are in theirs."""
+    fresh = RunLeftovers(run_id=run_id, since=now(), reason=reason,
+                         batches=[b for b in batches if b is not None and not b.group_engine],
+                         groups=[[int(g), int(a)] for g, a in dict.fromkeys((g, a) for g, a in groups)],
                          sids=list(dict.fromkeys(sids)), retention=retention, held_until=_wall_deadline(deadline))
     if fresh.empty():
         return None
@@ -113,6 +118,7 @@ def hand_over(rs: RunStore, run_id: str, *, batches: list[PlannedBatch | None], 
         old = found[0]
         known = {b.model_dump_json() for b in old.batches}
         fresh.batches = old.batches + [b for b in fresh.batches if b.model_dump_json() not in known]
+        fresh.groups = old.groups + [g for g in fresh.groups if g not in old.groups]
         fresh.sids = list(dict.fromkeys(old.sids + fresh.sids))
         fresh.retention = old.retention or fresh.retention
         fresh.failed_packages = old.failed_packages
@@ -165,7 +171,7 @@ def work_off(rs: RunStore, cfg: RunConfig, run_id: str, *, deadline: float) -> d
             logger.error("giving up a run's leftovers", extra={"run_id": run_id, "sids": len(rec.sids),
                                                                "batches": len(rec.batches), "retention": rec.retention,
                                                                "failed_packages": rec.failed_packages})
-            rec.sids, rec.batches, rec.retention = [], [], False
+            rec.sids, rec.batches, rec.groups, rec.retention = [], [], [], False
 
     rec: RunLeftovers | None
     try:
@@ -174,7 +180,7 @@ def work_off(rs: RunStore, cfg: RunConfig, run_id: str, *, deadline: float) -> d
         logger.exception("could not release a run's leftovers", extra={"run_id": run_id})
         rec = RunLeftovers(run_id=run_id, since=0.0, retention=True)  # reported as left
     report["left"] = None if rec is None else {"sids": len(rec.sids), "batches": len(rec.batches),
-                                               "retention": rec.retention}
+                                               "groups": len(rec.groups), "retention": rec.retention}
     report["seconds"] = round(time.monotonic() - started, 3)
     logger.info("run leftovers worked off" if rec is None else "run leftovers left for the sweeper", extra=report)
     return report
@@ -186,15 +192,18 @@ def _work(rs: RunStore, cfg: RunConfig, run_id: str, deadline: float, report: di
         return
     rec = found[0]
     workers = rollout_workers()
-    if rec.batches and time.monotonic() < deadline:
+    if (rec.batches or rec.groups) and time.monotonic() < deadline:
         try:
-            sids = rollouts_in_flight(rs, run_id, rec.batches, workers=workers, deadline=deadline)
+            sids = rollouts_in_flight(rs, run_id, rec.batches, workers=workers, deadline=deadline,
+                                      groups=[(g, a) for g, a in rec.groups])
         except TimeoutError:
             return  # resolved next pass
         resolved = [b.model_dump_json() for b in rec.batches]
+        resolved_groups = list(rec.groups)
 
         def resolve(r: RunLeftovers) -> None:
             r.batches = [b for b in r.batches if b.model_dump_json() not in resolved]
+            r.groups = [g for g in r.groups if g not in resolved_groups]
             r.sids = list(dict.fromkeys(r.sids + sids))
 
         rec = update(rs, run_id, resolve) or RunLeftovers(run_id=run_id, since=rec.since)

@@ -45,18 +45,21 @@ def close_gateway_session(rs: Any, sid: str, known: Any = None) -> dict[str, Any
 
 
 def started_without_record(rs: Any, run_id: str, batch: PlannedBatch, *, workers: int = 1,
-                           deadline: float = float("inf")) -> list[str]:
-    """The sids of ``batch``'s rollouts that were started (a start marker) and have no rollout record:
-    two listings, then the start markers without a record read ``workers`` at a time.
+                           deadline: float = float("inf"), group: tuple[int, int] | None = None) -> list[str]:
+    """The sids of ``batch``'s rollouts (or, with ``group`` = ``(id, attempt)``, that group's: admission
+    group) that were started (a start marker) and have no rollout record: two listings, then the start
+    markers without a record read ``workers`` at a time.
 
     Raises:
         TimeoutError: ``deadline`` (``time.monotonic``) came before every marker was read.
     """
-    markers = rs.list_keys(start_markers_prefix(run_id, batch.step, batch.generation_batch, batch.kind))
+    folder = {"group": group[0], "attempt": group[1]} if group is not None else {}
+    markers = rs.list_keys(start_markers_prefix(run_id, batch.step, batch.generation_batch, batch.kind, **folder))
     if not markers:
         return []
     recorded = {k.rsplit("/", 1)[-1].removesuffix(".json")
-                for k in rs.list_keys(rollouts_prefix(run_id, batch.step, batch.generation_batch, batch.kind))}
+                for k in rs.list_keys(rollouts_prefix(run_id, batch.step, batch.generation_batch, batch.kind,
+                                                      **folder))}
     keys = [k for k in markers if k.endswith(".json")]
     sids: dict[str, str | None] = {}
     for out in run_until(keys, lambda k: (rs.get_json_or(k) or {}).get("sid"), workers=workers, deadline=deadline):
@@ -69,12 +72,18 @@ def started_without_record(rs: Any, run_id: str, batch: PlannedBatch, *, workers
 
 
 def rollouts_in_flight(rs: Any, run_id: str, batches: list[PlannedBatch], *, workers: int,
-                       deadline: float) -> list[str]:
-    """The sids of the rollouts in flight in ``batches`` (`started_without_record` of each), in order,
-    without repeats: what a run's stop must end. Raises as `started_without_record`."""
+                       deadline: float, groups: list[tuple[int, int]] | tuple = ()) -> list[str]:
+    """The sids of the rollouts in flight in ``batches`` and in the group executions ``groups``
+    (``(id, attempt)``, admission group) (`started_without_record` of each), in order, without repeats:
+    what a run's stop must end. Raises as `started_without_record`."""
+    from stepwise.records import PlannedBatch as _Planned
+
     sids: list[str] = []
     for batch in batches:
         sids += started_without_record(rs, run_id, batch, workers=workers, deadline=deadline)
+    for group in groups:  # a group's folder is named by (id, attempt) alone
+        sids += started_without_record(rs, run_id, _Planned(kind="train", step=0), workers=workers,
+                                       deadline=deadline, group=(group[0], group[1]))
     return list(dict.fromkeys(sids))
 
 

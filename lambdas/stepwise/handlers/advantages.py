@@ -31,11 +31,11 @@ from stepwise.core.steps import (  # noqa: F401  (RolloutsFailed: the error this
     missing_items,
     rollout_report,
 )
-from stepwise.events import BatchEvent
+from stepwise.events import BatchEvent, GroupEvent
 from stepwise.handlers._common import bind, emit, entrypoint, logger, now, run_config, store, write_summary
-from stepwise.layout import (datums_key, eval_results_key, eval_summary_key, items_key, prompts_key, rollout_key,
-                             start_marker_key)
-from stepwise.records import BatchItem, BatchRef, PlannedBatch, RolloutRecord, RunState
+from stepwise.layout import (datums_key, eval_results_key, eval_summary_key, group_complete_key, items_key,
+                             prompts_key, rollout_key, start_marker_key)
+from stepwise.records import BatchItem, BatchRef, GroupBuffer, PlannedBatch, RolloutRecord, RunState, Usage
 
 if TYPE_CHECKING:
     from stepwise.config import RunConfig
@@ -48,7 +48,7 @@ class BatchMismatch(RuntimeError):
 def load_rollouts(run_id: str, batch: BatchRef, generation_batch: int | None = None) -> list[RolloutRecord]:
     """The rollout records of a generation batch, in item order, one per item (`RunStore.batch_rollouts`)."""
     g = batch.generation_batch if generation_batch is None else generation_batch
-    return store().batch_rollouts(run_id, batch.step, g, batch.kind)
+    return store().batch_rollouts(run_id, batch.step, g, batch.kind, **batch.folder)
 
 
 def record_lost_rollouts(run_id: str, batch: BatchRef, missing: list[int]) -> list[RolloutRecord]:
@@ -58,12 +58,13 @@ def record_lost_rollouts(run_id: str, batch: BatchRef, missing: list[int]) -> li
         return []
     rs = store()
     items = {int(it["i"]): BatchItem.model_validate(it)
-             for it in rs.get_json(items_key(run_id, batch.step, batch.generation_batch, batch.kind))}
+             for it in rs.get_json(items_key(run_id, batch.step, batch.generation_batch, batch.kind, **batch.folder))}
     out = []
     for i in missing:
-        sid = (rs.get_json_or(start_marker_key(run_id, batch.step, batch.generation_batch, batch.kind, i)) or {}).get("sid")
+        sid = (rs.get_json_or(start_marker_key(run_id, batch.step, batch.generation_batch, batch.kind, i,
+                                               **batch.folder)) or {}).get("sid")
         record = lost_rollout(items[i], batch, sid)
-        rs.put_json(rollout_key(run_id, batch.step, batch.generation_batch, f"lost-{i}", batch.kind),
+        rs.put_json(rollout_key(run_id, batch.step, batch.generation_batch, f"lost-{i}", batch.kind, **batch.folder),
                     record.model_dump(), bulk=True)
         out.append(record)
     logger.warning("rollouts without a record counted as failed", extra={"items": missing[:20], "lost": len(missing)})
@@ -95,6 +96,33 @@ def load_step_batches(run_id: str, batch: BatchRef, cfg: RunConfig,
     return batches
 
 
+def group_rollouts_of(run_id: str, batch: BatchRef) -> list[RolloutRecord]:
+    """A group's rollout records (``batch.group``'s folder), one per member in item order, a lost rollout
+    (`record_lost_rollouts`) for each member of its ``items.json`` without one."""
+    rs = store()
+    rollouts = load_rollouts(run_id, batch)
+    items = rs.get_json(items_key(run_id, batch.step, batch.generation_batch, batch.kind, **batch.folder))
+    missing = sorted({int(it["i"]) for it in items} - {r.i for r in rollouts})
+    return sorted(rollouts + record_lost_rollouts(run_id, batch, missing), key=lambda r: r.i)
+
+
+#: Parallel reads of the chosen groups' rollout records.
+GROUP_READ_WORKERS = 8
+
+
+def chosen_group_rollouts(run_id: str, cfg: RunConfig, chosen: list[tuple[int, int]]) -> list[list[RolloutRecord]]:
+    """The rollout records of the groups a step takes (``(group, attempt)``, in the order chosen)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from stepwise.core.groups import seed_place
+
+    refs = [BatchRef(kind="train", step=seed_place(g, cfg.batch_size)[0], group=g, attempt=a) for g, a in chosen]
+    if not refs:
+        return []
+    with ThreadPoolExecutor(max_workers=min(GROUP_READ_WORKERS, len(refs))) as pool:
+        return list(pool.map(lambda ref: group_rollouts_of(run_id, ref), refs))
+
+
 def _check_batch(state: RunState, batch: BatchRef) -> None:
     cur = state.current_batch
     if not batch.is_planned(cur):
@@ -111,16 +139,29 @@ def compute(event: BatchEvent) -> dict[str, Any]:
         return dict(state.last_decision["result"])  # a retry after the state was already written
     _check_batch(state, batch)
     cfg = run_config(run.run_id)
-    batches = load_step_batches(run.run_id, batch, cfg, state.current_batch)
-    batch_usage = ledger.batch_usage(batches[-1])  # the generation batch just rolled out (the cost ledger)
+    taken: TakenGroups | None = None
     judge_metrics: dict[str, float] = {}
-    if cfg.judge is not None:  # the group judge's records merged in: the rewards the estimator reads
-        from stepwise.judging import judged_batches
+    if cfg.admission == "group":
+        taken = take_groups(run.run_id, batch, state, cfg)
+        if taken.waiting is not None:
+            return taken.waiting
+        batches = taken.rollouts
+        batch_usage = ledger.batch_usage([r for b in batches for r in b]).minus(ledger.batch_usage([]))
+        batch_usage.add(taken.pending_usage)  # DAPO's filtered groups and the groups' own transitions
+        outcome = compute_step(batches, cfg, policy_version=state.policy_version, where=f"step {batch.step}",
+                               chosen=True)
+        if taken.cap:
+            outcome.status = "cap_reached"
+    else:
+        batches = load_step_batches(run.run_id, batch, cfg, state.current_batch)
+        batch_usage = ledger.batch_usage(batches[-1])  # the generation batch just rolled out (the cost ledger)
+        if cfg.judge is not None:  # the group judge's records merged in: the rewards the estimator reads
+            from stepwise.judging import judged_batches
 
-        gens = list(range(batch.generation_batch + 1)) if cfg.algorithm == "dapo" else [batch.generation_batch]
-        batches, judge_metrics, judge_usage = judged_batches(rs, run.run_id, batch.step, gens, batches, cfg)
-        batch_usage.add(judge_usage)
-    outcome = compute_step(batches, cfg, policy_version=state.policy_version, where=f"step {batch.step}")
+            gens = list(range(batch.generation_batch + 1)) if cfg.algorithm == "dapo" else [batch.generation_batch]
+            batches, judge_metrics, judge_usage = judged_batches(rs, run.run_id, batch.step, gens, batches, cfg)
+            batch_usage.add(judge_usage)
+        outcome = compute_step(batches, cfg, policy_version=state.policy_version, where=f"step {batch.step}")
     status, train_groups, rollouts = outcome.status, outcome.train_groups, outcome.rollouts
     sampling = {k: v for k, v in outcome.metrics.items() if k.startswith("sampling/")}
     metrics_: dict[str, Any] = {"step": batch.step, "epoch": state.epoch, **outcome.metrics, **judge_metrics}
@@ -144,7 +185,19 @@ def compute(event: BatchEvent) -> dict[str, Any]:
               "mean_reward": metrics_["sampler/mean_reward"]}
     # True: the state machine trains this step while the next one rolls out (its Parallel state).
     # Always present, so the Choice's IsPresent guard (for results cached before the field) finds it.
-    result["roll_out_next"] = decision == "train" and cfg.max_staleness >= 1
+    result["roll_out_next"] = decision == "train" and cfg.max_staleness >= 1 and taken is None
+    epoch = state.epoch
+    if taken is not None:
+        # the groups leave the buffer before the state moves on: a retry finds them taken for this step
+        group_metrics, consumed = consume_groups(run.run_id, batch, state, cfg, taken, decision)
+        metrics_.update(group_metrics)
+        if group_metrics.get("sampling/generation_batches"):
+            sampling["sampling/generation_batches"] = group_metrics["sampling/generation_batches"]
+        metrics_["consumed_groups"] = [list(x) for x in consumed.trained]
+        metrics_["filtered_groups"] = [list(x) for x in consumed.filtered]
+        epoch = max([state.epoch, *(g // max(1, taken.per_epoch) for g, _ in consumed.trained)])
+        metrics_["epoch"] = epoch
+        result["groups"] = len(consumed.trained)
 
     cap_reason = (f"max_num_gen_batches ({cfg.max_num_gen_batches}) reached at step {batch.step} "
                   f"with {len(train_groups)}/{cfg.batch_size} informative groups")
@@ -154,10 +207,12 @@ def compute(event: BatchEvent) -> dict[str, Any]:
         s.current_batch = None
         s.last_decision = {"batch": batch.model_dump(), "result": result}
         s.ledger.usage.add(batch_usage)
+        s.epoch = epoch
         if decision in ("skip", "cap_reached"):  # the step ends here (a trained step ends at its Rebind)
             ledger.close_step(s, cfg, at, batch.step)
         if decision == "train":
             s.datum_chunks = chunk_sizes
+            s.datum_staleness = list(outcome.datum_staleness)
             s.kept_groups = len(train_groups)
             s.step_metrics = dict(metrics_)  # the summary is written once the step is trained (Rebind)
             s.empty_steps, s.empty_steps_report = 0, ""
@@ -183,7 +238,8 @@ def compute(event: BatchEvent) -> dict[str, Any]:
         write_summary(run.run_id, batch.step, metrics_ | cost | {"decision": decision} | reason)
         metrics_.update(cost)  # emitted below with the step's other metrics
     if decision in ("train", "skip", "cap_reached"):
-        emit({k: v for k, v in metrics_.items() if k not in ("step", "epoch")}, run_id=run.run_id)
+        emit({k: v for k, v in metrics_.items() if k not in ("step", "epoch") and isinstance(v, (int, float))},
+             run_id=run.run_id)
     if decision == "skip" and state.empty_steps + 1 >= cfg.max_consecutive_empty_steps:
         # Raised before the state moves on: a resumed run re-plans this step (on a fixed agent).
         n = state.empty_steps + 1
@@ -202,6 +258,119 @@ def compute(event: BatchEvent) -> dict[str, Any]:
                        extra={"stop_reason": cap_reason})
     logger.info("advantages computed", extra=result)
     return result
+
+
+class TakenGroups:
+    """What a group-engine step takes (`take_groups`): the readiness that chose its groups, their rollouts,
+    the buffer's usage not counted yet, or the answer to return when nothing is ready (``waiting``)."""
+
+    def __init__(self, *, ready: Any = None, rollouts: list[list[RolloutRecord]] | None = None,
+                 pending_usage: Usage | None = None, per_epoch: int = 1, waiting: dict[str, Any] | None = None) -> None:
+        self.ready, self.rollouts, self.waiting = ready, rollouts or [], waiting
+        self.pending_usage = pending_usage or Usage()
+        self.per_epoch = per_epoch
+
+    @property
+    def cap(self) -> bool:
+        return self.ready is not None and self.ready.status == "cap"
+
+
+def take_groups(run_id: str, batch: BatchRef, state: RunState, cfg: RunConfig) -> TakenGroups:
+    """The groups step ``batch.step`` trains (`stepwise.core.groups.readiness` at the policy version the
+    update applies to), or, on a retry after the buffer was written, those it took then. Not ready (the
+    trainer was woken for a version it no longer waits at): ``waiting`` = ``{"decision": "wait"}`` (or
+    ``"exhausted"``: nothing left), and the state machine goes back to its wait."""
+    from stepwise.core import groups as engine
+    from stepwise.handlers import _groups
+
+    buffer, _ = store().read_buffer(run_id)
+    kn = _groups.knobs(cfg)
+    last = buffer.last_consumption
+    if last is not None and last.step == batch.step:
+        ready = engine.Readiness("cap" if last.decision == "cap_reached" else "ready", list(last.trained))
+    else:
+        ready = engine.readiness(buffer, kn, version=state.policy_version)
+    if not ready.trainable:
+        decision = "exhausted" if ready.status == "exhausted" else "wait"
+        logger.info("no batch of groups to train yet", extra={"status": ready.status, "reason": ready.reason})
+        return TakenGroups(waiting={"decision": decision, "step": batch.step, "generation_batch": 0,
+                                    "reason": ready.reason, "roll_out_next": False})
+    rollouts = chosen_group_rollouts(run_id, cfg, ready.chosen if ready.status == "ready" else [])
+    return TakenGroups(ready=ready, rollouts=rollouts, pending_usage=buffer.pending_usage.model_copy(deep=True),
+                       per_epoch=_groups.per_epoch(state, cfg))
+
+
+def consume_groups(run_id: str, batch: BatchRef, state: RunState, cfg: RunConfig, taken: TakenGroups,
+                   decision: str) -> tuple[dict[str, float], Any]:
+    """Take the step's groups out of the buffer (one conditional write: `stepwise.core.groups.consume`, with
+    the usage it held) and measure the engine for the step's summary (`stepwise.core.groups.step_metrics`)."""
+    from stepwise.core import groups as engine
+    from stepwise.handlers import _groups
+
+    kn, t = _groups.knobs(cfg), now()
+
+    def change(b: GroupBuffer) -> tuple[dict[str, float], Any]:
+        before = b.model_copy(deep=True)
+        consumed = engine.consume(b, taken.ready, step=batch.step, version=state.policy_version, decision=decision)
+        if before.last_consumption is None or before.last_consumption.step != batch.step:
+            b.pending_usage = Usage()  # added to the ledger with this step (the state write below)
+        return engine.step_metrics(before, taken.ready, kn, version=state.policy_version, now=t), consumed
+
+    _, (metrics_, consumed) = store().update_buffer(run_id, change)
+    return metrics_, consumed
+
+
+#: State transitions of a rollout group's own states (its Map state, the judge's place, Record group
+#: complete), besides each member's (counted by its rollout record).
+GROUP_TRANSITIONS = 3
+
+
+def record_group(event: GroupEvent) -> dict[str, Any]:
+    """RecordGroupComplete, the last state of a rollout group: read its members' records (a member without
+    one is a lost rollout), write what its completion records (``complete.json``: versions, DAPO's verdict,
+    durations), then in one conditional write of the buffer record it complete (or filtered), take the
+    waiting trainer's token when a batch is now ready, and admit the groups the freed room allows; then
+    wake the trainer and start those groups. A duplicate or an attempt a resume replaced changes nothing."""
+    from stepwise.core import groups as engine
+    from stepwise.handlers import _groups
+
+    rs = store()
+    run, batch = event.run, event.batch
+    if batch.group is None:
+        raise ValueError("RecordGroupComplete needs a group's batch (batch.group)")
+    bind(run_id=run.run_id, step=batch.step)
+    cfg = run_config(run.run_id)
+    rollouts = group_rollouts_of(run.run_id, batch)
+    mark = engine.completion(rollouts, cfg, batch.attempt)
+    own = Usage(state_transitions=GROUP_TRANSITIONS + event.retry_count)
+    rs.put_json(group_complete_key(run.run_id, batch.group, batch.attempt),
+                {**mark.__dict__, "durations_s": list(mark.durations_s), "group": batch.group}, bulk=True)
+    state, _ = rs.read_state(run.run_id)
+    kn, t = _groups.knobs(cfg), now()
+    members = Usage()
+    for r in rollouts:
+        members.add(r.usage)
+
+    def change(b: GroupBuffer) -> tuple[str, str | None, list[Any]]:
+        status = engine.complete_group(b, batch.group, batch.attempt, first_turn_version=mark.first_turn_version,
+                                       durations_s=mark.durations_s, informative=mark.informative, knobs=kn, now=t)
+        if status == "stale":
+            return status, None, []
+        b.pending_usage.add(own)
+        if status == "filtered":  # no step reads its records: their usage joins the ledger from here
+            b.pending_usage.add(members)
+        token = _groups.note_ready(b, kn, t)
+        admitted = (engine.admit(b, kn, sampler_version=state.policy_version, now=t,
+                                 base_sampler=not state.sampler_model_package_arn) if _groups.may_admit(state) else [])
+        return status, token, admitted
+
+    _, (status, token, admitted) = rs.update_buffer(run.run_id, change)
+    _groups.wake(token, f"group {batch.group} {status}")
+    _groups.start_groups(run, cfg, state, admitted, event.group_state_machine_arn)
+    out = {"group": batch.group, "attempt": batch.attempt, "status": status, "admitted": len(admitted),
+           "first_turn_version": mark.first_turn_version, "informative": mark.informative}
+    logger.info("group recorded", extra=out)
+    return out
 
 
 def record_eval(event: BatchEvent) -> dict[str, Any]:
@@ -256,3 +425,4 @@ def record_eval(event: BatchEvent) -> dict[str, Any]:
 
 handler = entrypoint(BatchEvent, compute, transient_retry=True)
 eval_handler = entrypoint(BatchEvent, record_eval, transient_retry=True)
+group_handler = entrypoint(GroupEvent, record_group, transient_retry=True)

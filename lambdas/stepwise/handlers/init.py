@@ -28,6 +28,7 @@ from stepwise.core.phases import is_failure_stop, resume_session_name, rewind_to
 from stepwise.core.selection import refresh_best
 from stepwise.events import InitEvent
 from stepwise.executions import resolve_run, run_id_problem
+from stepwise.handlers import _groups
 from stepwise.handlers._common import bind, entrypoint, logger, now, poll_seconds, run_config, settings, store
 from stepwise.layout import config_key, dataset_index_key, dataset_shard_key, tokenizer_prefix
 from stepwise.records import Checkpoint, EvalSetRows, Ledger, RunState
@@ -69,6 +70,10 @@ def resume(rs: RunStore, run_id: str, execution_arn: str, state: RunState) -> Ru
     session_name = resume_session_name(run_id, state.segment)
     cfg = run_config(run_id)
 
+    if state.session_stopped and cfg.admission == "group":
+        # first the buffer (marked with the new session: a retried Init does not rewind it twice), then the state
+        rewind_groups(rs, run_id, cfg, newest_state_checkpoint(state), session_name)
+
     def change(s: RunState) -> None:
         found.clear()
         if is_failure_stop(s.stop_reason):
@@ -76,6 +81,8 @@ def resume(rs: RunStore, run_id: str, execution_arn: str, state: RunState) -> Ru
         if s.session_stopped:
             found.append(rewind_to_checkpoint(s, session_name=session_name, created_at=now(),
                                               base_resume_arn=cfg.resume_from_model_package))
+            if found[0] is None and cfg.saves_initial_sampler:
+                s.resume_loaded = False  # the new session's first sampler: its saved base weights
             refresh_best(s, cfg)
 
     state = rs.update_state(run_id, change, execution_arn=execution_arn)
@@ -129,6 +136,60 @@ def create_own_session(rs: RunStore, cfg: RunConfig, run_id: str, execution_arn:
 
         rs.update_state(run_id, refuse, execution_arn=execution_arn)
         raise RunRefused([f"training session: {e}"]) from None
+
+
+def newest_state_checkpoint(state: RunState) -> Checkpoint | None:
+    """The checkpoint a resume rewinds to (`stepwise.core.phases.rewind_to_checkpoint`'s choice)."""
+    states = [c for c in state.checkpoints if c.kind == "state"]
+    return max(states, key=lambda c: c.step) if states else None
+
+
+def rewind_groups(rs: RunStore, run_id: str, cfg: RunConfig, ckpt: Checkpoint | None, session_name: str) -> None:
+    """The group engine's buffer of a run resumed at ``ckpt`` (None: its start) on session ``session_name``:
+    every group the checkpoint had not consumed is redone, reused from S3 when complete within
+    ``max_staleness`` of the resumed policy, else rolled again (`stepwise.core.groups.rewind`). Its
+    executions were stopped with the run (Cleanup); an execution of an old attempt that still records its
+    group changes nothing. Once per session: the buffer remembers the session it was rewound for."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from stepwise.core import groups as engine
+    from stepwise.layout import group_complete_key, groups_prefix
+
+    at = ckpt.groups if ckpt is not None else None
+    version = 0 if ckpt is None else (ckpt.policy_version if ckpt.policy_version >= 0 else ckpt.step)
+    before, _ = rs.read_buffer(run_id)
+    if before.rewound_for == session_name:
+        return
+    redo = sorted(set(at.unconsumed if at else []) | set(range(at.next_group if at else 0, before.next_group)))
+
+    def mark(group: int) -> tuple[int, engine.CompleteMark | None]:
+        keys = [k for k in rs.list_keys(f"{groups_prefix(run_id)}{group}/") if k.endswith("/complete.json")]
+        attempts = sorted(int(k.rsplit("/", 2)[-2].removeprefix("a")) for k in keys)
+        if not attempts:
+            return group, None
+        body = rs.get_json(group_complete_key(run_id, group, attempts[-1]))
+        return group, engine.CompleteMark(attempt=attempts[-1], members=int(body["members"]),
+                                          first_turn_version=body.get("first_turn_version"),
+                                          last_turn_version=body.get("last_turn_version"),
+                                          informative=bool(body.get("informative", True)),
+                                          durations_s=tuple(body.get("durations_s") or ()))
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        marks = {g: m for g, m in pool.map(mark, redo) if m is not None}
+    kn = _groups.knobs(cfg)
+
+    def change(b: Any) -> None:
+        if b.rewound_for == session_name:
+            return
+        fresh = engine.rewind(b, at, version=version, knobs=kn, marks=marks)
+        fresh.group_state_machine_arn, fresh.rewound_for = b.group_state_machine_arn, session_name
+        for name in type(b).model_fields:
+            setattr(b, name, getattr(fresh, name))
+
+    buffer, _ = rs.update_buffer(run_id, change)
+    logger.info("group engine rewound", extra={
+        "reused": sum(1 for g in buffer.groups if g.reused), "rolled_again": sum(1 for g in buffer.groups if g.status == "queued"),
+        "discarded_rollouts": buffer.discarded_rollouts, "policy_version": version})
 
 
 def session_clock(rs: RunStore, run_id: str, execution_arn: str, cfg: RunConfig, session_name: str,
@@ -318,10 +379,13 @@ def initialize(event: InitEvent) -> dict[str, Any]:
                 eval_rows=sum(e.rows for e in eval_sets),
                 eval_sets=eval_sets,
                 eval_only=cfg.eval_only,
-                resume_loaded=not (cfg.resume_from_model_package or cfg.eval_model_package_arn),
+                resume_loaded=not (cfg.resume_from_model_package or cfg.eval_model_package_arn
+                                   or cfg.saves_initial_sampler),
                 ledger=Ledger(run_started_at=now()),  # the cost ledger; max_run_hours counts from here
             )
         )
+    if cfg.admission == "group":
+        _groups.create_buffer(rs, rs.read_state(run_id)[0], cfg)
     created = create_own_session(rs, cfg, run_id, event.execution_arn, session_name)
     logger.info("training session created", extra={"training_session_name": session_name})
     n = cache_tokenizer(cfg, created, rs, run_id)
@@ -329,7 +393,8 @@ def initialize(event: InitEvent) -> dict[str, Any]:
     # A session that is already Running (warm capacity, the local simulator) needs no Wait state;
     # a resumed one still goes through PollSession, which loads the checkpoint.
     status, _ = sagemaker.describe_session(sagemaker.control_plane(cfg.region), session_name)
-    ready = status == sagemaker.RUNNING and not (cfg.resume_from_model_package or cfg.eval_model_package_arn)
+    ready = status == sagemaker.RUNNING and not (cfg.resume_from_model_package or cfg.eval_model_package_arn
+                                                 or cfg.saves_initial_sampler)
     session_clock(rs, run_id, event.execution_arn, cfg, session_name, status if ready else None)
     return _output(run_id, event.execution_arn, ready=ready)
 

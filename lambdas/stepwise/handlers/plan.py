@@ -18,56 +18,12 @@ from typing import Any
 from stepwise.aws import task_tokens
 from stepwise.core.ledger import count_parent_history, history_after
 from stepwise.core.liveness import rollout_timeouts
-from stepwise.core.planning import Decision, build_items, decide, map_concurrency, plan_ahead
+from stepwise.core.planning import Decision, GroupProgress, build_items, decide, map_concurrency, plan_ahead
 from stepwise.events import PlanEvent, RunEvent
 from stepwise.handlers._common import bind, dependencies, entrypoint, logger, run_config, settings, sfn_client, store
-from stepwise.layout import dataset_index_key, items_key, prompts_key
+from stepwise.handlers._payloads import batch_payloads, eval_payloads
+from stepwise.layout import items_key, prompts_key
 from stepwise.records import BatchRef, RunState, SamplerPolicy
-
-
-def batch_payloads(run_id: str, kind: str, rows: list[int], source: str) -> dict[int, dict[str, Any]]:
-    """``{row: payload}`` of a batch's rows from the run's dataset snapshot (Init's shards).
-
-    Reads the snapshot's index (cached per container: it never changes) and only the shards holding
-    ``rows``, so memory and bytes read do not grow with the dataset. A run whose Init predates the
-    snapshots has no index: its ``source`` is streamed up to the last row needed instead.
-    """
-    from stepwise.aws.datasets import shard_reader
-    from stepwise.datasets import DatasetIndex, iter_payloads, read_rows
-
-    deps = dependencies()
-    rs = deps.store
-    key = ("dataset_index", run_id, kind)
-    if key not in deps.cache:
-        try:
-            deps.cache[key] = DatasetIndex.model_validate(rs.get_json(dataset_index_key(run_id, kind)))
-        except KeyError:
-            logger.warning("no dataset snapshot (run started before snapshots): streaming the source",
-                           extra={"kind": kind, "source": source})
-            wanted, last = set(rows), max(rows, default=-1)
-            out: dict[int, dict[str, Any]] = {}
-            for i, payload in enumerate(iter_payloads(source, s3_client=rs.s3)):
-                if i in wanted:
-                    out[i] = payload
-                if i >= last:
-                    break
-            return out
-    return read_rows(rows, deps.cache[key], shard_reader(rs.s3, rs.bucket, run_id, kind))
-
-
-def eval_payloads(run_id: str, state: RunState, cfg: Any, rows: list[int]) -> dict[int, dict[str, Any]]:
-    """``{row: payload}`` of an eval batch's rows, which span the eval sets' shared row space
-    (`stepwise.records.EvalSetRows`): each set's rows are read from its own snapshot."""
-    from stepwise.core.evals import eval_sets_of
-
-    out: dict[int, dict[str, Any]] = {}
-    paths = cfg.eval_set_paths
-    for s in eval_sets_of(state):
-        mine = [r for r in rows if s.offset <= r < s.offset + s.rows]
-        if mine:
-            local = batch_payloads(run_id, s.kind, [r - s.offset for r in mine], paths.get(s.name, ""))
-            out.update({r: local[r - s.offset] for r in mine})
-    return out
 
 
 def history_since(execution_arn: str, after_event: int) -> tuple[int | None, list[dict[str, Any]]]:
@@ -105,6 +61,15 @@ def notify_warnings(run_id: str, warnings: list[str]) -> None:
                        message=f"Run {run_id}: {text}")
 
 
+def group_progress(run_id: str) -> GroupProgress:
+    """The group engine's progress for the planner: whether every group is consumed, and its frontier."""
+    from stepwise.core import groups as engine
+
+    buffer, _ = store().read_buffer(run_id)
+    exhausted = buffer.next_group >= buffer.total_groups and not buffer.groups
+    return GroupProgress(exhausted=exhausted, frontier=engine.frontier(buffer))
+
+
 def plan(event: RunEvent) -> dict[str, Any]:
     """Plan the run's next action (a `PlanEvent` with ``ahead_of_step``: the next step's first batch)."""
     rs = store()
@@ -118,12 +83,14 @@ def plan(event: RunEvent) -> dict[str, Any]:
         counted, first_read = counted_up_to(run.run_id, run.execution_arn)
         history_events, new_events = history_since(run.execution_arn, counted)
 
+    progress = group_progress(run.run_id) if cfg.admission == "group" and ahead is None else None
+
     def change(state: RunState) -> None:
         decision.clear()
         reason.clear()
         if ahead is None:
             count_parent_history(state, history_events, new_events)
-            decision.append(decide(state, cfg, history_events))
+            decision.append(decide(state, cfg, history_events, groups=progress))
         else:
             d, why = plan_ahead(state, cfg, ahead)
             decision.append(d)
@@ -144,6 +111,13 @@ def plan(event: RunEvent) -> dict[str, Any]:
     out: dict[str, Any] = {"action": d.action, "reason": d.reason, "step": state.step, "epoch": state.epoch,
                            "history_events": history_events,
                            "judge": cfg.judge is not None}  # the state machine's "Judge groups" runs only then
+    if d.action == "groups":  # the group engine: admit groups, wait for a batch of them, train it
+        from stepwise.handlers._groups import wait_seconds
+
+        out["batch"] = BatchRef(kind="train", step=d.step, generation_batch=0).model_dump()
+        out["wait_seconds"] = wait_seconds(cfg)
+        logger.info("group engine step", extra={k: v for k, v in out.items() if k != "batch"})
+        return out
     if d.action == "rolled_out":  # rolled out during the previous step's training: straight to its advantages
         timeouts = rollout_timeouts(cfg.max_rollout_time, cfg.rollout_heartbeat_seconds, cfg.rollout_recheck_seconds)
         out["batch"] = BatchRef(kind="train", step=d.step, generation_batch=d.generation_batch,

@@ -160,7 +160,7 @@ def start(event: StartEvent) -> dict[str, Any]:
     cfg = run_config(run.run_id)
     sid = str(uuid.uuid4())
     bind(run_id=run.run_id, step=batch.step, sid=sid)
-    rs.put_json(start_marker_key(run.run_id, batch.step, batch.generation_batch, batch.kind, item.i),
+    rs.put_json(start_marker_key(run.run_id, batch.step, batch.generation_batch, batch.kind, item.i, **batch.folder),
                 {"sid": sid, "input_id": item.input_id, "started_at": now()}, bulk=True)
     record = session_record(cfg, run.run_id, batch, sid, item.input_id, item.i)
     # The agent's gateway key is a fresh secret: only its digest is kept (in the record), the key itself
@@ -180,7 +180,8 @@ def start(event: StartEvent) -> dict[str, Any]:
     except BaseException:
         ride.cancel()
         raise
-    payload = _prompts(prompts_key(run.run_id, batch.step, batch.generation_batch, batch.kind))[item.input_id]
+    payload = _prompts(prompts_key(run.run_id, batch.step, batch.generation_batch, batch.kind,
+                                   **batch.folder))[item.input_id]
     body = rollout_payload(payload, run_id=run.run_id, input_id=item.input_id, bucket=rs.bucket, api_key=api_key,
                            gateway_url=settings().gateway_url, model_id=cfg.base_model_arn,
                            sampling=record.sampling_defaults, reward_granularity=cfg.reward_granularity)
@@ -315,7 +316,8 @@ def recheck(req: RecheckRequest) -> dict[str, Any]:
 
     rs = store()
     run, batch, item = req.run, req.batch, req.item
-    marker = rs.get_json_or(start_marker_key(run.run_id, batch.step, batch.generation_batch, batch.kind, item.i)) or {}
+    marker = rs.get_json_or(start_marker_key(run.run_id, batch.step, batch.generation_batch, batch.kind, item.i,
+                                             **batch.folder)) or {}
     sid = marker.get("sid")
     bind(run_id=run.run_id, step=batch.step, sid=sid)
     record, _ = session_and_token(rs, run.run_id, sid) if sid else (None, None)
@@ -381,6 +383,13 @@ def _load_turns(rs: Any, run_id: str, sid: str) -> list[dict[str, Any]]:
     return [rs.get_json(k) for k in rs.list_keys(turns_prefix(run_id, sid)) if k.endswith(".json")]
 
 
+def turn_policy_versions(turns: list[Any]) -> list[int]:
+    """The policy version each captured turn sampled (`stepwise.records.CapturedTurn.policy_version`), in
+    the order the gateway recorded them; turns without one (written by an older gateway) are left out."""
+    return [int(t["policy_version"]) for t in turns if isinstance(t, dict)
+            and isinstance(t.get("policy_version"), int) and not isinstance(t.get("policy_version"), bool)]
+
+
 def _rollout_sid(rs: RunStore, event: FinishEvent) -> str | None:
     """The rollout's sid: the one its result carries, else StartRollout's start marker's (a rollout
     that failed before resuming its task), else None (it never started)."""
@@ -388,7 +397,7 @@ def _rollout_sid(rs: RunStore, event: FinishEvent) -> str | None:
     if sid is None:
         batch, item = event.batch, event.item
         marker = rs.get_json_or(start_marker_key(event.run.run_id, batch.step, batch.generation_batch, batch.kind,
-                                                 item.i)) or {}
+                                                 item.i, **batch.folder)) or {}
         sid = marker.get("sid")
     return sid
 
@@ -444,9 +453,9 @@ def record_failed_finish(event: FinishEvent) -> dict[str, Any]:
         rollout = RolloutRecord(sid=sid, i=item.i, input_id=item.input_id, row=item.row, member=item.member,
                                 kind=batch.kind, step=batch.step, generation_batch=batch.generation_batch,
                                 reward=0.0, reward_reason=f"error: FinishRolloutFailed: {preview(cause, 200)}",
-                                status="error", error=error, usage=usage.add(own),
+                                status="error", error=error, usage=usage.add(own), group=batch.group,
                                 policy_version=batch.policy.policy_version if batch.policy is not None else None)
-        rs.put_json(rollout_key(run.run_id, batch.step, batch.generation_batch, key_sid, batch.kind),
+        rs.put_json(rollout_key(run.run_id, batch.step, batch.generation_batch, key_sid, batch.kind, **batch.folder),
                     rollout.model_dump(), bulk=True)
     return {"sid": key_sid, "reward": 0.0, "status": "error", "records": 0}
 
@@ -519,6 +528,7 @@ def finish(event: FinishEvent) -> dict[str, Any]:
     turn_spans: list[Any] | None = None
     behaviour = rollout_behaviour([])
     duration_s = None
+    turn_versions: list[int] = []
     # What the rollout used, for the cost ledger: the Finish rollout state's transitions, the agent's
     # result object (a PUT the agent made into the run bucket), then below StartRollout's and
     # OnRolloutResult's measurements, the gateway's per turn, the ACR session, and this invocation's.
@@ -546,6 +556,7 @@ def finish(event: FinishEvent) -> dict[str, Any]:
         turns = _load_turns(rs, run.run_id, sid)
         for turn in turns:
             usage.add(_usage_of(turn.get("usage") if isinstance(turn, dict) else None))
+        turn_versions = turn_policy_versions(turns)
         behaviour = rollout_behaviour(turns)
         replay = replay_session(sid, turns, reward, max_context_tokens=cfg.max_context_tokens)
         # The reference keeps records with tokens only (rollout.py run_one_rollout).
@@ -572,9 +583,11 @@ def finish(event: FinishEvent) -> dict[str, Any]:
             **behaviour,  # num_turns, sampled_tokens, truncated_turns, ill_formed_turns, tool_calls
             duration_s=duration_s, policy_version=policy_version, usage=usage.add(own),
             records=[record_to_json(r) for r in records], turn_rewards=turn_rewards, turn_spans=turn_spans,
-            late=late,
+            late=late, group=batch.group, turn_versions=turn_versions or None,
+            first_turn_version=turn_versions[0] if turn_versions else None,
+            last_turn_version=max(turn_versions) if turn_versions else None,
         )
-        rs.put_json(rollout_key(run.run_id, batch.step, batch.generation_batch, key_sid, batch.kind),
+        rs.put_json(rollout_key(run.run_id, batch.step, batch.generation_batch, key_sid, batch.kind, **batch.folder),
                     rollout.model_dump(), bulk=True)
     out: dict[str, Any] = {"sid": key_sid, "reward": reward, "status": status, "records": len(records)}
     if late:

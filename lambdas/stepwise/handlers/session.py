@@ -27,13 +27,14 @@ from stepwise.aws import sagemaker, task_tokens
 from stepwise.aws.runstore import RunNotFound, RunOwnedElsewhere
 from stepwise.core import ledger
 from stepwise.core.ledger import count_parent_history, history_after
-from stepwise.core.phases import plan_eval_weights, plan_resume
+from stepwise.core.phases import plan_eval_weights, plan_initial_sampler, plan_resume
 from stepwise.core.sweeping import REFUSED, may_stop_session
 from stepwise.events import ContinueEvent, ExecutionStatusChange, RunEvent, StopEvent
 from stepwise.executions import ABNORMAL_END_STATUSES, continuation_name, execution_arn_of, resolve_run
 from stepwise.handlers import _leftovers
 from stepwise.handlers._common import (bind, drive, entrypoint, invocation_deadline, logger, now, poll_seconds,
                                        run_config, settings, sfn_client, store)
+from stepwise.handlers._groups import stop_groups
 from stepwise.handlers._leftovers import MARGIN_S
 from stepwise.handlers._run_end import run_end, write_run_summary
 from stepwise.handlers._run_end import tracking_status as _tracking_status  # noqa: F401 - tests read it here
@@ -82,9 +83,11 @@ def poll_session(event: RunEvent) -> dict[str, Any]:
             if cfg.eval_only:
                 arn = cfg.eval_model_package_arn
                 state = rs.update_state(run.run_id, lambda s: plan_eval_weights(s, arn), execution_arn=run.execution_arn)
-            else:
+            elif cfg.resume_from_model_package or state.checkpoints:
                 arn = cfg.resume_from_model_package
                 state = rs.update_state(run.run_id, lambda s: plan_resume(s, arn), execution_arn=run.execution_arn)
+            else:  # the group engine's first sampler: the base weights saved (plan_initial_sampler)
+                state = rs.update_state(run.run_id, plan_initial_sampler, execution_arn=run.execution_arn)
         state, _, _ = drive(run.run_id, run.execution_arn, ("resume", "resume_rebind"))
         if not state.resume_loaded:
             return {"ready": False, "status": "LoadingCheckpoint", "wait_seconds": poll_seconds()}
@@ -98,8 +101,9 @@ def stop_owned_session(execution_arn: str, execution_name: str, execution_input:
 
     In this order, so the end is recorded whatever happens to the clean-up (which grows with the run):
     1. StopTrainingSession (not for a session the run was refused: `stepwise.core.sweeping.REFUSED`);
-    2. hand the clean-up over (`stepwise.handlers._leftovers.hand_over`: the batches whose rollouts may
-       be in flight, retention ``best_and_last`` at a successful end);
+    2. with ``admission: group``, stop the running group executions (`stepwise.handlers._groups.stop_groups`:
+       no rollout starts after this), then hand the clean-up over (`stepwise.handlers._leftovers.hand_over`:
+       the batches and groups whose rollouts may be in flight, retention ``best_and_last`` at a successful end);
     3. the run's end in ``state.json`` (stopped, reason, the ledger's final report) and the run summary
        (``runs/{run_id}/summary.json``: its notification runs Track, which ends the tracking runs);
     4. the clean-up, in parallel, in the time this invocation has left (`stepwise.handlers._leftovers.work_off`);
@@ -135,9 +139,10 @@ def stop_owned_session(execution_arn: str, execution_name: str, execution_input:
     newest, events = task_tokens.history_since(sfn_client(), execution_arn, history_after(state))
     estimate = rs.get_json_or(estimate_key(run_id)) if reason == "finished" else None
     retention = reason == "finished" and cfg.keep_model_packages == "best_and_last" and not state.eval_only
+    groups = stop_groups(rs, run_id, reason=reason) if cfg.admission == "group" else []
     try:
         left = _leftovers.hand_over(rs, run_id, batches=[state.current_batch, state.ahead_batch], retention=retention,
-                                    reason=reason, deadline=deadline)
+                                    reason=reason, deadline=deadline, groups=groups)
     except Exception:  # noqa: BLE001 - the end must be recorded; rollouts then end at ACR's idle timeout
         logger.exception("could not record the run's leftovers")
         left = None

@@ -39,6 +39,7 @@ from stepwise.core import ledger
 from stepwise.core.sweeping import SweepConflict, mark_swept, run_of_session, sweep_verdict
 from stepwise.events import SweepEvent
 from stepwise.handlers import _leftovers
+from stepwise.handlers._groups import stop_groups
 from stepwise.handlers._common import (emit, entrypoint, invocation_deadline, logger, now, run_config, settings,
                                        sfn_client, store)
 from stepwise.handlers._run_end import write_run_summary
@@ -156,8 +157,9 @@ def record_swept_end(rs: Any, state: Any, cfg: Any, deadline: float) -> None:
     leftovers (worked off below), and the run summary (Track ends its tracking runs). Best effort:
     the session is stopped and the stop recorded already."""
     try:
+        groups = stop_groups(rs, state.run_id, reason=state.stop_reason or "swept") if cfg.admission == "group" else []
         _leftovers.hand_over(rs, state.run_id, batches=[state.current_batch, state.ahead_batch], retention=False,
-                             reason=state.stop_reason or "", deadline=time.monotonic())  # held by nobody
+                             reason=state.stop_reason or "", deadline=time.monotonic(), groups=groups)  # held by nobody
         write_run_summary(rs, state, cfg, reason=state.stop_reason or "execution ended",
                           execution_arn=state.owner_execution_arn, cost=state.ledger.final or {})
     except Exception:  # noqa: BLE001 - see above

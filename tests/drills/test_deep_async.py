@@ -1,0 +1,245 @@
+"""Drills of the group engine (``admission: group``, deep asynchrony) through the whole training loop: moto's
+Step Functions engine runs the real ASL (the training loop and one rollout-group execution per group) with
+the real handlers in-process, the SageMaker simulator counts every optimizer step, and a loopback agent
+plays ACR, its rollouts of some prompts slow (a straggler holds one slot, never the step).
+
+One local stack for the module; each run is tiny (8 prompts, batch_size 2 x 2 rollouts: 4 steps). They
+check what the issue asks of a run that stops, continues as a new execution, or resumes in the middle
+of deep asynchrony: no session left billing, no group trained twice, none skipped, nothing discarded, no
+trained rollout past ``max_staleness``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+
+import pytest
+
+from stepwise.executions import continuation_name
+from stepwise.layout import buffer_key, state_key, summary_key
+from tests.support.pipeline import FakeAgent, Stack, wait_execution as _wait
+
+BUCKET = "stepwise-deep-async-drill"
+PROMPTS = 8
+GROUPS = PROMPTS  # one epoch: every prompt one group
+
+
+#: Prompt p3's rollouts (group 3) end only when a drill opens this gate: the straggler of its batch.
+GATE = threading.Event()
+
+
+def _slow_prompts(body: dict) -> float:
+    """Group 3's rollouts wait for `GATE`; prompt p6's take 1.5 s, the others 0.2 s."""
+    if body.get("prompt") == "p3":
+        GATE.wait(120)
+    return 1.5 if body.get("prompt") == "p6" else 0.2
+
+
+@pytest.fixture(scope="module")
+def local():
+    stack = Stack(bucket=BUCKET)
+    agent = FakeAgent()
+    agent.result_delay = _slow_prompts
+    arns, sm_arn = stack.deploy(agent, "deepasync")
+    rows = [{"prompt": f"p{i}", "answer": str(i)} for i in range(PROMPTS)]
+    base = stack.config(dataset_path=stack.put_dataset("data/train.jsonl", rows), max_rollout_time=30,
+                        admission="group", max_staleness=2, sampling_steps_ahead=1, save_every=2, epochs=1,
+                        loss="cispo", clip_low_threshold=0.0, clip_high_threshold=2.0)
+    stack.sim.set_latency("forward_backward", 0.5)
+    yield stack, agent, sm_arn, base, arns
+    GATE.set()
+    agent.stop()
+    stack.stop()
+
+
+def _json(s3, key: str) -> dict:
+    return json.loads(s3.get_object(Bucket=BUCKET, Key=key)["Body"].read())
+
+
+def _get(s3, key: str) -> dict | None:
+    try:
+        return _json(s3, key)
+    except s3.exceptions.NoSuchKey:
+        return None
+
+
+def _optim(sim) -> int:
+    return sim.counters.get("optim_step", 0)
+
+
+def _consumed(s3, run_id: str, steps: int) -> list[int]:
+    """Every group id the steps' summaries say they trained (with repeats, if any)."""
+    return [g for s in range(steps) for g, _ in _json(s3, summary_key(run_id, s))["consumed_groups"]]
+
+
+def _group_executions(stack: Stack, run_id: str) -> list[dict]:
+    sfn = stack.moto.client("stepfunctions")
+    pages = sfn.get_paginator("list_executions").paginate(stateMachineArn=stack.group_state_machine_arn)
+    return [e for p in pages for e in p["executions"] if e["name"].startswith(run_id[:56])]
+
+
+def _wait_for(predicate, timeout: float = 120.0, what: str = "") -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = predicate()
+        if got:
+            return got
+        time.sleep(0.1)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def _no_billing(stack: Stack, agent: FakeAgent, run_id: str) -> None:
+    """Nothing of the run bills any more: its training session stopped, no ACR session of it active, no
+    group execution running."""
+    state = _json(stack.s3, state_key(run_id))
+    assert state["session_stopped"] and state["training_session_name"] not in stack.sim.running_sessions()
+    assert _wait_for(lambda: not agent.active_sessions(run_id) or None, 30, "the run's ACR sessions to stop") is None \
+        or not agent.active_sessions(run_id)
+    _wait_for(lambda: all(e["status"] != "RUNNING" for e in _group_executions(stack, run_id)) or None, 60,
+              "the run's group executions to end")
+
+
+@pytest.mark.e2e  # ~30 s: one tiny run
+def test_a_deep_async_run_trains_every_group_once_within_k_and_discards_nothing(local):
+    stack, agent, sm_arn, base, _ = local
+    sfn = stack.moto.client("stepfunctions")
+    run_id = f"deep-{uuid.uuid4().hex[:6]}"
+    before = _optim(stack.sim)
+    GATE.clear()
+    arn = sfn.start_execution(stateMachineArn=sm_arn, name=run_id, input=json.dumps(base))["executionArn"]
+    # the straggler (group 3) holds one slot, never the step: steps 0 and 1 train without it ...
+    _wait_for(lambda: (st := _get(stack.s3, state_key(run_id))) and st["step"] >= 2, 120, "steps 0 and 1")
+    held = _json(stack.s3, buffer_key(run_id))
+    assert any(g["id"] == 3 and g["status"] == "running" for g in held["groups"]), held["groups"]
+    # ... and step 2 waits for it (after step 2 it would be past max_staleness 2): pacing, not discarding
+    time.sleep(1.0)
+    assert _json(stack.s3, state_key(run_id))["step"] == 2
+    GATE.set()
+    d = _wait(sfn, arn)
+    assert d["status"] == "SUCCEEDED", d.get("cause")
+    state = _json(stack.s3, state_key(run_id))
+    assert (state["step"], state["policy_version"], state["finished"]) == (4, 4, True)
+    assert _optim(stack.sim) - before == 4  # each step applied once
+    assert sorted(_consumed(stack.s3, run_id, 4)) == list(range(GROUPS))  # none twice, none skipped
+    summaries = [_json(stack.s3, summary_key(run_id, s)) for s in range(4)]
+    for s in summaries:
+        assert s["staleness/past_k"] == 0 and s["staleness/max"] <= 2 and s["rollouts/discarded"] == 0
+        assert s["groups/trained"] == 2 and s["groups/forced"] == 0
+        assert sum(s[f"staleness/hist/{j}"] for j in range(3)) == 4  # every trained rollout counted
+    # group 3 trained in step 2, two versions after it sampled, with later groups trained before it
+    assert [g for g, _ in summaries[2]["consumed_groups"]].count(3) == 1 and summaries[2]["staleness/hist/2"] >= 2
+    assert max(_consumed(stack.s3, run_id, 2)) > 3
+    # every rollout record names the version of each of its turns, and the first counts
+    buffer = _json(stack.s3, buffer_key(run_id))
+    assert buffer["groups"] == [] and buffer["next_group"] == GROUPS and buffer["discarded_rollouts"] == 0
+    assert sim_sessions_stopped(stack, state)
+    _no_billing(stack, agent, run_id)
+
+
+def sim_sessions_stopped(stack: Stack, state: dict) -> bool:
+    return state["training_session_name"] not in stack.sim.running_sessions()
+
+
+@pytest.mark.e2e  # ~40 s: a stopped run
+def test_stop_in_the_middle_of_deep_async_stops_every_group_and_every_acr_session(local):
+    stack, agent, sm_arn, base, arns = local
+    sfn = stack.moto.client("stepfunctions")
+    run_id = f"deep-stop-{uuid.uuid4().hex[:6]}"
+    GATE.clear()  # group 3 stays in flight
+    arn = sfn.start_execution(stateMachineArn=sm_arn, name=run_id, input=json.dumps(base))["executionArn"]
+    # stop once step 1 trained with groups in flight (a slow prompt's among them)
+    _wait_for(lambda: (st := _get(stack.s3, state_key(run_id))) and st["step"] >= 1
+              and (b := _get(stack.s3, buffer_key(run_id))) and any(g["status"] == "running" for g in b["groups"]),
+              120, "step 1 with groups in flight")
+    assert agent.active_sessions(run_id), "the drill must stop the run with rollouts in flight"
+    sfn.stop_execution(executionArn=arn, cause="drill: operator stop in the middle of deep async")
+    d = _wait(sfn, arn, timeout=30)
+    assert d["status"] == "ABORTED"
+    event = {"source": "aws.states", "detail-type": "Step Functions Execution Status Change",
+             "detail": {"executionArn": arn, "name": run_id, "status": "ABORTED", "input": d.get("input")}}
+    resp = stack.moto.client("lambda").invoke(FunctionName=arns["Cleanup"], Payload=json.dumps(event).encode())
+    assert not resp.get("FunctionError"), resp["Payload"].read()
+    buffer = _json(stack.s3, buffer_key(run_id))
+    assert buffer["stopping"]
+    _no_billing(stack, agent, run_id)
+    GATE.set()
+    stopped = [e for e in _group_executions(stack, run_id) if e["status"] == "ABORTED"]
+    assert stopped, "the running groups' executions were stopped"
+
+
+@pytest.mark.e2e  # ~40 s: one step per execution
+def test_continue_as_new_hands_groups_in_flight_to_the_next_execution(local):
+    stack, agent, sm_arn, base, _ = local
+    sfn = stack.moto.client("stepfunctions")
+    run_id = f"deep-can-{uuid.uuid4().hex[:6]}"
+    GATE.set()
+    before = _optim(stack.sim)
+    cfg = {**base, "steps_per_execution": 1, "save_every": 0}
+    first = sfn.start_execution(stateMachineArn=sm_arn, name=run_id, input=json.dumps(cfg))["executionArn"]
+    assert _wait(sfn, first)["status"] == "SUCCEEDED"
+    # each execution runs one step and hands over; the groups it admitted run on under the next one
+    for segment in range(1, 8):
+        arn = f"{first.rsplit(':', 1)[0]}:{continuation_name(run_id, segment)}"
+        d = _wait_for(lambda: _describe(sfn, arn), 60, f"segment {segment}")
+        d = _wait(sfn, arn)
+        assert d["status"] == "SUCCEEDED", d.get("cause")
+        if _json(stack.s3, state_key(run_id))["finished"]:
+            break
+    state = _json(stack.s3, state_key(run_id))
+    assert (state["step"], state["finished"]) == (4, True) and state["segment"] >= 3
+    assert _optim(stack.sim) - before == 4
+    assert sorted(_consumed(stack.s3, run_id, 4)) == list(range(GROUPS))
+    # groups admitted under one execution were trained under a later one
+    buffer = _json(stack.s3, buffer_key(run_id))
+    assert buffer["groups"] == [] and buffer["discarded_rollouts"] == 0
+    _no_billing(stack, agent, run_id)
+
+
+def _describe(sfn, arn: str) -> dict | None:
+    try:
+        return sfn.describe_execution(executionArn=arn)
+    except sfn.exceptions.ExecutionDoesNotExist:
+        return None
+
+
+@pytest.mark.e2e  # ~60 s: a stopped run, then the resumed rest
+def test_resume_in_the_middle_of_deep_async_reuses_complete_groups_and_trains_each_once(local):
+    stack, agent, sm_arn, base, arns = local
+    sfn = stack.moto.client("stepfunctions")
+    run_id = f"deep-resume-{uuid.uuid4().hex[:6]}"
+    GATE.clear()  # group 3 stays in flight until the stop
+    arn = sfn.start_execution(stateMachineArn=sm_arn, name=run_id, input=json.dumps(base))["executionArn"]
+    # after the step-2 checkpoint, while step 2 waits or trains with groups in flight
+    _wait_for(lambda: (st := _get(stack.s3, state_key(run_id))) and st["step"] >= 2
+              and any(c["reason"] == "save_every" for c in st["checkpoints"])
+              and (b := _get(stack.s3, buffer_key(run_id))) and any(g["status"] == "running" for g in b["groups"]),
+              120, "step 2 after its checkpoint, groups in flight")
+    sfn.stop_execution(executionArn=arn, cause="drill: a failure in the middle of deep async")
+    d = _wait(sfn, arn, timeout=30)
+    event = {"source": "aws.states", "detail-type": "Step Functions Execution Status Change",
+             "detail": {"executionArn": arn, "name": run_id, "status": "ABORTED", "input": d.get("input")}}
+    resp = stack.moto.client("lambda").invoke(FunctionName=arns["Cleanup"], Payload=json.dumps(event).encode())
+    assert not resp.get("FunctionError"), resp["Payload"].read()
+    stopped = _json(stack.s3, state_key(run_id))
+    _no_billing(stack, agent, run_id)
+    (ckpt,) = [c for c in stopped["checkpoints"] if c["reason"] == "save_every"]
+    assert ckpt["step"] == 2 and ckpt["groups"] is not None and 3 in ckpt["groups"]["unconsumed"]
+    GATE.set()
+
+    before = _optim(stack.sim)
+    cont = {"continuation": {"run_id": run_id, "parent_execution_arn": arn, "segment": 1, "resume": True}}
+    second = sfn.start_execution(stateMachineArn=sm_arn, name=continuation_name(run_id, 1),
+                                 input=json.dumps(cont))["executionArn"]
+    d2 = _wait(sfn, second)
+    assert d2["status"] == "SUCCEEDED", d2.get("cause")
+    state = _json(stack.s3, state_key(run_id))
+    assert (state["step"], state["policy_version"], state["finished"]) == (4, 4, True)
+    assert _optim(stack.sim) - before == 2  # steps 2 and 3, once each, on the new session
+    # the final lineage (steps 0-1 before the checkpoint, 2-3 after the resume) trained every group once
+    assert sorted(_consumed(stack.s3, run_id, 4)) == list(range(GROUPS))
+    for s in range(4):
+        assert _json(stack.s3, summary_key(run_id, s))["staleness/past_k"] == 0
+    _no_billing(stack, agent, run_id)
