@@ -105,6 +105,19 @@ OVERLAP_BRANCH_CHOICES = {
     "Rebind in this branch?": "This step trained",
     "Next step's rollouts planned?": "Roll out the next step's generation batch",
 }
+#: ``admission: group``: a step's path (admit, wait for a batch of groups, advantages, admit, train, rebind).
+GROUP_STEP_CHOICES = {
+    "What comes next?": "Admit groups",
+    "Train the chosen groups?": "Submit training step",
+    "Training step done?": "Rebind sampler to new weights",
+    "Sampler rebound?": "Plan next action",
+}
+#: Per group (admission: group): its execution's own states besides its members' (the Map, the judge's
+#: place, Record group complete; `stepwise.handlers.advantages.GROUP_TRANSITIONS`), and its S3 requests:
+#: AdmitGroups' items and prompt PUTs, the buffer's read and conditional write at admission and at its
+#: record, its records read by RecordGroupComplete and its complete.json.
+GROUP_OWN_TRANSITIONS = 3
+S3_PER_GROUP = {"put": 5, "list": 2, "get": 4}
 
 
 @dataclass(frozen=True)
@@ -134,6 +147,8 @@ class Assumptions:
             seconds_per_turn``, plus ``agent_overhead_seconds`` to start and write the result).
         session_start_seconds: the training session's seconds before the first step (creation, waiting
             for Running, Init, the baseline eval), counted once per run.
+        rollout_sigma: the log-sd of a rollout's duration around ``agent_seconds`` (lognormal: a heavy
+            tail; 0 = every rollout alike): what the asynchrony model (`async_table`) draws from.
         handler_seconds: mean duration per invocation of each handler, seconds.
         judge_chars_per_member: characters of each member's part of the judged text (capped by the config's
             ``judge.include.max_member_chars``).
@@ -157,9 +172,11 @@ class Assumptions:
     agent_seconds: float | None = None
     agent_overhead_seconds: float = 2.0
     session_start_seconds: float = 300.0
+    rollout_sigma: float = 0.5
     handler_seconds: dict[str, float] = field(default_factory=lambda: {
         "PlanStep": 0.5, "StartRollout": 0.5, "OnRolloutResult": 0.15, "FinishRollout": 0.6,
-        "ComputeAdvantages": 2.0, "RecordEval": 1.0,
+        "ComputeAdvantages": 2.0, "RecordEval": 1.0, "AdmitGroups": 0.5, "AwaitGroups": 0.3,
+        "RecordGroupComplete": 0.6,
     })
     judge_chars_per_member: float = 2000.0
     judge_output_tokens_per_member: float = 40.0
@@ -262,9 +279,10 @@ def asl_step_counts(asl: dict[str, Any] | None = None) -> dict[str, int]:
         raise KeyError(f"the overlapped step's path does not reach {OVERLAP_PARALLEL!r}; update stepwise_cli.cost")
     for branch in states[OVERLAP_PARALLEL]["Branches"]:
         overlapped += _walk(branch["States"], branch["StartAt"], OVERLAP_BRANCH_CHOICES, "")
+    group = _walk(states, STEP_START, GROUP_STEP_CHOICES, STEP_START)
     return {"train_step": len(train), "eval_batch": len(evals), "generation_batch": len(gen),
             "train_poll": loops["train_poll"], "rebind_poll": loops["rebind_poll"], "rollout_child": len(child),
-            "overlapped_step": len(overlapped), "judge": len(judge)}
+            "overlapped_step": len(overlapped), "judge": len(judge), "group_step": len(group)}
 
 
 # ---------------------------------------------------------------------------- the estimate
@@ -510,15 +528,27 @@ def estimate(cfg: RunConfig, a: Assumptions | None = None, *, total_steps: int |
     def step(gen_batches: float) -> Usage:
         u = Usage()
         batch(u, flow, gen_batches)
-        # the step's fixed path (overlapped steps take the Parallel's, and one more PlanStep: the
-        # plan ahead), and the extra generation batches' part of it
-        f = overlapped_fraction(cfg) if cfg.max_staleness >= 1 else 0.0
-        u.state_transitions += (f * counts["overlapped_step"] + (1 - f) * counts["train_step"]
-                                + counts["generation_batch"] * (gen_batches - 1))
-        u.lambda_call(mem["PlanStep"], a.handler_seconds["PlanStep"], times=gen_batches + f)
-        u.lambda_call(mem["ComputeAdvantages"], a.handler_seconds["ComputeAdvantages"]
-                      + rollouts_per_batch * a.advantages_seconds_per_rollout, times=gen_batches)
-        u.s3(S3_PER_GENERATION_BATCH, times=gen_batches)
+        if cfg.admission == "group":
+            # the group engine's step path, and each group's own execution, admission and record
+            groups = cfg.batch_size * gen_batches
+            u.state_transitions += counts["group_step"] + GROUP_OWN_TRANSITIONS * groups
+            u.lambda_call(mem["PlanStep"], a.handler_seconds["PlanStep"])
+            u.lambda_call(mem["AdmitGroups"], a.handler_seconds["AdmitGroups"], times=2)
+            u.lambda_call(mem["AwaitGroups"], a.handler_seconds["AwaitGroups"])
+            u.lambda_call(mem["RecordGroupComplete"], a.handler_seconds["RecordGroupComplete"], times=groups)
+            u.lambda_call(mem["ComputeAdvantages"], a.handler_seconds["ComputeAdvantages"]
+                          + rollouts_per_batch * gen_batches * a.advantages_seconds_per_rollout)
+            u.s3(S3_PER_GENERATION_BATCH).s3(S3_PER_GROUP, times=groups)
+        else:
+            # the step's fixed path (overlapped steps take the Parallel's, and one more PlanStep: the
+            # plan ahead), and the extra generation batches' part of it
+            f = overlapped_fraction(cfg) if cfg.max_staleness >= 1 else 0.0
+            u.state_transitions += (f * counts["overlapped_step"] + (1 - f) * counts["train_step"]
+                                    + counts["generation_batch"] * (gen_batches - 1))
+            u.lambda_call(mem["PlanStep"], a.handler_seconds["PlanStep"], times=gen_batches + f)
+            u.lambda_call(mem["ComputeAdvantages"], a.handler_seconds["ComputeAdvantages"]
+                          + rollouts_per_batch * a.advantages_seconds_per_rollout, times=gen_batches)
+            u.s3(S3_PER_GENERATION_BATCH, times=gen_batches)
         if cfg.judge is not None:  # the "Judge groups" state, its function and reads, per generation batch
             u.state_transitions += counts["judge"] * gen_batches  # "Judge groups" and "Groups judged?"
             groups = cfg.batch_size * gen_batches
@@ -548,6 +578,10 @@ def estimate(cfg: RunConfig, a: Assumptions | None = None, *, total_steps: int |
     per_step = step(gen)
     upper = step(float(cfg.max_num_gen_batches)) if cfg.algorithm == "dapo" else per_step
     sessions = {str(m): session_per_step(cfg, a, m, gen, flow=flow) for m in (0, 1)}
+    table = async_table(cfg, a, turns)
+    this = next((r for r in table if r["this_config"]), None)
+    session_hours = (this["session_hours_per_step"] if cfg.admission == "group" and this is not None
+                     else sessions[str(min(cfg.max_staleness, 1))]["session_hours"])
     # each rollout's ACR session lasts as long as it is in flight (the ledger counts invoke to stop)
     acr_seconds = rollouts_per_batch * gen * flow.latency
     if eval_flow is not None:
@@ -562,19 +596,62 @@ def estimate(cfg: RunConfig, a: Assumptions | None = None, *, total_steps: int |
         "usage_per_step": asdict(per_step),
         "usd_per_step": per_step.dollars(),
         "usd_per_step_upper": upper.dollars(),
-        "parts_per_step": parts(cfg, per_step, sessions[str(min(cfg.max_staleness, 1))]["session_hours"],
-                                acr_seconds, judge_per_step(cfg, a, gen)),
+        "parts_per_step": parts(cfg, per_step, session_hours, acr_seconds, judge_per_step(cfg, a, gen)),
         "prices_as_of": PRICES_AS_OF,
         "region": REGION,
         # both modes, whatever the config says: what overlapping would save (or does)
         "session_per_step": sessions,
         "max_staleness": cfg.max_staleness,
+        # what deep asynchrony would be worth on this config (a discrete-event model, `async_table`)
+        "asynchrony": table,
     }
     if total_steps is not None:
         out["total_steps"] = total_steps
         out["usd_per_run"] = {k: v * total_steps for k, v in out["usd_per_step"].items()}
         out["run"] = run_totals(cfg, out["parts_per_step"], total_steps, a)
     return out
+
+
+#: The arms of the asynchrony table: (arm, engine, d, k), the benchmark's (``benchmarks/async_depth.py``).
+ASYNC_ARMS = (("sync", "sync", 0, 0), ("overlap", "overlap", 0, 1), ("d1k2", "group", 1, 2), ("d2k3", "group", 2, 3))
+#: Steps the asynchrony model simulates per arm (the first, a cold start for every arm, is left out).
+ASYNC_MODEL_STEPS = 20
+
+
+def async_table(cfg: RunConfig, a: Assumptions, turns: float | None = None) -> list[dict[str, Any]]:
+    """Per arm (`ASYNC_ARMS`, and this config's own group engine when it uses one), what the discrete-event
+    model (`stepwise_cli.asyncmodel`) predicts for a step: its wall seconds, the session's busy fraction, its
+    session-hours, the ratio to ``sync``, and the mean staleness of what it trains.
+
+    Rollouts last ``agent_seconds`` on average, lognormal with log-sd ``rollout_sigma``; the session trains
+    ``train_seconds``, rebinds ``rebind_seconds``; ``orchestration_seconds`` between. DAPO's extra
+    generation batches are not modelled (one batch a step)."""
+    from stepwise_cli.asyncmodel import Timing, lognormal_durations, simulate
+
+    turns = min(a.turns_per_rollout, float(cfg.max_turns_per_rollout)) if turns is None else turns
+    durations = lognormal_durations(mean_s=agent_seconds(a, turns), sigma=a.rollout_sigma, seed=cfg.seed,
+                                    group_size=cfg.responses_per_prompt)
+    timing = Timing(train_s=a.train_seconds, rebind_s=a.rebind_seconds, orchestration_s=a.orchestration_seconds)
+    arms = list(ASYNC_ARMS)
+    mine = (f"d{cfg.steps_ahead}k{cfg.max_staleness}", "group", cfg.steps_ahead, cfg.max_staleness)
+    if cfg.admission == "group" and mine[0] not in {x[0] for x in arms}:
+        arms.append(mine)
+    rows = []
+    for arm, kind, d, k in arms:
+        r = simulate(kind, steps=ASYNC_MODEL_STEPS, batch_size=cfg.batch_size, group_size=cfg.responses_per_prompt,
+                     durations=durations, timing=timing, steps_ahead=d, max_staleness=k,
+                     max_in_flight=cfg.rollouts_in_flight_cap if kind == "group" else None)
+        this = (arm == mine[0] and cfg.admission == "group") or (
+            cfg.admission == "batch" and arm == ("overlap" if cfg.max_staleness >= 1 else "sync"))
+        rows.append({"arm": arm, "engine": kind, "sampling_steps_ahead": d, "max_staleness": k,
+                     "s_per_step": r.s_per_step, "busy_fraction": r.busy_fraction,
+                     "session_hours_per_step": r.s_per_step / 3600,
+                     "mean_staleness": sum(r.staleness_G) / len(r.staleness_G) if r.staleness_G else 0.0,
+                     "this_config": this})
+    sync = rows[0]["s_per_step"]
+    for row in rows:
+        row["ratio_to_sync"] = row["s_per_step"] / sync if sync else 0.0
+    return rows
 
 
 def agent_seconds(a: Assumptions, turns: float) -> float:

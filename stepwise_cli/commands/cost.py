@@ -43,6 +43,7 @@ ASSUMPTION_FLAGS = (
     ("judge_chars_per_member", "characters of each rollout's judged text (a config with a judge)"),
     ("judge_output_tokens_per_member", "tokens of the judge's answer per rollout"),
     ("judge_attempts_per_group", "the judge's answers read per group (1 = always valid the first time)"),
+    ("rollout_sigma", "log-sd of a rollout's duration (lognormal; the asynchrony model's heavy tail)"),
 )
 
 
@@ -148,7 +149,22 @@ def format_estimate(est: dict[str, Any]) -> str:
         usd = f"  ${sess['session_hours'] * price:.4f}" if price is not None else ""
         lines.append(f"  {name:<29} {sess['wall_seconds']:>7.1f} s wall, {sess['idle_seconds']:>6.1f} s idle, "
                      f"{sess['session_hours']:.4f} session-hours{usd}{mark}")
+    lines.extend(format_asynchrony(est, price))
     return "\n".join(lines)
+
+
+def format_asynchrony(est: dict[str, Any], price: float | None) -> list[str]:
+    """The asynchrony model's table (`stepwise_cli.cost.async_table`): each arm's step time and the share
+    of it the session is busy, what a user pays for."""
+    a = est["assumptions"]
+    lines = [f"asynchrony (a discrete-event model: rollouts {a['agent_seconds']:g} s on average, lognormal "
+             f"log-sd {a['rollout_sigma']:g}; a group ends with its slowest rollout; docs/operating.md):"]
+    for row in est.get("asynchrony", []):
+        usd = f"  ${row['session_hours_per_step'] * price:.4f}/step" if price is not None else ""
+        mark = "  <- this config" if row["this_config"] else ""
+        lines.append(f"  {row['arm']:<8} {row['s_per_step']:>7.1f} s/step ({row['ratio_to_sync']:.2f}x sync), session "
+                     f"busy {row['busy_fraction']:>4.0%}, staleness {row['mean_staleness']:.1f}{usd}{mark}")
+    return lines
 
 
 def format_parts(est: dict[str, Any]) -> list[str]:
