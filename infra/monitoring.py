@@ -51,6 +51,12 @@ STALENESS_MEAN = "staleness/mean"
 STALENESS_MAX = "staleness/max"
 SESSION_BUSY = "time/session_busy"
 SESSION_IDLE = "time/session_idle"
+#: Deep asynchrony (admission group; stepwise.core.groups): the share of each step's wall time the
+#: session is busy (what a user pays for), the trainer's wait for data and for stale groups, and the two
+#: figures that must stay 0 (a trained rollout past max_staleness, a rollout discarded).
+SESSION_BUSY_FRACTION = "session/busy_fraction"
+TRAINER_WAIT = ("time/trainer_wait_data", "time/trainer_wait_stale")
+MUST_STAY_ZERO = ("staleness/past_k", "rollouts/discarded")
 #: The cost ledger (stepwise.core.ledger.close_step): the run's total and the step's cost in USD, by
 #: part, and the training session's hours so far (emitted by Rebind, or ComputeAdvantages for a skipped step).
 COST_TOTAL = "cost/total_usd"
@@ -225,6 +231,14 @@ class Monitoring(Construct):
                            left=[per_run(TIME_TRAIN, "Average"), per_run(TIME_TRAIN, "Maximum")],
                            right=[functions[n].metric_duration(statistic="p95") for n in ("SubmitTrain", "PollOperation", "Rebind") if n in functions],
                            width=6),
+        )
+        self.dashboard.add_widgets(
+            cw.GraphWidget(title="Deep asynchrony: session busy fraction (left), trainer wait for data / stale "
+                                 "groups (s, right)",
+                           left=[per_run(SESSION_BUSY_FRACTION)], right=[per_run(n) for n in TRAINER_WAIT],
+                           left_y_axis=cw.YAxisProps(min=0, max=1), width=12),
+            cw.GraphWidget(title="Must stay 0: trained rollouts past max_staleness, rollouts discarded",
+                           left=[per_run(n, "Sum") for n in MUST_STAY_ZERO], width=12),
         )
         # What the run has cost so far and what each step cost, by part (the cost ledger), beside the
         # training session's hours: what the budget limits (max_cost_usd, max_session_hours) bound.

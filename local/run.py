@@ -541,6 +541,28 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_verbose(parser)
 
 
+def simulator_latency_options(latency: list[str]) -> dict[str, Any] | None:
+    """``--simulator-latency OP=SECONDS`` values as the simulator's options (``{"latency": {op: seconds}}``; None
+    when none is given): the seconds the training-session simulator adds to each operation of that kind.
+
+    Raises:
+        UsageError: an item that is not ``OP=SECONDS`` with a number of seconds >= 0.
+    """
+    from stepwise_cli.grammar import UsageError
+
+    out: dict[str, float] = {}
+    for item in latency:
+        op, sep, value = item.partition("=")
+        try:
+            seconds = float(value)
+        except ValueError:
+            seconds = -1.0
+        if not sep or not op or seconds < 0:
+            raise UsageError(f"--simulator-latency expects OP=SECONDS, got {item!r}")
+        out[op] = seconds
+    return {"latency": out} if out else None
+
+
 def run(args: argparse.Namespace) -> int:
     """`stepwise start --local` (old spelling ``stepwise run-local``). A config that cannot run, a usage error or an
     agent folder that cannot be used reach `stepwise_cli.main`, which reports them for every command."""
@@ -558,7 +580,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = run_local(Path(args.config), run_id=args.run_id, out_root=args.runs_dir, progress=not args.no_progress,
                            timeout=args.timeout, overrides=parse_sets(args.set), acr_faults=parse_acr_faults(args.acr_fault),
-                           mirror_s3=args.mirror_s3, quiet=not args.verbose, agent=args.agent)
+                           mirror_s3=args.mirror_s3, quiet=not args.verbose, agent=args.agent,
+                           simulator_options=simulator_latency_options(getattr(args, "simulator_latency", [])))
     except (AgentNotStarted, FileNotFoundError, RunFolderExists) as exc:
         print(f"stepwise start --local: {exc}", file=sys.stderr)
         return 2

@@ -288,6 +288,12 @@ def asl_step_counts(asl: dict[str, Any] | None = None) -> dict[str, int]:
 # ---------------------------------------------------------------------------- the estimate
 
 
+def handler_seconds(a: Assumptions, name: str) -> float:
+    """A handler's mean seconds per invocation: the assumptions', else the default assumptions' (a set of
+    assumptions written before the handler existed)."""
+    return a.handler_seconds.get(name, Assumptions().handler_seconds[name])
+
+
 def poll_rounds(op_seconds: float, a: Assumptions) -> int:
     """Wait/Poll rounds an operation of ``op_seconds`` takes: the submit polls inline for
     ``inline_wait_seconds``, then each round waits ``poll_seconds`` and polls inline again."""
@@ -532,11 +538,11 @@ def estimate(cfg: RunConfig, a: Assumptions | None = None, *, total_steps: int |
             # the group engine's step path, and each group's own execution, admission and record
             groups = cfg.batch_size * gen_batches
             u.state_transitions += counts["group_step"] + GROUP_OWN_TRANSITIONS * groups
-            u.lambda_call(mem["PlanStep"], a.handler_seconds["PlanStep"])
-            u.lambda_call(mem["AdmitGroups"], a.handler_seconds["AdmitGroups"], times=2)
-            u.lambda_call(mem["AwaitGroups"], a.handler_seconds["AwaitGroups"])
-            u.lambda_call(mem["RecordGroupComplete"], a.handler_seconds["RecordGroupComplete"], times=groups)
-            u.lambda_call(mem["ComputeAdvantages"], a.handler_seconds["ComputeAdvantages"]
+            u.lambda_call(mem["PlanStep"], handler_seconds(a, "PlanStep"))
+            u.lambda_call(mem["AdmitGroups"], handler_seconds(a, "AdmitGroups"), times=2)
+            u.lambda_call(mem["AwaitGroups"], handler_seconds(a, "AwaitGroups"))
+            u.lambda_call(mem["RecordGroupComplete"], handler_seconds(a, "RecordGroupComplete"), times=groups)
+            u.lambda_call(mem["ComputeAdvantages"], handler_seconds(a, "ComputeAdvantages")
                           + rollouts_per_batch * gen_batches * a.advantages_seconds_per_rollout)
             u.s3(S3_PER_GENERATION_BATCH).s3(S3_PER_GROUP, times=groups)
         else:

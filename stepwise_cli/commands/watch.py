@@ -134,6 +134,25 @@ def step_line(step: int, summary: dict[str, Any], cfg: dict[str, Any] | None, wa
     return line
 
 
+def async_line(summary: dict[str, Any]) -> str | None:
+    """Under a step of the group engine (``admission: group``), its asynchrony: the session's busy fraction
+    (what the session bills for, it is busy only while it trains), the trained rollouts by staleness
+    (``staleness/hist/0..k``, and any past k), the trainer's wait for data and for stale groups, the buffer,
+    the groups in flight and the rollouts discarded (must stay 0). None for another step."""
+    hist = sorted((int(k.rsplit("/", 1)[-1]), v) for k, v in summary.items() if k.startswith("staleness/hist/"))
+    if not hist:
+        return None
+    busy = metric(summary, "session/busy_fraction")
+    past = metric(summary, "staleness/past_k") or 0
+    parts = [f"busy {fmt(busy and 100 * busy, '.0f')}%",
+             "staleness " + "/".join(f"{v:g}" for _, v in hist) + f" (0..{hist[-1][0]})" + (f", {past:g} past k" if past else ""),
+             f"wait data {fmt(metric(summary, 'time/trainer_wait_data'), '.1f')} s, stale "
+             f"{fmt(metric(summary, 'time/trainer_wait_stale'), '.1f')} s",
+             f"buffer {fmt(metric(summary, 'groups/buffer_depth'), 'g')}, in flight {fmt(metric(summary, 'groups/in_flight'), 'g')}",
+             f"discarded {fmt(metric(summary, 'rollouts/discarded'), 'g')}"]
+    return "       async: " + "; ".join(parts)
+
+
 def budget_warnings(state: dict[str, Any]) -> list[str]:
     """One line per budget limit the run has warned about (``state.json``'s ``ledger.warned``), with the
     figures of its last check (``ledger.checks``, `stepwise.core.stopping.budget_checks`)."""
@@ -234,6 +253,8 @@ class Watcher(RunFollower):
                 prev = self.cache.written.get(("steps", step - 1))
                 wall = (self.cache.written[(kind, step)] - prev).total_seconds() if prev else None
                 self._print(step_line(step, self.cache.steps[step], self.cfg, wall))
+                if (extra := async_line(self.cache.steps[step])) is not None:
+                    self._print(extra)
             else:
                 self._print(eval_line(step, self.cache.evals[step]))
             self._seen.add((kind, step))

@@ -293,6 +293,8 @@ def test_advantages_read_times_both_reads_and_counts_every_get(tmp_path: Path, c
     assert [r["latency_ms"] for r in rows] == [0.0, 5.0]
     for r in rows:
         assert r["before"]["gets_counted"] == r["after"]["gets_counted"] == 12
+
+
 def test_judge_toy_reads_a_run_folder_and_measures_the_judge_against_the_answer_key(tmp_path: Path) -> None:
     """benchmarks/judge_toy.py on a one-step run folder laid out as run-local leaves it: one group of two, the
     judge right about one member and wrong about the other."""
@@ -340,3 +342,34 @@ def test_toy_run_profile_names_each_process_and_prints_the_parts_per_step() -> N
                       "cpu_seconds": {"gateway": 4.0}})
     assert "| Track | 3 (0 errors) | 4.00 |" in text and "| gateway | 4.0 | 2.00 |" in text
     assert "2 throttled" in text and "rollouts 4.00" in text
+
+
+def test_async_depth_reads_a_run_and_predicts_with_the_agent_s_own_durations(tmp_path: Path) -> None:
+    """benchmarks/async_depth.py's pure parts: a run's metrics.jsonl measured (its cold first step left
+    out), and the model's ratios fed the sleepy agent's very durations."""
+    from benchmarks import async_depth
+
+    run = tmp_path / "r"
+    run.mkdir()
+    rows = [{"kind": "train", "step": s, "decision": "train", "time/step_wall": 30.0 if s == 0 else 10.0,
+             "time/session_busy": 8.0, "staleness/hist/0": 8.0, "staleness/hist/1": 8.0, "staleness/max": 1,
+             "sampler/mean_reward": 0.1 * s, "sampler/num_rollouts": 16, "rollouts/discarded": 0.0} for s in range(5)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    m = async_depth.measure(run)
+    assert m["s_per_step"] == 10.0 and m["session_busy"] == pytest.approx(0.8)
+    assert m["staleness_hist"] == {"0": 40.0, "1": 40.0} and m["max_staleness_seen"] == 1
+    assert m["mean_reward_last"] == pytest.approx(0.3) and m["discarded"] == 0.0
+    setting = async_depth.SETTINGS["rollout"]
+    sync = [{**m, "arm": "sync", "seed": 0, "s_per_step": 60.0, "session_busy_step": 9.0}]
+    ratios = async_depth.predicted_ratios(setting, ["sync", "overlap", "d2k3-cispo"], sync, steps=6)
+    assert ratios["sync"] == 1.0 and ratios["d2k3-cispo"] < ratios["overlap"] <= 1.0
+    table = async_depth.summarize([{**sync[0]}, {**m, "arm": "d2k3-cispo", "seed": 0}], setting,
+                                  ["sync", "d2k3-cispo"], steps=6)
+    assert [r["arm"] for r in table] == ["sync", "d2k3-cispo"] and table[1]["ratio_to_sync"] == pytest.approx(10 / 60)
+    assert "d2k3-cispo" in async_depth.format_table(table)
+    # the sleepy agent's durations are a function of the prompt and the rollout's place only
+    from local.agents.sleepy_agent import turn_seconds
+
+    a = turn_seconds("What digit comes after 7?", "s0g0p1", 2, 0, mean_s=4.0, sigma=1.0, seed="0")
+    assert a == turn_seconds("What digit comes after 7?", "s0g0p1", 2, 0, mean_s=4.0, sigma=1.0, seed="0") > 0
+    assert a != turn_seconds("What digit comes after 7?", "s0g0p1", 3, 0, mean_s=4.0, sigma=1.0, seed="0")

@@ -217,6 +217,8 @@ def test_invokes_over_the_rate_limit_are_refused_and_retried_more_as_the_burst_o
     assert cost.refused_invokes(1024, 200, 250.0, 25.0, retry) == 0.0
     est = cost.estimate(load_run_config({**BASE, "batch_size": 64, "responses_per_prompt": 8, "acr_tps_limit": 5}))
     assert est["flow"]["refused"] > 0
+
+
 def test_the_judge_s_share_is_projected_per_group_and_priced(capsys):
     base = load_run_config(BASE)
     judged = load_run_config({**BASE, "judge": {"model_id": "us.amazon.nova-micro-v1:0", "rubric": "x" * 400}})
@@ -242,6 +244,8 @@ _units = st.floats(min_value=0, max_value=1e7, allow_nan=False, allow_infinity=F
 @given(gb_s=_units, requests=st.integers(0, 10_000_000), transitions=st.integers(0, 10_000_000),
        puts=st.integers(0, 10_000_000), gets=st.integers(0, 10_000_000), hours=_units, acr_s=_units,
        usd_per_hour=st.one_of(st.none(), st.floats(0, 100)))
+
+
 def test_the_estimate_prices_units_as_the_ledger_does(gb_s, requests, transitions, puts, gets, hours, acr_s,
                                                       usd_per_hour):
     """One pricing function (`stepwise.core.ledger.price`) serves the ledger and the estimate: the same units
@@ -263,3 +267,46 @@ def test_the_estimate_prices_units_as_the_ledger_does(gb_s, requests, transition
     stack = cost.Usage(lambda_gb_seconds=gb_s, lambda_requests=requests, state_transitions=transitions,
                        s3_put_class=puts, s3_get_class=gets).dollars()
     assert stack["total"] == pytest.approx(measured["stack"], rel=1e-12, abs=1e-12)
+
+
+# ---------------------------------------------------------------------------- asynchrony (stepwise_cli.asyncmodel)
+
+
+def test_the_asynchrony_model_reproduces_sync_at_d0k0_and_never_trains_past_k():
+    from stepwise_cli.asyncmodel import Timing, lognormal_durations, simulate
+
+    durations = lognormal_durations(mean_s=80, sigma=0.6, seed=1, group_size=8)
+    timing = Timing(train_s=120, rebind_s=10, orchestration_s=5)
+    runs = {name: simulate(kind, steps=12, batch_size=8, group_size=8, durations=durations, timing=timing,
+                           steps_ahead=d, max_staleness=k)
+            for name, kind, d, k in (("sync", "sync", 0, 0), ("overlap", "overlap", 0, 1), ("d0k0", "group", 0, 0),
+                                     ("d1k2", "group", 1, 2), ("d2k3", "group", 2, 3))}
+    assert runs["d0k0"].step_seconds == pytest.approx(runs["sync"].step_seconds)  # the same loop
+    # a heavy tail: every engine that overlaps is faster, the deepest the most, and busier
+    s = {k: r.s_per_step for k, r in runs.items()}
+    assert s["d2k3"] < s["d1k2"] < s["overlap"] < s["sync"]
+    assert runs["d2k3"].busy_fraction > 0.8 > runs["sync"].busy_fraction
+    assert s["d2k3"] >= timing.train_s + timing.rebind_s  # never faster than the session can train
+    for name, k in (("d1k2", 2), ("d2k3", 3)):
+        assert max(runs[name].staleness_G) <= k
+    # the same group gets the same durations in every engine
+    assert durations(7) == lognormal_durations(mean_s=80, sigma=0.6, seed=1, group_size=8)(7)
+
+
+def test_stepwise_cost_prints_what_asynchrony_is_worth(tmp_path, capsys):
+    cfg = tmp_path / "run.json"
+    cfg.write_text(json.dumps({**BASE, "batch_size": 8, "responses_per_prompt": 8, "admission": "group",
+                               "max_staleness": 3, "sampling_steps_ahead": 2, "acr_tps_limit": 125}))
+    assert main(["cost", str(cfg), "--steps", "10", "--turns-per-rollout", "8", "--seconds-per-turn", "10",
+                 "--train-seconds", "120", "--session-usd-per-hour", "40"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line for line in out.split("asynchrony (")[1].splitlines()[1:] if line.strip()}
+    assert set(rows) == {"sync", "overlap", "d1k2", "d2k3"} and rows["d2k3"].endswith("<- this config")
+    est = cost.estimate(load_run_config(json.loads(cfg.read_text())),
+                        cost.Assumptions(turns_per_rollout=8, seconds_per_turn=10, train_seconds=120))
+    table = {r["arm"]: r for r in est["asynchrony"]}
+    assert table["sync"]["ratio_to_sync"] == 1.0 and table["d2k3"]["ratio_to_sync"] < table["overlap"]["ratio_to_sync"] < 1
+    # this config's session-hours per step are the model's for its own arm
+    assert est["parts_per_step"]["session_hours"] == pytest.approx(table["d2k3"]["session_hours_per_step"])
+    # its state transitions follow the group engine's path, one own execution per group
+    assert est["usage_per_step"]["state_transitions"] > cost.estimate(load_run_config(BASE))["usage_per_step"]["state_transitions"]

@@ -136,5 +136,6 @@ def test_rebind_reports_how_long_the_session_was_busy_and_idle():
     s = state(step=1, phase="rebind", step_started_at=90.0, last_rebound_at=100.0, train_started_at=103.0,
               pending=[PendingOperation(name="load_weights_for_sampling", kind="sampling", argument="arn:w")])
     complete_phase(s, now=lambda: 110.0)
-    assert s.step_metrics == {"time/session_busy": 7.0, "time/session_idle": 3.0, "time/step_wall": 10.0}
+    assert s.step_metrics == {"time/session_busy": 7.0, "time/session_idle": 3.0, "time/step_wall": 10.0,
+                              "session/busy_fraction": 0.7}
     assert (s.step, s.last_rebound_at, s.train_started_at) == (2, 110.0, None)

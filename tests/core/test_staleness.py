@@ -74,8 +74,43 @@ def test_roll_out_ahead_blockers():
 def test_session_time_splits_the_step_wall_into_busy_and_idle():
     # sequential step: 10 s of rollouts after the previous rebind, then 4 s of training + rebind
     assert session_time_metrics(train_started_at=110.0, rebound_at=114.0, previous_end=100.0) == {
-        "time/session_busy": 4.0, "time/session_idle": 10.0, "time/step_wall": 14.0}
+        "time/session_busy": 4.0, "time/session_idle": 10.0, "time/step_wall": 14.0,
+        "session/busy_fraction": pytest.approx(4 / 14)}
     # overlapped step: the rollouts ran during the previous step's training; 1 s between
     m = session_time_metrics(train_started_at=101.0, rebound_at=105.0, previous_end=100.0)
     assert m["time/session_idle"] == 1.0 and m["time/step_wall"] == 5.0
     assert session_time_metrics(train_started_at=1.0, rebound_at=3.0, previous_end=None) == {"time/session_busy": 2.0}
+
+
+def test_loss_outputs_are_summed_by_staleness_bucket():
+    """The service's per-datum lossFnOutputs (the policy's logprobs) against the datum's sampler logprobs:
+    KL (k1, log q - log p) and the clip fraction per staleness bucket, weighted tokens only."""
+    import math
+
+    from stepwise.core.staleness import loss_outputs_by_staleness, staleness_loss_metrics
+
+    def datum(logq, weights):
+        return {"lossFnInputs": {"logprobs": {"data": logq}, "weights": {"data": weights}}}
+
+    datums = [datum([-1.0, -1.0, -2.0], [0, 1, 1]), datum([-1.0], [1]), datum([-3.0, -0.5], [1, 1])]
+    outputs = [{"logprobs": {"data": [-5.0, -1.0, -1.0]}}, {"logprobs": {"data": [-1.0]}},
+               {"logprobs": {"data": [-1.0, -0.5]}}]
+    parts = loss_outputs_by_staleness(datums, outputs, [0, 0, 2], (0.8, 1.2))
+    # bucket 0: tokens (q=-1, p=-1) and (q=-2, p=-1): kl 0 + (-1); ratio e^1 clipped; then (q=-1, p=-1)
+    assert parts["0"] == pytest.approx([-1.0, 1.0, 3.0])
+    assert parts["2"] == pytest.approx([-2.0, 1.0, 2.0])  # (q=-3, p=-1): ratio e^2 clipped; (-0.5, -0.5)
+    m = staleness_loss_metrics([parts, {"2": [1.0, 0.0, 2.0]}])
+    assert m == pytest.approx({"train/kl_staleness_0": -1 / 3, "train/clipfrac_staleness_0": 1 / 3,
+                               "train/kl_staleness_2": -0.25, "train/clipfrac_staleness_2": 0.25})
+    # a datum whose shapes do not match its output is left out, never raised
+    assert loss_outputs_by_staleness([datum([-1.0], [1])], [{"logprobs": {"data": [1, 2]}}], [1], (0.8, 1.2)) == {}
+    assert math.isfinite(loss_outputs_by_staleness([datum([-200.0], [1])], [{"logprobs": {"data": [0.0]}}], [0],
+                                                   (0.8, 1.2))["0"][1])
+
+
+def test_busy_fraction_is_busy_over_wall():
+    from stepwise.core.staleness import session_time_metrics
+
+    m = session_time_metrics(train_started_at=10.0, rebound_at=14.0, previous_end=6.0)
+    assert m["session/busy_fraction"] == pytest.approx(0.5) and m["time/step_wall"] == 8.0
+    assert "session/busy_fraction" not in session_time_metrics(train_started_at=1.0, rebound_at=2.0, previous_end=None)

@@ -583,7 +583,10 @@ def test_dashboard_graphs_the_staleness_and_session_time_the_handlers_emit(defau
     emitted = set(staleness_metrics([3, 2], 3)) | set(session_time_metrics(train_started_at=1.0, rebound_at=2.0,
                                                                               previous_end=0.0))
     graphed = {name for name in emitted if name in body}
-    assert graphed == {"staleness/mean", "staleness/max", "time/session_busy", "time/session_idle"}, graphed
+    assert graphed == {"staleness/mean", "staleness/max", "time/session_busy", "time/session_idle",
+                       "session/busy_fraction"}, graphed
+    for name in ("time/trainer_wait_data", "time/trainer_wait_stale", "staleness/past_k", "rollouts/discarded"):
+        assert name in body, name  # deep asynchrony (admission group)
 
 
 def test_dashboard_graphs_the_cost_ledger_the_handlers_emit(default_app):
