@@ -25,7 +25,7 @@ os.environ.setdefault("JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION", "1")
 
 from tests.support.pipeline import FakeAgent, Stack  # noqa: E402
 
-pytestmark = pytest.mark.e2e  # a whole (tiny) training run: about 35 s
+pytestmark = pytest.mark.e2e  # two whole (tiny) training runs, the batch and the group engine: about 50 s
 
 BUCKET = "stepwise-iam-coverage"
 PREFIX = "iam-cov"
@@ -146,6 +146,14 @@ def recorded_calls():
                     break
                 time.sleep(0.3)
             assert last and last["status"] == "SUCCEEDED", last
+        # the group engine (admission group): its handlers and the rollout group state machine
+        group_run = f"iam-group-{uuid.uuid4().hex[:6]}"
+        group_cfg = {**config, "admission": "group", "max_staleness": 1, "sampling_steps_ahead": 1,
+                     "steps_per_execution": 20, "eval_dataset_path": ""}
+        group_arn = sfn.start_execution(stateMachineArn=sm_arn, name=group_run, input=json.dumps(group_cfg))["executionArn"]
+        while time.monotonic() < deadline and sfn.describe_execution(executionArn=group_arn)["status"] == "RUNNING":
+            time.sleep(0.3)
+        assert sfn.describe_execution(executionArn=group_arn)["status"] == "SUCCEEDED"
         # moto's EventBridge never calls Cleanup: deliver the status-change event it would get.
         event = {"source": "aws.states", "detail-type": "Step Functions Execution Status Change",
                  "detail": {"executionArn": last["executionArn"], "stateMachineArn": sm_arn, "name": last["name"],
@@ -171,7 +179,8 @@ def recorded_calls():
 def test_the_run_exercised_most_functions(recorded_calls):
     seen = {fn for fn, *_ in recorded_calls}
     assert {"Init", "PollSession", "PlanStep", "StartRollout", "OnRolloutResult", "FinishRollout",
-            "ComputeAdvantages", "SubmitTrain", "Rebind", "ContinueRun", "StopSession", "Cleanup", "SweepSessions", "Track"} <= seen
+            "ComputeAdvantages", "SubmitTrain", "Rebind", "ContinueRun", "StopSession", "Cleanup", "SweepSessions", "Track",
+            "AdmitGroups", "AwaitGroups", "RecordGroupComplete"} <= seen
 
 
 def test_every_call_a_handler_made_is_allowed_by_its_role(recorded_calls):
