@@ -200,9 +200,11 @@ class StackSettings:
     def function_environment(self) -> dict[str, str]:
         """The handler functions' variables these settings set (only those given): the session-start
         timeout, the poll interval, the notification topic (the session sweeper reports to it), the
-        W&B key's secret, the Hugging Face token's secret and the judge's models (`stepwise.settings`)."""
-        from stepwise.settings import (ENV_HF_TOKEN_SECRET, ENV_JUDGE_MODEL_IDS, ENV_NOTIFICATION_TOPIC_ARN,
-                                       ENV_POLL_SECONDS, ENV_SESSION_START_TIMEOUT, ENV_WANDB_API_KEY_SECRET)
+        W&B key's secret, the Hugging Face token's secret, the judge's models and the gateway's reserved concurrency
+        (`stepwise.settings`)."""
+        from stepwise.settings import (ENV_GATEWAY_CONCURRENCY, ENV_HF_TOKEN_SECRET, ENV_JUDGE_MODEL_IDS,
+                                       ENV_NOTIFICATION_TOPIC_ARN, ENV_POLL_SECONDS, ENV_SESSION_START_TIMEOUT,
+                                       ENV_WANDB_API_KEY_SECRET)
 
         env = {}
         if self.judge_model_ids:
@@ -217,6 +219,8 @@ class StackSettings:
             env[ENV_SESSION_START_TIMEOUT] = str(self.session_start_timeout_seconds)
         if self.poll_seconds is not None:
             env[ENV_POLL_SECONDS] = str(self.poll_seconds)
+        if self.gateway_reserved_concurrency is not None:  # the group engine's rollouts in flight (preflight)
+            env[ENV_GATEWAY_CONCURRENCY] = str(self.gateway_reserved_concurrency)
         return env
 
 

@@ -33,6 +33,9 @@ ENV_WANDB_API_KEY_SECRET = "STEPWISE_WANDB_API_KEY_SECRET_ARN"
 #: The Secrets Manager secret of a Hugging Face token for gated tokenizers (CDK context huggingFaceTokenSecretArn;
 #: Init reads it, `stepwise.aws.hub.token_sources`).
 ENV_HF_TOKEN_SECRET = "STEPWISE_HF_TOKEN_SECRET_ARN"
+#: Set by the stack when the gateway has a reserved concurrency (``-c gatewayReservedConcurrency=N``): the LLM
+#: calls that can run at once, so the rollouts a run may keep in flight (`stepwise.core.preflight`).
+ENV_GATEWAY_CONCURRENCY = "STEPWISE_GATEWAY_CONCURRENCY"
 ENV_REGION = "AWS_REGION"
 ENV_SERVICE = "POWERTOOLS_SERVICE_NAME"
 ENV_METRICS_NAMESPACE = "POWERTOOLS_METRICS_NAMESPACE"
@@ -46,7 +49,7 @@ ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_U
 _NAMES = (ENV_BUCKET, ENV_GATEWAY_URL, ENV_DATA_BUCKETS, ENV_AGENT_RUNTIME_ARNS, ENV_JUDGE_MODEL_IDS, ENV_POLL_SECONDS,
           ENV_INLINE_WAIT_SECONDS, ENV_SESSION_START_TIMEOUT, ENV_TURN_GRACE_SECONDS, ENV_SWEEP_GRACE_SECONDS,
           ENV_DEFAULT_S3_OUTPUT_PATH, ENV_NOTIFICATION_TOPIC_ARN, ENV_WANDB_API_KEY_SECRET, ENV_HF_TOKEN_SECRET, ENV_REGION,
-          "AWS_DEFAULT_REGION", *ENDPOINT_VARIABLES)
+          "AWS_DEFAULT_REGION", ENV_GATEWAY_CONCURRENCY, *ENDPOINT_VARIABLES)
 
 
 def _split(value: str) -> tuple[str, ...]:
@@ -98,6 +101,7 @@ class Settings:
     notification_topic_arn: str = ""
     wandb_api_key_secret: str = ""
     region: str = ""
+    gateway_concurrency: int | None = None
     endpoints: tuple[tuple[str, str], ...] = ()
 
     @classmethod
@@ -125,6 +129,7 @@ class Settings:
             notification_topic_arn=env.get(ENV_NOTIFICATION_TOPIC_ARN, ""),
             wandb_api_key_secret=env.get(ENV_WANDB_API_KEY_SECRET, ""),
             region=env.get(ENV_REGION, "") or env.get("AWS_DEFAULT_REGION", ""),
+            gateway_concurrency=int(number(ENV_GATEWAY_CONCURRENCY, "0", int)) or None,
             endpoints=tuple((n, env[n]) for n in ENDPOINT_VARIABLES if env.get(n)),
         )
 

@@ -87,11 +87,12 @@ def init_function_environment(dep: "Deployment") -> dict[str, str]:
 def deployed_scope(dep: "Deployment") -> "StackScope":
     """What the deployed stack grants its functions (see the module doc)."""
     from stepwise.core.preflight import StackScope, arn_account
-    from stepwise.settings import ENV_AGENT_RUNTIME_ARNS, ENV_BUCKET, ENV_DATA_BUCKETS, ENV_JUDGE_MODEL_IDS, ENV_REGION
+    from stepwise.settings import (ENV_AGENT_RUNTIME_ARNS, ENV_BUCKET, ENV_DATA_BUCKETS, ENV_GATEWAY_CONCURRENCY,
+                                   ENV_JUDGE_MODEL_IDS, ENV_REGION)
 
     env = init_function_environment(dep)
     grants = {k: env.get(k, os.environ.get(k, "")) for k in (ENV_DATA_BUCKETS, ENV_AGENT_RUNTIME_ARNS,
-                                                              ENV_JUDGE_MODEL_IDS)}
+                                                              ENV_JUDGE_MODEL_IDS, ENV_GATEWAY_CONCURRENCY)}
     return StackScope.from_env({ENV_REGION: dep.info.region, ENV_BUCKET: dep.bucket, **grants},
                                account=arn_account(dep.state_machine_arn))
 

@@ -62,3 +62,17 @@ def test_the_in_flight_cap_defaults_to_what_the_quotas_allow():
     assert load_run_config(GROUP).rollouts_in_flight_cap == 40  # acr_tps_limit 5 x 8 per unit
     assert load_run_config({**GROUP, "acr_tps_limit": 100}).rollouts_in_flight_cap == 500  # the session quota
     assert load_run_config({**GROUP, "max_rollouts_in_flight": 12}).rollouts_in_flight_cap == 12
+
+
+def test_a_cap_above_the_gateway_s_reserved_concurrency_is_refused_before_billing():
+    """On a stack deployed with -c gatewayReservedConcurrency=N (STEPWISE_GATEWAY_CONCURRENCY), more rollouts
+    in flight than N would have their LLM calls throttled: Init (and validate --check-aws) refuse the run."""
+    from stepwise.core.preflight import StackScope, concurrency_errors
+
+    scope = StackScope.from_env({"AWS_REGION": "us-west-2", "STEPWISE_BUCKET": "b", "STEPWISE_GATEWAY_CONCURRENCY": "30"})
+    assert scope.gateway_concurrency == 30
+    (err,) = concurrency_errors(load_run_config(GROUP), scope)  # the default cap: 40
+    assert err.startswith("max_rollouts_in_flight (its default): 40") and "reserved concurrency is 30" in err
+    assert concurrency_errors(load_run_config({**GROUP, "max_rollouts_in_flight": 28}), scope) == []
+    assert concurrency_errors(load_run_config(VALID), scope) == []  # the batch engine: its Map bound applies
+    assert StackScope.from_env({"AWS_REGION": "us-west-2"}).gateway_concurrency is None

@@ -243,3 +243,32 @@ def test_resume_in_the_middle_of_deep_async_reuses_complete_groups_and_trains_ea
     for s in range(4):
         assert _json(stack.s3, summary_key(run_id, s))["staleness/past_k"] == 0
     _no_billing(stack, agent, run_id)
+
+
+@pytest.mark.e2e  # ~30 s: one tiny DAPO run
+def test_dapo_filters_equal_reward_groups_at_once_and_counts_them_toward_the_next_step(local):
+    """DAPO with the group engine: a complete group whose rewards are all equal leaves the buffer at once (its
+    slot is free for the next group) and is counted in the next step's generation batches; every group is
+    trained or filtered exactly once."""
+    stack, agent, sm_arn, base, _ = local
+    sfn = stack.moto.client("stepfunctions")
+    run_id = f"deep-dapo-{uuid.uuid4().hex[:6]}"
+    GATE.set()
+    agent.reward_fn = lambda body, reward: 0.0 if body.get("prompt") in ("p1", "p4") else reward
+    try:
+        cfg = {**base, "algorithm": "dapo", "max_num_gen_batches": 3, "save_every": 0}
+        arn = sfn.start_execution(stateMachineArn=sm_arn, name=run_id, input=json.dumps(cfg))["executionArn"]
+        d = _wait(sfn, arn)
+    finally:
+        agent.reward_fn = None
+    assert d["status"] == "SUCCEEDED", d.get("cause")
+    state = _json(stack.s3, state_key(run_id))
+    assert state["step"] == 3  # 6 informative groups of 8, 2 a step
+    summaries = [_json(stack.s3, summary_key(run_id, s)) for s in range(3)]
+    trained = [g for s in summaries for g, _ in s["consumed_groups"]]
+    filtered = [g for s in summaries for g, _ in s["filtered_groups"]]
+    assert sorted(filtered) == [1, 4] and sorted(trained + filtered) == list(range(GROUPS))
+    assert all(s["groups/trained"] == 2 for s in summaries)
+    # a step that took a filtered group used more than one generation batch's groups
+    assert any(s["sampling/generation_batches"] == 2 and s["groups/filtered"] >= 1 for s in summaries)
+    _no_billing(stack, agent, run_id)

@@ -26,10 +26,12 @@ def _of_type(template: dict, type_: str) -> dict[str, dict]:
     return {k: v for k, v in template["Resources"].items() if v["Type"] == type_}
 
 
-def test_the_state_machine_logs_no_execution_data(template):
-    (machine,) = _of_type(template, "AWS::StepFunctions::StateMachine").values()
-    # Inputs and outputs carry task tokens and rollout ids: they stay out of CloudWatch Logs.
-    assert machine["Properties"]["LoggingConfiguration"]["IncludeExecutionData"] is False
+def test_the_state_machines_log_no_execution_data(template):
+    machines = _of_type(template, "AWS::StepFunctions::StateMachine")
+    assert len(machines) == 2  # the training loop and the rollout group (admission: group)
+    for lid, machine in machines.items():
+        # Inputs and outputs carry task tokens and rollout ids: they stay out of CloudWatch Logs.
+        assert machine["Properties"]["LoggingConfiguration"]["IncludeExecutionData"] is False, lid
 
 
 def test_no_function_logs_its_event_or_holds_a_credential(template):

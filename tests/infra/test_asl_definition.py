@@ -262,7 +262,9 @@ def test_the_rollout_task_with_its_resolved_timeouts_is_a_valid_task_state() -> 
     from tests.infra.test_stack_validators import asl_validate
 
     arns = {spec.name: f"arn:aws:lambda:us-west-2:111122223333:function:stepwise-{spec.name.lower()}" for spec in FUNCTIONS}
-    asl = json.loads(render_definition(substitutions(function_arns=arns, bucket_name="stepwise-bucket"), load_definition()))
+    asl = json.loads(render_definition(substitutions(function_arns=arns, bucket_name="stepwise-bucket",
+                                                     group_state_machine_arn="arn:aws:states:us-west-2:111122223333:stateMachine:g"),
+                                       load_definition()))
     task = asl["States"]["Roll out generation batch"]["ItemProcessor"]["States"]["Start rollout"]
     assert (task["TimeoutSecondsPath"], task["HeartbeatSecondsPath"]) == ("$.batch.timeout_seconds", "$.batch.heartbeat_seconds")
     states = {}

@@ -519,6 +519,11 @@ def test_no_arn_has_a_literal_partition(default_app, scoped_app):
 def test_gateway_reserved_concurrency_is_a_stack_option(default_app, scoped_app):
     assert "ReservedConcurrentExecutions" not in gateway_function(default_app[1])[1]
     assert gateway_function(scoped_app[1])[1]["ReservedConcurrentExecutions"] == GATEWAY_CONCURRENCY
+    # Init refuses a group-engine run whose rollouts in flight the reservation cannot serve (stepwise.core.preflight)
+    _, init = functions_by_command(scoped_app[1])[_spec("Init").handler]
+    assert init["Environment"]["Variables"]["STEPWISE_GATEWAY_CONCURRENCY"] == str(GATEWAY_CONCURRENCY)
+    _, init = functions_by_command(default_app[1])[_spec("Init").handler]
+    assert "STEPWISE_GATEWAY_CONCURRENCY" not in init["Environment"]["Variables"]
 
 
 def test_context_arns_pin_the_deploy_region(scoped_app, monkeypatch):

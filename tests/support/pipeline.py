@@ -221,7 +221,7 @@ class FakeAgent:
     writes a turn and a result; a stop ends the session (ResourceNotFoundException when it is not
     active, as ACR answers).
 
-    The first rollout of each prompt (``input_id``) to finish gets reward 1.0, the others 0.0,
+    The first rollout of each prompt (``input_id``) of a run to finish gets reward 1.0, the others 0.0,
     so every group has signal. ``sessions``: sid -> run id of every session invoked and not stopped
     (what `tests.support.billing` checks after an end-to-end test); ``stopped``: the stopped sids.
     """
@@ -284,6 +284,8 @@ class FakeAgent:
         # invocation's body (e.g. a heavy tail by prompt)
         self.result_delay: float | Any = 0.0
         self.visible_at_invoke: dict[str, dict[str, bool]] = {}
+        # replaces the reward (called with the invocation's body and the default reward) when set
+        self.reward_fn: Any = None
         self.sessions: dict[str, str] = {}
         self.stopped: list[str] = []
         self._seen: set[str] = set()
@@ -326,9 +328,11 @@ class FakeAgent:
             pass
         s3.put_object(Bucket=ro["s3_bucket"], Key=turns_prefix(run_id, sid) + f"{time.time_ns():020d}-{uuid.uuid4().hex}.json",
                       Body=json.dumps(turn).encode())
-        with self._lock:
-            reward = 0.0 if ro["input_id"] in self._seen else 1.0
-            self._seen.add(ro["input_id"])
+        with self._lock:  # per run (exp_id): runs of one stack reuse input ids
+            reward = 0.0 if (ro["exp_id"], ro["input_id"]) in self._seen else 1.0
+            self._seen.add((ro["exp_id"], ro["input_id"]))
+        if self.reward_fn is not None:
+            reward = self.reward_fn(body, reward)
         s3.put_object(Bucket=ro["s3_bucket"], Key=f"{ro['exp_id']}/{ro['input_id']}/{sid}.json",
                       Body=json.dumps({"rewards": reward, "status_code": 200}).encode())
 

@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stepwise.config import ConfigError, RunConfig, parse_s3_uri
-from stepwise.settings import ENV_AGENT_RUNTIME_ARNS, ENV_BUCKET, ENV_DATA_BUCKETS, ENV_JUDGE_MODEL_IDS, ENV_REGION
+from stepwise.settings import (ENV_AGENT_RUNTIME_ARNS, ENV_BUCKET, ENV_DATA_BUCKETS, ENV_GATEWAY_CONCURRENCY,
+                               ENV_JUDGE_MODEL_IDS, ENV_REGION)
 from stepwise.stackinfo import region_of_arn as arn_region
 
 CONTEXT_DATA_BUCKETS = "dataBuckets"
@@ -74,14 +75,18 @@ class StackScope:
     agent_runtime_arns: tuple[str, ...] = ()
     account: str = ""
     judge_model_ids: tuple[str, ...] = ()
+    #: the gateway's reserved concurrency, when the stack sets one (``STEPWISE_GATEWAY_CONCURRENCY``; None = unknown)
+    gateway_concurrency: int | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], *, account: str = "") -> "StackScope":
         """The scope a function's environment ``env`` names (`stepwise.settings` names the variables)."""
+        concurrency = env.get(ENV_GATEWAY_CONCURRENCY, "")
         return cls(region=env.get(ENV_REGION, "") or env.get("AWS_DEFAULT_REGION", ""), bucket=env.get(ENV_BUCKET, ""),
                    data_buckets=_split(env.get(ENV_DATA_BUCKETS, "")),
                    agent_runtime_arns=_split(env.get(ENV_AGENT_RUNTIME_ARNS, "")), account=account,
-                   judge_model_ids=_split(env.get(ENV_JUDGE_MODEL_IDS, "")))
+                   judge_model_ids=_split(env.get(ENV_JUDGE_MODEL_IDS, "")),
+                   gateway_concurrency=int(concurrency) if concurrency.isdigit() and int(concurrency) > 0 else None)
 
     @property
     def buckets(self) -> tuple[str, ...]:
@@ -300,12 +305,26 @@ class Probes:
     judge_model: Callable[[str, str], str] | None = None
 
 
+def concurrency_errors(cfg: RunConfig, scope: StackScope) -> list[str]:
+    """The group engine (``admission: group``) keeps up to ``max_rollouts_in_flight`` rollouts running, each
+    calling its LLM through the gateway: more than the gateway's reserved concurrency (when the stack sets
+    one) would be throttled (``TooManyRequestsException``) instead of sampled."""
+    limit = scope.gateway_concurrency
+    if cfg.admission != "group" or not limit or cfg.rollouts_in_flight_cap <= limit:
+        return []
+    field = "max_rollouts_in_flight" if cfg.max_rollouts_in_flight is not None else "max_rollouts_in_flight (its default)"
+    return [f"{field}: {cfg.rollouts_in_flight_cap} rollouts in flight, but the gateway's reserved concurrency is "
+            f"{limit} (-c gatewayReservedConcurrency): their LLM calls would be throttled; set max_rollouts_in_flight "
+            f"<= {limit} or raise the reservation"]
+
+
 def refusals(cfg: RunConfig, scope: StackScope, probes: Probes) -> list[str]:
     """Every reason this run cannot work on this stack (empty = go ahead); see the module doc."""
     locations = s3_locations(cfg)
     runtime_errors = runtime_scope_errors(cfg, scope)
     judge_errors = judge_scope_errors(cfg, scope)
-    errors = region_errors(cfg, scope) + runtime_errors + bucket_scope_errors(locations, scope) + judge_errors
+    errors = (region_errors(cfg, scope) + runtime_errors + bucket_scope_errors(locations, scope) + judge_errors
+              + concurrency_errors(cfg, scope))
     if not runtime_errors:
         problem = probes.runtime(cfg.agent_runtime_arn)
         if problem:

@@ -144,6 +144,8 @@ def compute(event: BatchEvent) -> dict[str, Any]:
     if cfg.admission == "group":
         taken = take_groups(run.run_id, batch, state, cfg)
         if taken.waiting is not None:
+            if taken.waiting["decision"] == "exhausted":  # nothing left: the planner ends the run
+                rs.update_state(run.run_id, lambda s: setattr(s, "current_batch", None), execution_arn=run.execution_arn)
             return taken.waiting
         batches = taken.rollouts
         batch_usage = ledger.batch_usage([r for b in batches for r in b]).minus(ledger.batch_usage([]))

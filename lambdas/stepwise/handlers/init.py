@@ -220,7 +220,7 @@ def refuse_on_this_stack(cfg: RunConfig, rs: RunStore, execution_arn: str = "") 
     s = settings()
     scope = StackScope(region=s.region, bucket=s.bucket, data_buckets=s.data_buckets,
                        agent_runtime_arns=s.agent_runtime_arns, account=arn_account(execution_arn),
-                       judge_model_ids=s.judge_model_ids)
+                       judge_model_ids=s.judge_model_ids, gateway_concurrency=s.gateway_concurrency)
     return refuse_before_billing(cfg, scope, probes(rs.s3))
 
 
