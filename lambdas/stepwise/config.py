@@ -547,7 +547,9 @@ class RunConfig(BaseModel):
         "its next turn; turn_gate = the gateway holds new turns, the turns in flight finish, the load runs, "
         "then turns resume on the new package (safe whatever the service does). `stepwise probe-service` "
         "measures which are safe on an account and prints the line to put here. With max_staleness 1, "
-        "per_rollout and next_turn let Rebind load while the next step's rollouts run",
+        "per_rollout and next_turn let Rebind load while the next step's rollouts run; with admission 'group' "
+        "from max_staleness 1 (and with max_staleness 2 and more) groups are in flight at every load and the "
+        "gateway enforces the binding for each of them",
     )
     overlong_buffer_len: int = Field(0, ge=0, description="DAPO overlong shaping buffer L_cache in tokens; 0 = off")
     overlong_penalty_factor: float = Field(1.0, ge=0, description="DAPO overlong shaping scale")

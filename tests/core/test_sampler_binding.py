@@ -42,6 +42,9 @@ def test_loads_overlap_rollouts_only_when_overlapped_and_not_gated():
     assert sb.rebind_during_rollouts("per_rollout", 1) and sb.rebind_during_rollouts("next_turn", 1)
     assert not sb.rebind_during_rollouts("turn_gate", 1)  # rebinds after the join: nothing in flight
     assert all(sb.rebind_during_rollouts(b, 2) for b in sb.BINDINGS)  # deep asynchrony: always in flight
+    # the group engine admits groups while a step trains from max_staleness 1 on: they run through its Rebind
+    assert all(sb.rebind_during_rollouts(b, 1, "group") for b in sb.BINDINGS)
+    assert not any(sb.rebind_during_rollouts(b, 0, "group") for b in sb.BINDINGS)
     # the gateway then enforces the run's binding; with no load during the rollout, the free per_rollout
     assert sb.session_binding("next_turn", loads_during_rollouts=True) == "next_turn"
     assert sb.session_binding("turn_gate", loads_during_rollouts=False) == "per_rollout"

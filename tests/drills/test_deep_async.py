@@ -177,7 +177,8 @@ def test_continue_as_new_hands_groups_in_flight_to_the_next_execution(local):
     run_id = f"deep-can-{uuid.uuid4().hex[:6]}"
     GATE.set()
     before = _optim(stack.sim)
-    cfg = {**base, "steps_per_execution": 1, "save_every": 0}
+    # per_rollout here (the others run the default turn_gate): the engine works with either binding
+    cfg = {**base, "steps_per_execution": 1, "save_every": 0, "sampler_binding": "per_rollout"}
     first = sfn.start_execution(stateMachineArn=sm_arn, name=run_id, input=json.dumps(cfg))["executionArn"]
     assert _wait(sfn, first)["status"] == "SUCCEEDED"
     # each execution runs one step and hands over; the groups it admitted run on under the next one

@@ -71,7 +71,30 @@ def test_a_record_left_with_nothing_to_do_is_deleted_and_work_that_never_succeed
     _leftovers.hand_over(rs, "s", batches=[_batch(2)], retention=False, reason="x", deadline=time.monotonic())
     for n in range(1, _leftovers.MAX_PASSES):
         report = _leftovers.work_off(rs, CFG, "s", deadline=time.monotonic() - 1)  # no time: nothing done
-        assert report["left"] == {"sids": 0, "batches": 1, "retention": False}
+        assert report["left"] == {"sids": 0, "batches": 1, "groups": 0, "retention": False}
         assert _leftovers.read(rs, "s")[0].passes == n and _leftovers.read(rs, "s")[0].held_until == 0.0
     report = _leftovers.work_off(rs, CFG, "s", deadline=time.monotonic() - 1)
     assert report["left"] is None and not rs.exists(leftovers_key("s"))  # given up, logged as an error
+
+
+def test_a_group_engine_end_hands_over_its_stopped_groups_whose_started_rollouts_without_record_are_in_flight(rs):
+    """admission group: the batch the loop planned has no rollouts of its own (its groups' are in their
+    folders): the end hands over the group executions it stopped, (id, attempt), resolved to the sids
+    started without a record in each group's folder."""
+    from stepwise.handlers._rollout_sessions import rollouts_in_flight
+    from stepwise.layout import rollout_key, start_marker_key
+
+    engine_batch = PlannedBatch(kind="train", step=3, group_engine=True)
+    rec = _leftovers.hand_over(rs, "g", batches=[engine_batch, None], retention=False, reason="x",
+                               deadline=time.monotonic() + 5, groups=[(4, 0), (7, 1), (4, 0)])
+    assert rec is not None and rec.batches == [] and rec.groups == [[4, 0], [7, 1]]
+    merged = _leftovers.hand_over(rs, "g", batches=[], retention=False, reason="y", deadline=time.monotonic(),
+                                  groups=[(7, 1), (9, 0)])
+    assert merged.groups == [[4, 0], [7, 1], [9, 0]]
+    for group, attempt, i, sid, recorded in ((4, 0, 0, "a", False), (4, 0, 1, "b", True), (7, 1, 0, "c", False),
+                                             (7, 0, 0, "old", False)):  # attempt 0 of group 7 is not handed over
+        rs.put_json(start_marker_key("g", 0, 0, "train", i, group=group, attempt=attempt), {"sid": sid})
+        if recorded:
+            rs.put_json(rollout_key("g", 0, 0, sid, group=group, attempt=attempt), {"sid": sid})
+    assert rollouts_in_flight(rs, "g", [], workers=2, deadline=time.monotonic() + 30,
+                              groups=[(g, a) for g, a in merged.groups]) == ["a", "c"]

@@ -379,3 +379,25 @@ def test_finish_rollout_closes_the_session_with_the_record_on_result_passed_with
     after = stack.moto.s3_requests.snapshot()
     assert after["GET session"] - before.get("GET session", 0) == 1
     assert json.loads(stack.s3.get_object(Bucket=BUCKET, Key=session_key(sid2))["Body"].read())["closed"] is True
+
+
+def test_the_session_record_gates_turns_of_group_engine_rollouts_that_a_load_may_meet():
+    """admission 'group' from max_staleness 1 admits groups while a step trains: they run through its Rebind,
+    so the gateway must enforce the run's binding (turn_gate holds their turns during the load). The batch
+    engine at 1 rebinds turn_gate after the join, with no turn in flight: its rollouts take the free
+    per_rollout. (Before, a group-engine run at max_staleness 1 got per_rollout: nothing held its turns.)"""
+    from stepwise.config import RunConfig
+    from stepwise.handlers.rollout import session_record
+    from stepwise.records import BatchRef, SamplerPolicy
+
+    base = {"region": "us-east-1", "role_arn": "arn:aws:iam::123456789012:role/R", "base_model_arn": "stepwise-tiny",
+            "agent_runtime_arn": "arn:aws:bedrock-agentcore:us-east-1:123456789012:runtime/agent",
+            "dataset_path": f"s3://{BUCKET}/d.jsonl", "batch_size": 2, "sampler_binding": "turn_gate"}
+    batch = BatchRef(kind="train", step=1, policy=SamplerPolicy(training_session_name="s", policy_version=1))
+
+    def binding(**over) -> str:
+        return session_record(RunConfig.model_validate({**base, **over}), "r", batch, "sid", "in", 0).sampler_binding
+
+    assert binding(admission="group", max_staleness=1, sampling_steps_ahead=1) == "turn_gate"
+    assert binding(admission="group", max_staleness=2) == "turn_gate"
+    assert binding(max_staleness=1) == "per_rollout" and binding(admission="group", max_staleness=0) == "per_rollout"

@@ -99,7 +99,7 @@ def classify_service(older_after_load: OlderAfterLoad | None, across_load: Acros
 # ---------------------------------------------------------------------------- the pipeline's choice
 
 
-def rebind_during_rollouts(binding: SamplerBinding, max_staleness: int) -> bool:
+def rebind_during_rollouts(binding: SamplerBinding, max_staleness: int, admission: str = "batch") -> bool:
     """Whether Rebind loads the new weights while rollouts of the run are in flight.
 
     With ``max_staleness`` 0 every load happens between batches. With 1 (one Parallel state), the
@@ -108,8 +108,11 @@ def rebind_during_rollouts(binding: SamplerBinding, max_staleness: int) -> bool:
     branches join, where no turn is in flight and the gate costs nothing (a gate closed inside the
     branch would pause the rollouts for as long as the load, which is no faster). Beyond 1, rollouts are
     always in flight (deep asynchrony): every binding loads during them, so the gateway must enforce it.
+    So it is with ``admission: group`` (the group engine) from ``max_staleness`` 1: groups are admitted
+    while a step trains and run through its Rebind. At 0 no group is admitted while a step trains, and
+    the batch it trains was every group admitted (`stepwise.core.groups.admission_blocker`).
     """
-    if max_staleness >= 2:
+    if max_staleness >= 2 or (admission == "group" and max_staleness >= 1):
         return True
     return max_staleness >= 1 and binding != "turn_gate"
 

@@ -109,7 +109,7 @@ def session_record(cfg: RunConfig, run_id: str, batch: BatchRef, sid: str, input
                                    generation_batch=batch.generation_batch, index=index),
         heartbeat_seconds=timeouts.heartbeat_seconds if timeouts.heartbeat_on else 0,
         sampler_binding=session_binding(cfg.sampler_binding, loads_during_rollouts=rebind_during_rollouts(
-            cfg.sampler_binding, cfg.max_staleness)),
+            cfg.sampler_binding, cfg.max_staleness, cfg.admission)),
         started_at=now(),
         deadline=now() + timeouts.max_rollout_seconds + SESSION_GRACE_S,
         closed=False,

@@ -46,7 +46,8 @@ def _train_result(done: bool, run_id: str, **extra: Any) -> dict[str, Any]:
     rebinds itself (`stepwise.core.sampler_binding.rebind_during_rollouts`), and ``rebound`` False (Rebind's
     answer says True once it committed): the state machine reads both after the Parallel state joins."""
     cfg = run_config(run_id)
-    return _result(done, rebind_in_branch=binding_rules.rebind_during_rollouts(cfg.sampler_binding, cfg.max_staleness),
+    return _result(done, rebind_in_branch=binding_rules.rebind_during_rollouts(cfg.sampler_binding, cfg.max_staleness,
+                                                                                  cfg.admission),
                    rebound=False, **extra)
 
 
