@@ -65,4 +65,5 @@ def test_only_the_group_engine_starts_groups_and_only_a_run_end_or_the_wait_stop
             if "states:StopExecution" in actions_of([st]):
                 stoppers.add(name)
     assert starters == {"AdmitGroups", "RecordGroupComplete"}
-    assert stoppers == {"AwaitGroups", "StopSession", "Cleanup"}
+    # SweepSessions: the leftovers of a run's end it finishes may name stopped groups still running
+    assert stoppers == {"AwaitGroups", "StopSession", "Cleanup", "SweepSessions"}
