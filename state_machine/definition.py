@@ -10,8 +10,8 @@ passes the file text to ``DefinitionBody.from_string`` with ``definition_substit
 calls :func:`render_definition` with literal values. Both substitute the same placeholders in the same
 text, so the deployed and the local definitions are the same document.
 
-Every rollout runs the same child states (``rollout_child.json``: Start rollout, Finish rollout, Record
-failed rollout, Rollout lost): the training loop's two Distributed Maps (the second under names of its own)
+Every rollout runs the same child states (``rollout_child.json``: Start rollout, its result's re-check
+(Rollout silent, Wait for rollout result), Finish rollout, Record failed rollout, Rollout lost): the training loop's two Distributed Maps (the second under names of its own)
 and the rollout group's inline Map carry generated copies of them. ``python -m state_machine.definition
 --write`` regenerates the copies after the fragment changed; `stale_copies` is what a test checks.
 """
@@ -37,6 +37,8 @@ NEXT_STEP_NAMES = {
     "Finish rollout": "Finish a rollout of the next step",
     "Record failed rollout": "Record a failed rollout of the next step",
     "Rollout lost": "A rollout of the next step lost",
+    "Rollout silent": "A rollout of the next step silent",
+    "Wait for rollout result": "Wait for a rollout result of the next step",
 }
 CHILD_COPIES: tuple[tuple[Path, tuple[str, ...], dict[str, str]], ...] = (
     (ASL_PATH, ("Roll out generation batch",), {}),

@@ -47,7 +47,8 @@ def test_the_rollout_group_invokes_only_its_rollouts_and_its_record(template):
         if spec:
             by_name[spec.name] = lid
     named = {n for n, lid in by_name.items() if any(lid in x for x in invoked)}
-    assert named == {"StartRollout", "FinishRollout", "RecordGroupComplete"}
+    # OnRolloutResult: a silent rollout's re-check of its result (the rollout child states' "Wait for rollout result")
+    assert named == {"StartRollout", "OnRolloutResult", "FinishRollout", "RecordGroupComplete"}
     # it starts nothing itself (the functions do: moto runs no states:startExecution task, nor does this)
     assert not {"states:StartExecution", "states:StopExecution"} & actions_of(stmts)
 

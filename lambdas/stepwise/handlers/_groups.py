@@ -64,9 +64,10 @@ def wait_seconds(cfg: RunConfig) -> int:
 
 def group_batch(cfg: RunConfig, entry: GroupEntry, policy: SamplerPolicy) -> BatchRef:
     """The `BatchRef` every rollout of ``entry`` carries: the synchronous loop's place of its prompt
-    (`stepwise.core.groups.seed_place`: its seeds and input id), its folder and the policy it samples."""
+    (`stepwise.core.groups.seed_place`: its seeds and input id), its folder, the policy it samples and PlanStep's
+    timeouts (a silence of ``rollout_recheck_seconds`` re-checks the result: `stepwise.core.liveness`)."""
     step, _ = engine.seed_place(entry.id, cfg.batch_size)
-    timeouts = rollout_timeouts(cfg.max_rollout_time, cfg.rollout_heartbeat_seconds)
+    timeouts = rollout_timeouts(cfg.max_rollout_time, cfg.rollout_heartbeat_seconds, cfg.rollout_recheck_seconds)
     return BatchRef(kind="train", step=step, generation_batch=0, **timeouts._asdict(), policy=policy, group=entry.id,
                     attempt=entry.attempt)
 
