@@ -24,6 +24,8 @@ from stepwise.handlers.plan import plan
 from stepwise.layout import result_key, rollout_key
 
 TIMEOUT_S = 30  # max_rollout_time of the drill's config
+#: The drill's functions: logical name -> ARN (the fixture fills it).
+ARNS: dict[str, str] = {}
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +38,7 @@ def child():
     agent = FakeAgent()
     stack.mp.setenv("AWS_ENDPOINT_URL_BEDROCK_AGENTCORE", agent.url)
     arns = resources.create_functions(stack.moto, prefix="late")
+    ARNS.update(arns)
     resources.create_bucket(stack.moto, BUCKET, result_function_arn=arns["OnRolloutResult"])
     processor = load_asl()["States"]["Roll out generation batch"]["ItemProcessor"]
     text = json.dumps({"StartAt": processor["StartAt"], "States": processor["States"]})
@@ -58,11 +61,13 @@ def _run(child, name: str, **config) -> tuple[str, dict, list[dict]]:
 
 
 def _rollout(child, run_id: str, batch: dict, item: dict, *, fault: tuple[str, float] | None,
-             wait_result: bool = True) -> dict:
-    """Roll out ``item`` in a child execution with its notification ``fault`` (("drop", 0) or ("delay", s), or
-    None); returns its record plus ``paid``: seconds from its result object to its record (``wait_result``
-    False: the child may end before the result is written; nothing paid is measured)."""
-    stack, agent, sm = child
+             wait_result: bool = True, sm: str | None = None) -> dict:
+    """Roll out ``item`` in a child execution (of ``sm``, default the training loop's child states) with its
+    notification ``fault`` (("drop", 0) or ("delay", s), or None); returns its record plus ``paid``: seconds
+    from its result object to its record (``wait_result`` False: the child may end before the result is
+    written; nothing paid is measured). A group engine's ``batch`` (``group``) keeps its records in its folder."""
+    stack, agent, child_sm = child
+    sm = sm or child_sm
     faults = stack.moto.dispatcher.faults
     mine = lambda e: f"/{item['input_id']}/" in unquote_plus(e["Records"][0]["s3"]["object"]["key"])  # noqa: E731
     if fault is not None and fault[0] == "drop":
@@ -77,7 +82,8 @@ def _rollout(child, run_id: str, batch: dict, item: dict, *, fault: tuple[str, f
     sid = body["_rollout"]["api_key"].partition(".")[0]
     written = wait_for(lambda: _modified(stack, result_key(run_id, item["input_id"], sid)), 30) if wait_result else None
     wait_for(lambda: sfn.describe_execution(executionArn=arn)["status"] != "RUNNING", TIMEOUT_S * 3)
-    key = rollout_key(run_id, batch["step"], batch["generation_batch"], sid, batch["kind"])
+    key = rollout_key(run_id, batch["step"], batch["generation_batch"], sid, batch["kind"], group=batch.get("group"),
+                      attempt=batch.get("attempt", 0))
     record = json.loads(stack.s3.get_object(Bucket=BUCKET, Key=key)["Body"].read())
     return {**record, "paid": _modified(stack, key) - written if written else None}
 
@@ -142,6 +148,36 @@ def test_an_agent_silent_longer_than_the_interval_keeps_its_rollout_and_its_noti
     finally:
         agent.result_delay = 0.0
     assert agent.active_sessions(run_id) == []
+
+
+def test_a_group_engine_rollout_whose_notification_is_lost_is_found_by_the_recheck_in_its_group_folder(child):
+    """admission 'group': the rollout group's own copy of the child states (its inline Map's) re-checks a silent
+    rollout too, and the re-check finds the rollout's start in its group's folder: a lost notification costs the
+    re-check interval, and the record lands in the group's folder, ``late``. (Before, the re-check looked for the
+    start marker in the batch's folder, found none and raised RolloutOverdue: FinishRollout still scored the
+    result, but the re-check's own measurement was lost.)"""
+    from infra.definition import substitutions
+    from local import resources
+    from state_machine.definition import PLACEHOLDER_RE, load_group_definition
+
+    from stepwise.layout import prompts_key
+
+    stack, agent, _ = child
+    processor = json.loads(load_group_definition())["States"]["Roll out the group"]["ItemProcessor"]
+    text = json.dumps({"StartAt": processor["StartAt"], "States": processor["States"]})
+    values = substitutions(function_arns=ARNS, bucket_name=BUCKET)
+    sm = resources.create_state_machine(stack.moto, "late-group-child", PLACEHOLDER_RE.sub(lambda m: values[m.group(1)], text))
+    run_id, batch, items = _run(child, "group", rollout_heartbeat_seconds=0, rollout_recheck_seconds=RECHECK_S)
+    group = {**batch, "group": 0, "attempt": 0}  # as AdmitGroups hands a group's rollouts their batch
+    prompts = stack.s3.get_object(Bucket=BUCKET, Key=prompts_key(run_id, batch["step"], 0, "train"))["Body"].read()
+    stack.s3.put_object(Bucket=BUCKET, Key=prompts_key(run_id, batch["step"], 0, "train", group=0, attempt=0), Body=prompts)
+    rechecks = _rechecks(stack)
+    r = _rollout(child, run_id, group, items[0], fault=("drop", 0.0), sm=sm)
+    assert r["status"] == "ok" and r["late"] is True and r["group"] == 0, r
+    assert r["paid"] <= RECHECK_S + 2, r["paid"]
+    # the re-check resumed the task itself (its transitions ride in the record): before, it raised, and FinishRollout
+    # found the result on the error path, the re-check's measurement lost (2 transitions)
+    assert _rechecks(stack) > rechecks and r["usage"]["state_transitions"] == 2 + 2 * (_rechecks(stack) - rechecks)
 
 
 def _rechecks(stack) -> int:
