@@ -880,5 +880,6 @@ class JudgeProgress(BaseModel):
     done: bool = False
     usage: Usage | None = None
 
+
 Checkpoint.model_rebuild()
 RunState.model_rebuild()

@@ -76,3 +76,12 @@ def test_a_cap_above_the_gateway_s_reserved_concurrency_is_refused_before_billin
     assert concurrency_errors(load_run_config({**GROUP, "max_rollouts_in_flight": 28}), scope) == []
     assert concurrency_errors(load_run_config(VALID), scope) == []  # the batch engine: its Map bound applies
     assert StackScope.from_env({"AWS_REGION": "us-west-2"}).gateway_concurrency is None
+
+
+def test_a_judge_with_the_group_engine_is_refused_before_billing_with_the_reason():
+    """The group engine's groups complete in the rollout group's state machine, whose judge state does not call the
+    judge yet: a run would silently train on the agent's own rewards, so the config is refused."""
+    judge = {"model_id": "us.amazon.nova-micro-v1:0", "rubric": "Prefer the right digit."}
+    (err,) = _errors(judge=judge)
+    assert err.startswith("judge:") and "admission 'group' does not judge yet" in err and "admission 'batch'" in err
+    assert load_run_config({**VALID, "judge": judge}).judge is not None  # the batch engine judges
