@@ -537,7 +537,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_json(parser, "the run's result (result.json) instead of its closing lines")
     add_set(parser)
     add_timeout(parser)
-    add_local(parser, old_runs_dir=("--out",))
+    add_local(parser, old_runs_dir=("--out",), simulator=True)
     add_verbose(parser)
 
 

@@ -118,9 +118,11 @@ def add_verbose(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
 
 
-def add_local(parser: argparse.ArgumentParser, *, old_runs_dir: tuple[str, ...] = (), agent: bool = True) -> None:
+def add_local(parser: argparse.ArgumentParser, *, old_runs_dir: tuple[str, ...] = (), agent: bool = True,
+              simulator: bool = False) -> None:
     """``--local`` and what only a run on the local stack takes: ``--runs-dir DIR``, ``--no-progress``,
-    ``--mirror-s3``, ``--agent`` (``agent``), ``--acr-fault`` and ``--simulator-latency``; ``old_runs_dir``: earlier spellings of
+    ``--mirror-s3``, ``--agent`` (``agent``), ``--acr-fault`` and ``--simulator-latency`` (``simulator``: a training
+    run's); ``old_runs_dir``: earlier spellings of
     ``--runs-dir`` that still work (`Deprecated`)."""
     g = parser.add_argument_group("the local stack")
     g.add_argument("--local", action="store_true", help=LOCAL_HELP)
@@ -139,10 +141,11 @@ def add_local(parser: argparse.ArgumentParser, *, old_runs_dir: tuple[str, ...] 
                             "cached environment (~/.cache/stepwise-agents), checked before the stack starts")
     g.add_argument("--acr-fault", action="append", default=[], metavar="KIND=N",
                    help="--local: inject ACR faults: throttle, invoke_error, drop_result, malformed_result, error_result")
-    g.add_argument("--simulator-latency", action="append", default=[], metavar="OP=SECONDS",
-                   help="--local: seconds the training-session simulator adds to each operation of that kind "
-                        "(forward_backward, optim_step, save_weights, load_weights_for_sampling, ...): a slow "
-                        "training step, as benchmarks/async_depth.py injects it")
+    if simulator:
+        g.add_argument("--simulator-latency", action="append", default=[], metavar="OP=SECONDS",
+                       help="--local: seconds the training-session simulator adds to each operation of that kind "
+                            "(forward_backward, optim_step, save_weights, load_weights_for_sampling, ...): a slow "
+                            "training step, as benchmarks/async_depth.py injects it")
 
 
 def local_only(args: argparse.Namespace, command: str) -> None:

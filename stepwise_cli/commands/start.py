@@ -63,7 +63,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_set(parser)
     add_timeout(parser)
     # `stepwise run-local` was this command with --local: its --out (the run folders' parent) still works
-    add_local(parser, old_runs_dir=("--out",))
+    add_local(parser, old_runs_dir=("--out",), simulator=True)
     add_stack_arguments(parser)
 
 

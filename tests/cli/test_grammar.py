@@ -185,3 +185,24 @@ def test_v_logs_every_command_s_info_lines(monkeypatch, capsys):
     monkeypatch.setattr(logging.root, "level", logging.WARNING)
     assert main(["cost", str(ROOT / "examples" / "toy.json"), "-v"]) == 0
     assert "INFO stepwise.test: an INFO line" in capsys.readouterr().err
+
+
+def test_start_local_takes_the_simulator_s_latency_and_refuses_it_without_local():
+    """``--simulator-latency OP=SECONDS`` (benchmarks/async_depth.py's training step) is a local run's flag: parsed
+    into the simulator's options, refused without --local and when it is not a number of seconds."""
+    import argparse
+
+    from local.run import simulator_latency_options
+    from stepwise_cli.commands import start
+    from stepwise_cli.grammar import UsageError, local_only
+
+    parser = argparse.ArgumentParser()
+    start.configure(parser)
+    args = parser.parse_args(["c.json", "--local", "--simulator-latency", "optim_step=8", "--simulator-latency",
+                              "forward_backward=0.5"])
+    assert simulator_latency_options(args.simulator_latency) == {"latency": {"optim_step": 8.0, "forward_backward": 0.5}}
+    assert simulator_latency_options([]) is None
+    with pytest.raises(UsageError, match="only apply with --local"):
+        local_only(parser.parse_args(["c.json", "--simulator-latency", "optim_step=8"]), "start")
+    with pytest.raises(UsageError, match="OP=SECONDS"):
+        simulator_latency_options(["optim_step=soon"])
