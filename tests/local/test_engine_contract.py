@@ -874,7 +874,7 @@ def _never_answered(event, ctx):
 def _inline_wait_machine(moto, name):
     """An inline Map whose iterations wait for a task token (the rollout group's shape)."""
     lam, iam = moto.client("lambda"), moto.client("iam")
-    role = engine._ensure_role(iam, "stop-test", "lambda.amazonaws.com")
+    role = resources._ensure_role(iam, "stop-test", "lambda.amazonaws.com")
     arn = lam.create_function(FunctionName=name, Role=role, PackageType="Image", Timeout=30,
                               Code={"ImageUri": "123456789012.dkr.ecr.us-east-1.amazonaws.com/x:1"})["FunctionArn"]
     moto.dispatcher.register(name, handler_path="", memory_mb=128, timeout_s=30, arn=arn, handler=_never_answered)
@@ -885,7 +885,7 @@ def _inline_wait_machine(moto, name):
         "Type": "Map", "ItemsPath": "$.items", "End": True,
         "ItemProcessor": {"ProcessorConfig": {"Mode": "INLINE"}, "StartAt": "Wait",
                           "States": {"Wait": wait, "Done": {"Type": "Pass", "End": True}}}}}}
-    return engine.create_state_machine(moto, name, json.dumps(definition))
+    return resources.create_state_machine(moto, name, json.dumps(definition))
 
 
 def _stop_and_time(moto, sm: str, name: str) -> tuple[str, float]:
