@@ -1288,6 +1288,8 @@ class _ShortRepr(reprlib.Repr):
 
 
 _SHORT_REPR = _ShortRepr()
+#: The most characters `shown` gives of a value.
+SHOWN_MAX_CHARS = 300
 
 
 def _inexact_integer(value: Any) -> bool:
@@ -1307,8 +1309,10 @@ def _inexact_integer(value: Any) -> bool:
 
 def shown(value: Any) -> str:
     """``repr(value)`` abbreviated for an error message: at most a few hundred characters, whatever
-    the value (a YAML alias bomb, a self-referring list, an int of thousands of digits)."""
-    return _SHORT_REPR.repr(value)
+    the value (a YAML alias bomb, a self-referring list, an int of thousands of digits, six nested dicts of
+    long keys: reprlib bounds each container's items, not the whole, so the whole is cut too)."""
+    text = _SHORT_REPR.repr(value)
+    return text if len(text) <= SHOWN_MAX_CHARS else text[:SHOWN_MAX_CHARS - 3] + "..."
 
 
 def _format_error(err: dict[str, Any]) -> str:

@@ -191,3 +191,12 @@ def test_a_scalar_its_tag_cannot_construct_is_an_error_not_a_traceback(tmp_path,
     # PyYAML's own constructors raise AttributeError (an explicit !!timestamp that is no date) or ValueError.
     errors = _errors(_write(tmp_path, "tagged.yaml", BASE + f"exp_id: {value}\n"))
     assert any(e.startswith("(file): ") for e in errors), errors
+
+
+def test_a_value_of_nested_long_keys_is_shown_cut_to_a_readable_message(tmp_path: Path):
+    """reprlib bounds each container's items, not the whole: six dicts of six 120-character keys holding lists
+    of integers past 2**53 made a 9,860-character message (found by the YAML fuzz test); now at most 600."""
+    value = {"k" * 120 + str(i): {"j" * 120 + str(j): [2**60] * 6 for j in range(6)} for i in range(6)}
+    path = _write(tmp_path, "c.json", json.dumps({"judge": value}))
+    errors = _errors(path)
+    assert any("judge" in err and "2**53" in err for err in errors), errors
