@@ -26,8 +26,10 @@ from stepwise_cli.plot import curves, plot_run
 
 log = logging.getLogger("stepwise.run_local")
 
-#: Seconds the end of a run waits for asynchronous invocations still running (Track's last pages).
+#: Seconds the end of a run waits for asynchronous invocations still running (Track's last pages) without one
+#: ending; each one that ends gives as much again, up to DRAIN_WHILE_PROGRESSING_SECONDS in all.
 DRAIN_SECONDS = 60.0
+DRAIN_WHILE_PROGRESSING_SECONDS = 300.0
 #: The same after a Ctrl-C (or SIGTERM): a person is waiting for the prompt.
 INTERRUPTED_DRAIN_SECONDS = 3.0
 #: The report page in the run folder (the Track function's page, copied as the run goes).
@@ -109,7 +111,10 @@ def finish(stack: LocalStack, follower: Any, desc: dict[str, Any] | None, run_id
         dispatcher = stack.moto.dispatcher
         if not _tracking(run_dir):
             dispatcher.abandon_beside_loop()
-        dispatcher.drain(timeout=INTERRUPTED_DRAIN_SECONDS if degraded else DRAIN_SECONDS)
+        if degraded:
+            dispatcher.drain(timeout=INTERRUPTED_DRAIN_SECONDS)
+        else:  # as long as Track's queue moves (its invocations take ~10 s idle, about a minute under load)
+            dispatcher.drain(timeout=DRAIN_SECONDS, while_progressing=DRAIN_WHILE_PROGRESSING_SECONDS)
         left = [t.name.rsplit("-", 1)[-1] for t in getattr(dispatcher, "_async_threads", []) if t.is_alive()
                 and not (dispatcher.beside_loop_abandoned and t in dispatcher._beside_loop_threads)]
         if left:

@@ -353,19 +353,30 @@ class LambdaDispatcher:
         response_headers["x-amz-log-result"] = base64.b64encode(b"").decode()
         return payload
 
-    def drain(self, timeout: float = 30.0, *, beside_loop: bool | None = None) -> None:
-        """Wait for asynchronous (Event) invocations still running, at most ``timeout`` seconds in all.
+    def drain(self, timeout: float = 30.0, *, beside_loop: bool | None = None, while_progressing: float = 0.0) -> None:
+        """Wait for asynchronous (Event) invocations still running, at most ``timeout`` seconds in all; with
+        ``while_progressing`` (seconds, at most), the ``timeout`` counts from the last invocation that ended
+        instead: a queue of Track invocations that each take tens of seconds under load is waited for as long as
+        it moves (each one ended gives ``timeout`` more), one that hangs costs ``timeout``.
 
         ``beside_loop=False`` (default once `abandon_beside_loop` was called, else True): not for the functions beside the loop (`stepwise.functions.FunctionSpec.beside_loop`:
         Track), which are left to end with their worker (`abandon_beside_loop`): run-local rebuilds what they
         produce at a run's end, and waited for them up to a minute (a Track invocation takes 8.5 s idle, about
         a minute under load)."""
-        deadline = time.monotonic() + timeout
+        start = time.monotonic()
+        deadline = start + timeout
+        cap = start + max(timeout, while_progressing)
         beside_loop = not self.beside_loop_abandoned if beside_loop is None else beside_loop
         with self._lock:
             threads = [t for t in self._async_threads if beside_loop or t not in self._beside_loop_threads]
-        for t in threads:
-            t.join(max(0.0, deadline - time.monotonic()))
+        while threads and time.monotonic() < deadline:
+            threads[0].join(max(0.0, min(deadline, cap) - time.monotonic()))
+            ended = [t for t in threads if not t.is_alive()]
+            if not ended:
+                break  # none ended within the time left: what is left is left
+            threads = [t for t in threads if t.is_alive()]
+            if while_progressing:
+                deadline = min(cap, time.monotonic() + timeout)
 
     def abandon_beside_loop(self) -> bool:
         """Stop the functions beside the loop where they run in a process of their own (`local.workers.WorkerPool`):

@@ -82,3 +82,34 @@ def test_without_a_process_of_their_own_the_functions_beside_the_loop_are_waited
     from local import engine
 
     assert engine.LambdaDispatcher().abandon_beside_loop() is False
+
+
+def test_the_end_waits_for_asynchronous_invocations_while_they_end_and_not_for_one_that_hangs(monkeypatch):
+    """`LambdaDispatcher.drain(timeout, while_progressing=cap)`: the timeout counts from the last invocation that
+    ended, up to the cap. A run with a tracker waits so for Track's queue (invocations of ~10 s idle, about a minute
+    each under load): with a fixed 60 s, the last of three queued pages was left on a loaded CI machine
+    (tests/e2e/test_inspect_run.py counted 23 Track invocations of 24). One that hangs costs the timeout."""
+    import time
+
+    from local import engine
+
+    monkeypatch.syspath_prepend(os.path.dirname(__file__))  # the dispatcher runs the handler in this process
+
+    def run(seconds: list[float], **drain) -> tuple[float, int]:
+        d = engine.LambdaDispatcher()
+        try:
+            d.register("page", handler_path="test_beside_loop._slow", memory_mb=256, timeout_s=60, arn="arn:page")
+            for s in seconds:
+                d.invoke_from_moto("page", json.dumps({"seconds": s}), {}, {})
+            t0 = time.monotonic()
+            d.drain(**drain)
+            return time.monotonic() - t0, sum(t.is_alive() for t in d._async_threads)
+        finally:
+            d.stop_limits()
+
+    waited, left = run([1.0, 2.0, 3.0], timeout=1.6)  # a fixed bound leaves the slower ones
+    assert waited < 2.5 and left == 2
+    waited, left = run([1.0, 2.0, 3.0], timeout=1.6, while_progressing=30)  # each one ended gives 1.6 s more
+    assert left == 0 and waited < 10
+    waited, left = run([1.0, 20.0], timeout=1.6, while_progressing=30)  # one that hangs: the timeout after the last
+    assert left == 1 and 2.0 < waited < 6
