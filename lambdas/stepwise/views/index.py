@@ -58,7 +58,8 @@ OTHER_CAUSES = "other causes"
 PLOT_LIMIT = 1e300
 
 
-def _number(v: Any) -> float | None:
+def number(v: Any) -> float | None:
+    """``v`` as a finite float, or None (not a number, a bool, too large for a float, NaN or infinite)."""
     if not isinstance(v, (int, float)) or isinstance(v, bool):
         return None
     try:
@@ -74,12 +75,12 @@ def curve_values(summary: Mapping[str, Any], keys: Iterable[str]) -> dict[str, f
     out: dict[str, float] = {}
     for key in keys:
         if key == "rollouts/failed_fraction":
-            n, e, t = (_number(summary.get(k)) for k in ("sampler/num_rollouts", "rollouts/num_error",
+            n, e, t = (number(summary.get(k)) for k in ("sampler/num_rollouts", "rollouts/num_error",
                                                          "rollouts/num_timeout"))
             if n and e is not None and t is not None:
                 out[key] = (e + t) / n
         else:
-            v = _number(summary.get(key))
+            v = number(summary.get(key))
             if v is not None:
                 out[key] = max(-PLOT_LIMIT, min(PLOT_LIMIT, v))
     return out

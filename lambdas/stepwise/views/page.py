@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import html
 import json
-import math
 import re
 import threading
 from collections.abc import Mapping, Sequence
@@ -215,18 +214,8 @@ def _e(value: Any) -> str:
     return html.escape("" if value is None else str(value), quote=True)
 
 
-def _number(v: Any) -> float | None:
-    if not isinstance(v, (int, float)) or isinstance(v, bool):
-        return None
-    try:
-        f = float(v)
-    except OverflowError:
-        return None
-    return f if math.isfinite(f) else None
-
-
 def _fmt(value: Any, spec: str = ".3f") -> str:
-    v = _number(value)
+    v = ix.number(value)
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
     return "-" if v is None else format(v, spec)
@@ -367,7 +356,7 @@ def render_table(table: Mapping[str, Any]) -> str:
     """A sample table as an HTML section ``id="{kind}-{step}"``."""
     kind, step = table.get("kind", "train"), table.get("step")
     metrics = table.get("metrics") or {}
-    head = ", ".join(f"{k} {_fmt(v) if _number(v) is not None else _e(v)}" for k, v in metrics.items())
+    head = ", ".join(f"{k} {_fmt(v) if ix.number(v) is not None else _e(v)}" for k, v in metrics.items())
     counts = table.get("selection") or {}
     if counts and kind == "train":
         head += (" · " if head else "") + "groups: " + ", ".join(f"{n} {k}" for k, n in counts.items())
