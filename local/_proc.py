@@ -150,14 +150,40 @@ def stop_process(proc: subprocess.Popen, log: IO[Any] | None = None, *, timeout:
         log.close()
 
 
-def restore_env(saved: dict[str, str | None]) -> None:
-    """Put back the environment variables ``saved`` recorded (None = was unset), then forget them."""
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
+class EnvChanges:
+    """Process environment variables a local service set, put back by ``restore()``.
+
+    ``restore()`` puts a variable back only while it still holds the value this object set: an owner that
+    changed it later (a test's ``MonkeyPatch``, another stack) and already put it back is not overwritten
+    with a value from the middle of its life. Owners stop in any order and the environment still ends as it
+    began (moto's ``create_functions`` sets the stack's variables after a test's monkeypatch set them; the
+    monkeypatch undone first, moto's old-value restore had brought the test's values back for good). Values
+    are all it can compare: when this object set the very value the other owner's undo puts back, it cannot
+    tell the two apart and restores its own old value.
+    """
+
+    def __init__(self) -> None:
+        self._old: dict[str, str | None] = {}
+        self._new: dict[str, str] = {}
+
+    def set(self, env: dict[str, str]) -> None:
+        """Set ``env`` in ``os.environ``, remembering each variable's value before the first change."""
+        for key, value in env.items():
+            self._old.setdefault(key, os.environ.get(key))
+            self._new[key] = value
             os.environ[key] = value
-    saved.clear()
+
+    def restore(self) -> None:
+        """Put back what ``set`` changed and nobody changed since (None = unset), then forget it."""
+        for key, old in self._old.items():
+            if os.environ.get(key) != self._new[key]:
+                continue
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
+        self._old.clear()
+        self._new.clear()
 
 
 def await_listening(proc: subprocess.Popen, pattern: re.Pattern[str], *, what: str, timeout: float,

@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterator
 
 from botocore.config import Config
 
-from local._proc import restore_env
+from local._proc import EnvChanges
 # the dispatch and the request log were parts of this module: their names are still read from here
 from local.dispatch import (Handler, InvocationFaults, InvocationRecord, LambdaContext, LambdaDispatcher,  # noqa: F401
                             LambdaThrottled, run_handler)
@@ -867,7 +867,7 @@ class MotoServer:
         self._patch: contextlib.ExitStack | None = None
         self.s3_requests: S3RequestLog | None = None
         self.connections = ServerConnections()
-        self._saved_env: dict[str, str | None] = {}
+        self._env = EnvChanges()
         self._saved_config: bool | None = None
         self.endpoint = ""
 
@@ -910,10 +910,8 @@ class MotoServer:
         return self
 
     def set_env(self, env: dict[str, str]) -> None:
-        """Set process environment variables, remembering the old values for ``stop()``."""
-        for key, value in env.items():
-            self._saved_env.setdefault(key, os.environ.get(key))
-            os.environ[key] = value
+        """Set process environment variables, put back by ``stop()`` (`local._proc.EnvChanges`)."""
+        self._env.set(env)
 
     def stop(self) -> None:
         from moto.core.config import default_user_config
@@ -929,7 +927,7 @@ class MotoServer:
             self._patch = None
         if self._saved_config is not None:
             default_user_config["stepfunctions"]["execute_state_machine"] = self._saved_config
-        restore_env(self._saved_env)
+        self._env.restore()
 
     def __enter__(self) -> "MotoServer":
         return self.start()

@@ -566,17 +566,36 @@ def simulator_latency_options(latency: list[str]) -> dict[str, Any] | None:
 def run(args: argparse.Namespace) -> int:
     """`stepwise start --local` (old spelling ``stepwise run-local``). A config that cannot run, a usage error or an
     agent folder that cannot be used reach `stepwise_cli.main`, which reports them for every command."""
-    from stepwise_cli.grammar import parse_acr_faults, parse_sets
-
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops cleanly too, like Ctrl-C
     args.verbose = getattr(args, "verbose", False)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # what quiet mode changes in this process is put back when the command returns (a test, or a script calling
+    # `main` in-process, keeps its own log levels): the handlers' INFO lines and the services' chatter
+    saved_level = os.environ.get("POWERTOOLS_LOG_LEVEL")
+    noisy_levels = {name: logging.getLogger(name).level for name in _NOISY_LOGGERS}
     if not args.verbose:
-        os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")  # handlers' INFO lines
-        for noisy in ("moto", "werkzeug", "botocore", "urllib3", "sagemaker", "sagemaker.config", "local.acr"):
+        os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
+        for noisy in _NOISY_LOGGERS:
             logging.getLogger(noisy).setLevel(logging.CRITICAL if noisy == "moto" else logging.ERROR)
+    try:
+        return _run(args)
+    finally:
+        if saved_level is None:
+            os.environ.pop("POWERTOOLS_LOG_LEVEL", None)
+        else:
+            os.environ["POWERTOOLS_LOG_LEVEL"] = saved_level
+        for name, level in noisy_levels.items():
+            logging.getLogger(name).setLevel(level)
+
+
+_NOISY_LOGGERS = ("moto", "werkzeug", "botocore", "urllib3", "sagemaker", "sagemaker.config", "local.acr")
+
+
+def _run(args: argparse.Namespace) -> int:
+    from stepwise_cli.grammar import parse_acr_faults, parse_sets
+
     try:
         result = run_local(Path(args.config), run_id=args.run_id, out_root=args.runs_dir, progress=not args.no_progress,
                            timeout=args.timeout, overrides=parse_sets(args.set), acr_faults=parse_acr_faults(args.acr_fault),

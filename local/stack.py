@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from local import REPO_ROOT
-from local._proc import restore_env, service_env, stop_process
+from local._proc import EnvChanges, service_env, stop_process
 from local.no_aws import endpoint_problems
 from local.workers import WorkerPool, workers_from_env
 from stepwise import layout
@@ -131,15 +131,14 @@ class LocalStack:
     bedrock: Any = None
     resources: Any = None
     simulator_in_process: bool = False
-    _saved_env: dict[str, str | None] = field(default_factory=dict)
+    _env: EnvChanges = field(default_factory=EnvChanges)
     #: Called with `billing_report` when a stack stops (before its services do): the tests' check that
     #: nothing is left billing after every end-to-end run (tests/support/billing.py).
     observers: ClassVar[list[Callable[[dict[str, Any]], None]]] = []
 
     def set_env(self, env: dict[str, str]) -> None:
-        for key, value in env.items():
-            self._saved_env.setdefault(key, os.environ.get(key))
-            os.environ[key] = value
+        """Set process environment variables, put back by ``stop()`` (`local._proc.EnvChanges`)."""
+        self._env.set(env)
 
     def start(self, *, tps_limit: float | None, simulator_options: dict[str, Any] | None = None,
               acr_faults: dict[str, int] | None = None, log_dir: Path | None = None,
@@ -218,33 +217,35 @@ class LocalStack:
     def stop(self, drain_seconds: float = 10.0) -> None:
         """Stop every service; ``drain_seconds``: how long asynchronous invocations still running may finish
         first (0 after an interrupt: run-local has waited its own few seconds and named what it left)."""
-        if self.acr is not None and self.observers:
-            report = self.billing_report()
-            for observe in list(self.observers):
-                observe(report)
-        for name in ("acr", "gateway", "bedrock"):
-            part = getattr(self, name)
-            if part is not None:
+        try:
+            if self.acr is not None and self.observers:
+                report = self.billing_report()
+                for observe in list(self.observers):
+                    observe(report)
+            for name in ("acr", "gateway", "bedrock"):
+                part = getattr(self, name)
+                if part is not None:
+                    try:
+                        part.stop()
+                    except Exception:  # keep stopping the rest
+                        log.exception("stopping %s", name)
+                    setattr(self, name, None)
+            if self.moto is not None:
+                self.moto.dispatcher.drain(timeout=drain_seconds)
+                if self.moto.dispatcher.workers is not None:
+                    self.moto.dispatcher.workers.stop()
+                    self.moto.dispatcher.workers = None
+            if self.simulator is not None:
                 try:
-                    part.stop()
-                except Exception:  # keep stopping the rest
-                    log.exception("stopping %s", name)
-                setattr(self, name, None)
-        if self.moto is not None:
-            self.moto.dispatcher.drain(timeout=drain_seconds)
-            if self.moto.dispatcher.workers is not None:
-                self.moto.dispatcher.workers.stop()
-                self.moto.dispatcher.workers = None
-        if self.simulator is not None:
-            try:
-                self.simulator.stop()
-            except Exception:
-                log.exception("stopping the simulator")
-            self.simulator = None
-        if self.moto is not None:
-            self.moto.stop()
-            self.moto = None
-        restore_env(self._saved_env)
+                    self.simulator.stop()
+                except Exception:
+                    log.exception("stopping the simulator")
+                self.simulator = None
+            if self.moto is not None:
+                self.moto.stop()
+                self.moto = None
+        finally:  # the environment as it was, even when a service's stop raised
+            self._env.restore()
 
 
 def local_pool_size(tps_limit: float | None) -> int:

@@ -50,6 +50,34 @@ def moto_dep(moto_env) -> MotoDeployment:
     return MotoDeployment(BUCKET, arn, s3, sfn)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def environment_per_module(request):
+    """Each test module starts from the environment the one before it started from: whatever a module left in
+    ``os.environ`` (a stack whose stop did not run, a command that set a variable in-process) is put back after
+    it and named in a warning, so the next module on the same pytest-xdist worker does not depend on the
+    order ``--dist loadfile`` happened to choose (CI once saw ``STEPWISE_JUDGE_MODEL_IDS`` and
+    ``POWERTOOLS_LOG_LEVEL`` cross from one module into another's expectations)."""
+    import warnings
+
+    before = dict(os.environ)
+    yield
+    changed = sorted(k for k in before.keys() | os.environ.keys()
+                     if before.get(k) != os.environ.get(k) and not k.startswith(_SET_BY_IMPORTS))
+    for key in changed:
+        if before.get(key) is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before[key]
+    if changed:
+        warnings.warn(f"{request.node.nodeid} left the environment changed: {', '.join(changed)} (put back)",
+                      stacklevel=1)
+
+
+#: Variables pytest sets per test, and those a library sets for itself when first imported (torch's), which
+#: are not a module's doing and stay.
+_SET_BY_IMPORTS = ("PYTEST_CURRENT_TEST", "KMP_", "TORCHINDUCTOR_")
+
+
 @pytest.fixture(autouse=True)
 def nothing_left_billing(request):
     """After every test: each run that ended during it left no AgentCore runtime session active and no

@@ -111,16 +111,16 @@ def test_one_wandb_run_holds_every_step_and_sample_table_across_continue_as_new(
 
 def test_no_step_waits_for_a_lost_wake_up_across_the_hand_overs(finished):
     """Every rollout's outcome reached its task (none ended by its timeout, none scored late), and no step
-    after the first (which pays the cold starts) took more than twice the median, across the continue-as-new
-    hand-overs of the run's 3 executions. A lost wake-up (moto ending a task its SendTaskSuccess already
-    answered at the task's timeout, `local.engine.early_task_outcomes`) made a step last the whole
-    ``max_rollout_time``."""
+    came near ``max_rollout_time``, across the continue-as-new hand-overs of the run's 3 executions. A lost
+    wake-up (moto ending a task its SendTaskSuccess already answered at the task's timeout,
+    `local.engine.early_task_outcomes`) made a step last the whole ``max_rollout_time`` (120 s here, against
+    2-3 s a step on an idle machine). The bound is half of it, not a multiple of the median step: a loaded CI
+    machine once made one step 9.7 s against a 2.6 s median, which is load, not a lost wake-up."""
     rows = [json.loads(line) for line in (finished.run_dir / "metrics.jsonl").read_text().splitlines()]
     walls = {r["step"]: r["time/step_wall"] for r in rows if r.get("kind") == "train" and "time/step_wall" in r}
     assert sorted(walls) == list(range(STEPS))
-    later = sorted(walls[s] for s in range(1, STEPS))
-    median = later[len(later) // 2]
-    assert max(later) <= 2 * median, {s: round(w, 2) for s, w in walls.items()}
+    max_rollout_time = json.loads(TOY.read_text())["max_rollout_time"]
+    assert max(walls.values()) < max_rollout_time / 2, {s: round(w, 2) for s, w in walls.items()}
     records = [json.loads(p.read_text()) for p in (finished.run_dir / "s3").rglob("rollouts/*.json")]
     assert len(records) >= STEPS * 16
     assert [r["sid"] for r in records if r["status"] == "timeout" or r.get("late")] == []

@@ -92,6 +92,8 @@ def test_concurrent_invocations_in_one_process_log_with_their_own_keys():
     out = io.StringIO()
     handler = logger.registered_handler
     stream, handler.stream = handler.stream, out  # not setStream: it flushes a stream an earlier test closed
+    level = logger.log_level  # the level this process's logger was made with (POWERTOOLS_LOG_LEVEL at import)
+    logger.setLevel("INFO")
     try:
         threads = [threading.Thread(target=invoke, args=(n,)) for n in range(8)]
         for t in threads:
@@ -101,6 +103,7 @@ def test_concurrent_invocations_in_one_process_log_with_their_own_keys():
         logger.info("after every invocation")
     finally:
         handler.stream = stream
+        logger.setLevel(level)
     assert not errors, errors[:3]
     lines = [json.loads(line) for line in out.getvalue().splitlines() if '"line of' in line]
     assert len(lines) == 8 * 40
