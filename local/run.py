@@ -580,7 +580,7 @@ def run(args: argparse.Namespace) -> int:
         for noisy in _NOISY_LOGGERS:
             logging.getLogger(noisy).setLevel(logging.CRITICAL if noisy == "moto" else logging.ERROR)
     try:
-        return _run(args)
+        return _start(args)
     finally:
         if saved_level is None:
             os.environ.pop("POWERTOOLS_LOG_LEVEL", None)
@@ -593,7 +593,7 @@ def run(args: argparse.Namespace) -> int:
 _NOISY_LOGGERS = ("moto", "werkzeug", "botocore", "urllib3", "sagemaker", "sagemaker.config", "local.acr")
 
 
-def _run(args: argparse.Namespace) -> int:
+def _start(args: argparse.Namespace) -> int:
     from stepwise_cli.grammar import parse_acr_faults, parse_sets
 
     try:
