@@ -12,8 +12,12 @@ text, so the deployed and the local definitions are the same document.
 
 Every rollout runs the same child states (``rollout_child.json``: Start rollout, its result's re-check
 (Rollout silent, Wait for rollout result), Finish rollout, Record failed rollout, Rollout lost): the training loop's two Distributed Maps (the second under names of its own)
-and the rollout group's inline Map carry generated copies of them. ``python -m state_machine.definition
---write`` regenerates the copies after the fragment changed; `stale_copies` is what a test checks.
+and the rollout group's inline Map carry generated copies of them. The group judge's loop (``judge_loop.json``:
+Judge groups, Groups judged?, Wait for the judge) is generated the same way into the training loop (a generation
+batch's groups, before "Compute advantages and filter groups") and the rollout group (its one group, before
+"Record group complete"), each copy binding the fragment's ``<batch>``, ``<judged>`` and ``<failed>``.
+``python -m state_machine.definition --write`` regenerates the copies after a fragment changed; `stale_copies`
+is what a test checks.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Any
 ASL_PATH = Path(__file__).with_name("training_loop.asl.json")
 GROUP_ASL_PATH = Path(__file__).with_name("rollout_group.asl.json")
 CHILD_PATH = Path(__file__).with_name("rollout_child.json")
+JUDGE_PATH = Path(__file__).with_name("judge_loop.json")
 #: The placeholder of the rollout-group state machine's ARN in the training loop.
 GROUP_STATE_MACHINE_PLACEHOLDER = "RolloutGroupStateMachineArn"
 
@@ -47,6 +52,23 @@ CHILD_COPIES: tuple[tuple[Path, tuple[str, ...], dict[str, str]], ...] = (
     (GROUP_ASL_PATH, ("Roll out the group",), {}),
 )
 
+#: The group's names of the judge loop's states (the rollout group's copy).
+GROUP_JUDGE_NAMES = {
+    "Judge groups": "Judge the group",
+    "Groups judged?": "Group judged?",
+    "Wait for the judge": "Wait for the group's judge",
+}
+#: Where each copy of the judge loop sits: (file, the copy's state names for the fragment's, its bindings of the
+#: fragment's tokens: ``<batch>`` the JSONPath of the batch judged, ``<judged>`` the state once every group has its
+#: record, ``<failed>`` the state a failed judge goes to). A judge that fails for a group (retries spent) leaves it
+#: unjudged: "Record group complete" records it, and the group falls back (`stepwise.core.judge.apply_judgements`).
+JUDGE_COPIES: tuple[tuple[Path, dict[str, str], dict[str, str]], ...] = (
+    (ASL_PATH, {}, {"<batch>": "$.plan.batch", "<judged>": "Compute advantages and filter groups",
+                    "<failed>": "Stop training session after failure"}),
+    (GROUP_ASL_PATH, GROUP_JUDGE_NAMES, {"<batch>": "$.batch", "<judged>": "Record group complete",
+                                         "<failed>": "Record group complete"}),
+)
+
 #: ``${Name}`` as Step Functions' DefinitionSubstitutions spells a placeholder.
 PLACEHOLDER_RE = re.compile(r"\$\{([A-Za-z0-9_]+)\}")
 
@@ -64,12 +86,40 @@ def load_group_definition() -> str:
 def child_states(names: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The rollout child states (``rollout_child.json``'s ``States``), renamed by ``names`` (fragment name ->
     copy's name; state keys and ``Next`` targets)."""
-    names = dict(names or {})
-    states = json.loads(CHILD_PATH.read_text())["States"]
+    return _renamed(json.loads(CHILD_PATH.read_text())["States"], dict(names or {}))
 
+
+def judge_states(names: Mapping[str, str] | None = None, bindings: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The judge loop's states (``judge_loop.json``'s ``States``), renamed by ``names`` (as `child_states`) and
+    every string value equal to a token of ``bindings`` (``<batch>``, ``<judged>``, ``<failed>``) replaced.
+
+    Raises:
+        KeyError: a token of the fragment has no binding (named).
+    """
+    names, bindings = dict(names or {}), dict(bindings or {})
+
+    def bind(obj: Any) -> Any:
+        if isinstance(obj, dict):
+            return {k: bind(v) for k, v in obj.items()}
+        if isinstance(obj, list):
+            return [bind(x) for x in obj]
+        if isinstance(obj, str) and obj.startswith("<") and obj.endswith(">"):
+            if obj not in bindings:
+                raise KeyError(f"judge_loop.json's {obj} has no binding; given {sorted(bindings)}")
+            return bindings[obj]
+        return obj
+
+    return _renamed(bind(json.loads(JUDGE_PATH.read_text())["States"]), names)
+
+
+#: The fields whose value names a state (renamed with the states).
+TARGETS = ("Next", "Default")
+
+
+def _renamed(states: dict[str, Any], names: Mapping[str, str]) -> dict[str, Any]:
     def rename(obj: Any) -> Any:
         if isinstance(obj, dict):
-            return {names.get(k, k): (names.get(v, v) if k == "Next" else rename(v)) for k, v in obj.items()}
+            return {names.get(k, k): (names.get(v, v) if k in TARGETS else rename(v)) for k, v in obj.items()}
         if isinstance(obj, list):
             return [rename(x) for x in obj]
         return obj
@@ -85,19 +135,28 @@ def _map_state(asl: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any]:
 
 
 def with_child_copies(path: Path) -> str:
-    """The text of ``path`` with every rollout child copy it holds regenerated from the fragment."""
+    """The text of ``path`` with every rollout child copy and judge loop copy it holds regenerated from the
+    fragments (a judge state the file lacks is added at the end of its top-level ``States``)."""
     asl = json.loads(path.read_text())
     for file, where, names in CHILD_COPIES:
         if file == path:
             proc = _map_state(asl, where)["ItemProcessor"]
             proc["States"] = child_states(names)
             proc["StartAt"] = names.get("Start rollout", "Start rollout")
+    for file, names, bindings in JUDGE_COPIES:
+        if file == path:
+            asl["States"].update(judge_states(names, bindings))
     return json.dumps(asl, indent=2) + "\n"
 
 
+def _copied_files() -> list[Path]:
+    return list(dict.fromkeys([*(f for f, _, _ in CHILD_COPIES), *(f for f, _, _ in JUDGE_COPIES)]))
+
+
 def stale_copies() -> list[str]:
-    """The ASL files whose rollout child copies differ from ``rollout_child.json`` ([] = in sync)."""
-    return [p.name for p in dict.fromkeys(f for f, _, _ in CHILD_COPIES) if with_child_copies(p) != p.read_text()]
+    """The ASL files whose rollout child or judge loop copies differ from ``rollout_child.json`` and
+    ``judge_loop.json`` ([] = in sync)."""
+    return [p.name for p in _copied_files() if with_child_copies(p) != p.read_text()]
 
 
 def placeholders(text: str | None = None) -> set[str]:
@@ -138,20 +197,20 @@ def load_group_asl() -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m state_machine.definition [--write]``: check (or regenerate) the rollout child copies."""
+    """``python -m state_machine.definition [--write]``: check (or regenerate) the rollout child and judge loop copies."""
     import argparse
 
-    parser = argparse.ArgumentParser(description="check or regenerate the rollout child states' copies")
-    parser.add_argument("--write", action="store_true", help="rewrite the ASL files from rollout_child.json")
+    parser = argparse.ArgumentParser(description="check or regenerate the rollout child states' and the judge loop's copies")
+    parser.add_argument("--write", action="store_true", help="rewrite the ASL files from rollout_child.json and judge_loop.json")
     args = parser.parse_args(argv)
     stale = stale_copies()
     if args.write:
-        for path in dict.fromkeys(f for f, _, _ in CHILD_COPIES):
+        for path in _copied_files():
             path.write_text(with_child_copies(path))
         print(f"regenerated: {', '.join(stale) or 'nothing (in sync)'}")
         return 0
     if stale:
-        print(f"out of date with rollout_child.json: {', '.join(stale)}; run: python -m state_machine.definition --write")
+        print(f"out of date with rollout_child.json or judge_loop.json: {', '.join(stale)}; run: python -m state_machine.definition --write")
         return 1
     return 0
 

@@ -316,14 +316,40 @@ def test_the_group_engine_branch_admits_waits_on_a_token_and_trains_the_chosen_g
     assert states["Compute advantages on the chosen groups"]["Next"] == "Admit groups while this step trains"
     choice = states["Train the chosen groups?"]["Choices"]
     assert {c["Next"] for c in choice} == {"Submit training step", "Wait for a batch of groups"}
-    # the rollout group: every member a child with its task token, then the judge's place, then the record
+    # the rollout group: every member a child with its task token, then its judge (with a judge), then the record
     group = load_group_asl()
     rollouts = group["States"]["Roll out the group"]
     assert rollouts["ItemProcessor"]["ProcessorConfig"] == {"Mode": "INLINE"} and rollouts["ItemsPath"] == "$.items"
     start = rollouts["ItemProcessor"]["States"]["Start rollout"]
     assert start["Resource"] == "${StatesLambdaInvokeWaitForTaskToken}"
-    assert rollouts["Next"] == "Judge the group" and group["States"]["Judge the group"]["Next"] == "Record group complete"
+    assert rollouts["Next"] == "Judge the group?"
+    assert group["States"]["Judge the group?"]["Default"] == "Record group complete"
     record = group["States"]["Record group complete"]
     assert record["Resource"] == "${RecordGroupCompleteFunctionArn}" and record["End"]
     assert record["Parameters"]["group_state_machine_arn.$"] == "$$.StateMachine.Id"
     assert group.get("QueryLanguage") == "JSONPath"
+
+
+def test_the_rollout_group_judges_its_group_with_the_training_loop_s_judge_loop_only_when_the_run_has_a_judge() -> None:
+    """The group engine's judge: a Choice on the execution's ``judge`` (in the place of main's Pass: a run without a
+    judge goes straight to the record, no extra transition), then the training loop's "Judge groups" loop generated
+    from one fragment (``judge_loop.json``) for the group's one batch, ending at "Record group complete"."""
+    from state_machine.definition import GROUP_JUDGE_NAMES, judge_states, load_group_asl, stale_copies
+
+    assert stale_copies() == []
+    group, loop = load_group_asl()["States"], load_asl()["States"]
+    choice = group["Judge the group?"]
+    assert choice["Type"] == "Choice" and choice["Default"] == "Record group complete"
+    (rule,) = choice["Choices"]
+    assert rule["Next"] == "Judge the group" and {"Variable": "$.judge", "BooleanEquals": True} in rule["And"]
+    judge, done, wait = (group[GROUP_JUDGE_NAMES[n]] for n in ("Judge groups", "Groups judged?", "Wait for the judge"))
+    assert judge["Resource"] == loop["Judge groups"]["Resource"] == "${JudgeGroupsFunctionArn}"
+    assert judge["Parameters"] == {"run.$": "$.run", "batch.$": "$.batch"} and judge["Retry"] == loop["Judge groups"]["Retry"]
+    assert judge["Next"] == "Group judged?" and judge["Catch"][0]["Next"] == "Record group complete"
+    assert done["Choices"][0]["Next"] == "Record group complete" and done["Default"] == "Wait for the group's judge"
+    assert wait["SecondsPath"] == "$.judge.wait_seconds" and wait["Next"] == "Judge the group"
+    # the training loop's copy is the same fragment with its own bindings
+    assert loop["Groups judged?"]["Choices"][0]["Next"] == "Compute advantages and filter groups"
+    assert loop["Judge groups"]["Parameters"]["batch.$"] == "$.plan.batch"
+    with pytest.raises(KeyError, match="<batch>|<failed>|<judged>"):
+        judge_states()  # a copy must bind every token of the fragment

@@ -1,5 +1,5 @@
 """The rollout group state machine in the synthesized stack (admission: group): deployed verbatim beside the
-training loop, invoking only its rollouts' and its record's functions; only AdmitGroups and
+training loop, invoking only its rollouts', its judge's and its record's functions; only AdmitGroups and
 RecordGroupComplete start groups, and a run's end (StopSession, Cleanup) and the trainer's wait may stop them."""
 
 from __future__ import annotations
@@ -47,8 +47,9 @@ def test_the_rollout_group_invokes_only_its_rollouts_and_its_record(template):
         if spec:
             by_name[spec.name] = lid
     named = {n for n, lid in by_name.items() if any(lid in x for x in invoked)}
-    # OnRolloutResult: a silent rollout's re-check of its result (the rollout child states' "Wait for rollout result")
-    assert named == {"StartRollout", "OnRolloutResult", "FinishRollout", "RecordGroupComplete"}
+    # OnRolloutResult: a silent rollout's re-check of its result (the rollout child states' "Wait for rollout result");
+    # JudgeGroups: the group's judge ("Judge the group", only with a judge)
+    assert named == {"StartRollout", "OnRolloutResult", "FinishRollout", "JudgeGroups", "RecordGroupComplete"}
     # it starts nothing itself (the functions do: moto runs no states:startExecution task, nor does this)
     assert not {"states:StartExecution", "states:StopExecution"} & actions_of(stmts)
 
