@@ -112,8 +112,8 @@ GROUP_STEP_CHOICES = {
     "Training step done?": "Rebind sampler to new weights",
     "Sampler rebound?": "Plan next action",
 }
-#: Per group (admission: group): its execution's own states besides its members' (the Map, the judge's
-#: place, Record group complete; `stepwise.handlers.advantages.GROUP_TRANSITIONS`), and its S3 requests:
+#: Per group (admission: group): its execution's own states besides its members' (the Map, "Judge the
+#: group?", Record group complete; `stepwise.handlers.advantages.GROUP_TRANSITIONS`), and its S3 requests:
 #: AdmitGroups' items and prompt PUTs, the buffer's read and conditional write at admission and at its
 #: record, its records read by RecordGroupComplete and its complete.json.
 GROUP_OWN_TRANSITIONS = 3
@@ -556,10 +556,14 @@ def estimate(cfg: RunConfig, a: Assumptions | None = None, *, total_steps: int |
                           + rollouts_per_batch * a.advantages_seconds_per_rollout, times=gen_batches)
             u.s3(S3_PER_GENERATION_BATCH, times=gen_batches)
         if cfg.judge is not None:  # the "Judge groups" state, its function and reads, per generation batch
-            u.state_transitions += counts["judge"] * gen_batches  # "Judge groups" and "Groups judged?"
             groups = cfg.batch_size * gen_batches
-            seconds = cfg.batch_size * a.judge_seconds_per_group / min(cfg.judge.concurrency, cfg.batch_size)
-            u.lambda_call(mem["JudgeGroups"], seconds, times=gen_batches)
+            if cfg.admission == "group":  # each group's own "Judge the group" and "Group judged?", one call each
+                u.state_transitions += counts["judge"] * groups
+                u.lambda_call(mem["JudgeGroups"], a.judge_seconds_per_group, times=groups)
+            else:
+                u.state_transitions += counts["judge"] * gen_batches  # "Judge groups" and "Groups judged?"
+                seconds = cfg.batch_size * a.judge_seconds_per_group / min(cfg.judge.concurrency, cfg.batch_size)
+                u.lambda_call(mem["JudgeGroups"], seconds, times=gen_batches)
             u.s3(S3_JUDGE_PER_GROUP, times=groups).s3(S3_JUDGE_PER_MEMBER, times=rollouts_per_batch * gen_batches)
             u.s3(S3_FINISH_PER_TURN, times=rollouts_per_batch * gen_batches * turns)
         # training: submit (polls inline), Wait/Poll rounds, rebind (inline, then its own rounds)

@@ -972,10 +972,6 @@ class RunConfig(BaseModel):
     def _judge(cls, v: JudgeConfig | None, info: ValidationInfo) -> JudgeConfig | None:
         if v is None:
             return v
-        if info.data.get("admission") == "group":
-            raise ValueError("admission 'group' does not judge yet: its groups complete one at a time in the rollout "
-                             "group's state machine, whose judge state ('Judge the group') does not call the judge, so "
-                             "the run would train on the agent's own rewards; use admission 'batch' with a judge")
         from stepwise.core.advantages import PER_TURN_ESTIMATORS
 
         estimator = info.data.get("advantage_estimator")

@@ -2,9 +2,10 @@
 parallel (`judge_batch`), through the run store and Amazon Bedrock.
 
 `judge_group` is the unit: the "Judge groups" state's function runs it for every group of a batch (a loop
-over it, ``judge.concurrency`` groups at once), and a pipeline that completes groups one at a time can run
-it for one (``judge_group(open_session(store, run_id, cfg, budget_s=..., started_at=...), step, g, input_id,
-rollouts)``). For a group it:
+over it, ``judge.concurrency`` groups at once), and the group engine (``admission: group``), whose groups
+complete one at a time, runs the same function for one group from its rollout group's "Judge the group"
+state (``folder``: the group's folder, `stepwise.records.BatchRef.folder`; its record then sits beside its
+rollouts, ``.../groups/{g}/a{n}/judge/``). For a group it:
 
 1. returns the group's record when it already has one for these rollouts (``.../judge/{input_id}.json``: a
    retried invocation or a re-run state pays nothing; a record of other rollouts, left by an attempt at the step
@@ -34,7 +35,7 @@ import contextvars
 import random
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -42,14 +43,14 @@ from typing import TYPE_CHECKING, Any
 from stepwise.aws import bedrock
 from stepwise.core import judge as core
 from stepwise.layout import judge_cache_key, judge_record_key, result_key, turns_prefix
-from stepwise.records import JudgeRecord, JudgeVerdict, RolloutRecord, Usage
+from stepwise.records import BatchRef, JudgeRecord, JudgeVerdict, RolloutRecord, Usage
 
 if TYPE_CHECKING:
     from stepwise.aws.runstore import RunStore
     from stepwise.config import RunConfig
 
-__all__ = ["JudgeRefused", "JudgeSession", "RateLimiter", "judge_batch", "judge_group", "judged_batches",
-           "load_judgements", "load_members", "open_session"]
+__all__ = ["JudgeRefused", "JudgeSession", "RateLimiter", "group_judgement", "judge_batch", "judge_group",
+           "judged_batches", "judged_groups", "load_judgements", "load_members", "open_session"]
 
 #: Backoff after a throttled request: full jitter over ``BACKOFF_BASE_S x 2^n``, at most ``BACKOFF_CAP_S``.
 BACKOFF_BASE_S = 1.0
@@ -140,17 +141,18 @@ def _backoff(session: JudgeSession, n: int) -> float:
 
 
 def judge_group(session: JudgeSession, step: int, generation_batch: int, input_id: str,
-                rollouts: Sequence[RolloutRecord]) -> JudgeRecord | None:
+                rollouts: Sequence[RolloutRecord], *, folder: Mapping[str, Any] | None = None) -> JudgeRecord | None:
     """Judge one group (``rollouts``: its members, any order) of a training generation batch and write its
     record (see the module doc); returns the record, or None when the invocation's time ran out first
-    (nothing is written; call again).
+    (nothing is written; call again). ``folder``: the group engine's group (``{"group", "attempt"}``), whose
+    record goes to its folder.
 
     Raises:
         JudgeRefused: Bedrock refused the request outright.
     """
     store, judge = session.store, session.cfg.judge
     assert judge is not None, "judge_group needs a run config with a judge"
-    key = judge_record_key(session.run_id, step, generation_batch, input_id)
+    key = judge_record_key(session.run_id, step, generation_batch, input_id, **(folder or {}))
     members_G = sorted(rollouts, key=lambda r: (r.member, r.i))
     existing = store.get_json_or(key)
     if isinstance(existing, dict):
@@ -250,10 +252,11 @@ def _ask(session: JudgeSession, group: core.JudgedGroup, record: JudgeRecord) ->
     return f"no valid answer in {record.attempts} attempt(s): {problem}"
 
 
-def judge_batch(session: JudgeSession, step: int, generation_batch: int,
-                rollouts: Sequence[RolloutRecord]) -> tuple[list[JudgeRecord], list[str]]:
+def judge_batch(session: JudgeSession, step: int, generation_batch: int, rollouts: Sequence[RolloutRecord], *,
+                folder: Mapping[str, Any] | None = None) -> tuple[list[JudgeRecord], list[str]]:
     """Judge every group of a generation batch (``rollouts``, grouped by input id), ``judge.concurrency`` at a
-    time: ``(the records, the input ids still unjudged when the invocation's time ran out)``.
+    time: ``(the records, the input ids still unjudged when the invocation's time ran out)``. ``folder``: the
+    group engine's group (its one group's rollouts), as `judge_group`'s.
 
     Raises:
         JudgeRefused: Bedrock refused a request outright (the other groups stop starting requests).
@@ -269,7 +272,7 @@ def judge_batch(session: JudgeSession, step: int, generation_batch: int,
         if refused.is_set():
             return None
         try:
-            return judge_group(session, step, generation_batch, input_id, groups[input_id])
+            return judge_group(session, step, generation_batch, input_id, groups[input_id], folder=folder)
         except JudgeRefused:
             refused.set()
             raise
@@ -288,17 +291,41 @@ def judge_batch(session: JudgeSession, step: int, generation_batch: int,
     return records, pending
 
 
-def load_judgements(store: RunStore, run_id: str, step: int, generation_batch: int) -> dict[str, JudgeRecord]:
-    """The judge records of a generation batch, by input id."""
+def load_judgements(store: RunStore, run_id: str, step: int, generation_batch: int, *,
+                    folder: Mapping[str, Any] | None = None) -> dict[str, JudgeRecord]:
+    """The judge records of a generation batch (or of the group engine's group in ``folder``), by input id."""
     from stepwise.layout import judge_prefix
 
     out = {}
-    for key in store.list_keys(judge_prefix(run_id, step, generation_batch)):
+    for key in store.list_keys(judge_prefix(run_id, step, generation_batch, **(folder or {}))):
         body = store.get_json_or(key)
         if isinstance(body, dict):
             record = JudgeRecord.model_validate(body)
             out[record.input_id] = record
     return out
+
+
+def _progress_usage(store: RunStore, run_id: str, step: int, generation_batch: int,
+                    folder: Mapping[str, Any] | None = None) -> Usage:
+    """What the judge function's own invocations for a batch (or a group) used, from its progress record."""
+    from stepwise.layout import judge_progress_key
+    from stepwise.records import JudgeProgress
+
+    progress = store.get_json_or(judge_progress_key(run_id, step, generation_batch, **(folder or {})))
+    return (JudgeProgress.model_validate(progress).usage or Usage()) if isinstance(progress, dict) else Usage()
+
+
+def _merged(store: RunStore, run_id: str, places: Sequence[tuple[int, int, Mapping[str, Any] | None]],
+            batches: Sequence[Sequence[RolloutRecord]], cfg: RunConfig
+            ) -> tuple[list[list[RolloutRecord]], list[dict[str, JudgeRecord]]]:
+    """Each batch's rollouts with the judge records of its place ``(step, generation batch, folder)`` merged in
+    (`stepwise.core.judge.apply_judgements`: the one merge of both engines), and the records read."""
+    merged, records = [], []
+    for (step, g, folder), rollouts in zip(places, batches, strict=True):
+        found = load_judgements(store, run_id, step, g, folder=folder)
+        records.append(found)
+        merged.append(core.apply_judgements(rollouts, found, cfg))
+    return merged, records
 
 
 def judged_batches(store: RunStore, run_id: str, step: int, generation_batches: Sequence[int],
@@ -308,21 +335,35 @@ def judged_batches(store: RunStore, run_id: str, step: int, generation_batches: 
     merged in (`stepwise.core.judge.apply_judgements`), the step's ``judge/*`` metrics over every batch, and what
     judging the last batch used (its groups' requests and tokens, the judge function's invocations: the cost
     ledger's share of it; earlier batches were added when they were computed)."""
-    from stepwise.layout import judge_progress_key
-    from stepwise.records import JudgeProgress
-
-    merged: list[list[RolloutRecord]] = []
-    every: list[JudgeRecord] = []
-    last: dict[str, JudgeRecord] = {}
-    for g, rollouts in zip(generation_batches, batches, strict=True):
-        last = load_judgements(store, run_id, step, g)
-        every.extend(last.values())
-        merged.append(core.apply_judgements(rollouts, last, cfg))
+    merged, records = _merged(store, run_id, [(step, g, None) for g in generation_batches], batches, cfg)
     usage = Usage()
-    for record in last.values():
+    for record in (records[-1] if records else {}).values():
         usage.add(record.usage)
-    progress = store.get_json_or(judge_progress_key(run_id, step, generation_batches[-1])) if generation_batches else None
-    if isinstance(progress, dict):
-        usage.add(JudgeProgress.model_validate(progress).usage)
-    metrics = core.judge_metrics([r for b in merged for r in b], every)
+    if generation_batches:
+        usage.add(_progress_usage(store, run_id, step, generation_batches[-1]))
+    metrics = core.judge_metrics([r for b in merged for r in b], [x for found in records for x in found.values()])
     return merged, metrics, usage
+
+
+def judged_groups(store: RunStore, run_id: str, refs: Sequence[BatchRef], groups: Sequence[Sequence[RolloutRecord]],
+                  cfg: RunConfig) -> tuple[list[list[RolloutRecord]], dict[str, float]]:
+    """What the group engine's ComputeAdvantages reads with a judge: each chosen group's rollouts (``groups``, the
+    group of ``refs[i]``) with the judge record in its folder merged in, as `judged_batches` merges a batch's, and
+    the step's ``judge/*`` metrics over them. What judging them used reached the ledger when each was recorded
+    complete (`group_judgement`)."""
+    merged, records = _merged(store, run_id, [(ref.step, ref.generation_batch, ref.folder) for ref in refs], groups, cfg)
+    return merged, core.judge_metrics([r for b in merged for r in b], [x for found in records for x in found.values()])
+
+
+def group_judgement(store: RunStore, run_id: str, batch: BatchRef, rollouts: Sequence[RolloutRecord],
+                    cfg: RunConfig) -> tuple[list[RolloutRecord], Usage]:
+    """A complete group of the group engine as RecordGroupComplete decides on it: its rollouts with its judge
+    record merged in (the rewards its estimator will read; a group the judge left without a record falls back,
+    as `stepwise.core.judge.apply_judgements` says), and what judging it used (its requests and tokens, the
+    judge function's invocations for it)."""
+    (merged,), records = _merged(store, run_id, [(batch.step, batch.generation_batch, batch.folder)], [rollouts], cfg)
+    usage = Usage()
+    for record in records[0].values():
+        usage.add(record.usage)
+    usage.add(_progress_usage(store, run_id, batch.step, batch.generation_batch, batch.folder))
+    return merged, usage

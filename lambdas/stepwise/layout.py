@@ -17,6 +17,8 @@ Layout (docs/internals.md, "S3 layout")::
     runs/{run_id}/buffer.json                               the group engine's buffer (admission: group); conditional writes
     runs/{run_id}/groups/{g}/a{n}/...                       one group (attempt n): items, prompts, starts, rollouts as a batch's
     runs/{run_id}/groups/{g}/a{n}/complete.json             what the group's completion recorded (versions, DAPO, durations)
+    runs/{run_id}/groups/{g}/a{n}/judge/{input_id}.json     the group judge's record of the group (a judged run)
+    runs/{run_id}/groups/{g}/a{n}/judge-progress.json       its judging across invocations (start, invocations, done)
     runs/{run_id}/steps/{step}/datums/{chunk:04d}.json      forward_backward datum chunks
     runs/{run_id}/steps/{step}/summary.json                 the step's metrics
     runs/{run_id}/summary.json                              the run's end: status, reason, checkpoints (StopSession, Cleanup)
@@ -165,18 +167,22 @@ def group_complete_key(run_id: str, group: int | str, attempt: int | str = 0) ->
     return group_prefix(run_id, group, attempt) + "complete.json"
 
 
-def judge_prefix(run_id: str, step: int, generation_batch: int) -> str:
-    """The group judge's records of a training generation batch (`stepwise.records.JudgeRecord`), one per group."""
-    return batch_prefix(run_id, step, generation_batch) + "judge/"
+def judge_prefix(run_id: str, step: int, generation_batch: int, *, group: int | None = None, attempt: int = 0) -> str:
+    """The group judge's records of a training generation batch (`stepwise.records.JudgeRecord`), one per group;
+    the group engine's group (``group`` given): beside its rollouts, ``.../groups/{group}/a{attempt}/judge/``."""
+    return batch_prefix(run_id, step, generation_batch, group=group, attempt=attempt) + "judge/"
 
 
-def judge_record_key(run_id: str, step: int, generation_batch: int, input_id: str) -> str:
-    return judge_prefix(run_id, step, generation_batch) + f"{input_id}.json"
+def judge_record_key(run_id: str, step: int, generation_batch: int, input_id: str, *, group: int | None = None,
+                     attempt: int = 0) -> str:
+    return judge_prefix(run_id, step, generation_batch, group=group, attempt=attempt) + f"{input_id}.json"
 
 
-def judge_progress_key(run_id: str, step: int, generation_batch: int) -> str:
-    """The judging of a generation batch across the judge function's invocations (`stepwise.records.JudgeProgress`)."""
-    return batch_prefix(run_id, step, generation_batch) + "judge-progress.json"
+def judge_progress_key(run_id: str, step: int, generation_batch: int, *, group: int | None = None,
+                       attempt: int = 0) -> str:
+    """The judging of a generation batch (or of the group engine's group ``group``) across the judge function's
+    invocations (`stepwise.records.JudgeProgress`)."""
+    return batch_prefix(run_id, step, generation_batch, group=group, attempt=attempt) + "judge-progress.json"
 
 
 def judge_cache_key(run_id: str, key: str) -> str:

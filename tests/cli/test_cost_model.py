@@ -310,3 +310,19 @@ def test_stepwise_cost_prints_what_asynchrony_is_worth(tmp_path, capsys):
     assert est["parts_per_step"]["session_hours"] == pytest.approx(table["d2k3"]["session_hours_per_step"])
     # its state transitions follow the group engine's path, one own execution per group
     assert est["usage_per_step"]["state_transitions"] > cost.estimate(load_run_config(BASE))["usage_per_step"]["state_transitions"]
+
+
+def test_with_the_group_engine_the_judge_is_projected_as_one_call_and_one_loop_per_group():
+    """admission: group judges each group in its own rollout group ("Judge the group", "Group judged?"): per step,
+    one JudgeGroups call and two transitions per group, where the batch engine has one per generation batch; the
+    Bedrock requests are the same."""
+    judge = {"model_id": "us.amazon.nova-micro-v1:0", "rubric": "x" * 400}
+    group = {**BASE, "admission": "group", "max_staleness": 1}
+    judged, base = load_run_config({**group, "judge": judge}), load_run_config(group)
+    a = cost.Assumptions(judge_attempts_per_group=1.0)
+    with_judge, without = cost.estimate(judged, a), cost.estimate(base, a)
+    groups = judged.batch_size
+    assert groups > 1
+    assert with_judge["usage_per_step"]["lambda_requests"] - without["usage_per_step"]["lambda_requests"] == groups
+    assert with_judge["usage_per_step"]["state_transitions"] - without["usage_per_step"]["state_transitions"] == 2 * groups
+    assert with_judge["parts_per_step"]["judge"] == pytest.approx(cost.judge_per_step(judged, a)["usd"])

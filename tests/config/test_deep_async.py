@@ -78,10 +78,14 @@ def test_a_cap_above_the_gateway_s_reserved_concurrency_is_refused_before_billin
     assert StackScope.from_env({"AWS_REGION": "us-west-2"}).gateway_concurrency is None
 
 
-def test_a_judge_with_the_group_engine_is_refused_before_billing_with_the_reason():
-    """The group engine's groups complete in the rollout group's state machine, whose judge state does not call the
-    judge yet: a run would silently train on the agent's own rewards, so the config is refused."""
-    judge = {"model_id": "us.amazon.nova-micro-v1:0", "rubric": "Prefer the right digit."}
-    (err,) = _errors(judge=judge)
-    assert err.startswith("judge:") and "admission 'group' does not judge yet" in err and "admission 'batch'" in err
-    assert load_run_config({**VALID, "judge": judge}).judge is not None  # the batch engine judges
+def test_a_judge_with_the_group_engine_validates_and_its_groups_are_judged():
+    """The group engine judges each group in its rollout group's state machine ("Judge the group"), so a judge with
+    ``admission: group`` is a valid config, deep or not, with the judge's own checks still applied."""
+    judge = {"model_id": "us.amazon.nova-micro-v1:0", "rubric": "Prefer the right digit.", "combine": "add",
+             "weight": 0.5}
+    cfg = load_run_config({**GROUP, "judge": judge, "max_staleness": 3, "sampling_steps_ahead": 2})
+    assert cfg.admission == "group" and cfg.judge is not None and (cfg.judge.combine, cfg.judge.weight) == ("add", 0.5)
+    assert load_run_config({**GROUP, "judge": judge, "algorithm": "dapo"}).judge is not None
+    # the judge's own refusals hold in the group engine too
+    (err,) = _errors(judge={**judge, "rubric": "  "})
+    assert err.startswith("judge") and "rubric" in err

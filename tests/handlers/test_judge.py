@@ -4,6 +4,7 @@ invocations, the refusals before billing, and the rollout view's judge score and
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import pytest
@@ -196,6 +197,122 @@ def test_init_refuses_a_granted_model_bedrock_does_not_offer_before_any_session(
     with pytest.raises(RunRefused, match="judge.model_id: Bedrock has no such model or inference profile in us-east-1"):
         init_run(stack, new_run_id("refused"), stack.config(judge={"model_id": "us.amazon.titan-text-v1:0", "rubric": RUBRIC}))
     assert session_creates(stack) == before and emulator.counters.lookups >= 1
+
+
+# ---------------------------------------------------------------------------- the group engine (admission: group)
+
+
+@pytest.fixture(scope="module")
+def group_machine(stack):
+    """A rollout-group state machine in moto that does nothing (one Pass): AdmitGroups starts real executions of it,
+    while the tests below play each group's states (its rollouts, "Judge the group", "Record group complete")."""
+    sfn = stack.moto.client("stepfunctions")
+    definition = {"StartAt": "Played by the test", "States": {"Played by the test": {"Type": "Pass", "End": True}}}
+    return sfn.create_state_machine(name="judge-test-groups", definition=json.dumps(definition),
+                                    roleArn="arn:aws:iam::123456789012:role/judge-test-groups")["stateMachineArn"]
+
+
+def _group_run(stack, algorithm: str = "grpo", steps_ahead: int = 0, **judge) -> tuple[str, RunEvent]:
+    run_id = new_run_id("gjudge")
+    config = stack.config(batch_size=2, responses_per_prompt=4, algorithm=algorithm, max_num_gen_batches=3,
+                          admission="group", max_staleness=1, sampling_steps_ahead=steps_ahead,
+                          judge={"model_id": MODEL, "rubric": RUBRIC, "fallback": "no_signal", **judge})
+    init_run(stack, run_id, config)
+    assert wait_ready(run_id)["ready"]
+    return run_id, RunEvent.model_validate({"run": run_ref(run_id)})
+
+
+def _groups_rolled_out(stack, run_id: str, arn: str, right, reward=None) -> tuple[dict, list[BatchEvent]]:
+    """PlanStep and AdmitGroups of a group-engine step, then each admitted group's rollouts through FinishRollout
+    (the toy agent replying the right digit when ``right(group, item)``, its own reward ``reward(group, item)``):
+    the plan and each group's batch event (what its rollout group execution hands "Judge the group")."""
+    from stepwise.config import load_run_config
+    from stepwise.events import AdmitEvent
+    from stepwise.handlers import _groups, groups
+    from stepwise.layout import items_key
+    from stepwise.records import GroupEntry, SamplerPolicy
+
+    p = plan.plan(RunEvent.model_validate({"run": run_ref(run_id)}))
+    assert p["action"] == "groups" and p["judge"] is True
+    admitted = groups.admit(AdmitEvent.model_validate({"run": run_ref(run_id), "group_state_machine_arn": arn}))
+    assert admitted["admitted"] >= 2
+    rs = RunStore(BUCKET, stack.s3)
+    state, _ = rs.read_state(run_id)
+    cfg = load_run_config(rs.get_json(f"runs/{run_id}/config.json"))
+    events = []
+    for g in admitted["groups"]:
+        batch = _groups.group_batch(cfg, GroupEntry(id=g, members=4, status="running"), SamplerPolicy.of(state))
+        group_plan = {"items_key": items_key(run_id, batch.step, 0, "train", **batch.folder), "batch": batch.model_dump()}
+        roll_out_toy(stack, run_id, group_plan, lambda item, g=g: right(g, item),
+                     None if reward is None else (lambda item, g=g: reward(g, item)))
+        events.append(BatchEvent.model_validate({"run": run_ref(run_id), "batch": batch.model_dump()}))
+    return p, events
+
+
+def _record(ev: BatchEvent, arn: str) -> dict:
+    from stepwise.events import GroupEvent
+
+    return advantages.record_group(GroupEvent.model_validate({**ev.model_dump(), "group_state_machine_arn": arn}))
+
+
+def test_a_group_engine_step_trains_on_the_judge_s_scores_and_its_ledger_counts_each_group_s_judge(
+        stack, emulator, group_machine):
+    """admission: group with a judge: each group is judged on its own (its record beside its rollouts), the step
+    trains on the judged rewards (the agent's are all 0.0), its summary has the judge's metrics and cost/judge_usd,
+    and the ledger every group's requests and tokens once."""
+    from stepwise.layout import judge_record_key
+    from stepwise.records import JudgeRecord
+
+    run_id, ev = _group_run(stack)
+    p, groups_ = _groups_rolled_out(stack, run_id, group_machine, lambda g, item: item["member"] % 2 == 0)
+    rs = RunStore(BUCKET, stack.s3)
+    for group in groups_:
+        out = judge_handler.judge(group)
+        assert out["done"] and out["judge"] == 1 and out["groups"] == 1
+        b = group.batch
+        (iid,) = {r.input_id for r in rs.batch_rollouts(run_id, b.step, 0, **b.folder)}
+        record = JudgeRecord.model_validate(rs.get_json(judge_record_key(run_id, b.step, 0, iid, **b.folder)))
+        assert sorted(record.scores_G) == [0, 0, 10, 10] and record.source == "judge"
+        assert judge_handler.judge(group)["judge"] == 1 and emulator.counters.answered == groups_.index(group) + 1
+        assert _record(group, group_machine)["status"] == "complete"
+        progress = JudgeProgress.model_validate(rs.get_json(judge_progress_key(run_id, b.step, 0, **b.folder)))
+        assert progress.done and progress.invocations == 2
+    batch = BatchEvent.model_validate({"run": run_ref(run_id), "batch": p["batch"]})
+    decision = advantages.compute(batch)
+    assert decision["decision"] == "train" and decision["mean_reward"] == 0.5 and decision["groups"] == 2
+    state, _ = rs.read_state(run_id)
+    m = state.step_metrics
+    assert m["judge/judged_groups"] == 2 and m["judge/mean_score"] == 5.0 and m["judge/mean_agent_reward"] == 0.0
+    assert m["advantages/zero_groups_fraction"] == 0.0
+    usage = state.ledger.usage
+    assert usage.judge_requests == 2 == emulator.counters.answered
+    assert usage.judge_input_tokens == emulator.counters.input_tokens
+    assert usage.judge_output_tokens == emulator.counters.output_tokens
+    while not train.submit(ev)["done"]:
+        pass
+    while not train.rebind(ev)["done"]:
+        pass
+    summary = rs.get_json(summary_key(run_id, 0))
+    expected = (emulator.counters.input_tokens * 0.035 + emulator.counters.output_tokens * 0.14) / 1e6
+    assert summary["cost/judge_usd"] == pytest.approx(expected) and summary["cost/judge_requests"] == 2
+
+
+def test_dapo_in_the_group_engine_filters_a_group_all_equal_by_the_judge_and_keeps_one_only_the_judge_tells_apart(
+        stack, emulator, group_machine):
+    """RecordGroupComplete frees a slot on the rewards the estimator will read: group 0's agent rewards differ (1, 0,
+    1, 0) but every member names the right digit (the judge scores all 10: filtered); group 1's agent rewards are
+    all 0.0 but only half name it (the judge tells them apart: kept)."""
+    run_id, _ = _group_run(stack, algorithm="dapo")
+    first, second = (0, 1)
+    _, groups_ = _groups_rolled_out(stack, run_id, group_machine,
+                                    right=lambda g, item: g == first or item["member"] % 2 == 0,
+                                    reward=lambda g, item: float(g == first and item["member"] % 2 == 0))
+    for group in groups_:
+        assert judge_handler.judge(group)["done"]
+    assert [group.batch.group for group in groups_] == [first, second]
+    recorded = [_record(group, group_machine) for group in groups_]
+    assert [r["status"] for r in recorded] == ["filtered", "complete"]
+    assert [r["informative"] for r in recorded] == [False, True]
 
 
 # ---------------------------------------------------------------------------- the state machine

@@ -92,9 +92,10 @@ def judge_config(**judge: Any) -> Any:
     return cfg(region="us-east-1", judge={"model_id": MODEL, "rubric": RUBRIC, **judge})
 
 
-def roll_out_toy(stack: Any, run_id: str, plan: dict[str, Any], right: Any) -> list[dict[str, Any]]:
-    """Run FinishRollout for every item of a planned batch of toy prompts, as if the agent replied the right digit
-    when ``right(item)`` is true and a wrong one otherwise (one captured turn each, reward 0.0: no answer key)."""
+def roll_out_toy(stack: Any, run_id: str, plan: dict[str, Any], right: Any, reward: Any = None) -> list[dict[str, Any]]:
+    """Run FinishRollout for every item of a planned batch of toy prompts (``plan``: its ``items_key`` and ``batch``;
+    a group engine's group's too), as if the agent replied the right digit when ``right(item)`` is true and a wrong
+    one otherwise (one captured turn each, reward ``reward(item)``, else 0.0: no answer key)."""
     from prepare_datasets.prepare_toy import NUM_PROMPTS
     from stepwise.events import FinishEvent
     from stepwise.handlers.rollout import finish
@@ -112,7 +113,8 @@ def roll_out_toy(stack: Any, run_id: str, plan: dict[str, Any], right: Any) -> l
                             Body=json.dumps(toy_turn(sid, n, reply)).encode())
         key = result_key(run_id, item["input_id"], sid)
         stack.s3.put_object(Bucket=stack.bucket, Key=key,
-                            Body=json.dumps({"rewards": 0.0, "answer": reply, "status_code": 200}).encode())
+                            Body=json.dumps({"rewards": float(reward(item)) if reward else 0.0, "answer": reply,
+                                             "status_code": 200}).encode())
         outs.append(finish(FinishEvent.model_validate({"run": run_ref(run_id), "batch": plan["batch"], "item": item,
                                                        "result": {"sid": sid, "result_key": key}, "error": None})))
     return outs

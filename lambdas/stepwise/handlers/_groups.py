@@ -79,7 +79,8 @@ def group_execution_arn(group_state_machine_arn: str, run_id: str, entry: GroupE
 def start_groups(run: RunRef, cfg: RunConfig, state: RunState, entries: list[GroupEntry],
                  group_state_machine_arn: str) -> None:
     """Start a rollout-group execution per entry (admitted on ``state``'s sampler): its items and prompt
-    first (what StartRollout reads), then StartExecution (idempotent: a name already started is fine).
+    first (what StartRollout reads), then StartExecution (idempotent: a name already started is fine). Its
+    input says whether the run has a judge (``judge``: the group's "Judge the group?" choice).
 
     The entries were admitted at ``state.policy_version`` (`stepwise.core.groups.admit`), the version of the
     sampler ``state`` names, so each group samples exactly the version it records."""
@@ -101,7 +102,7 @@ def start_groups(run: RunRef, cfg: RunConfig, state: RunState, entries: list[Gro
         rs.put_json(items_key(run.run_id, batch.step, 0, "train", **folder), [it.model_dump() for it in items], bulk=True)
         task_tokens.start_execution(sfn, group_state_machine_arn, group_execution_name(run.run_id, entry.id, entry.attempt),
                                     {"run": run.model_dump(), "batch": batch.model_dump(),
-                                     "items": [it.model_dump() for it in items]})
+                                     "items": [it.model_dump() for it in items], "judge": cfg.judge is not None})
 
     with ThreadPoolExecutor(max_workers=min(START_WORKERS, len(entries))) as pool:
         list(pool.map(start, entries))

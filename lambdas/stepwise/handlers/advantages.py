@@ -110,13 +110,17 @@ def group_rollouts_of(run_id: str, batch: BatchRef) -> list[RolloutRecord]:
 GROUP_READ_WORKERS = 8
 
 
-def chosen_group_rollouts(run_id: str, cfg: RunConfig, chosen: list[tuple[int, int]]) -> list[list[RolloutRecord]]:
-    """The rollout records of the groups a step takes (``(group, attempt)``, in the order chosen)."""
-    from concurrent.futures import ThreadPoolExecutor
-
+def chosen_group_refs(cfg: RunConfig, chosen: list[tuple[int, int]]) -> list[BatchRef]:
+    """The batches of the groups a step takes (``(group, attempt)``, in the order chosen): their folders."""
     from stepwise.core.groups import seed_place
 
-    refs = [BatchRef(kind="train", step=seed_place(g, cfg.batch_size)[0], group=g, attempt=a) for g, a in chosen]
+    return [BatchRef(kind="train", step=seed_place(g, cfg.batch_size)[0], group=g, attempt=a) for g, a in chosen]
+
+
+def chosen_group_rollouts(run_id: str, refs: list[BatchRef]) -> list[list[RolloutRecord]]:
+    """The rollout records of the groups a step takes (`chosen_group_refs`), in the order chosen."""
+    from concurrent.futures import ThreadPoolExecutor
+
     if not refs:
         return []
     with ThreadPoolExecutor(max_workers=min(GROUP_READ_WORKERS, len(refs))) as pool:
@@ -149,6 +153,10 @@ def compute(event: BatchEvent) -> dict[str, Any]:
             return taken.waiting
         batches = taken.rollouts
         batch_usage = ledger.batch_usage([r for b in batches for r in b]).minus(ledger.batch_usage([]))
+        if cfg.judge is not None:  # each group's judge record merged in, as the batch path merges a batch's
+            from stepwise.judging import judged_groups
+
+            batches, judge_metrics = judged_groups(rs, run.run_id, taken.refs, batches, cfg)
         batch_usage.add(taken.pending_usage)  # DAPO's filtered groups and the groups' own transitions
         outcome = compute_step(batches, cfg, policy_version=state.policy_version, where=f"step {batch.step}",
                                chosen=True)
@@ -267,8 +275,10 @@ class TakenGroups:
     the buffer's usage not counted yet, or the answer to return when nothing is ready (``waiting``)."""
 
     def __init__(self, *, ready: Any = None, rollouts: list[list[RolloutRecord]] | None = None,
-                 pending_usage: Usage | None = None, per_epoch: int = 1, waiting: dict[str, Any] | None = None) -> None:
+                 refs: list[BatchRef] | None = None, pending_usage: Usage | None = None, per_epoch: int = 1,
+                 waiting: dict[str, Any] | None = None) -> None:
         self.ready, self.rollouts, self.waiting = ready, rollouts or [], waiting
+        self.refs = refs or []  # the groups' batches (folders), one per entry of ``rollouts``
         self.pending_usage = pending_usage or Usage()
         self.per_epoch = per_epoch
 
@@ -297,8 +307,9 @@ def take_groups(run_id: str, batch: BatchRef, state: RunState, cfg: RunConfig) -
         logger.info("no batch of groups to train yet", extra={"status": ready.status, "reason": ready.reason})
         return TakenGroups(waiting={"decision": decision, "step": batch.step, "generation_batch": 0,
                                     "reason": ready.reason, "roll_out_next": False})
-    rollouts = chosen_group_rollouts(run_id, cfg, ready.chosen if ready.status == "ready" else [])
-    return TakenGroups(ready=ready, rollouts=rollouts, pending_usage=buffer.pending_usage.model_copy(deep=True),
+    refs = chosen_group_refs(cfg, ready.chosen if ready.status == "ready" else [])
+    return TakenGroups(ready=ready, rollouts=chosen_group_rollouts(run_id, refs), refs=refs,
+                       pending_usage=buffer.pending_usage.model_copy(deep=True),
                        per_epoch=_groups.per_epoch(state, cfg))
 
 
@@ -322,17 +333,20 @@ def consume_groups(run_id: str, batch: BatchRef, state: RunState, cfg: RunConfig
     return metrics_, consumed
 
 
-#: State transitions of a rollout group's own states (its Map state, the judge's place, Record group
-#: complete), besides each member's (counted by its rollout record).
+#: State transitions of a rollout group's own states (its Map state, the "Judge the group?" choice, Record group
+#: complete), besides each member's (counted by its rollout record) and its judge loop's (counted by the judge
+#: function in the group's judge progress record).
 GROUP_TRANSITIONS = 3
 
 
 def record_group(event: GroupEvent) -> dict[str, Any]:
     """RecordGroupComplete, the last state of a rollout group: read its members' records (a member without
-    one is a lost rollout), write what its completion records (``complete.json``: versions, DAPO's verdict,
-    durations), then in one conditional write of the buffer record it complete (or filtered), take the
-    waiting trainer's token when a batch is now ready, and admit the groups the freed room allows; then
-    wake the trainer and start those groups. A duplicate or an attempt a resume replaced changes nothing."""
+    one is a lost rollout), with a judge merge the group's judge record in (`stepwise.judging.group_judgement`:
+    DAPO decides on the judged rewards, the ones its estimator will read), write what its completion records
+    (``complete.json``: versions, DAPO's verdict, durations), then in one conditional write of the buffer record
+    it complete (or filtered), with its own and its judge's usage for the ledger, take the waiting trainer's token
+    when a batch is now ready, and admit the groups the freed room allows; then wake the trainer and start those
+    groups. A duplicate or an attempt a resume replaced changes nothing."""
     from stepwise.core import groups as engine
     from stepwise.handlers import _groups
 
@@ -343,8 +357,13 @@ def record_group(event: GroupEvent) -> dict[str, Any]:
     bind(run_id=run.run_id, step=batch.step)
     cfg = run_config(run.run_id)
     rollouts = group_rollouts_of(run.run_id, batch)
-    mark = engine.completion(rollouts, cfg, batch.attempt)
     own = Usage(state_transitions=GROUP_TRANSITIONS + event.retry_count)
+    if cfg.judge is not None:
+        from stepwise.judging import group_judgement
+
+        rollouts, judging = group_judgement(rs, run.run_id, batch, rollouts, cfg)
+        own.add(judging)
+    mark = engine.completion(rollouts, cfg, batch.attempt)
     rs.put_json(group_complete_key(run.run_id, batch.group, batch.attempt),
                 {**mark.__dict__, "durations_s": list(mark.durations_s), "group": batch.group}, bulk=True)
     state, _ = rs.read_state(run.run_id)

@@ -9,6 +9,13 @@ ComputeAdvantages merges into the rollouts (`stepwise.core.judge.apply_judgement
 and calls it again (each call resumes where the last stopped: a group with a record is not judged twice);
 ``judge-progress.json`` keeps when the batch's judging started (``judge.max_wait_seconds`` counts from it)
 and carries the invocations' own measurements to the cost ledger (`stepwise.metering`).
+
+The group engine (``admission: group``) calls it with a group's batch (``batch.group`` set) from its rollout
+group's "Judge the group" state, the same loop over its one group: the records and ``judge-progress.json`` sit in
+the group's folder (`stepwise.layout.judge_progress_key` with ``group``), the progress record also counts the
+judge loop's own state transitions, and RecordGroupComplete merges the record and adds what judging used to the
+ledger. A group's execution outlives the training-loop execution that admitted it (continue-as-new), so the
+owner check is the run's end instead: a run that has ended judges nothing.
 """
 
 from __future__ import annotations
@@ -24,6 +31,9 @@ from stepwise.judging import judge_batch, open_session
 from stepwise.layout import judge_progress_key
 from stepwise.records import JudgeProgress, RolloutRecord, Usage
 
+#: State transitions of one pass of a rollout group's judge loop ("Judge the group", "Group judged?"; its Wait
+#: when not done is one more), counted in the group's progress record.
+GROUP_LOOP_TRANSITIONS = 2
 #: Seconds of the function's timeout kept free after the last request may start: that request's own
 #: ``judge.timeout_seconds`` plus this margin for the writes.
 MARGIN_S = 30.0
@@ -51,9 +61,13 @@ def judge(event: BatchEvent) -> dict[str, Any]:
     if cfg.judge is None or batch.kind != "train":
         why = "no judge" if cfg.judge is None else "not a training batch"
         return {"done": True, "wait_seconds": poll_seconds(), "groups": 0, "skipped": why}
-    rs.owned_state(run.run_id, run.execution_arn)  # a superseded execution does not judge (nor bill)
-    key = judge_progress_key(run.run_id, batch.step, batch.generation_batch)
-    rollouts = rs.batch_rollouts(run.run_id, batch.step, batch.generation_batch)
+    folder = batch.folder
+    if batch.group is None:
+        rs.owned_state(run.run_id, run.execution_arn)  # a superseded execution does not judge (nor bill)
+    elif (ended := rs.read_state(run.run_id)[0]).session_stopped or ended.finished:
+        return {"done": True, "wait_seconds": poll_seconds(), "groups": 0, "skipped": "the run has ended"}
+    key = judge_progress_key(run.run_id, batch.step, batch.generation_batch, **folder)
+    rollouts = rs.batch_rollouts(run.run_id, batch.step, batch.generation_batch, batch.kind, **folder)
     attempt = batch_fingerprint(rollouts)
     progress = JudgeProgress.model_validate(rs.get_json_or(key) or {
         "step": batch.step, "generation_batch": batch.generation_batch, "started_at": now(), "rollouts": attempt})
@@ -64,10 +78,12 @@ def judge(event: BatchEvent) -> dict[str, Any]:
     budget = invocation_budget(by_name("JudgeGroups").timeout_s, cfg.judge.timeout_seconds)
     session = open_session(rs, run.run_id, cfg, budget_s=budget - (time.monotonic() - t0),
                            started_at=progress.started_at)
-    records, pending = judge_batch(session, batch.step, batch.generation_batch, rollouts)
+    records, pending = judge_batch(session, batch.step, batch.generation_batch, rollouts, folder=folder)
     done = not pending
     with metering.riding(run.run_id) as own:
         usage = (progress.usage or Usage()).add(own)
+        if batch.group is not None:  # the group's judge loop: this Task and its Choice, and a Wait when not done
+            usage.state_transitions += GROUP_LOOP_TRANSITIONS + (0 if done else 1)
         rs.put_json(key, progress.model_copy(update={"invocations": progress.invocations + 1, "done": done,
                                                      "usage": usage}).model_dump(), bulk=True)
     sources = [r.source for r in records]
