@@ -315,6 +315,32 @@ def test_dapo_in_the_group_engine_filters_a_group_all_equal_by_the_judge_and_kee
     assert [r["informative"] for r in recorded] == [False, True]
 
 
+def test_a_group_recorded_while_a_step_takes_its_groups_keeps_its_judge_usage_for_the_next_step(
+        stack, emulator, group_machine):
+    """ComputeAdvantages reads the buffer's usage not yet in the ledger (take_groups), then takes its groups out in a
+    later conditional write (consume_groups): a group recorded complete in between (its judge's requests) stays in
+    the buffer for the next step instead of being reset with what the step read."""
+    from stepwise.config import load_run_config
+
+    run_id, _ = _group_run(stack, steps_ahead=1)
+    p, groups_ = _groups_rolled_out(stack, run_id, group_machine, lambda g, item: item["member"] % 2 == 0)
+    assert len(groups_) == 4  # capacity (d + 1) x batch_size
+    for group in groups_:
+        judge_handler.judge(group)
+    for group in groups_[:2]:
+        _record(group, group_machine)
+    rs = RunStore(BUCKET, stack.s3)
+    state, _ = rs.read_state(run_id)
+    cfg = load_run_config(rs.get_json(f"runs/{run_id}/config.json"))
+    batch = BatchEvent.model_validate({"run": run_ref(run_id), "batch": p["batch"]}).batch
+    taken = advantages.take_groups(run_id, batch, state, cfg)
+    assert taken.ready.chosen == [(0, 0), (1, 0)] and taken.pending_usage.judge_requests == 2
+    _record(groups_[2], group_machine)  # completes while the step computes
+    advantages.consume_groups(run_id, batch, state, cfg, taken, "train")
+    left = rs.read_buffer(run_id)[0].pending_usage
+    assert left.judge_requests == 1 and left.state_transitions >= advantages.GROUP_TRANSITIONS
+
+
 # ---------------------------------------------------------------------------- the state machine
 
 

@@ -326,7 +326,9 @@ def consume_groups(run_id: str, batch: BatchRef, state: RunState, cfg: RunConfig
         before = b.model_copy(deep=True)
         consumed = engine.consume(b, taken.ready, step=batch.step, version=state.policy_version, decision=decision)
         if before.last_consumption is None or before.last_consumption.step != batch.step:
-            b.pending_usage = Usage()  # added to the ledger with this step (the state write below)
+            # what the step read (take_groups) is added to the ledger with this step (the state write below); a
+            # group recorded since (its own and its judge's usage) stays for the next step
+            b.pending_usage = b.pending_usage.minus(taken.pending_usage)
         return engine.step_metrics(before, taken.ready, kn, version=state.policy_version, now=t), consumed
 
     _, (metrics_, consumed) = store().update_buffer(run_id, change)
