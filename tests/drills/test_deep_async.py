@@ -6,7 +6,8 @@ plays ACR, its rollouts of some prompts slow (a straggler holds one slot, never 
 One local stack for the module; each run is tiny (8 prompts, batch_size 2 x 2 rollouts: 4 steps). They
 check what the issue asks of a run that stops, continues as a new execution, or resumes in the middle
 of deep asynchrony: no session left billing, no group trained twice, none skipped, nothing discarded, no
-trained rollout past ``max_staleness``.
+trained rollout past ``max_staleness``. One more runs the group engine with a judge (the Bedrock emulator): each
+rollout group judges its own group, throttled once, and the steps train on the judge's scores.
 """
 
 from __future__ import annotations
@@ -272,4 +273,74 @@ def test_dapo_filters_equal_reward_groups_at_once_and_counts_them_toward_the_nex
     assert all(s["groups/trained"] == 2 for s in summaries)
     # a step that took a filtered group used more than one generation batch's groups
     assert any(s["sampling/generation_batches"] == 2 and s["groups/filtered"] >= 1 for s in summaries)
+    _no_billing(stack, agent, run_id)
+
+
+@pytest.mark.e2e  # ~10 s: one tiny judged run
+def test_a_judged_deep_async_run_trains_on_each_group_s_judge_and_waits_out_a_throttle_in_its_group(local, monkeypatch):
+    """A judge with the group engine, through the real state machines: each rollout group judges its own group
+    ("Judge the group", the Bedrock emulator on loopback) before "Record group complete". The agent rewards every
+    rollout 0.0 and the judge prefers each group's first member, so a step has signal only from the judge. The
+    first judge invocation runs out of time and Bedrock throttles once: that group goes through "Wait for the
+    group's judge" and back, and the run goes on. 4 prompts: 2 steps of 2 groups x 2 rollouts."""
+    from local.bedrock import BedrockEmulator, JudgeCall
+    from stepwise.handlers import judge as judge_handler
+    from stepwise.layout import judge_progress_key
+    from stepwise.records import JudgeProgress
+    from tests.support.judge import MODEL
+
+    stack, agent, sm_arn, base, _ = local
+    sfn = stack.moto.client("stepfunctions")
+    emulator = BedrockEmulator(region="us-east-1", allowed_model_ids=(MODEL,)).start()
+    for k, v in {**emulator.env, "STEPWISE_JUDGE_MODEL_IDS": MODEL}.items():
+        monkeypatch.setenv(k, v)
+
+    def first_is_best(call: JudgeCall) -> list[tuple[float, str]]:
+        return [(call.hi if k == 0 else call.lo, f"attempt {k + 1}") for k in range(len(call.attempts))]
+
+    emulator.scorer = first_is_best
+    calls = []
+
+    def budget(*args):  # the first invocation runs out of time at once
+        calls.append(args)
+        return 0.0 if len(calls) == 1 else judge_handler.MARGIN_S * 10
+
+    monkeypatch.setattr(judge_handler, "invocation_budget", budget)
+    emulator.inject(throttle=1)
+    GATE.set()
+    agent.reward_fn = lambda body, reward: 0.0  # the agent has no answer key
+    run_id = f"deep-judge-{uuid.uuid4().hex[:6]}"
+    rows = [{"prompt": f"p{i}", "answer": str(i)} for i in (0, 1, 2, 4)]
+    cfg = {**base, "dataset_path": stack.put_dataset(f"data/{run_id}.jsonl", rows), "save_every": 0,
+           "judge": {"model_id": MODEL, "rubric": "the first is best", "concurrency": 2}}
+    try:
+        arn = sfn.start_execution(stateMachineArn=sm_arn, name=run_id, input=json.dumps(cfg))["executionArn"]
+        d = _wait(sfn, arn)
+    finally:
+        agent.reward_fn = None
+        emulator.stop()
+    assert d["status"] == "SUCCEEDED", d.get("cause")
+    state = _json(stack.s3, state_key(run_id))
+    assert (state["step"], state["finished"]) == (2, True)
+    for s in range(2):
+        summary = _json(stack.s3, summary_key(run_id, s))
+        assert summary["judge/judged_groups"] == 2 and summary["judge/mean_agent_reward"] == 0.0
+        assert summary["sampler/mean_reward"] == 0.5 and summary["advantages/zero_groups_fraction"] == 0.0
+        assert summary["rollouts/discarded"] == 0 and summary["staleness/past_k"] == 0
+    assert sorted(_consumed(stack.s3, run_id, 2)) == [0, 1, 2, 3]
+    # every group judged in its own execution; one of them waited once for its judge, none twice
+    entered = []
+    for e in _group_executions(stack, run_id):
+        history = sfn.get_execution_history(executionArn=e["executionArn"], maxResults=1000)["events"]
+        entered += [h["stateEnteredEventDetails"]["name"] for h in history if h["type"].endswith("StateEntered")]
+    assert entered.count("Judge the group?") == 4 and entered.count("Wait for the group's judge") == 1
+    assert entered.count("Judge the group") == 5 and entered.count("Record group complete") == 4
+    progress = [JudgeProgress.model_validate(_json(stack.s3, judge_progress_key(run_id, 0, 0, group=g)))
+                for g in range(4)]
+    assert all(p.done for p in progress) and sorted(p.invocations for p in progress) == [1, 1, 1, 2]
+    assert emulator.counters.throttled == 1
+    # what judging used reached the ledger, once
+    usage = state["ledger"]["usage"]
+    assert usage["judge_requests"] == emulator.counters.answered >= 1
+    assert usage["judge_input_tokens"] == emulator.counters.input_tokens
     _no_billing(stack, agent, run_id)
