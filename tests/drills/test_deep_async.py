@@ -82,6 +82,16 @@ def _group_executions(stack: Stack, run_id: str) -> list[dict]:
     return [e for p in pages for e in p["executions"] if e["name"].startswith(run_id[:56])]
 
 
+def _states_entered(stack: Stack, run_id: str) -> list[list[str]]:
+    """The names of the states each of the run's group executions entered, in order (its members' too)."""
+    sfn = stack.moto.client("stepfunctions")
+    out = []
+    for e in _group_executions(stack, run_id):
+        history = sfn.get_execution_history(executionArn=e["executionArn"], maxResults=1000)["events"]
+        out.append([h["stateEnteredEventDetails"]["name"] for h in history if h["type"].endswith("StateEntered")])
+    return out
+
+
 def _wait_for(predicate, timeout: float = 120.0, what: str = "") -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -138,6 +148,15 @@ def test_a_deep_async_run_trains_every_group_once_within_k_and_discards_nothing(
     assert buffer["groups"] == [] and buffer["next_group"] == GROUPS and buffer["discarded_rollouts"] == 0
     assert sim_sessions_stopped(stack, state)
     _no_billing(stack, agent, run_id)
+    # without a judge a group's own states are its Map, "Judge the group?" (straight to the record) and the record:
+    # the transitions RecordGroupComplete counts, no judge state entered
+    from state_machine.definition import child_states
+    from stepwise.handlers.advantages import GROUP_TRANSITIONS
+
+    members = set(child_states())
+    for entered in _states_entered(stack, run_id):
+        own = [name for name in entered if name not in members]
+        assert own == ["Roll out the group", "Judge the group?", "Record group complete"] == own[:GROUP_TRANSITIONS]
 
 
 def sim_sessions_stopped(stack: Stack, state: dict) -> bool:
@@ -329,10 +348,7 @@ def test_a_judged_deep_async_run_trains_on_each_group_s_judge_and_waits_out_a_th
         assert summary["rollouts/discarded"] == 0 and summary["staleness/past_k"] == 0
     assert sorted(_consumed(stack.s3, run_id, 2)) == [0, 1, 2, 3]
     # every group judged in its own execution; one of them waited once for its judge, none twice
-    entered = []
-    for e in _group_executions(stack, run_id):
-        history = sfn.get_execution_history(executionArn=e["executionArn"], maxResults=1000)["events"]
-        entered += [h["stateEnteredEventDetails"]["name"] for h in history if h["type"].endswith("StateEntered")]
+    entered = [name for names in _states_entered(stack, run_id) for name in names]
     assert entered.count("Judge the group?") == 4 and entered.count("Wait for the group's judge") == 1
     assert entered.count("Judge the group") == 5 and entered.count("Record group complete") == 4
     progress = [JudgeProgress.model_validate(_json(stack.s3, judge_progress_key(run_id, 0, 0, group=g)))
