@@ -643,8 +643,6 @@ class AcrEmulator:
         return web.json_response({"message": message}, status=_STATUS[kind], headers={ERROR_TYPE_HEADER: kind})
 
     async def _handle(self, request: Any) -> Any:
-        from aiohttp import web
-
         self._count("invocations")
         arn = unquote(request.match_info["arn"])
         sid = request.headers.get(SESSION_HEADER) or str(uuid.uuid4())

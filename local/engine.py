@@ -26,7 +26,6 @@ import inspect
 import io
 import json
 import logging
-import os
 import socket
 import threading
 import time

@@ -35,7 +35,6 @@ import io
 import json
 import logging
 import os
-import shutil
 import signal
 import sys
 import threading

@@ -21,7 +21,7 @@ from typing import Any
 from stepwise.core.evals import compare_prompts
 from stepwise_cli.commands._evals import RunEvals, eval_sets_of, evaluated_text, metric_order, open_run, set_label, \
     set_metrics_of
-from stepwise_cli.commands._runs import EXIT_OK, CommandError, Deployment, add_stack_arguments, fail
+from stepwise_cli.commands._runs import EXIT_OK, CommandError, Deployment, add_stack_arguments
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

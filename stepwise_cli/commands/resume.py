@@ -32,7 +32,6 @@ from stepwise_cli.commands._runs import (
     console_url,
     deployment,
     execution_lines,
-    fail,
     run_executions,
     run_state,
 )

@@ -42,7 +42,7 @@ from stepwise.views import columns as cols
 from stepwise.views import store as views
 from stepwise.views.run import read_step
 from stepwise.views.steps import PICKS, GroupView, StepView, pick_groups
-from stepwise_cli.commands._runs import EXIT_OK, CommandError, add_stack_arguments, fail, fmt
+from stepwise_cli.commands._runs import EXIT_OK, CommandError, add_stack_arguments, fmt
 from stepwise_cli.sources import open_run
 
 TRAINED_OPEN, TRAINED_CLOSE = "⟪", "⟫"

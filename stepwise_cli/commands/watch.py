@@ -55,7 +55,6 @@ from stepwise_cli.commands._runs import (
     current_state_name,
     deployment,
     eval_accuracy,
-    fail,
     failure_message,
     fmt,
     mean_reward,

@@ -260,7 +260,6 @@ def test_the_turn_index_normalisation_the_rfc_warns_about_is_biased():
     remaining turns (the verl per-turn RFC's "natural" construction) are biased on the same MDP."""
 
     def turn_index_sum(G):
-        k = len(G)
         t_max = max(len(r) for r in G)
         means = [np.mean([r[t] for r in G if len(r) > t]) for t in range(t_max)]
         return [[sum(r[s] - means[s] for s in range(t, len(r))) for t in range(len(r))] for r in G]

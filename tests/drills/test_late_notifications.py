@@ -31,7 +31,7 @@ ARNS: dict[str, str] = {}
 @pytest.fixture(scope="module")
 def child():
     from infra.definition import substitutions
-    from local import engine, resources
+    from local import resources
     from state_machine.definition import PLACEHOLDER_RE, load_asl
 
     stack = Stack()

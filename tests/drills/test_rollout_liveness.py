@@ -41,7 +41,7 @@ TIMEOUT_S = 60
 @pytest.fixture(scope="module")
 def child():
     from infra.definition import substitutions
-    from local import engine, resources
+    from local import resources
     from state_machine.definition import PLACEHOLDER_RE, load_asl
 
     stack = Stack()

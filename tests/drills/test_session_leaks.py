@@ -80,7 +80,7 @@ ENDS = json.dumps({"StartAt": "Done", "States": {"Done": {"Type": "Succeed"}}})
 
 def _machines(stack) -> tuple[str, str]:
     """Two stand-in state machines in moto: one whose executions keep RUNNING, one whose succeed at once."""
-    from local import engine, resources
+    from local import resources
 
     return (resources.create_state_machine(stack.moto, "leak-drill-runs", WAITS),
             resources.create_state_machine(stack.moto, "leak-drill-ends", ENDS))

@@ -26,7 +26,7 @@ from stepwise.layout import result_key, rollout_key, session_key, task_token_key
 
 @pytest.fixture(scope="module")
 def env():
-    from local import engine, resources
+    from local import resources
 
     stack = Stack()
     agent = FakeAgent()

@@ -3,7 +3,6 @@ function logs every summary: tests/handlers/test_track.py)."""
 
 from __future__ import annotations
 
-import json
 
 import boto3
 import pytest
@@ -12,8 +11,8 @@ from moto import mock_aws
 from stepwise import settings
 from stepwise.aws import tracking
 from stepwise.config import load_run_config
-from stepwise.handlers import _common, session
-from stepwise.layout import config_key, eval_summary_key, summary_key
+from stepwise.handlers import _common
+from stepwise.layout import config_key
 
 BUCKET = "stepwise-tracking-test"
 

@@ -156,7 +156,7 @@ def test_asl_validator_accepts_the_deployed_definition(template):
     name, body = template
     definition = deployed_definition(body)
     assert "${" not in definition
-    assert f":function:stepwise-functionsinit" in definition and "arn:aws:states:::s3:getObject" in definition
+    assert ":function:stepwise-functionsinit" in definition and "arn:aws:states:::s3:getObject" in definition
     out = asl_validate(definition)
     assert out.returncode == 0, f"asl-validator on the {name} definition: {out.stdout}{out.stderr}"
     group = deployed_definition(body, "Roll out the group")  # the rollout group (admission: group)

@@ -4,8 +4,6 @@ starting it with the config's judge model granted."""
 
 from __future__ import annotations
 
-import json
-import os
 
 import boto3
 import pytest

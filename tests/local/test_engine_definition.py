@@ -22,7 +22,7 @@ def _synth_template() -> dict:
 
 def test_local_definition_equals_synthesized_one():
     from infra.definition import synthesized_definition, synthesized_substitutions
-    from state_machine.definition import placeholders, render_definition
+    from state_machine.definition import placeholders
 
     from local.stack import create_state_machines
     from state_machine.definition import load_group_definition
