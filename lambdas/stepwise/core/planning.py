@@ -193,35 +193,11 @@ def _decide(state: RunState, cfg: RunConfig, history_events: int | None, now: Ca
             state.stop_reason = stopping.stop_reason(state, cfg, t)
             warnings.extend(stopping.record_checks(state, cfg, t))
         if state.stop_reason is not None or state.epoch >= cfg.epochs:
-            if state.empty_steps and state.policy_version == 0:
-                # Shorter than max_consecutive_empty_steps, but the same verdict: it trained nothing.
-                raise NoTrainingSignal(
-                    f"the run ended after {state.step} step(s) without one optimizer step; its last "
-                    f"{state.empty_steps} step(s) produced no trainable datum; {state.empty_steps_report}"
-                )
-            if eval_n and cfg.final_eval_needed(state.step, state.last_eval_step):
-                return eval_batch(True, "final eval")
-            if not state.final_checkpoint_done:
-                plan_checkpoint(state, "final")
-                return Decision("checkpoint", "final save_state")
-            if cfg.save_weights_at_end and not state.final_weights_done:
-                plan_checkpoint(state, "weights_at_end")
-                return Decision("checkpoint", "save_weights_at_end")
-            return Decision("finish", state.stop_reason or f"{cfg.epochs} epoch(s) done")
-        if cfg.should_save(state.step) and not any(
-            c.step == state.step and c.reason == "save_every" for c in state.checkpoints
-        ):
-            plan_checkpoint(state, "save_every")
-            return Decision("checkpoint", f"save_every {cfg.save_every}")
-        if state.step - state.segment_start_step >= cfg.steps_per_execution:
-            return Decision("continue", f"steps_per_execution {cfg.steps_per_execution}")
+            return _end_of_run(state, cfg, eval_batch, bool(eval_n), f"{cfg.epochs} epoch(s) done", frontier=None)
+        if (between := _between_steps(state, cfg, frontier=None)) is not None:
+            return between
         state.step_cursor_start = state.cursor
-        state.step_started_at = now()
-        ledger.open_first_step(state, state.step_started_at)
-        if history_events is not None:
-            state.step_start_event = history_events
-            state.step_start_event_step = state.step
-            state.step_start_event_segment = state.segment
+        _open_step(state, history_events, now)
     elif state.cursor + bs > used:  # DAPO: the epoch ran dry in the middle of a step
         if state.epoch + 1 < cfg.epochs:
             state.epoch += 1
@@ -249,36 +225,63 @@ def _decide_groups(state: RunState, cfg: RunConfig, history_events: int | None, 
         state.stop_reason = stopping.stop_reason(state, cfg, t)
         warnings.extend(stopping.record_checks(state, cfg, t))
     if state.stop_reason is not None or groups.exhausted:
-        if state.empty_steps and state.policy_version == 0:
-            raise NoTrainingSignal(
-                f"the run ended after {state.step} step(s) without one optimizer step; its last "
-                f"{state.empty_steps} step(s) produced no trainable datum; {state.empty_steps_report}"
-            )
-        if has_evals and cfg.final_eval_needed(state.step, state.last_eval_step):
-            return eval_batch(True, "final eval")
-        if not state.final_checkpoint_done:
-            plan_checkpoint(state, "final", groups=groups.frontier)
-            return Decision("checkpoint", "final save_state")
-        if cfg.save_weights_at_end and not state.final_weights_done:
-            plan_checkpoint(state, "weights_at_end", groups=groups.frontier)
-            return Decision("checkpoint", "save_weights_at_end")
-        return Decision("finish", state.stop_reason or f"{cfg.epochs} epoch(s) done: every group trained")
+        return _end_of_run(state, cfg, eval_batch, has_evals, f"{cfg.epochs} epoch(s) done: every group trained",
+                           frontier=groups.frontier)
+    if (between := _between_steps(state, cfg, frontier=groups.frontier)) is not None:
+        return between
+    _open_step(state, history_events, now)
+    d = Decision("groups", "group engine", "train", state.step, 0, [], cfg.responses_per_prompt)
+    state.current_batch = _planned(d)
+    return d
+
+
+def _end_of_run(state: RunState, cfg: RunConfig, eval_batch: Callable[[bool, str], Decision], has_evals: bool,
+                done: str, *, frontier: GroupFrontier | None) -> Decision:
+    """The run ends (a stop reason, or the data used up): the final eval, then the final ``save_state``, then
+    ``save_weights_at_end``, then ``finish`` (its reason the stop reason, else ``done``). One per PlanStep;
+    the checkpoints carry the group engine's ``frontier`` (None: the batch path).
+
+    Raises:
+        NoTrainingSignal: the run ends without one optimizer step, its last steps empty.
+    """
+    if state.empty_steps and state.policy_version == 0:
+        # Shorter than max_consecutive_empty_steps, but the same verdict: it trained nothing.
+        raise NoTrainingSignal(
+            f"the run ended after {state.step} step(s) without one optimizer step; its last "
+            f"{state.empty_steps} step(s) produced no trainable datum; {state.empty_steps_report}"
+        )
+    if has_evals and cfg.final_eval_needed(state.step, state.last_eval_step):
+        return eval_batch(True, "final eval")
+    if not state.final_checkpoint_done:
+        plan_checkpoint(state, "final", groups=frontier)
+        return Decision("checkpoint", "final save_state")
+    if cfg.save_weights_at_end and not state.final_weights_done:
+        plan_checkpoint(state, "weights_at_end", groups=frontier)
+        return Decision("checkpoint", "save_weights_at_end")
+    return Decision("finish", state.stop_reason or done)
+
+
+def _between_steps(state: RunState, cfg: RunConfig, *, frontier: GroupFrontier | None) -> Decision | None:
+    """Before a step starts: its ``save_every`` checkpoint (once per step), else continue-as-new after
+    ``steps_per_execution`` steps of this execution, else None (the step starts)."""
     if cfg.should_save(state.step) and not any(
         c.step == state.step and c.reason == "save_every" for c in state.checkpoints
     ):
-        plan_checkpoint(state, "save_every", groups=groups.frontier)
+        plan_checkpoint(state, "save_every", groups=frontier)
         return Decision("checkpoint", f"save_every {cfg.save_every}")
     if state.step - state.segment_start_step >= cfg.steps_per_execution:
         return Decision("continue", f"steps_per_execution {cfg.steps_per_execution}")
+    return None
+
+
+def _open_step(state: RunState, history_events: int | None, now: Callable[[], float]) -> None:
+    """Stamp a step's start: its clock, the ledger's first step, the history event it starts at."""
     state.step_started_at = now()
     ledger.open_first_step(state, state.step_started_at)
     if history_events is not None:
         state.step_start_event = history_events
         state.step_start_event_step = state.step
         state.step_start_event_segment = state.segment
-    d = Decision("groups", "group engine", "train", state.step, 0, [], cfg.responses_per_prompt)
-    state.current_batch = _planned(d)
-    return d
 
 
 def _take_ahead(state: RunState, history_events: int | None) -> Decision:
