@@ -18,6 +18,7 @@ from botocore.exceptions import ClientError
 from pydantic import BaseModel
 
 from stepwise import metering
+from stepwise.core.sweeping import RunOwnedElsewhere  # noqa: F401  (raised here; the ownership rules' error)
 from stepwise.layout import RUNS_PREFIX, BULK_TAGGING, buffer_key, rollouts_prefix, start_marker_key, state_key
 from stepwise.records import GroupBuffer, RolloutRecord, RunState
 
@@ -30,10 +31,6 @@ class RunStoreError(RuntimeError):
 
 class RunNotFound(RunStoreError):
     """``runs/{run_id}/state.json`` does not exist."""
-
-
-class RunOwnedElsewhere(RunStoreError):
-    """Another execution owns the run: this one must not change its state."""
 
 
 class StateConflict(RunStoreError):

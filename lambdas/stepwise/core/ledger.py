@@ -307,6 +307,17 @@ def close_session(state: RunState, now: float) -> None:
         state.ledger.sessions_closed_seconds += max(0.0, now - state.session_created_at)
 
 
+def session_clock(state: RunState, session_name: str, *, created_at: float | None, status: str | None = None) -> None:
+    """Record session ``session_name``'s own CreationTime (``created_at``, epoch seconds; None: unknown) as
+    ``session_created_at``, the start this ledger counts its seconds from (Init's clock stood in until now),
+    while the run still names that session and it is not stopped; and, when given, its ``status``.
+    Mutates ``state``; idempotent."""
+    if created_at is not None and state.training_session_name == session_name and not state.session_stopped:
+        state.session_created_at = created_at
+    if status is not None:
+        state.session_status = status
+
+
 def cost_line(t: Mapping[str, float]) -> str:
     """``this run cost $X: session $A, agent $B, stack $C`` from `totals` (the session as hours when it
     has no price)."""

@@ -33,10 +33,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from stepwise.core.ledger import close_session
+from stepwise.core.ledger import close_session, count_parent_history, final_report
 from stepwise.core.phases import session_name_for
 from stepwise.records import RunState
+
+if TYPE_CHECKING:
+    from stepwise.config import RunConfig
 
 #: Tags CreateTrainingSession gives every session (``stepwise.aws.sagemaker.create_session``).
 TAG_RUN_ID = "stepwise:run-id"
@@ -211,3 +215,83 @@ def mark_swept(state: RunState, session_name: str, owner: str, successor: str | 
 
 class SweepConflict(RuntimeError):
     """The run's state changed between the sweeper's read and its write (`mark_swept`)."""
+
+
+class RunOwnedElsewhere(RuntimeError):
+    """Another execution owns the run: this one must not change its state (raised by the transitions
+    below and by `stepwise.aws.runstore`'s owner check, which imports it from here)."""
+
+
+def take_over(state: RunState, execution_arn: str, parent: str | None) -> None:
+    """A continuation (continue-as-new) takes the run over from its parent (Init of the next execution):
+    ``execution_arn`` becomes the owner, a new segment starts at the current step, the successor mark is
+    cleared. Mutates ``state``; idempotent (the owner taking it again only clears the successor mark).
+
+    Raises:
+        RunOwnedElsewhere: the run's owner is neither ``execution_arn`` nor its ``parent``.
+    """
+    if state.owner_execution_arn == execution_arn:
+        state.successor_execution_arn = None
+        return
+    if state.owner_execution_arn != parent:
+        raise RunOwnedElsewhere(
+            f"run {state.run_id!r} is owned by {state.owner_execution_arn}, not by this continuation's parent {parent}"
+        )
+    state.owner_execution_arn = execution_arn
+    state.successor_execution_arn = None
+    state.segment += 1
+    state.segment_start_step = state.step
+
+
+def hand_over(state: RunState, successor: str, *, newest_event: int | None,
+              events: Iterable[Mapping[str, object]], tail_transitions: int) -> None:
+    """ContinueRun's write-ahead: record ``successor`` (the next execution's ARN) before it starts, so it
+    may stop the session before it takes the run over (`may_stop_session`), and count this execution's
+    history not counted yet (`stepwise.core.ledger.count_parent_history`, ``newest_event`` None: Step
+    Functions did not know it) plus its ``tail_transitions`` (the states after this one). Mutates ``state``."""
+    state.successor_execution_arn = successor
+    if newest_event is not None:
+        count_parent_history(state, newest_event, events)
+        state.ledger.usage.state_transitions += tail_transitions
+
+
+def mark_stopped(state: RunState, cfg: RunConfig, execution_arn: str, *, reason: str, stopped_at: float,
+                 created_at: float | None, newest_event: int | None, events: Iterable[Mapping[str, object]],
+                 tail_transitions: int, estimate: Mapping[str, object] | None) -> None:
+    """Record the run's end in ``state`` (StopSession, Cleanup): the session's seconds closed in the ledger
+    (from ``created_at``, the session's own CreationTime, when given and the session not already stopped),
+    the execution's last history counted (as `hand_over`), the session stopped (``Stopping``, unless the run
+    was `REFUSED` its session), ``finished`` for ``reason`` "finished" else the stop reason kept or set to
+    ``reason``, and the ledger's final report (`stepwise.core.ledger.final_report`, against ``estimate``).
+    Mutates ``state``; applied again (a retried stop) the session's seconds and the stop reason stay
+    those of the first.
+
+    Raises:
+        RunOwnedElsewhere: ``execution_arn`` may no longer stop the run's session (`may_stop_session`).
+    """
+    if not may_stop_session(state, execution_arn):
+        raise RunOwnedElsewhere(f"run {state.run_id!r} was taken over by {state.owner_execution_arn} while "
+                                f"{execution_arn} stopped it")
+    if created_at is not None and not state.session_stopped:
+        state.session_created_at = created_at  # the session's own clock for its final seconds
+    close_session(state, stopped_at)
+    if newest_event is not None:
+        count_parent_history(state, newest_event, events)
+        state.ledger.usage.state_transitions += tail_transitions
+    state.session_stopped = True
+    if state.session_status != REFUSED:
+        state.session_status = "Stopping"
+    if reason == "finished":
+        state.finished = True
+    elif state.stop_reason is None:
+        state.stop_reason = reason
+    state.ledger.final = final_report(state, cfg, stopped_at, estimate)
+
+
+def mark_refused(state: RunState, session_name: str, why: str) -> None:
+    """Init's session name is taken by a session not this run's: the state records it `REFUSED` and stopped
+    (no stop path or sweep touches it for this run) with a failure stop reason (kept if one is set). Only
+    while the run still names that session. Mutates ``state``; idempotent."""
+    if state.training_session_name == session_name:
+        state.session_status, state.session_stopped = REFUSED, True
+        state.stop_reason = state.stop_reason or f"failed: RunRefused ({why})"

@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 from stepwise.aws import sagemaker
 from stepwise.aws.runstore import RunNotFound, RunOwnedElsewhere, RunStore
-from stepwise.core.phases import is_failure_stop, resume_session_name, rewind_to_checkpoint, session_name_for
-from stepwise.core.selection import refresh_best
+from stepwise.core.sweeping import take_over as take_over_run
+from stepwise.core import ledger
+from stepwise.core.phases import Resumed, resume_run, resume_session_name, session_name_for
 from stepwise.events import InitEvent
 from stepwise.executions import resolve_run, run_id_problem
 from stepwise.handlers import _groups
@@ -47,47 +48,26 @@ def _output(run_id: str, execution_arn: str, *, ready: bool) -> dict[str, Any]:
 def take_over(rs: RunStore, run_id: str, execution_arn: str, continuation: dict[str, Any]) -> RunState:
     """Make ``execution_arn`` the owner of ``run_id`` if its parent owns it (or it already does)."""
     parent = continuation.get("parent_execution_arn")
-
-    def change(state: RunState) -> None:
-        if state.owner_execution_arn == execution_arn:
-            state.successor_execution_arn = None
-            return
-        if state.owner_execution_arn != parent:
-            raise RunOwnedElsewhere(
-                f"run {run_id!r} is owned by {state.owner_execution_arn}, not by this continuation's parent {parent}"
-            )
-        state.owner_execution_arn = execution_arn
-        state.successor_execution_arn = None
-        state.segment += 1
-        state.segment_start_step = state.step
-
-    return rs.update_state(run_id, change, execution_arn=None)
+    return rs.update_state(run_id, lambda s: take_over_run(s, execution_arn, parent), execution_arn=None)
 
 
 def resume(rs: RunStore, run_id: str, execution_arn: str, state: RunState) -> RunState:
     """Apply ``"resume": true``: clear a failure stop; a stopped session is replaced (see module doc)."""
-    found: list[Checkpoint | None] = []
+    found: list[Resumed] = []
     session_name = resume_session_name(run_id, state.segment)
     cfg = run_config(run_id)
 
     if state.session_stopped and cfg.admission == "group":
         # first the buffer (marked with the new session: a retried Init does not rewind it twice), then the state
         rewind_groups(rs, run_id, cfg, newest_state_checkpoint(state), session_name)
+    at = now()
 
     def change(s: RunState) -> None:
-        found.clear()
-        if is_failure_stop(s.stop_reason):
-            s.stop_reason = None
-        if s.session_stopped:
-            found.append(rewind_to_checkpoint(s, session_name=session_name, created_at=now(),
-                                              base_resume_arn=cfg.resume_from_model_package))
-            if found[0] is None and cfg.saves_initial_sampler:
-                s.resume_loaded = False  # the new session's first sampler: its saved base weights
-            refresh_best(s, cfg)
+        found[:] = [resume_run(s, cfg, session_name=session_name, at=at)]
 
     state = rs.update_state(run_id, change, execution_arn=execution_arn)
-    if found:
-        ckpt = found[0]
+    if found[0].rewound:
+        ckpt = found[0].checkpoint
         logger.info("resuming on a new training session", extra={
             "training_session_name": session_name, "step": state.step, "epoch": state.epoch, "cursor": state.cursor,
             "checkpoint": ckpt.model_package_arn if ckpt else None})
@@ -124,17 +104,13 @@ def create_own_session(rs: RunStore, cfg: RunConfig, run_id: str, execution_arn:
         RunRefused: the session is not this run's.
     """
     from stepwise.core.preflight import RunRefused
-    from stepwise.core.sweeping import REFUSED
+    from stepwise.core.sweeping import mark_refused
 
     try:
         return sagemaker.create_session(cfg, session_name, run_id, execution_arn)
     except sagemaker.SessionNotOurs as e:
-        def refuse(s: RunState) -> None:
-            if s.training_session_name == session_name:
-                s.session_status, s.session_stopped = REFUSED, True
-                s.stop_reason = s.stop_reason or f"failed: RunRefused ({e})"
-
-        rs.update_state(run_id, refuse, execution_arn=execution_arn)
+        why = str(e)
+        rs.update_state(run_id, lambda s: mark_refused(s, session_name, why), execution_arn=execution_arn)
         raise RunRefused([f"training session: {e}"]) from None
 
 
@@ -197,14 +173,8 @@ def session_clock(rs: RunStore, run_id: str, execution_arn: str, cfg: RunConfig,
     """Record the new session's own CreationTime as ``session_created_at`` (the cost ledger counts its
     seconds from it; Init's clock stood in until now) and, when given, its ``status``; one state write."""
     created_at = sagemaker.creation_time(sagemaker.control_plane(cfg.region), session_name)
-
-    def change(s: RunState) -> None:
-        if created_at is not None and s.training_session_name == session_name and not s.session_stopped:
-            s.session_created_at = created_at
-        if status is not None:
-            s.session_status = status
-
-    return rs.update_state(run_id, change, execution_arn=execution_arn)
+    return rs.update_state(run_id, lambda s: ledger.session_clock(s, session_name, created_at=created_at, status=status),
+                           execution_arn=execution_arn)
 
 
 def refuse_on_this_stack(cfg: RunConfig, rs: RunStore, execution_arn: str = "") -> RunConfig:

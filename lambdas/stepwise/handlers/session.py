@@ -24,11 +24,10 @@ from __future__ import annotations
 from typing import Any
 
 from stepwise.aws import sagemaker, task_tokens
-from stepwise.aws.runstore import RunNotFound, RunOwnedElsewhere
-from stepwise.core import ledger
-from stepwise.core.ledger import count_parent_history, history_after
+from stepwise.aws.runstore import RunNotFound
+from stepwise.core.ledger import history_after
 from stepwise.core.phases import plan_eval_weights, plan_initial_sampler, plan_resume
-from stepwise.core.sweeping import REFUSED, may_stop_session
+from stepwise.core.sweeping import REFUSED, hand_over, mark_stopped, may_stop_session
 from stepwise.events import ContinueEvent, ExecutionStatusChange, RunEvent, StopEvent
 from stepwise.executions import ABNORMAL_END_STATUSES, continuation_name, execution_arn_of, resolve_run
 from stepwise.handlers import _leftovers
@@ -148,24 +147,10 @@ def stop_owned_session(execution_arn: str, execution_name: str, execution_input:
         left = None
 
     def mark(s: RunState) -> None:
-        if not may_stop_session(s, execution_arn):
-            raise RunOwnedElsewhere(f"run {run_id!r} was taken over by {s.owner_execution_arn} while {execution_arn} stopped it")
-        if created is not None and not s.session_stopped:
-            s.session_created_at = created  # the session's own clock for its final seconds
-        ledger.close_session(s, stopped_at)
-        if newest is not None:
-            count_parent_history(s, newest, events)
-            s.ledger.usage.state_transitions += TAIL_TRANSITIONS
-        s.session_stopped = True
-        if s.session_status != REFUSED:
-            s.session_status = "Stopping"
-        if reason == "finished":
-            s.finished = True
-        elif s.stop_reason is None:
-            s.stop_reason = reason
-        s.ledger.final = ledger.final_report(s, cfg, stopped_at, estimate)
+        mark_stopped(s, cfg, execution_arn, reason=reason, stopped_at=stopped_at, created_at=created,
+                     newest_event=newest, events=events, tail_transitions=TAIL_TRANSITIONS, estimate=estimate)
 
-    state = rs.update_state(run_id, mark, execution_arn=None)  # the owner, or its successor (checked in mark)
+    state = rs.update_state(run_id, mark, execution_arn=None)  # the owner, or its successor (mark_stopped checks)
     cost = state.ledger.final or {}
     logger.info("training session stopped", extra={"training_session_name": state.training_session_name, "reason": reason,
                                                    "cost": cost.get("line")})
@@ -222,13 +207,9 @@ def continue_run(event: ContinueEvent) -> dict[str, Any]:
     # fail first), and the sweeper leaves the session to it while it runs.
     successor = execution_arn_of(event.state_machine_arn, name)
 
-    def hand_over(s: RunState) -> None:
-        s.successor_execution_arn = successor
-        if newest is not None:
-            count_parent_history(s, newest, events)
-            s.ledger.usage.state_transitions += TAIL_TRANSITIONS
-
-    rs.update_state(run.run_id, hand_over, execution_arn=run.execution_arn)
+    rs.update_state(run.run_id, lambda s: hand_over(s, successor, newest_event=newest, events=events,
+                                                    tail_transitions=TAIL_TRANSITIONS),
+                    execution_arn=run.execution_arn)
     arn = task_tokens.start_execution(sfn_client(), event.state_machine_arn, name, body)
     logger.info("continued as a new execution", extra={"next_execution": arn, "segment": segment})
     return {"execution_arn": arn, "name": name}
