@@ -345,6 +345,25 @@ def plan_ahead(state: RunState, cfg: RunConfig, trained_step: int, *,
     return d, "planned"
 
 
+def plan_step(state: RunState, cfg: RunConfig, *, ahead_of_step: int | None, history_events: int | None = None,
+              new_events: Sequence[Mapping[str, Any]] = (), groups: GroupProgress | None = None,
+              now: Callable[[], float] = time.time) -> tuple[Decision | None, str]:
+    """PlanStep's transition of ``state`` (mutated): with ``ahead_of_step`` None, count the execution's
+    history events not counted yet in the ledger (``new_events``, up to ``history_events``, the newest id:
+    `stepwise.core.ledger.count_parent_history`) and `decide` the next action; else `plan_ahead` the first
+    batch of step ``ahead_of_step + 1``. Returns ``(decision, reason)``: the decision None only ahead
+    (``reason`` says why not); a retried call returns the batch already planned.
+
+    Raises:
+        as `decide` (PhaseMismatch, NoTrainingSignal, ValueError without ``groups`` under ``admission: group``).
+    """
+    if ahead_of_step is None:
+        ledger.count_parent_history(state, history_events, new_events)
+        d = decide(state, cfg, history_events, now=now, groups=groups)
+        return d, d.reason
+    return plan_ahead(state, cfg, ahead_of_step, now=now)
+
+
 def _planned(d: Decision) -> PlannedBatch:
     return PlannedBatch(kind=d.kind or "train", step=d.step, generation_batch=d.generation_batch, rows=d.rows,
                         responses_per_prompt=d.responses_per_prompt, final=d.final, group_engine=d.action == "groups")

@@ -26,13 +26,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from stepwise.core import ledger
 from stepwise.core.rewards import preview
-from stepwise.records import BatchItem, BatchRef, PlannedBatch, RolloutRecord
+from stepwise.records import BatchItem, BatchRef, PlannedBatch, RolloutRecord, RunState, Usage
 
 if TYPE_CHECKING:
     from stepwise.config import RunConfig
 
 __all__ = [
+    "BatchMismatch",
     "Group",
     "RolloutsFailed",
     "chosen_groups",
@@ -41,8 +43,10 @@ __all__ = [
     "TOP_CAUSES",
     "lost_rollout",
     "missing_items",
+    "check_batch",
     "check_not_all_failed",
     "compute_step",
+    "record_step",
     "datums_for",
     "estimator_rewards",
     "group_rollouts",
@@ -360,3 +364,68 @@ def compute_step(batches: Sequence[Sequence[RolloutRecord]], cfg: RunConfig, *, 
     outcome.datums = datums
     outcome.advantages_P = advantages_P
     return outcome
+
+
+# ---------------------------------------------------------------------------- the step's decision in the run state
+
+
+class BatchMismatch(RuntimeError):
+    """The batch handed in is not the run's planned batch (names both)."""
+
+
+def check_batch(state: RunState, batch: BatchRef) -> None:
+    """Refuse a batch that is not ``state``'s planned one (``current_batch``).
+
+    Raises:
+        BatchMismatch: naming both.
+    """
+    cur = state.current_batch
+    if not batch.is_planned(cur):
+        raise BatchMismatch(f"batch {batch.kind} step {batch.step} gen {batch.generation_batch} is not the planned batch "
+                            f"{cur.model_dump() if cur is not None else None}")
+
+
+#: ComputeAdvantages' decisions (``result["decision"]``): the run state's move for each is `record_step`'s.
+STEP_DECISIONS = ("train", "need_more", "cap_reached", "skip")
+
+
+def record_step(state: RunState, cfg: RunConfig, batch: BatchRef, *, decision: str, result: dict[str, Any],
+                usage: Usage, epoch: int, at: float, outcome: StepOutcome, step_metrics: dict[str, Any],
+                chunk_sizes: Sequence[int], cap_reason: str) -> None:
+    """ComputeAdvantages' transition of the run state (mutated), for ``decision`` (`STEP_DECISIONS`):
+    the planned batch is done (``last_decision`` keeps ``result``, what a retry returns), ``usage`` joins
+    the ledger, the run is at ``epoch``; then
+    - ``train``: the step's datum chunks (``chunk_sizes``), their staleness, kept groups and ``step_metrics``
+      wait for the update (the step ends at its Rebind); the empty-step count restarts;
+    - ``need_more``: the next generation batch of the step;
+    - ``cap_reached``: the run stops with ``cap_reason`` (checkpoint and finish);
+    - ``skip``: no datum: the next step, one more empty step (with its rollouts' report).
+    A skipped or capped step's cost is closed in the ledger at ``at`` (epoch seconds). Not idempotent:
+    a retry is answered from ``last_decision`` before it is applied again (the batch is no longer planned).
+
+    Raises:
+        BatchMismatch: ``batch`` is not the planned batch (`check_batch`).
+    """
+    check_batch(state, batch)
+    state.current_batch = None
+    state.last_decision = {"batch": batch.model_dump(), "result": result}
+    state.ledger.usage.add(usage)
+    state.epoch = epoch
+    if decision in ("skip", "cap_reached"):  # the step ends here (a trained step ends at its Rebind)
+        ledger.close_step(state, cfg, at, batch.step)
+    if decision == "train":
+        state.datum_chunks = list(chunk_sizes)
+        state.datum_staleness = list(outcome.datum_staleness)
+        state.kept_groups = len(outcome.train_groups)
+        state.step_metrics = dict(step_metrics)  # the summary is written once the step is trained (Rebind)
+        state.empty_steps, state.empty_steps_report = 0, ""
+    elif decision == "need_more":
+        state.generation_batch += 1
+    elif decision == "cap_reached":
+        state.stop_reason = cap_reason
+        state.generation_batch = 0
+    elif decision == "skip":
+        state.step += 1
+        state.generation_batch = 0
+        state.empty_steps += 1
+        state.empty_steps_report = f"step {batch.step}'s {len(outcome.rollouts)} rollouts: {rollout_report(outcome.rollouts)}"

@@ -23,12 +23,15 @@ from typing import TYPE_CHECKING, Any
 from stepwise.core import ledger
 from stepwise.core.operations import datum_chunks
 from stepwise.core.planning import NoTrainingSignal
-from stepwise.core.steps import (  # noqa: F401  (RolloutsFailed: the error this handler raises)
+from stepwise.core.steps import (  # noqa: F401  (RolloutsFailed, BatchMismatch: the errors this handler raises)
+    BatchMismatch,
     RolloutsFailed,
+    check_batch,
     check_not_all_failed,
     compute_step,
     lost_rollout,
     missing_items,
+    record_step,
     rollout_report,
 )
 from stepwise.events import BatchEvent, GroupEvent
@@ -39,10 +42,6 @@ from stepwise.records import BatchItem, BatchRef, GroupBuffer, PlannedBatch, Rol
 
 if TYPE_CHECKING:
     from stepwise.config import RunConfig
-
-
-class BatchMismatch(RuntimeError):
-    """The batch handed in is not the run's planned batch (names both)."""
 
 
 def load_rollouts(run_id: str, batch: BatchRef, generation_batch: int | None = None) -> list[RolloutRecord]:
@@ -127,13 +126,6 @@ def chosen_group_rollouts(run_id: str, refs: list[BatchRef]) -> list[list[Rollou
         return list(pool.map(lambda ref: group_rollouts_of(run_id, ref), refs))
 
 
-def _check_batch(state: RunState, batch: BatchRef) -> None:
-    cur = state.current_batch
-    if not batch.is_planned(cur):
-        raise BatchMismatch(f"batch {batch.kind} step {batch.step} gen {batch.generation_batch} is not the planned batch "
-                            f"{cur.model_dump() if cur is not None else None}")
-
-
 def compute(event: BatchEvent) -> dict[str, Any]:
     rs = store()
     run, batch = event.run, event.batch
@@ -141,7 +133,7 @@ def compute(event: BatchEvent) -> dict[str, Any]:
     state = rs.owned_state(run.run_id, run.execution_arn)
     if state.current_batch is None and state.last_decision and state.last_decision.get("batch") == batch.model_dump():
         return dict(state.last_decision["result"])  # a retry after the state was already written
-    _check_batch(state, batch)
+    check_batch(state, batch)
     cfg = run_config(run.run_id)
     taken: TakenGroups | None = None
     judge_metrics: dict[str, float] = {}
@@ -213,29 +205,8 @@ def compute(event: BatchEvent) -> dict[str, Any]:
                   f"with {len(train_groups)}/{cfg.batch_size} informative groups")
 
     def change(s: RunState) -> None:
-        _check_batch(s, batch)
-        s.current_batch = None
-        s.last_decision = {"batch": batch.model_dump(), "result": result}
-        s.ledger.usage.add(batch_usage)
-        s.epoch = epoch
-        if decision in ("skip", "cap_reached"):  # the step ends here (a trained step ends at its Rebind)
-            ledger.close_step(s, cfg, at, batch.step)
-        if decision == "train":
-            s.datum_chunks = chunk_sizes
-            s.datum_staleness = list(outcome.datum_staleness)
-            s.kept_groups = len(train_groups)
-            s.step_metrics = dict(metrics_)  # the summary is written once the step is trained (Rebind)
-            s.empty_steps, s.empty_steps_report = 0, ""
-        elif decision == "need_more":
-            s.generation_batch += 1
-        elif decision == "cap_reached":
-            s.stop_reason = cap_reason
-            s.generation_batch = 0
-        elif decision == "skip":
-            s.step += 1
-            s.generation_batch = 0
-            s.empty_steps += 1
-            s.empty_steps_report = f"step {batch.step}'s {len(rollouts)} rollouts: {rollout_report(rollouts)}"
+        record_step(s, cfg, batch, decision=decision, result=result, usage=batch_usage, epoch=epoch, at=at,
+                    outcome=outcome, step_metrics=metrics_, chunk_sizes=chunk_sizes, cap_reason=cap_reason)
 
     at = now()
     if decision in ("skip", "cap_reached"):
@@ -401,8 +372,8 @@ def record_eval(event: BatchEvent) -> dict[str, Any]:
     (`stepwise.core.evals.summarize_eval`), then the run state's eval marks and model selection's
     history and best (`stepwise.core.selection.record_eval_point`). A retry after the state moved on
     returns the summary written."""
-    from stepwise.core.evals import EvalRollout, eval_sets_of, summarize_eval
-    from stepwise.core.selection import criterion, record_eval_point
+    from stepwise.core.evals import EvalRollout, eval_sets_of, record_eval, summarize_eval
+    from stepwise.core.selection import criterion
 
     rs = store()
     run, batch = event.run, event.batch
@@ -410,7 +381,7 @@ def record_eval(event: BatchEvent) -> dict[str, Any]:
     state = rs.owned_state(run.run_id, run.execution_arn)
     if state.current_batch is None and state.last_eval_step == batch.step:
         return rs.get_json(eval_summary_key(run.run_id, batch.step))
-    _check_batch(state, batch)
+    check_batch(state, batch)
     cfg = run_config(run.run_id)
     rollouts = completed_rollouts(run.run_id, batch, state.current_batch)
     check_not_all_failed(rollouts, batch)
@@ -425,17 +396,9 @@ def record_eval(event: BatchEvent) -> dict[str, Any]:
 
     evaluated = batch.policy.sampler_model_package_arn if batch.policy is not None else state.sampler_model_package_arn
 
-    def change(s: RunState) -> None:
-        _check_batch(s, batch)
-        s.current_batch = None
-        s.ledger.usage.add(batch_usage)
-        s.last_eval_step = batch.step
-        s.eval_steps = sorted({*s.eval_steps, batch.step})
-        if batch.final:
-            s.final_eval_done = True
-        record_eval_point(s, cfg, batch.step, summary, evaluated)
-
-    state = rs.update_state(run.run_id, change, execution_arn=run.execution_arn)
+    state = rs.update_state(run.run_id, lambda s: record_eval(s, cfg, batch, usage=batch_usage, summary=summary,
+                                                              evaluated=evaluated),
+                            execution_arn=run.execution_arn)
     if state.best is not None and state.best.step == batch.step:
         logger.info("best model so far", extra={"metric": criterion(cfg).metric, "value": state.best.value,
                                                  "model_package_arn": state.best.model_package_arn})

@@ -16,9 +16,9 @@ from __future__ import annotations
 from typing import Any
 
 from stepwise.aws import task_tokens
-from stepwise.core.ledger import count_parent_history, history_after
+from stepwise.core.ledger import history_after
 from stepwise.core.liveness import rollout_timeouts
-from stepwise.core.planning import Decision, GroupProgress, build_items, decide, map_concurrency, plan_ahead
+from stepwise.core.planning import Decision, GroupProgress, build_items, map_concurrency, plan_step
 from stepwise.events import PlanEvent, RunEvent
 from stepwise.handlers._common import bind, dependencies, entrypoint, logger, run_config, settings, sfn_client, store
 from stepwise.handlers._payloads import batch_payloads, eval_payloads
@@ -75,8 +75,7 @@ def plan(event: RunEvent) -> dict[str, Any]:
     rs = store()
     run = event.run
     cfg = run_config(run.run_id)
-    decision: list[Decision | None] = []
-    reason: list[str] = []
+    planned: list[tuple[Decision | None, str]] = []
     ahead = event.ahead_of_step if isinstance(event, PlanEvent) else None
     history_events, new_events, first_read = None, [], None
     if ahead is None:  # the parent's history: its length (budget) and the transitions the ledger counts
@@ -86,26 +85,19 @@ def plan(event: RunEvent) -> dict[str, Any]:
     progress = group_progress(run.run_id) if cfg.admission == "group" and ahead is None else None
 
     def change(state: RunState) -> None:
-        decision.clear()
-        reason.clear()
-        if ahead is None:
-            count_parent_history(state, history_events, new_events)
-            decision.append(decide(state, cfg, history_events, groups=progress))
-        else:
-            d, why = plan_ahead(state, cfg, ahead)
-            decision.append(d)
-            reason.append(why)
+        planned[:] = [plan_step(state, cfg, ahead_of_step=ahead, history_events=history_events, new_events=new_events,
+                                groups=progress)]
 
     # one conditional write; retried on a conflict with the training branch's writes (pure change)
     state = rs.update_state(run.run_id, change, execution_arn=run.execution_arn, first_read=first_read)
     if ahead is None:
         dependencies().cache[("history_counted", run.run_id, run.execution_arn)] = history_after(state)
-    d = decision[0]
+    d, why = planned[0]
     bind(run_id=run.run_id, step=state.step)
     if d is not None and d.warnings:
         notify_warnings(run.run_id, d.warnings)
     if d is None:
-        out = {"action": "none", "reason": reason[0], "step": state.step, "ahead_of_step": ahead}
+        out = {"action": "none", "reason": why, "step": state.step, "ahead_of_step": ahead}
         logger.info("nothing to roll out ahead", extra=out)
         return out
     out: dict[str, Any] = {"action": d.action, "reason": d.reason, "step": state.step, "epoch": state.epoch,
