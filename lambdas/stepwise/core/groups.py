@@ -40,16 +40,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from stepwise.records import BatchItem, Consumption, GroupBuffer, GroupEntry, GroupFrontier, RolloutRecord
+from stepwise.records import (BatchItem, Consumption, GroupBuffer, GroupEntry, GroupFrontier, RolloutRecord, RunState,
+                              Usage)
 
 if TYPE_CHECKING:
     from stepwise.config import RunConfig
 
 __all__ = [
-    "CompleteMark", "Knobs", "Readiness", "admission_blocker", "admit", "complete_group", "completion", "consume",
-    "floor", "frontier", "generation_batches", "group_items", "group_prompt", "groups_per_epoch",
-    "in_flight_rollouts", "new_buffer", "readiness", "rewind", "seed_place", "step_metrics", "total_groups",
-    "untrained",
+    "CompleteMark", "Knobs", "Readiness", "admission_blocker", "admit", "admit_on", "await_trainer", "complete_group",
+    "completion", "consume", "consume_for_step", "floor", "frontier", "generation_batches", "group_items",
+    "group_prompt", "groups_per_epoch", "in_flight_rollouts", "may_admit", "new_buffer", "note_ready", "readiness",
+    "record_completion", "record_ended", "rewind", "rewind_for_session", "seed_place", "step_metrics",
+    "stop_admitting", "total_groups", "untrained",
 ]
 
 
@@ -475,3 +477,132 @@ def rewind(buffer: GroupBuffer, at: GroupFrontier | None, *, version: int, knobs
             out.discarded_rollouts += mark.members
         out.groups.append(GroupEntry(id=gid, attempt=attempt + 1, status="queued", members=knobs.group_size))
     return out
+
+
+
+# ---------------------------------------------------------------------------- the buffer's transitions
+#
+# Each is what one handler applies in one conditional write of ``buffer.json``
+# (`stepwise.aws.runstore.RunStore.update_buffer`, which re-applies it to a fresh read after a conflict):
+# it mutates the buffer it is given and returns what the handler acts on after the write.
+
+
+def may_admit(state: RunState) -> bool:
+    """Whether the run may start groups: not ended, nor ending (a stop reason set: final eval, checkpoint)."""
+    return not (state.session_stopped or state.finished or state.stop_reason)
+
+
+def note_ready(buffer: GroupBuffer, knobs: Knobs, at: float) -> str | None:
+    """When a trainer waits (its token is in the buffer) and a batch is ready for the version it waits at
+    (or the cap is reached, or nothing is left), take its token (returned: the caller sends SendTaskSuccess
+    after the write). Also marks when data became enough for a batch (``data_ready_at``, epoch seconds
+    ``at``: the trainer's wait then is for stale groups, not for data). Mutates ``buffer``; a second call
+    finds no token and returns None (the wake-up is sent once per write that took it)."""
+    if buffer.trainer_token is None or buffer.waiting_version is None:
+        return None
+    ready = readiness(buffer, knobs, version=buffer.waiting_version)
+    if ready.status == "wait_data":
+        return None
+    if buffer.data_ready_at is None:
+        buffer.data_ready_at = at
+    if ready.status == "wait_stale":
+        return None
+    token, buffer.trainer_token = buffer.trainer_token, None
+    return token
+
+
+def admit_on(buffer: GroupBuffer, knobs: Knobs, state: RunState, *, group_state_machine_arn: str,
+             now: float) -> list[GroupEntry]:
+    """AdmitGroups (and a group execution's own admission): remember the rollout-group state machine, then,
+    unless the run is ending (`may_admit`), `admit` on ``state``'s sampler (its policy version; the base
+    model when it names no package). Returns the entries to start."""
+    buffer.group_state_machine_arn = buffer.group_state_machine_arn or group_state_machine_arn
+    if not may_admit(state):
+        return []
+    return admit(buffer, knobs, sampler_version=state.policy_version, now=now,
+                 base_sampler=not state.sampler_model_package_arn)
+
+
+def await_trainer(buffer: GroupBuffer, knobs: Knobs, *, token: str, version: int, now: float) -> str | None:
+    """AwaitGroups: the trainer waits at policy ``version`` with task ``token`` (its wait restarts its clock
+    when the version moved or it never waited), then `note_ready`: the token returned when a batch is
+    ready already (the caller wakes it), else None."""
+    buffer.trainer_token = token
+    if buffer.waiting_version != version or buffer.waiting_since is None:
+        buffer.waiting_since, buffer.data_ready_at = now, None
+    buffer.waiting_version = version
+    return note_ready(buffer, knobs, now)
+
+
+def record_completion(buffer: GroupBuffer, knobs: Knobs, state: RunState, *, group: int, attempt: int,
+                      mark: CompleteMark, own: Usage, members: Usage, now: float
+                      ) -> tuple[str, str | None, list[GroupEntry]]:
+    """RecordGroupComplete: `complete_group` with ``mark``; unless that was ``stale`` (a duplicate, or an
+    attempt a resume replaced: nothing changes), the group's own ``usage`` waits in the buffer for the
+    ledger (with its ``members``' when DAPO filtered it: no step reads their records), the waiting
+    trainer's token is taken when a batch is now ready (`note_ready`) and the groups the freed room allows
+    are admitted (`admit_on`'s rule, without its state-machine mark). Returns ``(status, token, admitted)``."""
+    status = complete_group(buffer, group, attempt, first_turn_version=mark.first_turn_version,
+                            durations_s=mark.durations_s, informative=mark.informative, knobs=knobs, now=now)
+    if status == "stale":
+        return status, None, []
+    buffer.pending_usage.add(own)
+    if status == "filtered":  # no step reads its records: their usage joins the ledger from here
+        buffer.pending_usage.add(members)
+    token = note_ready(buffer, knobs, now)
+    admitted = (admit(buffer, knobs, sampler_version=state.policy_version, now=now,
+                      base_sampler=not state.sampler_model_package_arn) if may_admit(state) else [])
+    return status, token, admitted
+
+
+def record_ended(buffer: GroupBuffer, knobs: Knobs, verdicts: Mapping[tuple[int, int], str], *,
+                 now: float) -> str | None:
+    """The trainer's wait found running groups whose execution is not running (``verdicts``: ``(id, attempt)``
+    -> its Step Functions status, ``GONE`` for one that never started): one never started is queued again
+    (next attempt); one that ended without recording the group is recorded complete as it is (its members
+    without a record are lost rollouts when ComputeAdvantages reads them). A group no longer running is left
+    as it is, so applied twice it changes nothing more. Returns `note_ready`'s token."""
+    for g in buffer.groups:
+        verdict = verdicts.get((g.id, g.attempt))
+        if g.status != "running" or verdict is None:
+            continue
+        if verdict == "GONE":
+            g.status, g.attempt, g.admitted_version, g.admitted_at = "queued", g.attempt + 1, None, None
+        else:
+            complete_group(buffer, g.id, g.attempt, first_turn_version=None, durations_s=[], informative=True,
+                           knobs=knobs, now=now)
+    return note_ready(buffer, knobs, now)
+
+
+def stop_admitting(buffer: GroupBuffer) -> tuple[list[GroupEntry], str]:
+    """The run ends: admit nothing more (``stopping``). Returns copies of the running groups (whose
+    executions the caller stops) and the rollout-group state machine's ARN. Idempotent."""
+    buffer.stopping = True
+    return [g.model_copy() for g in buffer.groups if g.status == "running"], buffer.group_state_machine_arn
+
+
+def consume_for_step(buffer: GroupBuffer, ready: Readiness, knobs: Knobs, *, step: int, version: int, decision: str,
+                     now: float, read_usage: Usage) -> tuple[dict[str, float], Consumption]:
+    """ComputeAdvantages of a group-engine step: `consume` the groups ``ready`` chose, the usage the step read
+    (``read_usage``, what ``take_groups`` saw pending) leaving the buffer for the ledger (the caller adds it with
+    the step; not on a retry of the same step, which `consume` answers unchanged), and the engine's
+    `step_metrics` measured on the buffer as it was. A group recorded since the step read keeps its usage (its
+    own and its judge's) pending for the next step. Returns ``(metrics, consumption)``."""
+    before = buffer.model_copy(deep=True)
+    consumed = consume(buffer, ready, step=step, version=version, decision=decision)
+    if before.last_consumption is None or before.last_consumption.step != step:
+        buffer.pending_usage = buffer.pending_usage.minus(read_usage)  # added to the ledger with this step
+    return step_metrics(before, ready, knobs, version=version, now=now), consumed
+
+
+def rewind_for_session(buffer: GroupBuffer, at: GroupFrontier | None, *, version: int, knobs: Knobs,
+                       marks: Mapping[int, CompleteMark], session_name: str) -> None:
+    """A resume onto session ``session_name``: the buffer becomes its `rewind` (keeping its rollout-group state
+    machine) marked as rewound for that session. Mutates ``buffer``; once per session (applied again it
+    changes nothing)."""
+    if buffer.rewound_for == session_name:
+        return
+    fresh = rewind(buffer, at, version=version, knobs=knobs, marks=marks)
+    fresh.group_state_machine_arn, fresh.rewound_for = buffer.group_state_machine_arn, session_name
+    for name in type(buffer).model_fields:
+        setattr(buffer, name, getattr(fresh, name))

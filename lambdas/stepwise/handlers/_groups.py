@@ -25,7 +25,7 @@ from stepwise.core import groups as engine
 from stepwise.core.liveness import rollout_timeouts
 from stepwise.core.planning import prompts_used
 from stepwise.executions import execution_arn_of, group_execution_name
-from stepwise.handlers._common import logger, now, sfn_client, store
+from stepwise.handlers._common import bind, logger, now, run_config, sfn_client, store
 from stepwise.handlers._payloads import batch_payloads
 from stepwise.layout import items_key, prompts_key
 from stepwise.records import BatchRef, GroupBuffer, GroupEntry, RunRef, RunState, SamplerPolicy
@@ -40,6 +40,18 @@ START_WORKERS = 8
 OVERDUE_GRACE_S = 600.0
 #: The longest the trainer's wait for a batch lasts before it re-checks (`reconcile`), seconds.
 MAX_WAIT_S = 900
+
+
+#: The buffer's rules the handlers apply (`stepwise.core.groups`), named here as before.
+note_ready, may_admit = engine.note_ready, engine.may_admit
+
+
+def owned_run(run: RunRef) -> tuple[RunState, RunConfig]:
+    """The prologue of the training loop's group handlers: the run's state (its owner checked: ``run``'s
+    execution), the log context bound to its run and step, and its config."""
+    state = store().owned_state(run.run_id, run.execution_arn)
+    bind(run_id=run.run_id, step=state.step)
+    return state, run_config(run.run_id)
 
 
 def knobs(cfg: RunConfig) -> engine.Knobs:
@@ -110,11 +122,6 @@ def start_groups(run: RunRef, cfg: RunConfig, state: RunState, entries: list[Gro
                                          "policy_version": state.policy_version})
 
 
-def may_admit(state: RunState) -> bool:
-    """Whether the run may start groups: not ended, nor ending (a stop reason set: final eval, checkpoint)."""
-    return not (state.session_stopped or state.finished or state.stop_reason)
-
-
 def admit_groups(run: RunRef, cfg: RunConfig, group_state_machine_arn: str, *, state: RunState | None = None
                  ) -> tuple[GroupBuffer, list[GroupEntry]]:
     """Admit what `stepwise.core.groups.admit` allows on the run's current sampler, and start it.
@@ -123,35 +130,10 @@ def admit_groups(run: RunRef, cfg: RunConfig, group_state_machine_arn: str, *, s
     rs = store()
     state = state if state is not None else rs.read_state(run.run_id)[0]
     kn, t = knobs(cfg), now()
-
-    def change(b: GroupBuffer) -> list[GroupEntry]:
-        b.group_state_machine_arn = b.group_state_machine_arn or group_state_machine_arn
-        if not may_admit(state):
-            return []
-        return engine.admit(b, kn, sampler_version=state.policy_version, now=t,
-                            base_sampler=not state.sampler_model_package_arn)
-
-    buffer, admitted = rs.update_buffer(run.run_id, change)
+    buffer, admitted = rs.update_buffer(run.run_id, lambda b: engine.admit_on(
+        b, kn, state, group_state_machine_arn=group_state_machine_arn, now=t))
     start_groups(run, cfg, state, admitted, group_state_machine_arn)
     return buffer, admitted
-
-
-def note_ready(buffer: GroupBuffer, kn: engine.Knobs, at: float) -> str | None:
-    """Inside a buffer change: when a trainer waits (its token is in the buffer) and a batch is ready for
-    the version it waits at (or the cap is reached, or nothing is left), take its token (returned; the
-    caller sends SendTaskSuccess after the write). Also marks when data became enough for a batch
-    (``data_ready_at``: the trainer's wait then is for stale groups, not for data)."""
-    if buffer.trainer_token is None or buffer.waiting_version is None:
-        return None
-    ready = engine.readiness(buffer, kn, version=buffer.waiting_version)
-    if ready.status == "wait_data":
-        return None
-    if buffer.data_ready_at is None:
-        buffer.data_ready_at = at
-    if ready.status == "wait_stale":
-        return None
-    token, buffer.trainer_token = buffer.trainer_token, None
-    return token
 
 
 def wake(token: str | None, reason: str) -> None:
@@ -182,20 +164,7 @@ def reconcile(run: RunRef, cfg: RunConfig, buffer: GroupBuffer) -> int:
     if not lost:
         return 0
     kn = knobs(cfg)
-
-    def change(b: GroupBuffer) -> str | None:
-        for g in b.groups:
-            verdict = lost.get((g.id, g.attempt))
-            if g.status != "running" or verdict is None:
-                continue
-            if verdict == "GONE":
-                g.status, g.attempt, g.admitted_version, g.admitted_at = "queued", g.attempt + 1, None, None
-            else:
-                engine.complete_group(b, g.id, g.attempt, first_turn_version=None, durations_s=[], informative=True,
-                                      knobs=kn, now=t)
-        return note_ready(b, kn, t)
-
-    _, token = store().update_buffer(run.run_id, change)
+    _, token = store().update_buffer(run.run_id, lambda b: engine.record_ended(b, kn, lost, now=t))
     logger.warning("groups whose execution ended unrecorded", extra={"groups": {f"{g}a{a}": v for (g, a), v in lost.items()}})
     wake(token, "reconciled")
     return len(lost)
@@ -207,11 +176,7 @@ def stop_groups(rs: Any, run_id: str, *, reason: str) -> list[tuple[int, int]]:
     returned to `stepwise.handlers._leftovers.hand_over`). Returns the running groups ``(id, attempt)``;
     never raises (logged): it runs on the way out of a run."""
     try:
-        def change(b: GroupBuffer) -> tuple[list[GroupEntry], str]:
-            b.stopping = True
-            return [g.model_copy() for g in b.groups if g.status == "running"], b.group_state_machine_arn
-
-        _, (running, arn) = rs.update_buffer(run_id, change)
+        _, (running, arn) = rs.update_buffer(run_id, engine.stop_admitting)
     except KeyError:
         return []
     except Exception as exc:  # noqa: BLE001 - the session stop matters most

@@ -38,7 +38,7 @@ from stepwise.events import BatchEvent, GroupEvent
 from stepwise.handlers._common import bind, emit, entrypoint, logger, now, run_config, store, write_summary
 from stepwise.layout import (datums_key, eval_results_key, eval_summary_key, group_complete_key, items_key,
                              prompts_key, rollout_key, start_marker_key)
-from stepwise.records import BatchItem, BatchRef, GroupBuffer, PlannedBatch, RolloutRecord, RunState, Usage
+from stepwise.records import BatchItem, BatchRef, PlannedBatch, RolloutRecord, RunState, Usage
 
 if TYPE_CHECKING:
     from stepwise.config import RunConfig
@@ -292,17 +292,9 @@ def consume_groups(run_id: str, batch: BatchRef, state: RunState, cfg: RunConfig
     from stepwise.handlers import _groups
 
     kn, t = _groups.knobs(cfg), now()
-
-    def change(b: GroupBuffer) -> tuple[dict[str, float], Any]:
-        before = b.model_copy(deep=True)
-        consumed = engine.consume(b, taken.ready, step=batch.step, version=state.policy_version, decision=decision)
-        if before.last_consumption is None or before.last_consumption.step != batch.step:
-            # what the step read (take_groups) is added to the ledger with this step (the state write below); a
-            # group recorded since (its own and its judge's usage) stays for the next step
-            b.pending_usage = b.pending_usage.minus(taken.pending_usage)
-        return engine.step_metrics(before, taken.ready, kn, version=state.policy_version, now=t), consumed
-
-    _, (metrics_, consumed) = store().update_buffer(run_id, change)
+    _, (metrics_, consumed) = store().update_buffer(run_id, lambda b: engine.consume_for_step(
+        b, taken.ready, kn, step=batch.step, version=state.policy_version, decision=decision, now=t,
+        read_usage=taken.pending_usage))
     return metrics_, consumed
 
 
@@ -345,20 +337,8 @@ def record_group(event: GroupEvent) -> dict[str, Any]:
     for r in rollouts:
         members.add(r.usage)
 
-    def change(b: GroupBuffer) -> tuple[str, str | None, list[Any]]:
-        status = engine.complete_group(b, batch.group, batch.attempt, first_turn_version=mark.first_turn_version,
-                                       durations_s=mark.durations_s, informative=mark.informative, knobs=kn, now=t)
-        if status == "stale":
-            return status, None, []
-        b.pending_usage.add(own)
-        if status == "filtered":  # no step reads its records: their usage joins the ledger from here
-            b.pending_usage.add(members)
-        token = _groups.note_ready(b, kn, t)
-        admitted = (engine.admit(b, kn, sampler_version=state.policy_version, now=t,
-                                 base_sampler=not state.sampler_model_package_arn) if _groups.may_admit(state) else [])
-        return status, token, admitted
-
-    _, (status, token, admitted) = rs.update_buffer(run.run_id, change)
+    _, (status, token, admitted) = rs.update_buffer(run.run_id, lambda b: engine.record_completion(
+        b, kn, state, group=batch.group, attempt=batch.attempt, mark=mark, own=own, members=members, now=t))
     _groups.wake(token, f"group {batch.group} {status}")
     _groups.start_groups(run, cfg, state, admitted, event.group_state_machine_arn)
     out = {"group": batch.group, "attempt": batch.attempt, "status": status, "admitted": len(admitted),

@@ -20,17 +20,13 @@ from typing import Any
 from stepwise.core import groups as engine
 from stepwise.events import AdmitEvent, AwaitEvent
 from stepwise.handlers import _groups
-from stepwise.handlers._common import bind, entrypoint, logger, now, run_config, store
-from stepwise.records import GroupBuffer
+from stepwise.handlers._common import entrypoint, logger, now, store
 
 
 def admit(event: AdmitEvent) -> dict[str, Any]:
     """Start the groups that fit; returns ``{admitted, groups, in_flight_rollouts, buffer_depth}``."""
-    rs = store()
     run = event.run
-    state = rs.owned_state(run.run_id, run.execution_arn)
-    bind(run_id=run.run_id, step=state.step)
-    cfg = run_config(run.run_id)
+    state, cfg = _groups.owned_run(run)
     buffer, admitted = _groups.admit_groups(run, cfg, event.group_state_machine_arn, state=state)
     out = {"admitted": len(admitted), "groups": [g.id for g in admitted][:20],
            "in_flight_rollouts": engine.in_flight_rollouts(buffer), "buffer_depth": len(engine.untrained(buffer))}
@@ -43,21 +39,11 @@ def admit(event: AdmitEvent) -> dict[str, Any]:
 
 def await_batch(event: AwaitEvent) -> dict[str, Any]:
     """Register the trainer's wait; wake it now when a batch is ready (see the module doc)."""
-    rs = store()
     run = event.run
-    state = rs.owned_state(run.run_id, run.execution_arn)
-    bind(run_id=run.run_id, step=state.step)
-    cfg = run_config(run.run_id)
+    state, cfg = _groups.owned_run(run)
     kn, t = _groups.knobs(cfg), now()
-
-    def change(b: GroupBuffer) -> str | None:
-        b.trainer_token = event.task_token
-        if b.waiting_version != state.policy_version or b.waiting_since is None:
-            b.waiting_since, b.data_ready_at = t, None
-        b.waiting_version = state.policy_version
-        return _groups.note_ready(b, kn, t)
-
-    buffer, token = rs.update_buffer(run.run_id, change)
+    buffer, token = store().update_buffer(run.run_id, lambda b: engine.await_trainer(
+        b, kn, token=event.task_token, version=state.policy_version, now=t))
     ready = engine.readiness(buffer, kn, version=state.policy_version)
     if token is not None:
         _groups.wake(token, f"ready when the trainer came ({ready.status})")

@@ -153,16 +153,8 @@ def rewind_groups(rs: RunStore, run_id: str, cfg: RunConfig, ckpt: Checkpoint | 
     with ThreadPoolExecutor(max_workers=8) as pool:
         marks = {g: m for g, m in pool.map(mark, redo) if m is not None}
     kn = _groups.knobs(cfg)
-
-    def change(b: Any) -> None:
-        if b.rewound_for == session_name:
-            return
-        fresh = engine.rewind(b, at, version=version, knobs=kn, marks=marks)
-        fresh.group_state_machine_arn, fresh.rewound_for = b.group_state_machine_arn, session_name
-        for name in type(b).model_fields:
-            setattr(b, name, getattr(fresh, name))
-
-    buffer, _ = rs.update_buffer(run_id, change)
+    buffer, _ = rs.update_buffer(run_id, lambda b: engine.rewind_for_session(b, at, version=version, knobs=kn,
+                                                                              marks=marks, session_name=session_name))
     logger.info("group engine rewound", extra={
         "reused": sum(1 for g in buffer.groups if g.reused), "rolled_again": sum(1 for g in buffer.groups if g.status == "queued"),
         "discarded_rollouts": buffer.discarded_rollouts, "policy_version": version})
