@@ -10,16 +10,25 @@ Sources:
 The toolkit's session raises on a non-numeric ``rewards``; the reference loop scores every
 failure 0.0 and keeps going. We keep the loop's behaviour (never raise, 0.0) but return the
 reason, so FinishRollout can log it and the step summary can count it.
+
+A rollout's outcome (FinishRollout's classification: ``ok`` / ``error`` / ``timeout``, ``late``, its reward
+and per-turn rewards) is decided here too, in three pure steps around FinishRollout's reads: `task_end`
+(how the rollout's task ended, and which result object to read), `rollout_outcome` (that and what reading
+the object found: `ResultRead`), `per_turn_outcome` (the per-turn rewards against the turns captured).
 """
 
 from __future__ import annotations
 
 import math
 import re
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Literal, Mapping
 
-__all__ = ["MAX_RESULT_BYTES", "agent_failure", "extract_reward", "extract_turn_rewards", "preview", "result_too_large",
-           "reward_metrics"]
+from stepwise.core.liveness import RolloutTimeouts, task_error, timeout_cause
+
+__all__ = ["MAX_RESULT_BYTES", "ResultRead", "RolloutOutcome", "TaskEnd", "agent_failure", "extract_reward",
+           "extract_turn_rewards", "per_turn_outcome", "preview", "result_too_large", "reward_metrics",
+           "rollout_outcome", "task_end"]
 
 #: The largest agent result object FinishRollout reads (bytes): the toolkit's result holds the user's dict and
 #: the dataset row (``payload``), so it is generous, yet parsed it stays far inside FinishRollout's memory
@@ -233,3 +242,135 @@ def reward_metrics(rewards: list[float], zeroed_reasons: list[str | None] | None
     if zeroed_reasons is not None:
         out["sampler/zeroed_rollouts"] = float(sum(1 for r in zeroed_reasons if r is not None))
     return out
+
+
+# ---------------------------------------------------------------------------- a rollout's outcome (FinishRollout)
+
+#: A rollout record's ``status``: it returned a result (``ok``; its reward may still be zeroed, with a
+#: reason), it failed (``error``: the agent's own failure, a bad result, the invoke), or it ran out of time.
+RolloutStatus = Literal["ok", "error", "timeout"]
+#: The reason of a per-turn rollout without a gateway session (no captured turn to carry a reward).
+NO_SESSION_TURNS = "per-turn rewards: no gateway session, so no LLM turn"
+
+
+@dataclass(frozen=True)
+class TaskEnd:
+    """How a rollout's Step Functions task ended, before its result object is read (`task_end`).
+
+    Attributes:
+        status: ``ok`` (resumed with a result, or neither result nor error), ``error`` or ``timeout``.
+        error: ``{"error", "cause"}`` for ``error`` and ``timeout``, else None.
+        late: the result was found by the re-check ("Wait for rollout result"), not its notification.
+        read: which result object FinishRollout reads next: ``none``; ``result`` (the one the task's result
+            names, or the rollout's own key); ``if_present`` (a timeout: the rollout's own key, read only when
+            it exists, then scored as `found_late`: S3 notifications are at-least-once and may come late).
+    """
+
+    status: RolloutStatus
+    error: dict[str, str] | None = None
+    late: bool = False
+    read: Literal["none", "result", "if_present"] = "none"
+
+    def found_late(self) -> TaskEnd:
+        """A timed-out rollout whose result object exists after all: scored (``ok``, ``late``), read next."""
+        return TaskEnd("ok", None, True, "result")
+
+
+def task_end(error: Mapping[str, Any] | None, result: Mapping[str, Any] | None, timeouts: RolloutTimeouts, *,
+             silence_seconds: int | None = None, started: bool = True) -> TaskEnd:
+    """How a rollout's task ended: ``error`` is the task's Catch output (``{"Error", "Cause"}``: a timeout's
+    name as `stepwise.core.liveness.task_error` gives it, its cause `stepwise.core.liveness.timeout_cause`
+    with ``silence_seconds``, another error's its ``Cause``, at most 1,000 characters), ``result`` the task's
+    output (OnRolloutResult's, or the re-check's with ``rechecked``). ``started``: the rollout has a session
+    (a sid): a timed-out one without one has no result to look for. Never raises."""
+    if error is not None:
+        err = task_error(str(error.get("Error", "error")))
+        cause = timeout_cause(err, timeouts, silence_seconds=silence_seconds)
+        status: RolloutStatus = "timeout" if cause is not None else "error"
+        failure = {"error": err, "cause": cause or str(error.get("Cause", ""))[:1000]}
+        return TaskEnd(status, failure, False, "if_present" if status == "timeout" and started else "none")
+    if result is not None:
+        return TaskEnd("ok", None, bool(result.get("rechecked")), "result")
+    return TaskEnd("ok")
+
+
+@dataclass(frozen=True)
+class ResultRead:
+    """What reading a rollout's result object (at most `MAX_RESULT_BYTES`) found: its parsed JSON ``value``,
+    or that it is ``missing``, ``too_large`` (its size, bytes: never read), or ``malformed`` (why: not JSON,
+    not UTF-8, nested too deep)."""
+
+    value: Any = None
+    missing: bool = False
+    too_large: int | None = None
+    malformed: str | None = None
+
+
+@dataclass(frozen=True)
+class RolloutOutcome:
+    """A rollout's outcome as its record keeps it (`stepwise.records.RolloutRecord`).
+
+    Attributes:
+        status: see `RolloutStatus`.
+        error: ``{"error", "cause"}`` (and ``result_key`` for a bad result object) when not ``ok``.
+        late: scored from a result found after its task timed out, or by the re-check.
+        result: the agent's result object when it is a JSON object and the rollout ``ok`` (else None).
+        reward: the rollout's reward; 0.0 unless ``ok`` (`extract_reward`; per-turn: `per_turn_outcome`).
+        reason: why the reward is zeroed (None: it is not, or per-turn and not yet read against the turns).
+        turn_rewards: per-turn rewards, one per captured LLM turn (`per_turn_outcome`), else None.
+    """
+
+    status: RolloutStatus
+    error: dict[str, Any] | None
+    late: bool
+    result: dict[str, Any] | None
+    reward: float
+    reason: str | None
+    turn_rewards: list[float] | None = None
+
+
+def rollout_outcome(end: TaskEnd, read: ResultRead | None, *, result_key: str | None = None,
+                    per_turn: bool = False) -> RolloutOutcome:
+    """The rollout's outcome from how its task ended (`task_end`, after `TaskEnd.found_late` where its result
+    turned up) and what reading its result object found (``read``; None: none was read). A result that is
+    missing, too large, malformed or not a JSON object, or that reports the agent's own failure
+    (`agent_failure`), makes the rollout an ``error`` (``result_key`` named in the first four); the reward is
+    `extract_reward`'s of an ``ok`` rollout's result, else 0.0 with ``"{status}: {error}: {cause}"`` as its
+    reason. ``per_turn``: an ``ok`` rollout's reason waits for `per_turn_outcome`. Never raises."""
+    status, error, result = end.status, end.error, None
+    if read is not None:
+        where = {"result_key": result_key}
+        if read.missing:
+            status, error = "error", {"error": "ResultMissing", "cause": "the result object was not found", **where}
+        elif read.too_large is not None:  # never read: a result beyond the bound is the agent's fault, not an OOM
+            status, error = "error", {**result_too_large(read.too_large), **where}
+        elif read.malformed is not None:
+            # the key stays out of the cause, so a run's failure counts rollouts by cause
+            status, error = "error", {"error": "MalformedResult", "cause": preview(read.malformed, 1000), **where}
+        elif not isinstance(read.value, dict):
+            status, error = "error", {"error": "MalformedResult", **where,
+                                      "cause": f"not a JSON object (got {type(read.value).__name__})"}
+        elif (failure := agent_failure(read.value)) is not None:
+            # the toolkit saved the agent's exception (status_code 500): a failed rollout, not a zero reward
+            status, error, result = "error", failure, read.value
+        else:
+            result = read.value
+    reward, reason = extract_reward(result if status == "ok" else None)
+    if per_turn and status == "ok":
+        reason = None  # read against the captured turns (per_turn_outcome)
+    if status != "ok":
+        reason = f"{status}: {error['error']}: {preview(error['cause'], 200)}" if error else status
+    return RolloutOutcome(status, error, end.late, result if status == "ok" else None, reward, reason)
+
+
+def per_turn_outcome(outcome: RolloutOutcome, num_turns: int | None) -> RolloutOutcome:
+    """``reward_granularity: per_turn``: the outcome with one reward per LLM turn of the ``num_turns`` the
+    gateway captured (`extract_turn_rewards`; None: the rollout had no gateway session, so no turn: an ``ok``
+    one is zeroed with `NO_SESSION_TURNS`). An ``ok`` rollout's reward is their sum and its reason theirs;
+    another keeps its 0.0 and reason (its turn rewards are zeros). Never raises."""
+    if num_turns is None:
+        return replace(outcome, reward=0.0, reason=NO_SESSION_TURNS) if outcome.status == "ok" else outcome
+    turn_rewards, why = extract_turn_rewards(outcome.result if outcome.status == "ok" else None, num_turns)
+    if outcome.status == "ok":
+        return replace(outcome, reward=math.fsum(turn_rewards), reason=why, turn_rewards=turn_rewards)
+    return replace(outcome, turn_rewards=turn_rewards)

@@ -17,7 +17,6 @@ whose invoke fails closes its session and stops the runtime session it may have 
 from __future__ import annotations
 
 import json
-import math
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -26,7 +25,8 @@ from stepwise import metering
 from stepwise.aws import agentcore, task_tokens
 from stepwise.aws.runstore import ObjectTooLarge
 from stepwise.core.ledger import acr_usage, start_retried, task_transitions
-from stepwise.core.liveness import task_error, timeout_cause
+from stepwise.core.liveness import task_error
+from stepwise.core.rewards import ResultRead
 from stepwise.gateway.session import API_KEY_DIGEST_FIELD, new_api_key
 from stepwise.events import FinishEvent, RecheckRequest, ResultEvent, S3Notification, StartEvent
 from stepwise.handlers._common import (
@@ -402,6 +402,26 @@ def _rollout_sid(rs: RunStore, event: FinishEvent) -> str | None:
     return sid
 
 
+def end_error(event: FinishEvent) -> str:
+    """The task error a rollout's task ended with, as its record names it (`stepwise.core.liveness.task_error`)."""
+    return task_error(str((event.error or {}).get("Error", "error")))
+
+
+def read_result(rs: RunStore, key: str) -> ResultRead:
+    """Read a rollout's result object (at most `stepwise.core.rewards.MAX_RESULT_BYTES`) into what
+    `stepwise.core.rewards.rollout_outcome` classifies; never raises for the agent's faults."""
+    from stepwise.core.rewards import MAX_RESULT_BYTES, preview
+
+    try:
+        return ResultRead(value=rs.get_json_bounded(key, MAX_RESULT_BYTES))
+    except KeyError:
+        return ResultRead(missing=True)
+    except ObjectTooLarge as e:  # never read: a result beyond the bound is the agent's fault, not an OOM
+        return ResultRead(too_large=e.size)
+    except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, or nested too deep: scored 0.0, never raised
+        return ResultRead(malformed=preview(e, 1000))
+
+
 #: The Finish rollout state's retries on States.ALL (``MaxAttempts`` in the ASL; tests/core/test_ledger.py
 #: checks it), all spent when "Record failed rollout" runs.
 FINISH_ROLLOUT_RETRIES = 8
@@ -465,61 +485,31 @@ def finish(event: FinishEvent) -> dict[str, Any]:
         return record_failed_finish(event)
     from stepwise.core.behaviour import rollout_behaviour
     from stepwise.core.replay import record_to_json, replay_session
-    from stepwise.core.rewards import (MAX_RESULT_BYTES, agent_failure, extract_reward, extract_turn_rewards, preview,
-                                       result_too_large)
+    from stepwise.core.rewards import per_turn_outcome, rollout_outcome, task_end
 
     rs = store()
     run, batch, item = event.run, event.batch, event.item
     sid = _rollout_sid(rs, event)
     bind(run_id=run.run_id, step=batch.step, sid=sid)
-    status, error, result_obj, late = "ok", None, None, False
+    cfg = run_config(run.run_id)
+    end = task_end(event.error, event.result, batch.timeouts(), silence_seconds=cfg.rollout_heartbeat_seconds,
+                   started=sid is not None)
     key = None
-    if event.error is not None:
-        err = task_error(str(event.error.get("Error", "error")))
-        cause = timeout_cause(err, batch.timeouts(), silence_seconds=run_config(run.run_id).rollout_heartbeat_seconds)
-        status = "timeout" if cause is not None else "error"
-        error = {"error": err, "cause": cause or str(event.error.get("Cause", ""))[:1000]}
-        if status == "timeout" and sid is not None:
-            # S3 notifications are at-least-once and may come late: the result may be there although
-            # OnRolloutResult never resumed the task. Score it (`late`) rather than a 0.0 timeout.
-            key = result_key(run.run_id, item.input_id, sid)
-            if rs.exists(key):
-                status, error, late = "ok", None, True
-                logger.warning("result arrived after the task timed out; scored", extra={"timeout": err})
-            else:
-                key = None
-    elif event.result is not None:
-        key = event.result.get("result_key") or result_key(run.run_id, item.input_id, sid)
-        # found by the re-check ("Wait for rollout result"): its notification came late or never
-        late = bool(event.result.get("rechecked"))
-        if late:
-            logger.warning("result found by the re-check, not its notification; scored")
-    if key is not None:
-        try:
-            result_obj = rs.get_json_bounded(key, MAX_RESULT_BYTES)
-        except KeyError:
-            status, error = "error", {"error": "ResultMissing", "cause": "the result object was not found",
-                                      "result_key": key}
-        except ObjectTooLarge as e:  # never read: a result beyond the bound is the agent's fault, not an OOM
-            status, error = "error", {**result_too_large(e.size), "result_key": key}
-        except (ValueError, RecursionError) as e:
-            # Not JSON, not UTF-8, or nested too deep: the agent's fault, scored 0.0 like any bad result,
-            # never raised. The key stays out of the cause, so a run's failure counts rollouts by cause.
-            status, error = "error", {"error": "MalformedResult", "cause": preview(e, 1000), "result_key": key}
+    if end.read == "if_present":
+        key = result_key(run.run_id, item.input_id, sid)
+        if rs.exists(key):
+            end = end.found_late()
+            logger.warning("result arrived after the task timed out; scored", extra={"timeout": end_error(event)})
         else:
-            if not isinstance(result_obj, dict):
-                status, error = "error", {"error": "MalformedResult", "result_key": key,
-                                          "cause": f"not a JSON object (got {type(result_obj).__name__})"}
-                result_obj = None
-            elif (failure := agent_failure(result_obj)) is not None:
-                # The toolkit saved the agent's exception (status_code 500): a failed rollout, not a zero reward.
-                status, error = "error", failure
-    reward, reason = extract_reward(result_obj if status == "ok" else None)
-    per_turn = run_config(run.run_id).reward_granularity == "per_turn"
-    if per_turn and status == "ok":
-        reason = None  # read below against the captured turns (extract_turn_rewards)
+            key = None
+    elif end.read == "result":
+        key = (event.result or {}).get("result_key") or result_key(run.run_id, item.input_id, sid)
+        if end.late:  # found by the re-check ("Wait for rollout result"): its notification came late or never
+            logger.warning("result found by the re-check, not its notification; scored")
+    per_turn = cfg.reward_granularity == "per_turn"
+    outcome = rollout_outcome(end, read_result(rs, key) if key is not None else None, result_key=key, per_turn=per_turn)
+    status, error, late, reward, reason = outcome.status, outcome.error, outcome.late, outcome.reward, outcome.reason
     if status != "ok":
-        reason = f"{status}: {error['error']}: {preview(error['cause'], 200)}" if error else status
         logger.warning("rollout did not complete; reward 0.0", extra={"status": status, "error": redact(json.dumps(error), sid)})
     elif reason:
         logger.warning("reward zeroed", extra={"reason": reason})
@@ -539,7 +529,6 @@ def finish(event: FinishEvent) -> dict[str, Any]:
     policy_version = batch.policy.policy_version if batch.policy is not None else None
     if sid is not None:
         session = close_gateway_session(rs, sid, (event.result or {}).get("session")) or {}
-        cfg = run_config(run.run_id)
         # The agent's runtime session ends with its rollout, whichever way it ended (a retried
         # FinishRollout finds it gone, which is fine): otherwise it bills and holds a place under the
         # account's active-session quota until ACR's idle timeout (900 s by default).
@@ -564,16 +553,17 @@ def finish(event: FinishEvent) -> dict[str, Any]:
         records = [replay.records[i] for i in kept]
         if per_turn:
             # One reward per LLM turn the gateway recorded; a mismatch zeroes the rollout with its reason.
-            turn_rewards, why = extract_turn_rewards(result_obj if status == "ok" else None, replay.num_turns)
-            turn_spans = [replay.turn_spans[i] for i in kept]
+            outcome = per_turn_outcome(outcome, replay.num_turns)
+            turn_rewards, turn_spans = outcome.turn_rewards, [replay.turn_spans[i] for i in kept]
             if status == "ok":
-                reward, reason = math.fsum(turn_rewards), why
-                if why is not None:
-                    logger.warning("reward zeroed", extra={"reason": why})
+                reward, reason = outcome.reward, outcome.reason
+                if reason is not None:
+                    logger.warning("reward zeroed", extra={"reason": reason})
             for r in records:
                 r.reward = reward
-    elif per_turn and status == "ok":  # no session: no captured turn to carry a reward
-        reward, reason = 0.0, "per-turn rewards: no gateway session, so no LLM turn"
+    elif per_turn:  # no session: no captured turn to carry a reward
+        outcome = per_turn_outcome(outcome, None)
+        reward, reason = outcome.reward, outcome.reason
     key_sid = sid or f"unstarted-{item.i}"
     with metering.riding(run.run_id) as own:
         rollout = RolloutRecord(
