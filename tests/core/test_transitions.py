@@ -17,12 +17,12 @@ from hypothesis import strategies as st
 from tests.support.planning import cfg, state
 
 from stepwise.core import groups as eng
-from stepwise.core.evals import record_eval
 from stepwise.core.groups import CompleteMark, Knobs
 from stepwise.core.ledger import session_clock
-from stepwise.core.phases import resume_run
+from stepwise.core.selection import record_eval
 from stepwise.core.steps import BatchMismatch, StepOutcome, record_step
-from stepwise.core.sweeping import RunOwnedElsewhere, mark_refused, mark_stopped, may_stop_session, take_over
+from stepwise.core.sweeping import (RunOwnedElsewhere, mark_refused, mark_stopped, may_stop_session, resume_run,
+                                    take_over)
 from stepwise.records import BatchRef, Checkpoint, PlannedBatch, Usage
 
 ARNS = st.sampled_from(["arn:owner", "arn:successor", "arn:other"])

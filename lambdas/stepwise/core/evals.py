@@ -35,12 +35,9 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from stepwise.records import BatchRef, EvalPrompt, EvalResults, EvalSetRows, RunState, SamplerPolicy, Usage
-
-if TYPE_CHECKING:
-    from stepwise.config import RunConfig
+from stepwise.records import EvalPrompt, EvalResults, EvalSetRows, RunState, SamplerPolicy
 
 __all__ = [
     "EVAL_PREFIX",
@@ -378,27 +375,3 @@ def compare_prompts(a: Sequence[EvalPrompt], b: Sequence[EvalPrompt], eval_set: 
     out.only_a, out.only_b = len(ma.keys() - mb.keys()), len(mb.keys() - ma.keys())
     out.deltas.sort(key=lambda x: (-abs(x[3] - x[2]), x[0]))
     return out
-
-
-def record_eval(state: RunState, cfg: RunConfig, batch: BatchRef, *, usage: Usage, summary: Mapping[str, Any],
-                evaluated: str) -> None:
-    """RecordEval's transition of the run state (mutated): eval batch ``batch`` is done (``usage``, its
-    rollouts', joins the ledger; its step is marked evaluated, the final eval done when it was the final
-    one) and its ``summary`` joins model selection's history and best for the model package ``evaluated``
-    (`stepwise.core.selection.record_eval_point`). Not idempotent: a retry after the write is answered
-    from the summary written (the batch is no longer planned).
-
-    Raises:
-        BatchMismatch: ``batch`` is not the planned batch (`stepwise.core.steps.check_batch`).
-    """
-    from stepwise.core.selection import record_eval_point
-    from stepwise.core.steps import check_batch
-
-    check_batch(state, batch)
-    state.current_batch = None
-    state.ledger.usage.add(usage)
-    state.last_eval_step = batch.step
-    state.eval_steps = sorted({*state.eval_steps, batch.step})
-    if batch.final:
-        state.final_eval_done = True
-    record_eval_point(state, cfg, batch.step, dict(summary), evaluated)

@@ -28,7 +28,7 @@ import re
 import time
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from stepwise.core import ledger
 from stepwise.core.operations import forward_backward_metrics, saved_state_arn, saved_weights_arn
@@ -332,34 +332,6 @@ def rewind_to_checkpoint(state: RunState, *, session_name: str, created_at: floa
     state.final_weights_done = any(c.reason == "weights_at_end" and c.step == state.step for c in state.checkpoints)
     state.segment_start_step = state.step
     return ckpt
-
-
-class Resumed(NamedTuple):
-    """What `resume_run` did: ``rewound`` (the session was stopped: the run moved onto a new one) and the
-    checkpoint it rewound to (None: the run's start)."""
-    rewound: bool
-    checkpoint: Checkpoint | None
-
-
-def resume_run(state: RunState, cfg: RunConfig, *, session_name: str, at: float) -> Resumed:
-    """``"resume": true`` (Init of a resume continuation): clear a failure stop reason (`is_failure_stop`);
-    when the run's session was stopped, rewind onto session ``session_name`` created ``at`` (epoch seconds)
-    at the newest ``save_state`` checkpoint (`rewind_to_checkpoint`; none and a config that saves its
-    initial sampler: the new session's first sampler is its saved base weights, ``resume_loaded`` False)
-    and recompute the best model from the eval history kept (`stepwise.core.selection.refresh_best`).
-    Mutates ``state``; applied again to its result it changes nothing (the new session is not stopped)."""
-    from stepwise.core.selection import refresh_best
-
-    if is_failure_stop(state.stop_reason):
-        state.stop_reason = None
-    if not state.session_stopped:
-        return Resumed(False, None)
-    ckpt = rewind_to_checkpoint(state, session_name=session_name, created_at=at,
-                                base_resume_arn=cfg.resume_from_model_package)
-    if ckpt is None and cfg.saves_initial_sampler:
-        state.resume_loaded = False  # the new session's first sampler: its saved base weights
-    refresh_best(state, cfg)
-    return Resumed(True, ckpt)
 
 
 def final_weights(state: RunState) -> Checkpoint | None:

@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
-from stepwise.records import EvalPoint, RunState
+from stepwise.records import BatchRef, EvalPoint, RunState, Usage
 
 if TYPE_CHECKING:
     from stepwise.config import RunConfig
@@ -166,3 +166,26 @@ def mark_deleted(state: RunState, arns: Sequence[str]) -> None:
     for c in state.checkpoints:
         if c.model_package_arn in gone:
             c.deleted = True
+
+
+def record_eval(state: RunState, cfg: RunConfig, batch: BatchRef, *, usage: Usage, summary: Mapping[str, Any],
+                evaluated: str) -> None:
+    """RecordEval's transition of the run state (mutated): eval batch ``batch`` is done (``usage``, its
+    rollouts', joins the ledger; its step is marked evaluated, the final eval done when it was the final
+    one) and its ``summary`` joins model selection's history and best for the model package ``evaluated``
+    (`record_eval_point`). Not idempotent: a retry after the write is answered
+    from the summary written (the batch is no longer planned).
+
+    Raises:
+        BatchMismatch: ``batch`` is not the planned batch (`stepwise.core.steps.check_batch`).
+    """
+    from stepwise.core.steps import check_batch
+
+    check_batch(state, batch)
+    state.current_batch = None
+    state.ledger.usage.add(usage)
+    state.last_eval_step = batch.step
+    state.eval_steps = sorted({*state.eval_steps, batch.step})
+    if batch.final:
+        state.final_eval_done = True
+    record_eval_point(state, cfg, batch.step, dict(summary), evaluated)

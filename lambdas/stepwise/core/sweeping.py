@@ -33,11 +33,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from stepwise.core.ledger import close_session, count_parent_history, final_report
-from stepwise.core.phases import session_name_for
-from stepwise.records import RunState
+from stepwise.core.phases import is_failure_stop, rewind_to_checkpoint, session_name_for
+from stepwise.core.selection import refresh_best
+from stepwise.records import Checkpoint, RunState
 
 if TYPE_CHECKING:
     from stepwise.config import RunConfig
@@ -295,3 +296,30 @@ def mark_refused(state: RunState, session_name: str, why: str) -> None:
     if state.training_session_name == session_name:
         state.session_status, state.session_stopped = REFUSED, True
         state.stop_reason = state.stop_reason or f"failed: RunRefused ({why})"
+
+
+class Resumed(NamedTuple):
+    """What `resume_run` did: ``rewound`` (the session was stopped: the run moved onto a new one) and the
+    checkpoint it rewound to (None: the run's start)."""
+    rewound: bool
+    checkpoint: Checkpoint | None
+
+
+def resume_run(state: RunState, cfg: RunConfig, *, session_name: str, at: float) -> Resumed:
+    """``"resume": true`` (Init of a resume continuation, after `take_over`): clear a failure stop reason (`stepwise.core.phases.is_failure_stop`);
+    when the run's session was stopped, rewind onto session ``session_name`` created ``at`` (epoch seconds)
+    at the newest ``save_state`` checkpoint (`stepwise.core.phases.rewind_to_checkpoint`; none and a config that saves its
+    initial sampler: the new session's first sampler is its saved base weights, ``resume_loaded`` False)
+    and recompute the best model from the eval history kept (`stepwise.core.selection.refresh_best`).
+    Mutates ``state``; applied again to its result it changes nothing (the new session is not stopped)."""
+    if is_failure_stop(state.stop_reason):
+        state.stop_reason = None
+    if not state.session_stopped:
+        return Resumed(False, None)
+    ckpt = rewind_to_checkpoint(state, session_name=session_name, created_at=at,
+                                base_resume_arn=cfg.resume_from_model_package)
+    if ckpt is None and cfg.saves_initial_sampler:
+        state.resume_loaded = False  # the new session's first sampler: its saved base weights
+    refresh_best(state, cfg)
+    return Resumed(True, ckpt)
+

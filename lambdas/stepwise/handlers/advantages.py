@@ -352,8 +352,8 @@ def record_eval(event: BatchEvent) -> dict[str, Any]:
     (`stepwise.core.evals.summarize_eval`), then the run state's eval marks and model selection's
     history and best (`stepwise.core.selection.record_eval_point`). A retry after the state moved on
     returns the summary written."""
-    from stepwise.core.evals import EvalRollout, eval_sets_of, record_eval, summarize_eval
-    from stepwise.core.selection import criterion
+    from stepwise.core.evals import EvalRollout, eval_sets_of, summarize_eval
+    from stepwise.core.selection import criterion, record_eval
 
     rs = store()
     run, batch = event.run, event.batch

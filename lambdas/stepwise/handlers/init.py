@@ -26,7 +26,8 @@ from stepwise.aws import sagemaker
 from stepwise.aws.runstore import RunNotFound, RunOwnedElsewhere, RunStore
 from stepwise.core.sweeping import take_over as take_over_run
 from stepwise.core import ledger
-from stepwise.core.phases import Resumed, resume_run, resume_session_name, session_name_for
+from stepwise.core.phases import resume_session_name, session_name_for
+from stepwise.core.sweeping import Resumed, resume_run
 from stepwise.events import InitEvent
 from stepwise.executions import resolve_run, run_id_problem
 from stepwise.handlers import _groups
