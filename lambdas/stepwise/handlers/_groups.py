@@ -8,9 +8,9 @@ StopSession and Cleanup, Init.
   rollout-group execution named after the run, the group and its attempt, so a retried admission finds
   it started (`start_groups`);
 - waking the waiting trainer: its task token rides in the buffer, written by its wait (AwaitGroups) and
-  taken, in the same conditional write that makes a batch ready, by whoever makes it so (`note_ready`):
-  the two writes are ordered by the ETag, so the wake-up cannot be lost; a second SendTaskSuccess is
-  harmless (the task is gone);
+  taken, in the same conditional write that makes a batch ready, by whoever makes it so
+  (`stepwise.core.groups.note_ready`): the two writes are ordered by the ETag, so the wake-up cannot be
+  lost; a second SendTaskSuccess is harmless (the task is gone);
 - the groups whose execution ended without recording them (`reconcile`), found by the trainer's wait;
 - stopping every running group when the run ends (`stop_groups`).
 """
@@ -40,10 +40,6 @@ START_WORKERS = 8
 OVERDUE_GRACE_S = 600.0
 #: The longest the trainer's wait for a batch lasts before it re-checks (`reconcile`), seconds.
 MAX_WAIT_S = 900
-
-
-#: The buffer's rules the handlers apply (`stepwise.core.groups`), named here as before.
-note_ready, may_admit = engine.note_ready, engine.may_admit
 
 
 def owned_run(run: RunRef) -> tuple[RunState, RunConfig]:
