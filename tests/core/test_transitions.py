@@ -205,7 +205,8 @@ def test_the_buffers_other_transitions_applied_again_change_nothing(case, verdic
     ready = eng.readiness(b, kn, version=0)
     if ready.trainable:
         first, second, once = _again(b, lambda x: eng.consume_for_step(x, ready, kn, step=0, version=0,
-                                                                       decision="train", now=7.0))
+                                                                       decision="train", now=7.0,
+                                                                       read_usage=x.pending_usage))
         assert first[1] == second[1] and b == once  # a retried ComputeAdvantages takes the same groups
     at = eng.frontier(b)
     _, _, once = _again(b, lambda x: eng.rewind_for_session(x, at, version=0, knobs=kn, marks={}, session_name="s-2"))
