@@ -26,8 +26,8 @@ every eval past step 0 already has its model package; at step 0 it is the base m
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from stepwise.records import BatchRef, EvalPoint, RunState, Usage
 
