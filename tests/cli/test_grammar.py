@@ -183,6 +183,9 @@ def test_v_logs_every_command_s_info_lines(monkeypatch, capsys):
     monkeypatch.setattr(cost, "run", run)
     monkeypatch.setattr(logging.root, "handlers", [])
     monkeypatch.setattr(logging.root, "level", logging.WARNING)
+    # the handlers' Powertools logger ("stepwise") takes POWERTOOLS_LOG_LEVEL when first imported: an earlier
+    # quiet `start --local` in this process may have made it at WARNING (a fresh `stepwise -v` process makes it at INFO)
+    monkeypatch.setattr(logging.getLogger("stepwise"), "level", logging.NOTSET)
     assert main(["cost", str(ROOT / "examples" / "toy.json"), "-v"]) == 0
     assert "INFO stepwise.test: an INFO line" in capsys.readouterr().err
 
