@@ -171,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
         cfg = views.read_config(store, run_id)  # a damaged config.json is one line naming it, not a traceback
     except views.Unreadable as e:
         raise CommandError(str(e)) from None
-    steps = views.steps_with_rollouts(store, run_id, kind)
+    steps = views.steps_with_rollouts(store, run_id, kind, cfg)
     if not steps:
         raise CommandError(f"run {run_id} has no {kind} rollout records yet ({source.where})")
     step = steps[-1] if args.step is None else args.step

@@ -52,9 +52,7 @@ from stepwise import layout
 from stepwise.records import ReportIndex
 from stepwise.views import index as ix
 from stepwise.views.page import PageInputs, curve_keys, render_page, render_step_page
-from stepwise.views.store import (Tokenizer, load_tokenizer, read_json, read_state, rollout_turns, step_folder,
-                                  step_judgements, step_records)
-from stepwise.views.steps import step_view
+from stepwise.views.store import Tokenizer, load_tokenizer, read_json, read_state, read_view, rollout_turns, step_folder
 from stepwise.views.tables import sample_table
 
 if TYPE_CHECKING:
@@ -220,11 +218,9 @@ def page_inputs(store: Any, run_id: str, cfg: RunConfig | None, index: ReportInd
 def make_table(store: Any, run_id: str, cfg: RunConfig, kind: str, step: int, summary: Mapping[str, Any] | None,
                tokenizer: Tokenizer | None) -> dict[str, Any]:
     """The step's sample table from its rollout records (one LIST and a GET per record; with a group judge, one
-    more LIST and a GET per group for the judge's records) and the captured turns of the groups it samples."""
-    decision = (summary or {}).get("decision") if kind == "train" else None
-    judgements = step_judgements(store, run_id, step) if kind == "train" and cfg.judge is not None else None
-    view = step_view(step_records(store, run_id, step, kind), cfg, kind=kind, step=step, decision=decision,
-                     judgements=judgements)
+    more LIST and a GET per group for the judge's records; a group-engine step: one LIST per group it consumed
+    instead, `stepwise.views.store.read_view`) and the captured turns of the groups it samples."""
+    view = read_view(store, run_id, cfg, kind, step, summary)
     return sample_table(view, lambda sid: rollout_turns(store, run_id, sid),
                         tokenizer.decode if tokenizer is not None else None, summary)
 

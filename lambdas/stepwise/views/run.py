@@ -17,9 +17,9 @@ from stepwise.records import ReportIndex
 from stepwise.views import index as ix
 from stepwise.views.page import PageInputs, curve_keys, render_page
 from stepwise.views.publish import make_table, read_index
-from stepwise.views.steps import StepView, step_view
+from stepwise.views.steps import StepView
 from stepwise.views.store import (Tokenizer, load_tokenizer, read_config, read_json, read_many, read_state,
-                                  step_folder, step_judgements, step_records, steps_with_rollouts)
+                                  read_view, step_folder, steps_with_rollouts)
 
 if TYPE_CHECKING:
     from stepwise.config import RunConfig
@@ -29,14 +29,12 @@ __all__ = ["fold", "read_step", "rebuild_page"]
 
 def read_step(store: Any, run_id: str, step: int, kind: str = "train", cfg: RunConfig | None = None) -> StepView:
     """The step's (or eval's) `stepwise.views.steps.StepView` from its records, the group judge's records (a run
-    with a judge) and the summary's decision. Raises `stepwise.views.store.Unreadable` for a damaged config,
+    with a judge) and the summary's decision (`stepwise.views.store.read_view`: a group-engine step's from the
+    groups it consumed). Raises `stepwise.views.store.Unreadable` for a damaged config,
     rollout record or judge record."""
     cfg = cfg if cfg is not None else read_config(store, run_id)
     summary = read_json(store, layout.step_summary_key(run_id, step_folder(kind), step)) if kind == "train" else None
-    decision = summary.get("decision") if isinstance(summary, dict) else None
-    judgements = step_judgements(store, run_id, step) if kind == "train" and cfg.judge is not None else None
-    return step_view(step_records(store, run_id, step, kind), cfg, kind=kind, step=step, decision=decision,
-                     judgements=judgements)
+    return read_view(store, run_id, cfg, kind, step, summary if isinstance(summary, dict) else None)
 
 
 def _numbered(store: Any, prefix: str, suffix: str) -> dict[int, dict[str, Any]]:
@@ -66,7 +64,7 @@ def fold(store: Any, run_id: str, cfg: RunConfig, *, tokenizer: Tokenizer | None
         folder = step_folder(kind)
         summaries = _numbered(store, layout.summaries_prefix(run_id, folder), "/" + layout.SUMMARY_NAME)
         written = _numbered(store, layout.report_prefix(run_id) + folder + "/", ".json")
-        steps = sorted(set(summaries) | set(written) | set(steps_with_rollouts(store, run_id, kind)))
+        steps = sorted(set(summaries) | set(written) | set(steps_with_rollouts(store, run_id, kind, cfg)))
         for step in steps:
             table = written.get(step)
             if table is None:

@@ -38,8 +38,8 @@ if TYPE_CHECKING:
     from stepwise.config import RunConfig
     from stepwise.core.steps import Group
 
-__all__ = ["PICKS", "GroupView", "RolloutView", "SELECTIONS", "Selection", "StepView", "pick_groups",
-           "sample_groups", "step_view"]
+__all__ = ["PICKS", "GroupView", "RolloutView", "SELECTIONS", "Selection", "StepView", "group_step_view",
+           "pick_groups", "sample_groups", "step_view"]
 
 Selection = Literal["trained", "filtered", "surplus", "untrained", "eval", "unknown"]
 #: Every mark a group can carry, in the order a legend lists them (``unknown``: the records could not be
@@ -69,6 +69,9 @@ class RolloutView:
         turn_advantages: per LLM turn, under a per-turn estimator (trained groups only).
         selection: its group's `Selection`.
         cause: why it failed or scored zero (`stepwise.views.rollout.failure_cause`).
+        staleness: policy versions between the one its first turn sampled with and the one its update applied
+            to (`stepwise.core.staleness.sampled_version`); a trained rollout of the group engine whose step's
+            update version is known, else None.
     """
 
     record: RolloutRecord
@@ -77,6 +80,7 @@ class RolloutView:
     selection: str
     cause: str | None
     turn_advantages: list[float] | None = None
+    staleness: int | None = None
 
     @property
     def sid(self) -> str | None:
@@ -102,7 +106,7 @@ class RolloutView:
         agent = self.record.agent_reward if self.record.agent_reward is not None else self.record.reward
         out.update(agent_reward=agent, reward=self.reward, advantage=self.advantage,
                    turn_advantages=self.turn_advantages, selection=self.selection, cause=self.cause,
-                   trained=self.trained)
+                   trained=self.trained, staleness=self.staleness)
         return out
 
 
@@ -110,7 +114,8 @@ class RolloutView:
 class GroupView:
     """One prompt's rollouts (members in member order) with the rewards the estimator saw
     (``rewards_G``, shaped), what the no-signal test read (``signal_G``: ``rewards_G``, or per-turn
-    rewards under a per-turn estimator), its ``advantages_G`` (empty unless trained) and its mark."""
+    rewards under a per-turn estimator), its ``advantages_G`` (empty unless trained) and its mark; in the
+    group engine (``admission: group``) its ``group`` id and ``attempt`` (None otherwise)."""
 
     input_id: str
     generation_batch: int
@@ -119,6 +124,8 @@ class GroupView:
     rewards_G: list[float] = field(default_factory=list)
     signal_G: list = field(default_factory=list)
     advantages_G: list = field(default_factory=list)
+    group: int | None = None
+    attempt: int | None = None
 
     @property
     def mean_reward(self) -> float:
@@ -143,7 +150,8 @@ class GroupView:
         return not carries_no_signal(self.signal_G or self.rewards_G)
 
     def to_json(self) -> dict[str, Any]:
-        return {"input_id": self.input_id, "generation_batch": self.generation_batch, "selection": self.selection,
+        out: dict[str, Any] = {} if self.group is None else {"group": self.group, "attempt": self.attempt}
+        return out | {"input_id": self.input_id, "generation_batch": self.generation_batch, "selection": self.selection,
                 "mean_reward": self.mean_reward, "reward_std": self.reward_std, "informative": self.informative,
                 "rewards_G": list(self.rewards_G), "advantages_G": list(self.advantages_G),
                 "rollouts": [r.to_json() for r in self.rollouts]}
@@ -240,7 +248,7 @@ def step_view(records: Iterable[RolloutRecord], cfg: RunConfig, *, kind: str = "
         view.note = f"the step's records could not be read as ComputeAdvantages reads them ({type(e).__name__}: " \
                     f"{str(e)[:300]}): no group is marked and no advantage shown"
         return view
-    full = {(r.generation_batch, r.i): r for r in records}
+    full = {(r.group, r.generation_batch, r.i): r for r in records}
     trains = decision == "train" or (decision is None and outcome.status == "ready" and bool(outcome.datums))
     advantages = {id(g): a for g, a in zip(outcome.train_groups, outcome.advantages_P, strict=False)}
     kept = {id(g) for g in outcome.train_groups}
@@ -251,6 +259,82 @@ def step_view(records: Iterable[RolloutRecord], cfg: RunConfig, *, kind: str = "
         groups.append(_group_view(g, selection, advantages_G, full, cfg))
     note = "" if trains else _why_untrained(decision, outcome.status, outcome.datums)
     return StepView(kind, step, groups, decision, outcome.status, len(outcome.datums), note)
+
+
+def group_step_view(groups_rollouts: Sequence[Sequence[RolloutRecord]],
+                    filtered_rollouts: Sequence[Sequence[RolloutRecord]], cfg: RunConfig, *, step: int,
+                    decision: str | None = None, groups: Sequence[tuple[int, int]] = (),
+                    filtered: Sequence[tuple[int, int]] = (), update_version: int | None = None,
+                    judgements: Sequence[Mapping[str, JudgeRecord]] | None = None,
+                    filtered_judgements: Sequence[Mapping[str, JudgeRecord]] | None = None) -> StepView:
+    """A group-engine train step (``admission: group``) from the rollout records of the groups it consumed.
+
+    The groups it trained are computed as ComputeAdvantages computed them: each merged with its group judge's
+    record (`stepwise.core.judge.apply_judgements`, with ``cfg.judge``), then `stepwise.core.steps.compute_step`
+    with ``chosen=True`` on them in the order chosen; the groups DAPO filtered for the step (all-equal rewards
+    when they completed) are shown ``filtered``, their rewards shaped as the filter saw them.
+
+    Args:
+        groups_rollouts: each trained group's records (`stepwise.views.store.group_records`), in the order chosen.
+        filtered_rollouts: each filtered group's records.
+        cfg: the run's config.
+        step: the training step.
+        decision: the summary's ``decision`` (None: the step is training, no summary yet).
+        groups, filtered: the ``(group, attempt)`` of each, in the same orders (shown beside each group).
+        update_version: the policy version the update applied to (each trained rollout's staleness is counted
+            from it; None: not known, and none is shown).
+        judgements, filtered_judgements: with ``cfg.judge``, each group's judge records by input id
+            (`stepwise.views.store.group_judgements`), in the same orders.
+
+    Returns:
+        A `StepView`: the trained groups carry exactly the advantages of their datums.
+    """
+    from stepwise.core.steps import compute_step, group_rollouts
+
+    trained = [list(b) for b in groups_rollouts]
+    dropped = [list(b) for b in filtered_rollouts]
+    if cfg.judge is not None:
+        from stepwise.core.judge import apply_judgements
+
+        trained = [apply_judgements(b, (judgements or [])[k] if k < len(judgements or []) else {}, cfg)
+                   for k, b in enumerate(trained)]
+        dropped = [apply_judgements(b, (filtered_judgements or [])[k] if k < len(filtered_judgements or []) else {},
+                                    cfg) for k, b in enumerate(dropped)]
+    records = [r for b in trained + dropped for r in b]
+    if not records:
+        return StepView("train", step, [], decision, "", 0, "no rollout record in the groups this step consumed")
+    full = {(r.group, r.generation_batch, r.i): r for r in records}
+    versions = [r.policy_version for b in trained for r in b if r.policy_version is not None]
+    version = update_version if update_version is not None else max(versions, default=0)  # feeds staleness only
+    out: list[GroupView] = []
+    try:
+        outcome = compute_step(trained, cfg, policy_version=version, where=f"step {step}", chosen=True)
+        dropped_groups = [group_rollouts(b, cfg) for b in dropped]
+    except Exception as e:  # records ComputeAdvantages could not have read either: show them, claim nothing
+        view = _eval_view(records, step, selection="unknown")
+        view.kind, view.decision, view.status = "train", decision, "unknown"
+        view.note = f"the step's records could not be read as ComputeAdvantages reads them ({type(e).__name__}: " \
+                    f"{str(e)[:300]}): no group is marked and no advantage shown"
+        return view
+    trains = decision == "train" or (decision is None and bool(outcome.datums))
+    formed = [group_rollouts(b, cfg) for b in trained]  # chosen_groups forms each group's list the same way
+    k = 0
+    for ref, found in zip(list(groups) + [None] * len(formed), formed):
+        for _ in found:
+            g = outcome.train_groups[k]
+            advantages_G = list(outcome.advantages_P[k]) if trains and k < len(outcome.advantages_P) else []
+            view = _group_view(g, "trained" if trains else "untrained", advantages_G, full, cfg,
+                               update_version if trains else None)
+            view.group, view.attempt = ref if ref is not None else (None, None)
+            out.append(view)
+            k += 1
+    for ref, found in zip(list(filtered) + [None] * len(dropped_groups), dropped_groups):
+        for g in found:
+            view = _group_view(g, "filtered", [], full, cfg)
+            view.group, view.attempt = ref if ref is not None else (None, None)
+            out.append(view)
+    note = "" if trains else _why_untrained(decision, outcome.status, outcome.datums)
+    return StepView("train", step, out, decision, outcome.status, len(outcome.datums) if trains else 0, note)
 
 
 def _outcome(batches: list[list[RolloutRecord]], cfg: RunConfig) -> Any:
@@ -289,19 +373,25 @@ def _why_untrained(decision: str | None, status: str, datums: list) -> str:
     return f"decision {decision}: nothing trained"
 
 
-def _group_view(g: Group, selection: str, advantages_G: list, full: dict[tuple[int, int], RolloutRecord],
-                cfg: RunConfig) -> GroupView:
+def _group_view(g: Group, selection: str, advantages_G: list, full: dict[tuple[int | None, int, int], RolloutRecord],
+                cfg: RunConfig, update_version: int | None = None) -> GroupView:
     from stepwise.core.steps import estimator_rewards
 
     views = []
     for k, stripped in enumerate(g.rollouts_G):
-        record = full.get((stripped.generation_batch, stripped.i), stripped)
+        record = full.get((stripped.group, stripped.generation_batch, stripped.i), stripped)
         adv = advantages_G[k] if advantages_G else None
         turn_advantages = [float(a) for a in adv] if isinstance(adv, (list, tuple)) else None
         if turn_advantages is not None:
             adv = turn_advantages[0] if turn_advantages else 0.0
+        stale = None
+        if update_version is not None and selection == "trained":
+            from stepwise.core.staleness import sampled_version
+
+            sampled = sampled_version(record)
+            stale = None if sampled is None else update_version - sampled
         views.append(RolloutView(record, float(g.rewards_G[k]), None if adv is None else float(adv), selection,
-                                 failure_cause(record.model_dump()), turn_advantages))
+                                 failure_cause(record.model_dump()), turn_advantages, stale))
     gen = g.rollouts_G[0].generation_batch if g.rollouts_G else 0
     return GroupView(g.input_id, gen, selection, views, list(g.rewards_G), list(estimator_rewards(g, cfg)),
                      advantages_G)

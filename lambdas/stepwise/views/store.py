@@ -29,10 +29,12 @@ from stepwise.records import JudgeRecord, RolloutRecord, RunState
 
 if TYPE_CHECKING:
     from stepwise.config import RunConfig
+    from stepwise.views.steps import StepView
 
-__all__ = ["READERS", "Store", "Tokenizer", "Unreadable", "find_rollout", "load_tokenizer", "read_config",
-           "read_json", "read_many", "read_state", "rollout_detail", "rollout_turns", "step_folder", "step_judgements",
-           "step_records", "steps_with_rollouts", "where"]
+__all__ = ["READERS", "ConsumedGroups", "Store", "Tokenizer", "Unreadable", "consumed_groups", "find_rollout",
+           "group_judgements", "group_records", "load_tokenizer", "read_config", "read_json", "read_many", "read_state",
+           "read_view", "rollout_detail", "rollout_turns", "step_folder", "step_judgements", "step_records",
+           "steps_with_rollouts", "where"]
 
 
 class Store(Protocol):
@@ -128,16 +130,40 @@ def step_folder(kind: str) -> str:
     return "steps" if kind == "train" else "evals"
 
 
-def steps_with_rollouts(store: Store, run_id: str, kind: str = "train") -> list[int]:
+def steps_with_rollouts(store: Store, run_id: str, kind: str = "train", cfg: RunConfig | None = None) -> list[int]:
     """The steps (or evals) that hold rollout records, sorted. Lists the whole ``steps/`` prefix: for the
-    CLI and a rebuild, never for publishing one step."""
+    CLI and a rebuild, never for publishing one step.
+
+    The group engine (``cfg.admission == "group"``, read from the run's config when ``cfg`` is None) keeps a
+    train step's rollouts in the folders of the groups it consumed (`consumed_groups`): its steps are those
+    with a summary (every decided step consumed groups), and the step the run is training (its groups are
+    in the run state's ``step_metrics`` until its summary is written)."""
     prefix = layout.summaries_prefix(run_id, step_folder(kind))
+    keys = store.list_keys(prefix)
     found = set()
-    for key in store.list_keys(prefix):
+    for key in keys:
         head, _, rest = key[len(prefix):].partition("/")
         if head.isdigit() and "/rollouts/" in f"/{rest}":
             found.add(int(head))
+    if kind == "train" and _group_engine(store, run_id, cfg):
+        for key in keys:
+            head, _, rest = key[len(prefix):].partition("/")
+            if head.isdigit() and rest == layout.SUMMARY_NAME:
+                found.add(int(head))
+        state = read_state(store, run_id)
+        if state is not None and isinstance(state.step_metrics.get("step"), int) \
+                and state.step_metrics.get("consumed_groups"):
+            found.add(int(state.step_metrics["step"]))
     return sorted(found)
+
+
+def _group_engine(store: Store, run_id: str, cfg: RunConfig | None) -> bool:
+    if cfg is None:
+        try:
+            cfg = read_config(store, run_id)
+        except Unreadable:
+            return False
+    return getattr(cfg, "admission", "batch") == "group"
 
 
 def step_records(store: Store, run_id: str, step: int, kind: str = "train") -> list[RolloutRecord]:
@@ -149,8 +175,16 @@ def step_records(store: Store, run_id: str, step: int, kind: str = "train") -> l
     a record that is not a `RolloutRecord` (ComputeAdvantages could not have read it either)."""
     prefix = layout.summaries_prefix(run_id, step_folder(kind)) + f"{step}/"
     keys = [k for k in store.list_keys(prefix) if "/rollouts/" in k and k.endswith(".json")]
+    return _current(store, keys, read_many(store, keys),
+                    lambda gen, i: layout.start_marker_key(run_id, step, gen, kind, i))
+
+
+def _current(store: Store, keys: list[str], bodies: list[Any], marker_key: Any) -> list[RolloutRecord]:
+    """The records read at ``keys`` (``bodies``; None: gone meanwhile), one per (generation batch, item) in that
+    order: of several, the one whose sid its start marker (``marker_key(generation_batch, i)``) names, as
+    ComputeAdvantages keeps it (`stepwise.aws.runstore.RunStore.batch_rollouts`). Raises `Unreadable`."""
     by_item: dict[tuple[int, int], list[RolloutRecord]] = {}
-    for key, body in zip(keys, read_many(store, keys)):
+    for key, body in zip(keys, bodies):
         if body is None:
             continue
         try:
@@ -161,11 +195,126 @@ def step_records(store: Store, run_id: str, step: int, kind: str = "train") -> l
     out = []
     for (gen, i), found in sorted(by_item.items()):
         if len(found) > 1:
-            marker = store.get_json_or(layout.start_marker_key(run_id, step, gen, kind, i)) or {}
+            marker = store.get_json_or(marker_key(gen, i)) or {}
             sid = marker.get("sid") if isinstance(marker, Mapping) else None
             found = [r for r in found if r.sid == sid] or found[-1:]
         out.append(found[0])
     return out
+
+
+# ---------------------------------------------------------------------------- the group engine's steps
+
+
+@dataclass
+class ConsumedGroups:
+    """What a group-engine step (``admission: group``) consumed: the groups it trained, in the order it chose
+    them, and those DAPO filtered for it (``(group, attempt)`` pairs, as ComputeAdvantages recorded them in the
+    step's ``consumed_groups`` and ``filtered_groups``); its ``decision`` (None: the step is training, its
+    summary not written yet) and the policy version its update applied to (None when not known)."""
+
+    trained: list[tuple[int, int]]
+    filtered: list[tuple[int, int]]
+    decision: str | None = None
+    update_version: int | None = None
+
+
+def _pairs(value: Any) -> list[tuple[int, int]]:
+    out = []
+    for pair in value if isinstance(value, list) else []:
+        if isinstance(pair, (list, tuple)) and len(pair) == 2 and all(isinstance(x, int) for x in pair):
+            out.append((int(pair[0]), int(pair[1])))
+    return out
+
+
+def consumed_groups(store: Store, run_id: str, step: int, summary: Mapping[str, Any] | None = None
+                    ) -> ConsumedGroups | None:
+    """The groups a group-engine train step consumed: from its summary (``summary``, as read), else, while it
+    trains, from the run state's ``step_metrics`` (one GET). None when neither names them (a step not decided
+    yet: no group is its own before ComputeAdvantages takes them)."""
+    if isinstance(summary, Mapping) and "consumed_groups" in summary:
+        decision = summary.get("decision")
+        version = summary.get("policy_version")  # Rebind's: the version after the update
+        update = version - 1 if decision == "train" and isinstance(version, int) else None
+        return ConsumedGroups(_pairs(summary.get("consumed_groups")), _pairs(summary.get("filtered_groups")),
+                              decision if isinstance(decision, str) else None, update)
+    state = read_state(store, run_id)
+    metrics = state.step_metrics if state is not None else {}
+    if metrics.get("step") != step or "consumed_groups" not in metrics:
+        return None
+    return ConsumedGroups(_pairs(metrics.get("consumed_groups")), _pairs(metrics.get("filtered_groups")), None,
+                          state.policy_version if state is not None and state.step == step else None)
+
+
+def _list_many(store: Store, prefixes: list[str]) -> list[list[str]]:
+    if len(prefixes) <= 1:
+        return [store.list_keys(p) for p in prefixes]
+    with ThreadPoolExecutor(max_workers=min(READERS, len(prefixes))) as pool:
+        return list(pool.map(store.list_keys, prefixes))
+
+
+def group_records(store: Store, run_id: str, groups: list[tuple[int, int]]) -> list[list[RolloutRecord]]:
+    """The current rollout records of each group ``(group, attempt)`` (``runs/{run}/groups/{g}/a{n}/rollouts/``,
+    a lost rollout's record included), each in item order, in the order given: what the group engine's
+    ComputeAdvantages reads (`stepwise.handlers.advantages.chosen_group_rollouts`). One LIST per group and a GET
+    per record, in parallel: a constant number per step. Raises `Unreadable` for a record that is not one."""
+    prefixes = [layout.rollouts_prefix(run_id, 0, 0, group=g, attempt=a) for g, a in groups]
+    listed = [[k for k in keys if k.endswith(".json")] for keys in _list_many(store, prefixes)]
+    bodies = read_many(store, [k for keys in listed for k in keys])
+    out, n = [], 0
+    for (g, a), keys in zip(groups, listed):
+        out.append(_current(store, keys, bodies[n:n + len(keys)],
+                            lambda gen, i, g=g, a=a: layout.start_marker_key(run_id, 0, gen, "train", i, group=g,
+                                                                             attempt=a)))
+        n += len(keys)
+    return out
+
+
+def group_judgements(store: Store, run_id: str, groups: list[tuple[int, int]]) -> list[dict[str, JudgeRecord]]:
+    """The group judge's record of each group ``(group, attempt)`` (``.../groups/{g}/a{n}/judge/``), by input id,
+    in the order given (empty: not judged): what the group engine's ComputeAdvantages merges
+    (`stepwise.judging.judged_groups`). Raises `Unreadable` for a record that is not a `JudgeRecord`."""
+    prefixes = [layout.judge_prefix(run_id, 0, 0, group=g, attempt=a) for g, a in groups]
+    listed = [[k for k in keys if k.endswith(".json")] for keys in _list_many(store, prefixes)]
+    bodies = read_many(store, [k for keys in listed for k in keys])
+    out, n = [], 0
+    for keys in listed:
+        found: dict[str, JudgeRecord] = {}
+        for key, body in zip(keys, bodies[n:n + len(keys)]):
+            if isinstance(body, Mapping):
+                try:
+                    record = JudgeRecord.model_validate(dict(body))
+                except ValidationError as e:
+                    raise Unreadable(where(store, key), _problem(e)) from None
+                found[record.input_id] = record
+        out.append(found)
+        n += len(keys)
+    return out
+
+
+def read_view(store: Store, run_id: str, cfg: RunConfig, kind: str, step: int,
+              summary: Mapping[str, Any] | None) -> StepView:
+    """The step's (or eval's) `stepwise.views.steps.StepView` from its records, the group judge's records (a run
+    with a judge) and its summary (``summary``, as read; None: none yet). A group-engine train step
+    (``admission: group``) is read from the folders of the groups it consumed (`consumed_groups`,
+    `group_records`, `group_judgements`: `stepwise.views.steps.group_step_view`); any other from the step's
+    folder (`step_records`, `step_judgements`: `stepwise.views.steps.step_view`). Raises `Unreadable`."""
+    from stepwise.views.steps import StepView, group_step_view, step_view
+
+    decision = summary.get("decision") if kind == "train" and isinstance(summary, Mapping) else None
+    if kind == "train" and cfg.admission == "group":
+        consumed = consumed_groups(store, run_id, step, summary)
+        if consumed is None:
+            return StepView(kind, step, [], decision, "", 0, "no group consumed by this step yet")
+        judged = cfg.judge is not None
+        return group_step_view(
+            group_records(store, run_id, consumed.trained), group_records(store, run_id, consumed.filtered), cfg,
+            step=step, decision=consumed.decision if consumed.decision is not None else decision,
+            groups=consumed.trained, filtered=consumed.filtered, update_version=consumed.update_version,
+            judgements=group_judgements(store, run_id, consumed.trained) if judged else None,
+            filtered_judgements=group_judgements(store, run_id, consumed.filtered) if judged else None)
+    judgements = step_judgements(store, run_id, step) if kind == "train" and cfg.judge is not None else None
+    return step_view(step_records(store, run_id, step, kind), cfg, kind=kind, step=step, decision=decision,
+                     judgements=judgements)
 
 
 def step_judgements(store: Store, run_id: str, step: int) -> dict[int, dict[str, JudgeRecord]]:
