@@ -8,6 +8,11 @@ prompt), each rollout on a line::
       member  sid       reward   adv     status   policy  dur_s  turns  tools  tokens  reason / cause
            0  1a2b3c4d   1.000  +0.775   ok           19    0.8      1      0       3
 
+In the group engine (``admission: group``) a step's groups are those it consumed, read from their own
+folders (``runs/RUN/groups/{g}/a{n}/``); each group's heading names its group id and attempt instead of
+its generation batch (``group 0 s1p1 (group 3, attempt 0): trained, ...``), and each trained rollout its
+staleness (``stale``: the policy versions between its first turn and the update that trained it).
+
 Each group says whether the step trained it (``trained``), DAPO filtered it (``filtered``: its rewards
 carry no signal) or cut it (``surplus``: beyond ``batch_size``), or the step trained nothing
 (``untrained``). ``reward`` is the shaped reward the estimator saw, ``adv`` the advantage the rollout's
@@ -87,7 +92,8 @@ def group_lines(index: int, group: GroupView, columns: list[cols.Column] | None 
     for this group), a ``below`` column's text (the judge's reason) on a line under it."""
     columns = cols.shown(group.rollouts) if columns is None else columns
     tag = "informative" if group.informative else "all equal"
-    lines = [f"group {index} {safe(group.input_id)} (gen {group.generation_batch}): {group.selection}, mean "
+    place = f"gen {group.generation_batch}" if group.group is None else f"group {group.group}, attempt {group.attempt}"
+    lines = [f"group {index} {safe(group.input_id)} ({place}): {group.selection}, mean "
              f"{group.mean_reward:.3f}, std {group.reward_std:.3f}, {tag}", cols.line(cols.header(columns), columns)]
     for r in group.rollouts:
         texts = [safe(t) for t in cols.cells(cols.row(r, columns), columns)]
@@ -235,6 +241,10 @@ def _show(source: Any, step_view: StepView, args: argparse.Namespace, step: int,
     print(f"  reward {view.reward:.3f}  advantage {adv}  status {view.status}  policy version "
           f"{r.policy_version if r.policy_version is not None else '-'}  duration {fmt(r.duration_s, '.1f')} s  "
           f"turns {r.num_turns}  tool calls {r.tool_calls}  sampled tokens {r.sampled_tokens}")
+    if r.turn_versions or view.staleness is not None:  # the group engine: which policy sampled each turn
+        turns = ", ".join(map(str, r.turn_versions or [])) or "-"
+        stale = "" if view.staleness is None else f"  staleness {view.staleness} (versions behind the update)"
+        print(f"  policy version of each turn: {turns}{stale}")
     if view.cause:
         print(f"  reason / cause: {safe(view.cause)}")
     if r.judge_reason is not None:  # the group judge: its score beside the reward the step read, and why

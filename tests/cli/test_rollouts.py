@@ -138,3 +138,45 @@ def test_a_rollouts_text_never_sends_terminal_control_characters(text):
     assert re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]", out) is None, repr(out)
     colored = span_text(spans, color=True).replace(_GREEN, "").replace(_RESET, "").replace("\x1b[2m", "")
     assert "\x1b" not in colored, repr(colored)
+
+
+JUDGE = {"model_id": "us.amazon.nova-micro-v1:0", "rubric": "A better attempt names the right digit."}
+
+
+def test_a_group_engine_step_shows_the_groups_it_consumed_with_their_judge_and_trained_advantages(
+        moto_dep, capsys, tmp_path):
+    """``admission: group`` keeps each group's rollouts in its own folder (``groups/{g}/a{n}/``, its judge's record
+    beside them): `stepwise rollouts` shows a step's groups through the ones it consumed, in the order it chose
+    them, with the judge's scores, the advantages it trained (the judge's rewards: step 1's group 2 has agent
+    rewards 1, 1 and trained with +1, -1) and each rollout's staleness; the bucket and the local folder alike.
+    Fails on the code before: "run grun has no train rollout records yet"."""
+    from tests.support.runs import GROUPS, sid_of, write_to_s3 as write
+
+    write(moto_dep.s3, moto_dep.bucket, "grun", admission="group", max_staleness=1, judge=JUDGE)
+    assert main(["rollouts", "grun", "--step", "1", *moto_dep.flags]) == 0
+    text = capsys.readouterr().out
+    assert "run grun, train step 1: 4 rollouts in 2 groups (2 trained), policy version(s) 0, 1" in text
+    assert "group 0 s1p1 (group 3, attempt 0): trained, mean 0.500" in text
+    assert "group 1 s1p0 (group 2, attempt 0): trained, mean 0.500" in text
+    assert "judge's reason: the better answer" in text and " stale " in text
+    out = _json(capsys, "grun", "--step", "1", *moto_dep.flags)
+    assert [(g["group"], g["attempt"]) for g in out["groups"]] == GROUPS[1]
+    g2 = out["groups"][1]
+    assert [r["agent_reward"] for r in g2["rollouts"]] == [1.0, 1.0] and [r["judge_score"] for r in g2["rollouts"]] \
+        == [10.0, 0.0]
+    assert [r["advantage"] for r in g2["rollouts"]] == compute_grpo_advantages([1.0, 0.0])
+    assert [r["staleness"] for g in out["groups"] for r in g["rollouts"]] == [1, 1, 0, 0]
+    step0 = _json(capsys, "grun", "--step", "0", *moto_dep.flags)
+    assert [(g["group"], g["attempt"]) for g in step0["groups"]] == GROUPS[0]  # a second attempt's folder
+    assert _json(capsys, "grun", *moto_dep.flags)["step"] == 1  # the newest step by default
+    sid = sid_of(1, "train", 2)
+    assert main(["rollouts", "grun", "--step", "1", "--show", sid[:6], "--color", "never", *moto_dep.flags]) == 0
+    shown = capsys.readouterr().out
+    assert "[assistant · turn 1 · trained" in shown and "⟪42<|im_end|>⟫" in shown
+    assert "policy version of each turn: 0, 1  staleness 1" in shown
+    folder = tmp_path / "grun"
+    mirror_run_objects(moto_dep.s3, moto_dep.bucket, "grun", folder / "s3", results=False)
+    for argv in (["--step", "1"], ["--step", "0", "--show", sid_of(0, "train", 3)]):
+        deployed, local = _json(capsys, "grun", *argv, *moto_dep.flags), _json(capsys, str(folder), *argv)
+        assert deployed.pop("source").startswith("s3://") and local.pop("source") == str(folder)
+        assert local == deployed

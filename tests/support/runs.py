@@ -75,9 +75,20 @@ def sid_of(step: int, kind: str, i: int) -> str:
     return f"{kind[0]}{step}{i:02d}0000-0000-4000-8000-000000000000"
 
 
+#: The group engine's (``admission: group``) groups each train step of `PLAN` consumed, in the order chosen
+#: (step 1 takes its second prompt's group first): group ``2 x step + position``, attempt 0 or 1.
+GROUPS: dict[int, list[tuple[int, int]]] = {0: [(0, 0), (1, 1)], 1: [(3, 0), (2, 0)]}
+
+
 def write_run(put_json: Any, put_bytes: Any, run_id: str, *, execution_arn: str = "arn:exec", **cfg: Any) -> None:
-    """The run's objects (config, state, summaries, rollout records, captured turns, tokenizer)."""
+    """The run's objects (config, state, summaries, rollout records, captured turns, tokenizer).
+
+    With ``admission="group"`` in ``cfg`` the train steps' records are written as the group engine writes them:
+    each group's in its own folder (`GROUPS`, ``runs/{run}/groups/{g}/a{n}/rollouts/``), each summary naming the
+    groups it consumed, and with a ``judge`` each group's judge record beside its rollouts (member 0 scored 10
+    and member 1 scored 0, whatever the agent's reward)."""
     put_json(layout.config_key(run_id), config(**cfg))
+    engine = cfg.get("admission") == "group"
     put_json(layout.state_key(run_id), run_state(run_id, execution_arn, step=2, policy_version=2, checkpoints=[
         {"step": 2, "kind": "state", "reason": "final", "model_package_arn": "arn:aws:sagemaker:us-east-1:123456789012:model-package/g/2",
          "epoch": 0, "cursor": 0, "policy_version": 2}]))
@@ -98,14 +109,27 @@ def write_run(put_json: Any, put_bytes: Any, run_id: str, *, execution_arn: str 
                       "num_turns": len(turns), "sampled_tokens": sum(len(t["turn"]["output_ids"]) for t in turns),
                       "tool_calls": 1 if turns else 0, "duration_s": 2.5, "policy_version": step,
                       "records": [record_to_json(r) for r in replay_turns(sid, turns, reward)]}
-            put_json(layout.rollout_key(run_id, step, 0, sid, kind), record)
+            if engine and kind == "train":
+                g, attempt = next(ref for ref in GROUPS[step] if ref[0] == 2 * step + i // 2)
+                v = step - (g == 3)  # group 3 sampled its first turn a version before the update that trained it
+                record.update(group=g, policy_version=v, first_turn_version=v, last_turn_version=step,
+                              turn_versions=[v, step][:len(turns)])
+                put_json(layout.rollout_key(run_id, step, 0, sid, kind, group=g, attempt=attempt), record)
+                if cfg.get("judge") and member == 1:
+                    put_json(layout.judge_record_key(run_id, step, 0, input_id, group=g, attempt=attempt), {
+                        "input_id": input_id, "step": step, "sids_G": [sid_of(step, kind, i - 1), sid],
+                        "members_G": [0, 1], "judged_G": [True, True], "scores_G": [10.0, 0.0],
+                        "reasons_G": ["the better answer", "the worse answer"], "judged_chars_G": [20, 20]})
+            else:
+                put_json(layout.rollout_key(run_id, step, 0, sid, kind), record)
             rewards.append(reward)
         mean = sum(rewards) / len(rewards)
         if kind == "train":
             put_json(layout.summary_key(run_id, step), {
                 "step": step, "sampler/mean_reward": mean, "sampler/num_rollouts": len(rewards),
                 "rollouts/num_error": 0, "rollouts/num_timeout": 1 if step == 0 else 0, "decision": "train",
-                "behaviour/turns_per_rollout": 1.5, "policy_version": step + 1})
+                "behaviour/turns_per_rollout": 1.5, "policy_version": step + 1,
+                **({"consumed_groups": [list(ref) for ref in GROUPS[step]], "filtered_groups": []} if engine else {})})
         else:
             put_json(layout.eval_summary_key(run_id, step), {"step": step, "eval/accuracy": mean, "eval/n": len(rewards)})
 

@@ -28,9 +28,12 @@ JUDGED = {0: {"p0": JudgeRecord(input_id="p0", step=2, sids_G=["sid-0", "sid-1"]
 
 
 def test_every_column_is_in_the_terminal_the_page_and_the_wandb_table():
-    """A judged step, so every column (the judge's too) has a value."""
+    """A judged step, so every column (the judge's too) has a value (the group engine's staleness set as
+    `stepwise.views.steps.group_step_view` sets it)."""
     view = step_view(RECORDS, cfg(batch_size=1, responses_per_prompt=2, judge=JUDGE), decision="train",
                      judgements=JUDGED)
+    for r in view.rollouts:
+        r.staleness = 1
     table = sample_table(view, lambda sid: [])
     page = render_table(table)
     lines = group_lines(0, view.groups[0])

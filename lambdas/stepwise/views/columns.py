@@ -61,6 +61,8 @@ ROLLOUT_COLUMNS: tuple[Column, ...] = (
     Column("advantage", "adv", lambda v: v.advantage, "+.3f", width=7),
     Column("status", "status", lambda v: str(v.record.status), width=7, left=True),
     Column("policy_version", "policy", lambda v: v.record.policy_version),
+    # the group engine: versions between the trained rollout's first turn and its update (`RolloutView.staleness`)
+    Column("staleness", "stale", lambda v: v.staleness, width=5, optional=True),
     Column("duration_s", "dur_s", lambda v: v.record.duration_s, ".1f", width=5),
     Column("num_turns", "turns", lambda v: v.record.num_turns, width=5),
     Column("tool_calls", "tools", lambda v: v.record.tool_calls, width=5),
