@@ -40,7 +40,9 @@ def publish(key: str) -> dict:
 
 
 @pytest.fixture
-def run(tmp_path, monkeypatch):
+def run(tmp_path, monkeypatch, request):
+    """The run in moto's S3; parametrized indirectly, config fields over the fixture run's (its objects written as
+    that config's pipeline writes them, e.g. the group engine's ``admission="group"``)."""
     from stepwise.views import page
 
     monkeypatch.setattr(page, "charts", lambda index: [])  # matplotlib's seconds; no question here is a curve
@@ -50,7 +52,8 @@ def run(tmp_path, monkeypatch):
     with mock_aws():
         s3 = boto3.client("s3", region_name="us-east-1")
         s3.create_bucket(Bucket=BUCKET)
-        write_to_s3(s3, BUCKET, RUN, mlflow_tracking_uri=f"file:{tmp_path / 'mlruns'}")
+        write_to_s3(s3, BUCKET, RUN, mlflow_tracking_uri=f"file:{tmp_path / 'mlruns'}",
+                    **getattr(request, "param", {}))
         with _common.use_dependencies(_common.Dependencies.of(settings.current(), s3=s3)):
             yield s3
     tracking._RUNS.clear()
@@ -175,6 +178,51 @@ def test_publishing_a_step_costs_the_same_requests_at_step_6_and_at_step_13(run,
     page = _get(s3, layout.report_key(RUN)).decode()
     assert page.count('<section class="step"') == 5 and 'href="steps/3.html"' in page
     assert _get(s3, layout.report_step_page_key(RUN, "train", 3)).decode().count('<section class="step"') == 1
+
+
+def _add_group_steps(s3, steps: range) -> None:
+    """`_add_steps` for the group engine: step ``s`` consumes copies of step 1's groups (3 and 2) as groups
+    ``2s + 1`` and ``2s``, each in its own folder, its summary naming them."""
+    from tests.support.runs import GROUPS
+
+    summary = json.loads(_get(s3, layout.summary_key(RUN, 1)))
+    for step in steps:
+        refs = []
+        for g, attempt in GROUPS[1]:
+            new = 2 * step + g - 2
+            old_prefix, new_prefix = layout.group_prefix(RUN, g, attempt), layout.group_prefix(RUN, new, attempt)
+            for o in s3.list_objects_v2(Bucket=BUCKET, Prefix=old_prefix)["Contents"]:
+                body = json.loads(_get(s3, o["Key"]))
+                body.update({"group": new} if "/rollouts/" in o["Key"] else {})
+                s3.put_object(Bucket=BUCKET, Key=o["Key"].replace(old_prefix, new_prefix), Body=json.dumps(body).encode())
+            refs.append([new, attempt])
+        s3.put_object(Bucket=BUCKET, Key=layout.summary_key(RUN, step),
+                      Body=json.dumps(summary | {"step": step, "consumed_groups": refs}).encode())
+
+
+@pytest.mark.parametrize("run", [{"admission": "group", "max_staleness": 1}], indirect=True)
+def test_a_group_engine_step_is_published_with_its_groups_at_the_same_cost_at_step_6_and_at_step_13(run, monkeypatch):
+    """The group engine keeps a step's rollouts in the folders of the groups it consumed: its sample table shows
+    them (it showed no rollout before), read through the groups the summary names (one LIST per group), never
+    a LIST of every group of the run: the same requests at step 6 and at step 13."""
+    s3 = run
+    monkeypatch.setattr(track, "TRACKERS", ())
+    _add_group_steps(s3, range(2, 14))
+    for step in range(6):
+        publish(layout.summary_key(RUN, step))
+    early = _requests_to_publish(s3, 6)
+    for step in range(7, 13):
+        publish(layout.summary_key(RUN, step))
+    late = _requests_to_publish(s3, 13)
+    assert early == late, (early, late)
+    table = json.loads(_get(s3, layout.report_table_key(RUN, "train", 13)))
+    assert [g["selection"] for g in table["groups"]] == ["trained", "trained"], table["groups"]
+    rows = [r["row"] for g in table["groups"] for r in g["rollouts"]]
+    # groups 27 (rewards 1, 0) and 26 (1, 1): the advantages their datums carried
+    assert sorted(r["advantage"] for r in rows) == pytest.approx([-1.0, 0.0, 0.0, 1.0], abs=1e-6)
+    assert sorted(r["staleness"] for r in rows) == [0, 0, 1, 1]
+    page = _get(s3, layout.report_key(RUN)).decode()
+    assert 'id="train-13"' in page and "stale" in page
 
 
 def test_the_trackers_deadlines_fit_in_tracks_timeout():
