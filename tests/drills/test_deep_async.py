@@ -347,6 +347,7 @@ def test_a_judged_deep_async_run_trains_on_each_group_s_judge_and_waits_out_a_th
         assert summary["sampler/mean_reward"] == 0.5 and summary["advantages/zero_groups_fraction"] == 0.0
         assert summary["rollouts/discarded"] == 0 and summary["staleness/past_k"] == 0
     assert sorted(_consumed(stack.s3, run_id, 2)) == [0, 1, 2, 3]
+    _read_side_shows_what_each_step_trained(stack, run_id)
     # every group judged in its own execution; one of them waited once for its judge, none twice
     entered = [name for names in _states_entered(stack, run_id) for name in names]
     assert entered.count("Judge the group?") == 4 and entered.count("Wait for the group's judge") == 1
@@ -360,3 +361,28 @@ def test_a_judged_deep_async_run_trains_on_each_group_s_judge_and_waits_out_a_th
     assert usage["judge_requests"] == emulator.counters.answered >= 1
     assert usage["judge_input_tokens"] == emulator.counters.input_tokens
     _no_billing(stack, agent, run_id)
+
+
+def _read_side_shows_what_each_step_trained(stack: Stack, run_id: str) -> None:
+    """What `stepwise rollouts` and the report page read of each step of a judged group-engine run (through the
+    bucket, `stepwise.views.run.read_step`): the groups the step consumed, in the order it chose them, every
+    member with the judge's score, and the advantage of each trained rollout the one its datum carried."""
+    from stepwise.aws.runstore import RunStore
+    from stepwise.layout import datums_prefix
+    from stepwise.views.run import read_step
+
+    store = RunStore(BUCKET, stack.s3)
+    for s in range(2):
+        summary = _json(stack.s3, summary_key(run_id, s))
+        view = read_step(store, run_id, s)
+        assert [[g.group, g.attempt] for g in view.groups] == summary["consumed_groups"]
+        assert [g.selection for g in view.groups] == ["trained", "trained"] and view.decision == "train"
+        assert all(r.record.judge_score is not None and r.record.agent_reward == 0.0 for r in view.rollouts)
+        assert all(r.staleness is not None and 0 <= r.staleness <= 2 for r in view.rollouts)
+        listed = stack.s3.list_objects_v2(Bucket=BUCKET, Prefix=datums_prefix(run_id, s))["Contents"]
+        keys = sorted(o["Key"] for o in listed)
+        datums = [d for k in keys for d in _json(stack.s3, k)]
+        trained = [next(a for a in d["lossFnInputs"]["advantages"]["data"] if a != 0) for d in datums]
+        shown = [r.advantage for r in view.rollouts for rec in r.record.records if any(rec["loss_mask"])]
+        assert trained == shown and len(trained) == 4, (trained, shown)
+
