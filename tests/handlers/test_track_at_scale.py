@@ -222,7 +222,7 @@ def test_a_group_engine_step_is_published_with_its_groups_at_the_same_cost_at_st
     assert sorted(r["advantage"] for r in rows) == pytest.approx([-1.0, 0.0, 0.0, 1.0], abs=1e-6)
     assert sorted(r["staleness"] for r in rows) == [0, 0, 1, 1]
     page = _get(s3, layout.report_key(RUN)).decode()
-    assert 'id="train-13"' in page and "stale" in page
+    assert 'id="train-13"' in page and "stale" in page and "(group 27, attempt 0)" in page
 
 
 def test_the_trackers_deadlines_fit_in_tracks_timeout():

@@ -368,9 +368,11 @@ def render_table(table: Mapping[str, Any]) -> str:
     for g in table.get("groups") or []:
         rewards = ", ".join(_fmt(r, ".2f") for r in g.get("rewards_G") or [])
         sel = str(g.get("selection") or "")
+        place = (f"gen {_e(g.get('generation_batch'))}" if g.get("group") is None  # the group engine's: its id
+                 else f"group {_e(g.get('group'))}, attempt {_e(g.get('attempt'))}")
         out.append(f'<div class="group" data-selection="{_e(sel)}"><span class="label">{_e(g.get("label"))}</span>'
                    f'<span class="sel sel-{_e(sel)}">{_e(_SELECTION_TEXT.get(sel, sel))}</span>'
-                   f"group <code>{_e(g.get('input_id'))}</code> (gen {_e(g.get('generation_batch'))}): "
+                   f"group <code>{_e(g.get('input_id'))}</code> ({place}): "
                    f"mean {_fmt(g.get('mean_reward'))}, rewards [{rewards}]")
         out += [_rollout(m, columns, str(kind)) for m in g.get("rollouts") or []]
         out.append("</div>")
