@@ -180,3 +180,9 @@ def test_a_group_engine_step_shows_the_groups_it_consumed_with_their_judge_and_t
         deployed, local = _json(capsys, "grun", *argv, *moto_dep.flags), _json(capsys, str(folder), *argv)
         assert deployed.pop("source").startswith("s3://") and local.pop("source") == str(folder)
         assert local == deployed
+    # the report page rebuilt from the folder (`stepwise report`) and one step's page show the same groups
+    assert main(["report", str(folder), "--out", str(tmp_path / "page.html")]) == 0
+    assert main(["report", str(folder), "--step", "0", "--out", str(tmp_path / "step0.html")]) == 0
+    capsys.readouterr()
+    assert "(group 3, attempt 0)" in (tmp_path / "page.html").read_text()
+    assert "(group 1, attempt 1)" in (tmp_path / "step0.html").read_text()
