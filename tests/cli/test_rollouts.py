@@ -169,6 +169,11 @@ def test_a_group_engine_step_shows_the_groups_it_consumed_with_their_judge_and_t
     step0 = _json(capsys, "grun", "--step", "0", *moto_dep.flags)
     assert [(g["group"], g["attempt"]) for g in step0["groups"]] == GROUPS[0]  # a second attempt's folder
     assert _json(capsys, "grun", *moto_dep.flags)["step"] == 1  # the newest step by default
+    _wait_in_the_buffer(moto_dep, "grun", 3, 4)  # the run (at step 2) has group 4 complete, not consumed
+    waiting = _json(capsys, "grun", *moto_dep.flags)
+    assert waiting["step"] == 2 and [(g["group"], g["selection"]) for g in waiting["groups"]] == [(4, "untrained")]
+    assert "no step has consumed these groups yet" in waiting["note"]
+    assert all(r["advantage"] is None and r["judge_score"] is not None for r in waiting["groups"][0]["rollouts"])
     sid = sid_of(1, "train", 2)
     assert main(["rollouts", "grun", "--step", "1", "--show", sid[:6], "--color", "never", *moto_dep.flags]) == 0
     shown = capsys.readouterr().out
@@ -186,3 +191,19 @@ def test_a_group_engine_step_shows_the_groups_it_consumed_with_their_judge_and_t
     capsys.readouterr()
     assert "(group 3, attempt 0)" in (tmp_path / "page.html").read_text()
     assert "(group 1, attempt 1)" in (tmp_path / "step0.html").read_text()
+
+
+def _wait_in_the_buffer(dep, run_id: str, source: int, group: int) -> None:
+    """Group ``group`` (a copy of group ``source``'s folder, attempt 0) complete in the run's buffer, no step's."""
+    from stepwise import layout
+    from stepwise.records import GroupBuffer, GroupEntry
+
+    old, new = layout.group_prefix(run_id, source), layout.group_prefix(run_id, group)
+    for o in dep.s3.list_objects_v2(Bucket=dep.bucket, Prefix=old)["Contents"]:
+        body = json.loads(dep.s3.get_object(Bucket=dep.bucket, Key=o["Key"])["Body"].read())
+        body.update({"group": group} if "/rollouts/" in o["Key"] else {})
+        dep.s3.put_object(Bucket=dep.bucket, Key=o["Key"].replace(old, new), Body=json.dumps(body).encode())
+    entry = GroupEntry(id=group, status="complete", members=2)
+    buffer = GroupBuffer(run_id=run_id, next_group=group + 1, groups=[entry])
+    dep.s3.put_object(Bucket=dep.bucket, Key=layout.buffer_key(run_id), Body=buffer.model_dump_json().encode())
+

@@ -266,7 +266,8 @@ def group_step_view(groups_rollouts: Sequence[Sequence[RolloutRecord]],
                     decision: str | None = None, groups: Sequence[tuple[int, int]] = (),
                     filtered: Sequence[tuple[int, int]] = (), update_version: int | None = None,
                     judgements: Sequence[Mapping[str, JudgeRecord]] | None = None,
-                    filtered_judgements: Sequence[Mapping[str, JudgeRecord]] | None = None) -> StepView:
+                    filtered_judgements: Sequence[Mapping[str, JudgeRecord]] | None = None,
+                    pending: bool = False) -> StepView:
     """A group-engine train step (``admission: group``) from the rollout records of the groups it consumed.
 
     The groups it trained are computed as ComputeAdvantages computed them: each merged with its group judge's
@@ -285,6 +286,8 @@ def group_step_view(groups_rollouts: Sequence[Sequence[RolloutRecord]],
             from it; None: not known, and none is shown).
         judgements, filtered_judgements: with ``cfg.judge``, each group's judge records by input id
             (`stepwise.views.store.group_judgements`), in the same orders.
+        pending: the groups are waiting in the buffer, no step consumed them (the step the run is at, or ended
+            at): every group is shown ``untrained`` (the filtered ones ``filtered``), with no advantage.
 
     Returns:
         A `StepView`: the trained groups carry exactly the advantages of their datums.
@@ -316,7 +319,7 @@ def group_step_view(groups_rollouts: Sequence[Sequence[RolloutRecord]],
         view.note = f"the step's records could not be read as ComputeAdvantages reads them ({type(e).__name__}: " \
                     f"{str(e)[:300]}): no group is marked and no advantage shown"
         return view
-    trains = decision == "train" or (decision is None and bool(outcome.datums))
+    trains = not pending and (decision == "train" or (decision is None and bool(outcome.datums)))
     formed = [group_rollouts(b, cfg) for b in trained]  # chosen_groups forms each group's list the same way
     k = 0
     for ref, found in zip(list(groups) + [None] * len(formed), formed):
@@ -334,6 +337,9 @@ def group_step_view(groups_rollouts: Sequence[Sequence[RolloutRecord]],
             view.group, view.attempt = ref if ref is not None else (None, None)
             out.append(view)
     note = "" if trains else _why_untrained(decision, outcome.status, outcome.datums)
+    if pending:
+        note = ("no step has consumed these groups yet: the complete groups waiting in the run's buffer (the step "
+                "trains the oldest of them once it has a batch; a run that ended here never trained them)")
     return StepView("train", step, out, decision, outcome.status, len(outcome.datums) if trains else 0, note)
 
 

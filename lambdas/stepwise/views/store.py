@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 __all__ = ["READERS", "ConsumedGroups", "Store", "Tokenizer", "Unreadable", "consumed_groups", "find_rollout",
            "group_judgements", "group_records", "load_tokenizer", "read_config", "read_json", "read_many", "read_state",
            "read_view", "rollout_detail", "rollout_turns", "step_folder", "step_judgements", "step_records",
-           "steps_with_rollouts", "where"]
+           "steps_with_rollouts", "waiting_groups", "where"]
 
 
 class Store(Protocol):
@@ -136,8 +136,9 @@ def steps_with_rollouts(store: Store, run_id: str, kind: str = "train", cfg: Run
 
     The group engine (``cfg.admission == "group"``, read from the run's config when ``cfg`` is None) keeps a
     train step's rollouts in the folders of the groups it consumed (`consumed_groups`): its steps are those
-    with a summary (every decided step consumed groups), and the step the run is training (its groups are
-    in the run state's ``step_metrics`` until its summary is written)."""
+    with a summary (every decided step consumed groups), the step the run is training (its groups are
+    in the run state's ``step_metrics`` until its summary is written), and the step the run is at when groups
+    no step consumed wait in its buffer (`waiting_groups`)."""
     prefix = layout.summaries_prefix(run_id, step_folder(kind))
     keys = store.list_keys(prefix)
     found = set()
@@ -154,6 +155,10 @@ def steps_with_rollouts(store: Store, run_id: str, kind: str = "train", cfg: Run
         if state is not None and isinstance(state.step_metrics.get("step"), int) \
                 and state.step_metrics.get("consumed_groups"):
             found.add(int(state.step_metrics["step"]))
+        if state is not None and state.step not in found:
+            waiting = waiting_groups(store, run_id)
+            if waiting.trained or waiting.filtered:  # rolled out, not consumed yet (or never: a run that ended)
+                found.add(state.step)
     return sorted(found)
 
 
@@ -226,23 +231,43 @@ def _pairs(value: Any) -> list[tuple[int, int]]:
     return out
 
 
-def consumed_groups(store: Store, run_id: str, step: int, summary: Mapping[str, Any] | None = None
-                    ) -> ConsumedGroups | None:
+def consumed_groups(store: Store, run_id: str, step: int, summary: Mapping[str, Any] | None = None,
+                    state: RunState | None = None) -> ConsumedGroups | None:
     """The groups a group-engine train step consumed: from its summary (``summary``, as read), else, while it
-    trains, from the run state's ``step_metrics`` (one GET). None when neither names them (a step not decided
-    yet: no group is its own before ComputeAdvantages takes them)."""
+    trains, from the run state's ``step_metrics`` (``state``, or one GET). None when neither names them (a step
+    not decided yet: no group is its own before ComputeAdvantages takes them)."""
     if isinstance(summary, Mapping) and "consumed_groups" in summary:
         decision = summary.get("decision")
         version = summary.get("policy_version")  # Rebind's: the version after the update
         update = version - 1 if decision == "train" and isinstance(version, int) else None
         return ConsumedGroups(_pairs(summary.get("consumed_groups")), _pairs(summary.get("filtered_groups")),
                               decision if isinstance(decision, str) else None, update)
-    state = read_state(store, run_id)
+    state = state if state is not None else read_state(store, run_id)
     metrics = state.step_metrics if state is not None else {}
     if metrics.get("step") != step or "consumed_groups" not in metrics:
         return None
     return ConsumedGroups(_pairs(metrics.get("consumed_groups")), _pairs(metrics.get("filtered_groups")), None,
                           state.policy_version if state is not None and state.step == step else None)
+
+
+def waiting_groups(store: Store, run_id: str) -> ConsumedGroups:
+    """The groups of a group-engine run that no step has consumed yet, from its buffer (``buffer.json``, one GET):
+    the complete ones (``trained``: what the next step may train) and those DAPO filtered since the last step,
+    id order; none when the run has no buffer. Raises `Unreadable` for a buffer that is not a `GroupBuffer`."""
+    from stepwise.records import GroupBuffer
+
+    key = layout.buffer_key(run_id)
+    body = read_json(store, key)
+    if body is None:
+        return ConsumedGroups([], [])
+    if not isinstance(body, Mapping):
+        raise Unreadable(where(store, key), f"a JSON {type(body).__name__}, not a group buffer object")
+    try:
+        buffer = GroupBuffer.model_validate(dict(body))
+    except ValidationError as e:
+        raise Unreadable(where(store, key), _problem(e)) from None
+    return ConsumedGroups(sorted((g.id, g.attempt) for g in buffer.groups if g.status == "complete"),
+                          sorted((int(g), int(a)) for g, a in buffer.filtered))
 
 
 def _list_many(store: Store, prefixes: list[str]) -> list[list[str]]:
@@ -302,8 +327,12 @@ def read_view(store: Store, run_id: str, cfg: RunConfig, kind: str, step: int,
 
     decision = summary.get("decision") if kind == "train" and isinstance(summary, Mapping) else None
     if kind == "train" and cfg.admission == "group":
-        consumed = consumed_groups(store, run_id, step, summary)
-        if consumed is None:
+        state = None if isinstance(summary, Mapping) and "consumed_groups" in summary else read_state(store, run_id)
+        consumed = consumed_groups(store, run_id, step, summary, state)
+        pending = False
+        if consumed is None and state is not None and state.step == step and summary is None:
+            consumed, pending = waiting_groups(store, run_id), True  # the step the run is at: not consumed yet
+        if consumed is None or not (consumed.trained or consumed.filtered):
             return StepView(kind, step, [], decision, "", 0, "no group consumed by this step yet")
         judged = cfg.judge is not None
         return group_step_view(
@@ -311,7 +340,8 @@ def read_view(store: Store, run_id: str, cfg: RunConfig, kind: str, step: int,
             step=step, decision=consumed.decision if consumed.decision is not None else decision,
             groups=consumed.trained, filtered=consumed.filtered, update_version=consumed.update_version,
             judgements=group_judgements(store, run_id, consumed.trained) if judged else None,
-            filtered_judgements=group_judgements(store, run_id, consumed.filtered) if judged else None)
+            filtered_judgements=group_judgements(store, run_id, consumed.filtered) if judged else None,
+            pending=pending)
     judgements = step_judgements(store, run_id, step) if kind == "train" and cfg.judge is not None else None
     return step_view(step_records(store, run_id, step, kind), cfg, kind=kind, step=step, decision=decision,
                      judgements=judgements)
