@@ -292,6 +292,8 @@ def test_dapo_filters_equal_reward_groups_at_once_and_counts_them_toward_the_nex
     assert all(s["groups/trained"] == 2 for s in summaries)
     # a step that took a filtered group used more than one generation batch's groups
     assert any(s["sampling/generation_batches"] == 2 and s["groups/filtered"] >= 1 for s in summaries)
+    shown = _read_side_shows_what_each_step_trained(stack, run_id, 3, judged=False)
+    assert sorted(shown) == [(g, "filtered" if g in (1, 4) else "trained") for g in range(GROUPS)]
     _no_billing(stack, agent, run_id)
 
 
@@ -347,7 +349,7 @@ def test_a_judged_deep_async_run_trains_on_each_group_s_judge_and_waits_out_a_th
         assert summary["sampler/mean_reward"] == 0.5 and summary["advantages/zero_groups_fraction"] == 0.0
         assert summary["rollouts/discarded"] == 0 and summary["staleness/past_k"] == 0
     assert sorted(_consumed(stack.s3, run_id, 2)) == [0, 1, 2, 3]
-    _read_side_shows_what_each_step_trained(stack, run_id)
+    _read_side_shows_what_each_step_trained(stack, run_id, 2, judged=True)
     # every group judged in its own execution; one of them waited once for its judge, none twice
     entered = [name for names in _states_entered(stack, run_id) for name in names]
     assert entered.count("Judge the group?") == 4 and entered.count("Wait for the group's judge") == 1
@@ -363,26 +365,31 @@ def test_a_judged_deep_async_run_trains_on_each_group_s_judge_and_waits_out_a_th
     _no_billing(stack, agent, run_id)
 
 
-def _read_side_shows_what_each_step_trained(stack: Stack, run_id: str) -> None:
-    """What `stepwise rollouts` and the report page read of each step of a judged group-engine run (through the
-    bucket, `stepwise.views.run.read_step`): the groups the step consumed, in the order it chose them, every
-    member with the judge's score, and the advantage of each trained rollout the one its datum carried."""
+def _read_side_shows_what_each_step_trained(stack: Stack, run_id: str, steps: int, *, judged: bool
+                                            ) -> list[tuple[int, str]]:
+    """What `stepwise rollouts` and the report page read of each step of a group-engine run (through the bucket,
+    `stepwise.views.run.read_step`): the groups the step consumed, in the order it chose them, then those DAPO
+    filtered for it, every member of a judged run with the judge's score, and the advantage of each trained
+    rollout the one its datum carried. Returns ``(group, mark)`` of every group shown."""
     from stepwise.aws.runstore import RunStore
     from stepwise.layout import datums_prefix
     from stepwise.views.run import read_step
 
     store = RunStore(BUCKET, stack.s3)
-    for s in range(2):
+    out = []
+    for s in range(steps):
         summary = _json(stack.s3, summary_key(run_id, s))
         view = read_step(store, run_id, s)
-        assert [[g.group, g.attempt] for g in view.groups] == summary["consumed_groups"]
-        assert [g.selection for g in view.groups] == ["trained", "trained"] and view.decision == "train"
-        assert all(r.record.judge_score is not None and r.record.agent_reward == 0.0 for r in view.rollouts)
-        assert all(r.staleness is not None and 0 <= r.staleness <= 2 for r in view.rollouts)
+        assert [[g.group, g.attempt] for g in view.groups] == summary["consumed_groups"] + summary["filtered_groups"]
+        assert [g.selection for g in view.groups] == ["trained"] * 2 + ["filtered"] * len(summary["filtered_groups"])
+        assert view.decision == "train" and all(len(g.rollouts) == 2 for g in view.groups)
+        trained = [r for r in view.rollouts if r.selection == "trained"]
+        assert all(r.record.judge_score is not None and r.record.agent_reward == 0.0 for r in trained) or not judged
+        assert all(r.staleness is not None and 0 <= r.staleness <= 2 for r in trained)
         listed = stack.s3.list_objects_v2(Bucket=BUCKET, Prefix=datums_prefix(run_id, s))["Contents"]
-        keys = sorted(o["Key"] for o in listed)
-        datums = [d for k in keys for d in _json(stack.s3, k)]
-        trained = [next(a for a in d["lossFnInputs"]["advantages"]["data"] if a != 0) for d in datums]
-        shown = [r.advantage for r in view.rollouts for rec in r.record.records if any(rec["loss_mask"])]
-        assert trained == shown and len(trained) == 4, (trained, shown)
-
+        datums = [d for k in sorted(o["Key"] for o in listed) for d in _json(stack.s3, k)]
+        carried = [next(a for a in d["lossFnInputs"]["advantages"]["data"] if a != 0) for d in datums]
+        shown = [r.advantage for r in trained for rec in r.record.records if any(rec["loss_mask"])]
+        assert carried == shown and len(carried) == 4, (carried, shown)
+        out += [(g.group, g.selection) for g in view.groups]
+    return out
