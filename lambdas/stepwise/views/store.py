@@ -303,15 +303,8 @@ def group_judgements(store: Store, run_id: str, groups: list[tuple[int, int]]) -
     bodies = read_many(store, [k for keys in listed for k in keys])
     out, n = [], 0
     for keys in listed:
-        found: dict[str, JudgeRecord] = {}
-        for key, body in zip(keys, bodies[n:n + len(keys)]):
-            if isinstance(body, Mapping):
-                try:
-                    record = JudgeRecord.model_validate(dict(body))
-                except ValidationError as e:
-                    raise Unreadable(where(store, key), _problem(e)) from None
-                found[record.input_id] = record
-        out.append(found)
+        records = (_judge_record(store, key, body) for key, body in zip(keys, bodies[n:n + len(keys)]))
+        out.append({r.input_id: r for r in records if r is not None})
         n += len(keys)
     return out
 
@@ -360,14 +353,20 @@ def step_judgements(store: Store, run_id: str, step: int) -> dict[int, dict[str,
             found.append((int(head[3:]), key))
     out: dict[int, dict[str, JudgeRecord]] = {}
     for (gen, key), body in zip(found, read_many(store, [k for _, k in found])):
-        if body is None:
-            continue
-        try:
-            record = JudgeRecord.model_validate(body)
-        except ValidationError as e:
-            raise Unreadable(where(store, key), _problem(e)) from None
-        out.setdefault(gen, {})[record.input_id] = record
+        if (record := _judge_record(store, key, body)) is not None:
+            out.setdefault(gen, {})[record.input_id] = record
     return out
+
+
+def _judge_record(store: Store, key: str, body: Any) -> JudgeRecord | None:
+    """The `JudgeRecord` read at ``key`` (``body``; None: gone meanwhile). Raises `Unreadable` for one that is
+    not a `JudgeRecord` (ComputeAdvantages could not have read it)."""
+    if body is None:
+        return None
+    try:
+        return JudgeRecord.model_validate(body)
+    except ValidationError as e:
+        raise Unreadable(where(store, key), _problem(e)) from None
 
 
 def rollout_turns(store: Store, run_id: str, sid: str) -> list[dict[str, Any]]:
