@@ -43,7 +43,7 @@ def finished(tmp_path_factory):
 def skip_if_wandb_hung(run_dir: Path) -> None:
     """Skip, naming it, when W&B itself hung in the Track worker: its ``wandb.init`` stopped at "starting run
     threads in backend" (wandb 0.31's ``deliver_run_start``) and never returned, so Track's queue stood still
-    behind W&B's process-wide lock. Seen in 2 of 4 clean CI runs on 2026-12-07 (issue 33's note); every other
+    behind W&B's process-wide lock. Seen in 2 of 4 clean CI runs on 2026-12-07; every other
     cause of a missing Track page or W&B point still fails these tests."""
     log = run_dir / "wandb" / "debug.log"
     lines = log.read_text(errors="replace").splitlines() if log.is_file() else []
