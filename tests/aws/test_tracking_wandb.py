@@ -112,3 +112,50 @@ def test_the_reference_fields_are_real_fields_now():
     assert (cfg.wandb_project, cfg.wandb_run_name, cfg.wandb_entity) == ("p", "n", "")
     with pytest.raises(ConfigError, match="wandb_project: .*must not contain /"):
         load_run_config(config(wandb_project="a/b"))
+
+
+def _processes_with(env_entry: str) -> list[int]:
+    """Pids of this machine's processes whose environment holds ``env_entry`` (``VAR=value``)."""
+    import os
+
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if env_entry.encode() in f.read().split(b"\0"):
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+def test_a_hung_wandb_call_is_stopped_with_its_processes_and_the_next_call_is_not_blocked(offline, monkeypatch):
+    """W&B's ``wandb.init`` that never returns (here: W&B online against a server that accepts and never
+    answers) used to hold the module's lock in the Track worker for good, and every later call of the
+    process failed waiting for it. Each call runs W&B in a process of its own now: at `CHILD_SECONDS` it
+    is killed with W&B's service process, the call is a warning, and the next call runs at once."""
+    import time
+
+    from tests.support.hung_server import HungServer
+
+    server = HungServer()
+    try:
+        monkeypatch.setenv("WANDB_MODE", "online")
+        monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{server.port}")
+        monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
+        monkeypatch.setattr(wandb_tracking, "CHILD_SECONDS", 6.0)
+        cfg = load_run_config(config(wandb_project="stepwise-tests"))
+        t0 = time.monotonic()
+        warning = wandb_tracking.step_warning(cfg, "run-hung", "train", 0, {"step": 0, "sampler/mean_reward": 0.5})
+        assert time.monotonic() - t0 < 20
+        assert warning == "W&B tracking to project stepwise-tests failed at train step 0: W&B did not answer within 6 s; its process was stopped"
+        assert server.accepted > 0  # W&B did reach the server: the hang was W&B's own wait
+        deadline = time.monotonic() + 10
+        while _processes_with(f"WANDB_DIR={offline}") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _processes_with(f"WANDB_DIR={offline}") == []  # the call's process and W&B's service are gone
+    finally:
+        server.close()
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    assert wandb_tracking.step_warning(cfg, "run-hung", "train", 1, {"step": 1, "sampler/mean_reward": 0.5}) is None
+    assert [r["step"] for r in history(offline, "run-hung")[1]] == [1]

@@ -13,7 +13,6 @@ The server is a real socket that accepts and then says nothing; the client is th
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 import urllib.parse
@@ -26,37 +25,11 @@ from stepwise import layout, settings
 from stepwise.aws import tracking
 from stepwise.events import S3Notification
 from stepwise.handlers import _common, track
+from tests.support.hung_server import HungServer
 from tests.support.runs import write_to_s3
 
 BUCKET = "stepwise-hung-tracker"
 RUN = "run-h"
-
-
-class HungServer:
-    """Accepts every connection on a loopback port and never sends a byte."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(64)
-        self.port = self.sock.getsockname()[1]
-        self.held: list[socket.socket] = []
-        self.accepted = 0
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.accepted += 1
-            self.held.append(conn)
-
-    def close(self) -> None:
-        self.sock.close()
-        for c in self.held:
-            c.close()
 
 
 @pytest.fixture

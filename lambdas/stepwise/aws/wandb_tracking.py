@@ -32,9 +32,19 @@ file) under ``WANDB_DIR``. Where this module chose ``WANDB_DIR`` itself (`WANDB_
 finished (W&B uploaded it), and so is the table's staging copy; where the environment names
 ``WANDB_DIR`` (the local stack: the run folder, where an offline run is the data) it is kept.
 
+**One process per call.** Each call runs W&B in a fresh Python process of its own (`_call`: the
+request on its stdin, its error on its stderr), stopped with its process group once it has taken
+`CHILD_SECONDS`. W&B keeps process-wide state (``wandb.run``, its service process), and a ``wandb.init``
+that hangs in it ("starting run threads in backend", wandb 0.31's ``deliver_run_start``; seen locally
+in Track's long-lived worker) never returns: in-process it held this module's lock, and every later
+call of that process (a warm Lambda container, the local Track worker) waited on it and failed. A
+killed child frees it; the next call starts clean. The cost: a Python start and ``import wandb`` per
+call (about a second of CPU), beside the loop.
+
 **Timeouts.** `SETTINGS_TIMEOUTS` bound W&B's own waits (its start, its finish, its GraphQL and file
-uploads, each with few retries), so a call ends within `CALL_SECONDS`; Track abandons one that does not
-(a warning). A W&B server that hangs costs the W&B point, never the page.
+uploads, each with few retries), so a call ends within `CALL_SECONDS`; a child past `CHILD_SECONDS` is
+killed, and Track abandons a call past `CALL_SECONDS` (a warning). A W&B server that hangs costs the
+W&B point, never the page.
 
 A failure is never silent and never fails a step: Track keeps it as a warning on the report page (as
 MLflow's); `step_warning` returns it as one line of text.
@@ -42,9 +52,13 @@ MLflow's); `step_warning` returns it as one line of text.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
 import threading
 from collections.abc import Mapping
@@ -57,8 +71,8 @@ log = logging.getLogger(__name__)
 
 #: Where W&B keeps its files when the environment does not say (a Lambda may write only /tmp).
 WANDB_ROOT = os.path.join(tempfile.gettempdir(), "wandb")
-#: wandb's global state (``wandb.run``) is per process: one W&B run open at a time in a process
-#: (the local stack runs several Track invocations on threads of one worker process).
+#: One W&B call at a time per process, so two W&B processes never write one W&B run at once (the local
+#: stack runs several Track invocations on threads of one worker process); held at most `CHILD_SECONDS`.
 _LOCK = threading.Lock()
 #: W&B's own waits (`wandb.Settings`): its start and finish, GraphQL requests and file uploads, seconds
 #: and retries. W&B's defaults wait 90 s to start and retry uploads for minutes.
@@ -73,6 +87,16 @@ SETTINGS_TIMEOUTS: dict[str, Any] = {
 CALL_SECONDS = 75.0
 #: How long a call waits for another call of this process to let W&B's global run go.
 LOCK_SECONDS = 30.0
+#: The most one call's W&B process may run before it is killed with its process group (under
+#: `CALL_SECONDS`, so the lock is free again before Track gives up on the call).
+CHILD_SECONDS = CALL_SECONDS - 5.0
+#: The prefix of the line a W&B process writes on its stderr when W&B raised.
+ERROR_PREFIX = "stepwise-wandb-error: "
+
+
+class WandbCallFailed(RuntimeError):
+    """A W&B call's process failed (the message: W&B's exception type and text) or was killed at
+    `CHILD_SECONDS`."""
 
 
 def _columns() -> list[str]:
@@ -139,6 +163,21 @@ def _remove_files(run: Any) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
+def _remove_service_logs() -> None:
+    """Remove the log W&B's service process wrote under `WANDB_ROOT` (``cache/wandb/logs/core-debug-*.log``,
+    one per W&B process, so one per call here)."""
+    if not _ours():
+        return
+    logs = os.path.join(os.environ.get("WANDB_CACHE_DIR", os.path.join(WANDB_ROOT, "cache")), "wandb", "logs")
+    if os.path.realpath(logs).startswith(os.path.realpath(WANDB_ROOT) + os.sep) and os.path.isdir(logs):
+        for name in os.listdir(logs):
+            if name.startswith("core-debug-") and name.endswith(".log"):
+                try:
+                    os.remove(os.path.join(logs, name))
+                except OSError:
+                    pass
+
+
 def _locked() -> Any:
     class _Held:
         def __enter__(self) -> None:
@@ -151,29 +190,93 @@ def _locked() -> Any:
     return _Held()
 
 
-def _open(cfg: RunConfig, run_id: str, part: str) -> Any:
-    """``wandb.init`` of the run's W&B run; ``part`` names this call's local folder (``train3``,
-    ``eval10``, ``end``: W&B names it by the second it started, which two calls can share)."""
+def _request(cfg: RunConfig, run_id: str, part: str) -> dict[str, Any]:
+    """What a W&B process needs to open the run's W&B run (`_open`); ``part`` names the call's local
+    folder (``train3``, ``eval10``, ``end``: W&B names it by the second it started, which two calls can
+    share). The API key is read here, in the caller, and travels on the child's stdin, not its environment."""
+    return {"project": cfg.wandb_project, "entity": cfg.wandb_entity or None, "id": wandb_run_id(run_id),
+            "name": cfg.wandb_run_name or run_id, "config": cfg.model_dump(mode="json"),
+            "tags": ["stepwise", cfg.algorithm], "part": part, "api_key": _api_key(), "root": WANDB_ROOT}
+
+
+def _open(request: Mapping[str, Any]) -> Any:
+    """``wandb.init`` of the run's W&B run, in a W&B process (`_serve`)."""
     import wandb
 
     for var, sub in (("WANDB_DIR", ""), ("WANDB_CACHE_DIR", "cache"), ("WANDB_CONFIG_DIR", "config"),
                      ("WANDB_DATA_DIR", "data"), ("WANDB_ARTIFACT_DIR", "artifacts")):
         os.environ.setdefault(var, os.path.join(WANDB_ROOT, sub))
     os.makedirs(os.environ["WANDB_DIR"], exist_ok=True)
-    extra: dict[str, Any] = {}
-    key = _api_key()
-    if key:
-        extra["api_key"] = key
+    extra: dict[str, Any] = {"api_key": request["api_key"]} if request.get("api_key") else {}
     run = wandb.init(
-        project=cfg.wandb_project, entity=cfg.wandb_entity or None, id=wandb_run_id(run_id),
-        name=cfg.wandb_run_name or run_id, resume="allow", dir=os.environ["WANDB_DIR"],
-        config=cfg.model_dump(mode="json"), tags=["stepwise", cfg.algorithm],
+        project=request["project"], entity=request["entity"], id=request["id"], name=request["name"],
+        resume="allow", dir=os.environ["WANDB_DIR"], config=request["config"], tags=request["tags"],
         settings=wandb.Settings(console="off", silent=True, x_disable_stats=True, x_disable_meta=True,
-                                x_disable_machine_info=True, save_code=False, x_sync_dir_suffix=part,
+                                x_disable_machine_info=True, save_code=False, x_sync_dir_suffix=request["part"],
                                 **SETTINGS_TIMEOUTS, **extra))
     run.define_metric("step")
     run.define_metric("*", step_metric="step")
     return run
+
+
+def _serve(request: Mapping[str, Any]) -> None:
+    """One W&B call, in its own process: open the run, log a row (``op`` ``log``) or mark its end
+    (``finish``), finish it and remove what it left under `WANDB_ROOT`."""
+    global WANDB_ROOT
+    WANDB_ROOT = request["root"]
+    import wandb
+
+    run = _open(request)
+    try:
+        if request["op"] == "log":
+            row = dict(request["row"])
+            if request.get("table") is not None:
+                row[f"samples/{request['kind']}"] = wandb.Table(columns=TABLE_COLUMNS, data=table_rows(request["table"]))
+            run.log(row)
+        else:
+            run.summary["stop_status"] = request["status"]
+            run.summary["stop_reason"] = request["reason"]
+    finally:
+        try:
+            run.finish(**({"exit_code": request["exit_code"]} if request["op"] == "finish" else {}))
+        finally:
+            _remove_files(run)
+
+
+def _child_main() -> None:
+    """The W&B process's entry point: a request (JSON) on stdin; on failure, `ERROR_PREFIX` and W&B's
+    exception on the last line of stderr and exit code 1."""
+    try:
+        _serve(json.load(sys.stdin))
+    except BaseException as e:  # noqa: BLE001 - every failure is the caller's warning
+        sys.stderr.write(f"\n{ERROR_PREFIX}{type(e).__name__}: {e}\n".replace("\r", " "))
+        sys.stderr.flush()
+        os._exit(1)
+    os._exit(0)  # W&B's service threads do not hold the process open
+
+
+def _call(request: dict[str, Any]) -> None:
+    """Run one W&B call (`_serve`) in a fresh Python process; kill it and its process group at
+    `CHILD_SECONDS`. Raises `WandbCallFailed` with W&B's error, or on the kill."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    code = "from stepwise.aws.wandb_tracking import _child_main; _child_main()"
+    with _locked():
+        proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, env=env, start_new_session=True)
+        try:
+            _, err = proc.communicate(json.dumps(request, default=str).encode(), timeout=CHILD_SECONDS)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.communicate()
+            raise WandbCallFailed(f"W&B did not answer within {CHILD_SECONDS:.0f} s; its process was stopped") from None
+    _remove_service_logs()
+    if proc.returncode != 0:
+        lines = err.decode(errors="replace").strip().splitlines()
+        said = [line[len(ERROR_PREFIX):] for line in lines if line.startswith(ERROR_PREFIX)]
+        raise WandbCallFailed(said[-1] if said else f"W&B's process exited {proc.returncode}: {' '.join(lines[-3:])[:500]}")
 
 
 def log_step(cfg: RunConfig, run_id: str, kind: str, step: int, summary: Mapping[str, Any],
@@ -182,23 +285,16 @@ def log_step(cfg: RunConfig, run_id: str, kind: str, step: int, summary: Mapping
     returns the W&B run id, None when W&B is off. Raises what W&B raises."""
     if not enabled(cfg):
         return None
-    import wandb
-
     from stepwise.aws.tracking import numeric_metrics
 
     row: dict[str, Any] = {"step": int(step), **numeric_metrics(summary)}
-    if table is not None:
-        row[f"samples/{kind}"] = wandb.Table(columns=TABLE_COLUMNS, data=table_rows(table))
-    with _locked():
-        run = _open(cfg, run_id, f"{kind}{int(step)}")
-        try:
-            run.log(row)
-        finally:
-            try:
-                run.finish()
-            finally:
-                _remove_files(run)
+    _call({**_request(cfg, run_id, f"{kind}{int(step)}"), "op": "log", "kind": kind, "row": row,
+           "table": dict(table) if table is not None else None})
     return wandb_run_id(run_id)
+
+
+def _describe(e: Exception) -> str:
+    return str(e) if isinstance(e, WandbCallFailed) else f"{type(e).__name__}: {e}"
 
 
 def step_warning(cfg: RunConfig, run_id: str, kind: str, step: int, summary: Mapping[str, Any],
@@ -208,8 +304,7 @@ def step_warning(cfg: RunConfig, run_id: str, kind: str, step: int, summary: Map
         log_step(cfg, run_id, kind, step, summary, table)
         return None
     except Exception as e:
-        text = (f"W&B tracking to project {cfg.wandb_project} failed at {kind} step {step}: "
-                f"{type(e).__name__}: {e}")
+        text = f"W&B tracking to project {cfg.wandb_project} failed at {kind} step {step}: {_describe(e)}"
         log.warning("%s", text[:2000])
         return text[:1000]
 
@@ -219,16 +314,8 @@ def finish_run(cfg: RunConfig, run_id: str, status: str, ended: Mapping[str, Any
     FINISHED, 1 otherwise. Returns the W&B run id (None when off); raises what W&B raises."""
     if not enabled(cfg):
         return None
-    with _locked():
-        run = _open(cfg, run_id, "end")
-        try:
-            run.summary["stop_status"] = status
-            run.summary["stop_reason"] = str((ended or {}).get("reason") or "")
-        finally:
-            try:
-                run.finish(exit_code=0 if status == "FINISHED" else 1)
-            finally:
-                _remove_files(run)
+    _call({**_request(cfg, run_id, "end"), "op": "finish", "status": status,
+           "reason": str((ended or {}).get("reason") or ""), "exit_code": 0 if status == "FINISHED" else 1})
     return wandb_run_id(run_id)
 
 
@@ -238,6 +325,6 @@ def finish(cfg: RunConfig, run_id: str, status: str, ended: Mapping[str, Any] | 
         finish_run(cfg, run_id, status, ended)
         return None
     except Exception as e:
-        text = f"W&B tracking to project {cfg.wandb_project} could not end run {run_id}: {type(e).__name__}: {e}"
+        text = f"W&B tracking to project {cfg.wandb_project} could not end run {run_id}: {_describe(e)}"
         log.warning("%s", text[:2000])
         return text[:1000]
