@@ -10,7 +10,7 @@ injected in the simulator (``--simulator-latency optim_step=S``).
 Arms (``--arms``): ``sync`` (``max_staleness`` 0), ``overlap`` (today's overlap, ``max_staleness`` 1),
 ``d0k0`` (the group engine at d=0, k=0: it must reproduce ``sync``'s rewards), and ``d{d}k{k}-{loss}``
 (the group engine with ``sampling_steps_ahead`` d and ``max_staleness`` k, loss ``ppo`` or ``cispo`` with
-clip thresholds 0 and 2). Configs (``--configs``): ``rollout`` (rollouts dominate, heavy tail) and
+clip thresholds 0 and 2; d1k2 and d2k3 by default, any d <= k by name). Configs (``--configs``): ``rollout`` (rollouts dominate, heavy tail) and
 ``training`` (training takes longer than the slowest rollout).
 
 Per arm: median and mean seconds per step (the first step, a cold start, left out), the **ratio to sync
@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -77,10 +78,30 @@ ARMS: dict[str, list[str]] = {
     "overlap": ["max_staleness=1"],
     "d0k0": ['admission="group"', "max_staleness=0", "sampling_steps_ahead=0"],
 }
+#: A deep arm's name: ``d{d}k{k}-{loss}`` (any d <= k; the issue's are d1k2 and d2k3, in the default set).
+DEEP_ARM = re.compile(r"d(\d+)k(\d+)-(ppo|cispo)")
+
+
+def deep_arm(d: int, k: int, loss: str) -> list[str]:
+    """The ``--set`` overrides of the group engine at ``sampling_steps_ahead`` d, ``max_staleness`` k, ``loss``
+    (cispo with clip thresholds 0 and 2: truncated importance sampling)."""
+    sets = ['admission="group"', f"max_staleness={k}", f"sampling_steps_ahead={d}", f'loss="{loss}"']
+    return sets + (["clip_low_threshold=0.0", "clip_high_threshold=2.0"] if loss == "cispo" else [])
+
+
 for _d, _k in ((1, 2), (2, 3)):
-    ARMS[f"d{_d}k{_k}-ppo"] = ['admission="group"', f"max_staleness={_k}", f"sampling_steps_ahead={_d}", 'loss="ppo"']
-    ARMS[f"d{_d}k{_k}-cispo"] = ['admission="group"', f"max_staleness={_k}", f"sampling_steps_ahead={_d}",
-                                 'loss="cispo"', "clip_low_threshold=0.0", "clip_high_threshold=2.0"]
+    ARMS[f"d{_d}k{_k}-ppo"] = deep_arm(_d, _k, "ppo")
+    ARMS[f"d{_d}k{_k}-cispo"] = deep_arm(_d, _k, "cispo")
+
+
+def arm_sets(arm: str) -> list[str]:
+    """An arm's overrides: one of `ARMS`, or any ``d{d}k{k}-{loss}`` (`DEEP_ARM`). Raises KeyError."""
+    if arm in ARMS:
+        return ARMS[arm]
+    m = DEEP_ARM.fullmatch(arm)
+    if m is None or int(m.group(1)) > int(m.group(2)):
+        raise KeyError(arm)
+    return deep_arm(int(m.group(1)), int(m.group(2)), m.group(3))
 QUICK_ARMS = ("sync", "overlap", "d2k3-cispo")
 #: The last steps whose mean train reward is an arm's final reward.
 LAST_STEPS = 3
@@ -92,7 +113,7 @@ def run_arm(arm: str, setting: Setting, seed: int, steps: int, out: Path, timeou
     sets = [f'agent_runtime_arn="{SLEEPY_ARN}"', f"batch_size={setting.batch_size}",
             f"responses_per_prompt={setting.responses_per_prompt}", f"max_prompts={steps * setting.batch_size}",
             'eval_dataset_path=""', "eval_every=0", "save_every=0", f"seed={seed}", "max_rollout_time=600",
-            "steps_per_execution=100", *ARMS[arm]]
+            "steps_per_execution=100", *arm_sets(arm)]
     cmd = [sys.executable, "-m", "stepwise_cli", "start", str(BASE_CONFIG), "--local", "--no-progress", "--runs-dir", str(out),
            "--run-id", run_id, "--timeout", str(timeout), "--simulator-latency", f"optim_step={setting.train_latency}"]
     for s in sets:
@@ -194,7 +215,8 @@ def predicted_ratios(setting: Setting, arms: list[str], sync_rows: list[dict[str
         elif arm == "overlap":
             kind, d, k = "overlap", 0, 1
         else:
-            kind, d, k = "group", int(arm[1]), int(arm[3])
+            m = DEEP_ARM.fullmatch(arm)
+            kind, d, k = "group", int(m.group(1)), int(m.group(2))
         r = simulate(kind, steps=steps, batch_size=bs, group_size=size, durations=durations, timing=timing,
                      steps_ahead=d, max_staleness=k)
         out[arm] = r.s_per_step / base if base else 0.0
@@ -278,9 +300,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = p.parse_args(argv)
     chosen = [a for a in (args.arms.split(",") if args.arms else QUICK_ARMS if args.quick else []) if a]
-    unknown = [a for a in chosen if a not in ARMS]
+    unknown = [a for a in chosen if a not in ARMS and not (DEEP_ARM.fullmatch(a) and int(DEEP_ARM.fullmatch(a).group(1)) <= int(DEEP_ARM.fullmatch(a).group(2)))]
     if unknown:
-        p.error(f"unknown arm(s) {unknown}; choose from {list(ARMS)}")
+        p.error(f"unknown arm(s) {unknown}; choose from {list(ARMS)} or any d{{d}}k{{k}}-ppo|cispo with d <= k")
     configs = ["rollout"] if args.quick else [c for c in args.configs.split(",") if c]
     seeds = [0] if args.quick else [int(s) for s in args.seeds.split(",") if s]
     runs_dir = args.out / "async_depth"
