@@ -61,6 +61,7 @@ class Setting:
     responses_per_prompt: int = 4
     steps: int = 8
     arms: tuple[str, ...] = ()  # the arms run by default (all when empty)
+    final_eval_prompts: int = 0  # > 0: the final policy's greedy eval on that many toy eval prompts
 
 
 SETTINGS = {
@@ -70,6 +71,11 @@ SETTINGS = {
     # training longer than the slowest rollout
     "training": Setting("training", turn_seconds=0.5, sigma=0.3, turns=2, train_latency=12.0,
                         arms=("sync", "overlap", "d1k2-cispo", "d2k3-cispo")),
+    # learning at equal rollouts, cheap enough for more steps: the rollout config's tail at an eighth of its
+    # sleeps, short training, 20 steps, and the final policy's greedy eval (a deep arm's last trained rollouts
+    # were sampled k versions back; its final policy is what a user keeps)
+    "learning": Setting("learning", turn_seconds=0.5, sigma=1.0, turns=2, train_latency=2.0, steps=20,
+                        arms=("sync", "d2k3-cispo"), final_eval_prompts=20),
 }
 
 #: arm -> --set overrides (the loss of sync, overlap and d0k0 is the toy config's)
@@ -112,7 +118,9 @@ def run_arm(arm: str, setting: Setting, seed: int, steps: int, out: Path, timeou
     run_id = f"{setting.name}-{arm}-s{seed}"
     sets = [f'agent_runtime_arn="{SLEEPY_ARN}"', f"batch_size={setting.batch_size}",
             f"responses_per_prompt={setting.responses_per_prompt}", f"max_prompts={steps * setting.batch_size}",
-            'eval_dataset_path=""', "eval_every=0", "save_every=0", f"seed={seed}", "max_rollout_time=600",
+            *(['eval_dataset_path="examples/data/toy_eval.jsonl"', f"eval_max_prompts={setting.final_eval_prompts}"]
+              if setting.final_eval_prompts else ['eval_dataset_path=""']),
+            "eval_every=0", "save_every=0", f"seed={seed}", "max_rollout_time=600",
             "steps_per_execution=100", *arm_sets(arm)]
     cmd = [sys.executable, "-m", "stepwise_cli", "start", str(BASE_CONFIG), "--local", "--no-progress", "--runs-dir", str(out),
            "--run-id", run_id, "--timeout", str(timeout), "--simulator-latency", f"optim_step={setting.train_latency}"]
@@ -154,6 +162,7 @@ def measure(run_dir: Path) -> dict[str, Any]:
             lag = str(int(r.get("staleness/max", 0)))
             hist[lag] = hist.get(lag, 0.0) + float(r.get("sampler/num_rollouts", 0))
     rewards = [float(r["sampler/mean_reward"]) for r in steps if r.get("sampler/mean_reward") is not None]
+    evals = [float(r["eval/accuracy"]) for r in rows if r.get("kind") == "eval" and r.get("eval/accuracy") is not None]
     out: dict[str, Any] = {
         "steps": len(steps), "step_walls": walls,
         "s_per_step": statistics.median(walls) if walls else None,
@@ -167,6 +176,7 @@ def measure(run_dir: Path) -> dict[str, Any]:
         "discarded": max((float(r.get("rollouts/discarded", 0.0)) for r in steps), default=0.0),
         "rewards": rewards,
         "mean_reward_last": statistics.fmean(rewards[-LAST_STEPS:]) if rewards else None,
+        "final_eval": evals[-1] if evals else None,
         "rollouts_per_step": float(steps[0].get("sampler/num_rollouts", 0)) if steps else 0.0,
         "duration_trained_p90": _median_of(steps, "rollouts/duration_trained_p90"),
         "duration_complete_p90": _median_of(steps, "rollouts/duration_complete_p90"),
@@ -229,6 +239,7 @@ def summarize(rows: list[dict[str, Any]], setting: Setting, arms: list[str], ste
     predicted = predicted_ratios(setting, arms, sync, steps)
     sync_s = statistics.fmean([r["s_per_step"] for r in sync if r.get("s_per_step")] or [float("nan")])
     sync_rewards = [r["mean_reward_last"] for r in sync if r.get("mean_reward_last") is not None]
+    sync_evals = [r["final_eval"] for r in sync if r.get("final_eval") is not None]
     overlap = [r["s_per_step"] for r in rows if r["arm"] == "overlap" and r.get("s_per_step")]
     table = []
     for arm in arms:
@@ -240,6 +251,7 @@ def summarize(rows: list[dict[str, Any]], setting: Setting, arms: list[str], ste
             for k, v in r.get("staleness_hist", {}).items():
                 hist[k] = hist.get(k, 0.0) + v
         rewards = [r["mean_reward_last"] for r in mine if r.get("mean_reward_last") is not None]
+        evals = [r["final_eval"] for r in mine if r.get("final_eval") is not None]
         table.append({
             "arm": arm, "config": setting.name, "seeds": len(mine),
             "s_per_step": s, "s_per_step_median": statistics.median(walls) if walls else None,
@@ -259,6 +271,9 @@ def summarize(rows: list[dict[str, Any]], setting: Setting, arms: list[str], ste
             "mean_reward_last": _mean(rewards), "reward_seeds": rewards,
             "reward_within_sync_spread": (min(sync_rewards) <= _mean(rewards) <= max(sync_rewards))
             if rewards and sync_rewards else None,
+            "final_eval": _mean(evals), "final_eval_seeds": evals,
+            "final_eval_within_sync_spread": (min(sync_evals) <= _mean(evals) <= max(sync_evals))
+            if evals and sync_evals else None,
             "rollouts_per_step": _mean([r.get("rollouts_per_step") for r in mine]),
             "exit_codes": [r.get("exit_code") for r in mine],
         })
@@ -284,7 +299,11 @@ def format_table(table: list[dict[str, Any]]) -> str:
                      f"{f(r['ratio_to_overlap'], '.2f')!s:>6} {f(r['session_busy'] and 100 * r['session_busy'], '.0f')!s:>4}% "
                      f"{r['max_staleness_seen']:>9} {hist:<20} {f(r['trainer_wait'])!s:>5} {int(r['discarded']):>4} "
                      f"{f(r['duration_trained_p90'])!s:>5}/{f(r['duration_complete_p90'])!s:<5} "
-                     f"{f(r['mean_reward_last'], '.3f')!s:>7}{spread} {r['seeds']}")
+                     f"{f(r['mean_reward_last'], '.3f')!s:>7}{spread} {r['seeds']}"
+                     + ("" if r.get("final_eval") is None else
+                        f"  final eval {r['final_eval']:.3f} ({', '.join(f'{x:.2f}' for x in r['final_eval_seeds'])})"
+                        + ("" if r["final_eval_within_sync_spread"] is None else
+                           " in" if r["final_eval_within_sync_spread"] else " out")))
     return "\n".join(lines)
 
 
@@ -292,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="one seed, fewer steps, the rollout config, 3 arms (<= 10 min)")
     p.add_argument("--arms", help=f"comma-separated, of {', '.join(ARMS)} (default: all; --quick: {','.join(QUICK_ARMS)})")
-    p.add_argument("--configs", default="rollout,training", help="comma-separated, of rollout, training")
+    p.add_argument("--configs", default="rollout,training", help="comma-separated, of rollout, training, learning")
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--steps", type=int, help="steps per run (default: the config's; --quick: 4)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per run")
