@@ -10,7 +10,7 @@ passes the file text to ``DefinitionBody.from_string`` with ``definition_substit
 calls :func:`render_definition` with literal values. Both substitute the same placeholders in the same
 text, so the deployed and the local definitions are the same document.
 
-Every rollout runs the same child states (``rollout_child.json``: Start rollout, its result's re-check
+Every rollout runs the same child states (``rollout_child.json``: Pace start, Start rollout, its result's re-check
 (Rollout silent, Wait for rollout result), Finish rollout, Record failed rollout, Rollout lost): the training loop's two Distributed Maps (the second under names of its own)
 and the rollout group's inline Map carry generated copies of them. The group judge's loop (``judge_loop.json``:
 Judge groups, Groups judged?, Wait for the judge) is generated the same way into the training loop (a generation
@@ -38,6 +38,7 @@ GROUP_STATE_MACHINE_PLACEHOLDER = "RolloutGroupStateMachineArn"
 #: Where each copy of the rollout child states sits: (file, path of the Map state through the ASL,
 #: the copy's state names for the fragment's).
 NEXT_STEP_NAMES = {
+    "Pace start": "Pace a rollout of the next step",
     "Start rollout": "Start a rollout of the next step",
     "Finish rollout": "Finish a rollout of the next step",
     "Record failed rollout": "Record a failed rollout of the next step",
@@ -142,7 +143,8 @@ def with_child_copies(path: Path) -> str:
         if file == path:
             proc = _map_state(asl, where)["ItemProcessor"]
             proc["States"] = child_states(names)
-            proc["StartAt"] = names.get("Start rollout", "Start rollout")
+            start = json.loads(CHILD_PATH.read_text())["StartAt"]
+            proc["StartAt"] = names.get(start, start)
     for file, names, bindings in JUDGE_COPIES:
         if file == path:
             asl["States"].update(judge_states(names, bindings))

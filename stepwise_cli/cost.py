@@ -328,7 +328,8 @@ def refused_invokes(rollouts: int, concurrency: int, tps: float, latency: float,
     """Expected InvokeAgentRuntime attempts ACR refuses (throttles) in one generation batch: each is one more
     StartRollout invocation and one more state transition (the Start rollout state's Retry).
 
-    A fluid model in ``dt``-second slices: the Map starts ``concurrency`` children at once, then one as each
+    A fluid model in ``dt``-second slices: the Map starts ``concurrency`` children at once, each invoking after
+    its item's ``start_after_seconds`` (`stepwise.core.planning.start_offsets`), then one as each
     rollout ends (``latency`` s after its invoke was admitted); ACR admits ``tps`` invokes in any second (a
     bucket of ``tps`` tokens refilled at ``tps`` a second: a burst of ``tps`` passes at once); a refused
     attempt k (0 = the first) is retried after a delay drawn uniformly up to ``min(max_delay, interval x
@@ -337,6 +338,8 @@ def refused_invokes(rollouts: int, concurrency: int, tps: float, latency: float,
     (IntervalSeconds, BackoffRate, MaxDelaySeconds, JitterStrategy FULL)."""
     from collections import defaultdict
 
+    from stepwise.core.planning import start_offsets
+
     if rollouts <= 0 or tps <= 0:
         return 0.0
     tokens = tps
@@ -344,7 +347,8 @@ def refused_invokes(rollouts: int, concurrency: int, tps: float, latency: float,
     arrivals: defaultdict[int, defaultdict[int, float]] = defaultdict(lambda: defaultdict(float))
     ends: defaultdict[int, float] = defaultdict(float)
     first = min(concurrency, rollouts)
-    arrivals[0][0] = float(first)
+    for second in start_offsets(first, concurrency, max(1, int(tps))):  # PlanStep's pacing ("Pace start")
+        arrivals[round(second / dt)][0] += 1.0
     waiting = float(rollouts - first)
     refused = 0.0
     t = 0

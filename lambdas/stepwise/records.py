@@ -554,7 +554,9 @@ class BatchRef(BaseModel):
 
 class BatchItem(BaseModel):
     """One Distributed Map item (``items.json``): one rollout of prompt ``input_id`` (dataset row
-    ``row``), group member ``member``; ``i`` is its index in the batch."""
+    ``row``), group member ``member``; ``i`` is its index in the batch. ``start_after_seconds``: how long
+    its Map child waits ("Pace start", a Wait state) before the rollout's first InvokeAgentRuntime, so a
+    batch's first invokes stay under ``acr_tps_limit`` (`stepwise.core.planning.pace_starts`)."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -562,6 +564,7 @@ class BatchItem(BaseModel):
     input_id: str
     row: int
     member: int = 0
+    start_after_seconds: int = Field(default=0, ge=0)
 
 
 # ---------------------------------------------------------------------------- gateway

@@ -232,3 +232,39 @@ def test_rollouts_in_flight_stay_within_the_active_session_quota_and_the_tps_bou
 
     with pytest.raises(ConfigError, match="acr_max_active_sessions: .*Active session workloads per account"):
         load_run_config({**cfg().model_dump(), "acr_max_active_sessions": 0})
+
+
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@given(n=st.integers(0, 3000), concurrency=st.integers(1, 1000), tps=st.integers(1, 125))
+def test_a_batch_s_first_invokes_are_paced_under_the_tps_limit_and_the_rest_start_as_rollouts_end(n, concurrency, tps):
+    """`start_offsets` on arbitrary batches: the Map's first ``concurrency`` children invoke at most
+    ``floor(0.9 x tps)`` (at least 1) in any whole second, in item order, as early as that allows; the
+    children the Map starts later (as rollouts end) do not wait."""
+    from collections import Counter
+
+    from stepwise.core.planning import START_PACE, start_offsets
+
+    offsets = start_offsets(n, concurrency, tps)
+    per_second = max(1, int(START_PACE * tps))
+    first = offsets[:concurrency]
+    assert len(offsets) == n and all(isinstance(s, int) and s >= 0 for s in offsets)
+    assert first == sorted(first) and all(s == 0 for s in offsets[concurrency:])
+    assert max(Counter(first).values(), default=0) <= min(per_second, tps)
+    assert all(count == per_second for s, count in Counter(first).items() if s < max(first))  # no second left short
+    assert max(first, default=0) == (min(n, concurrency) - 1) // per_second if n else True
+
+
+def test_plan_writes_the_paced_offsets_into_the_items():
+    """The toy batch (8 x 8 at acr_tps_limit 25, all 64 in flight): 22 invoke at once, 22 a second later, 20 at 2 s."""
+    from collections import Counter
+
+    from stepwise.core.planning import map_concurrency, pace_starts
+
+    c = cfg(batch_size=8, responses_per_prompt=8, acr_tps_limit=25)
+    items, _ = build_items(decide(state(dataset_rows=100), c), [{"prompt": str(row)} for row in range(100)])
+    paced = pace_starts(items, map_concurrency(len(items), c.acr_tps_limit), c.acr_tps_limit)
+    assert Counter(it.start_after_seconds for it in paced) == {0: 22, 1: 22, 2: 20}
+    assert [it.model_dump(exclude={"start_after_seconds"}) for it in paced] == [it.model_dump(exclude={"start_after_seconds"}) for it in items]

@@ -196,7 +196,7 @@ def test_overlapped_step_is_a_parallel_of_training_and_the_next_steps_rollouts()
     ahead_map = roll["States"]["Roll out the next step's generation batch"]
     sequential_map = states["Roll out generation batch"]
     # the same rollout children, their states renamed (names are unique machine-wide)
-    rename = {"Start a rollout of the next step": "Start rollout", "Finish a rollout of the next step": "Finish rollout",
+    rename = {"Pace a rollout of the next step": "Pace start", "Start a rollout of the next step": "Start rollout", "Finish a rollout of the next step": "Finish rollout",
               "Record a failed rollout of the next step": "Record failed rollout",
               "A rollout of the next step lost": "Rollout lost",
               "Wait for a rollout result of the next step": "Wait for rollout result",

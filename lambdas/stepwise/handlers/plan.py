@@ -18,7 +18,7 @@ from typing import Any
 from stepwise.aws import task_tokens
 from stepwise.core.ledger import history_after
 from stepwise.core.liveness import rollout_timeouts
-from stepwise.core.planning import Decision, GroupProgress, build_items, map_concurrency, plan_step
+from stepwise.core.planning import Decision, GroupProgress, build_items, map_concurrency, pace_starts, plan_step
 from stepwise.events import PlanEvent, RunEvent
 from stepwise.handlers._common import bind, dependencies, entrypoint, logger, run_config, settings, sfn_client, store
 from stepwise.handlers._payloads import batch_payloads, eval_payloads
@@ -123,6 +123,8 @@ def plan(event: RunEvent) -> dict[str, Any]:
     payloads = (eval_payloads(run.run_id, state, cfg, d.rows) if kind == "eval"
                 else batch_payloads(run.run_id, kind, d.rows, cfg.dataset_path))
     items, prompts = build_items(d, payloads)
+    concurrency = map_concurrency(len(items), cfg.acr_tps_limit, cfg.acr_max_active_sessions)
+    items = pace_starts(items, concurrency, cfg.acr_tps_limit)
     rs.put_json(prompts_key(run.run_id, d.step, d.generation_batch, kind), prompts, bulk=True)
     key = items_key(run.run_id, d.step, d.generation_batch, kind)
     rs.put_json(key, [item.model_dump() for item in items], bulk=True)
@@ -132,7 +134,7 @@ def plan(event: RunEvent) -> dict[str, Any]:
     out.update(
         items_key=key,
         num_items=len(items),
-        max_concurrency=map_concurrency(len(items), cfg.acr_tps_limit, cfg.acr_max_active_sessions),
+        max_concurrency=concurrency,
         batch=batch.model_dump(),
     )
     logger.info("planned generation batch", extra={k: v for k, v in out.items() if k != "batch"} | {"kind": kind})
