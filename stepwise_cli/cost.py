@@ -381,6 +381,11 @@ def refused_invokes(rollouts: int, concurrency: int, tps: float, latency: float,
     return refused
 
 
+#: A measured Map time within this share of what the rate limits allow is theirs (the paced starts, not a
+#: queue after the invoke): `rollout_flow` reads it as bound by them.
+MEASURED_RATE_TOLERANCE = 0.1
+
+
 @dataclass(frozen=True)
 class RolloutFlow:
     """How one generation batch's rollouts move through the Map (`rollout_flow`).
@@ -410,7 +415,8 @@ class RolloutFlow:
 def rollout_flow(cfg: RunConfig, a: Assumptions, rollouts: int | None = None, *,
                  retry: dict[str, float] | None = None) -> RolloutFlow:
     """A generation batch of ``rollouts`` (default the config's ``batch_size x responses_per_prompt``) in the
-    Map: the rate rollouts finish at is the lowest of ``acr_tps_limit``, the Map's concurrency over one
+    Map: the rate rollouts finish at is the lowest of ``acr_tps_limit`` x `START_PACE` (each rollout's invoke and
+    stop share the quota; PlanStep paces a batch's first invokes there), the Map's concurrency over one
     rollout's ACR session (``agent_seconds``: Little's law) and ``Assumptions.rollouts_per_second``; the Map
     then takes ``rollouts / rate`` plus the last rollout's own time, unless ``Assumptions.rollout_seconds``
     says how long it takes.
@@ -420,12 +426,14 @@ def rollout_flow(cfg: RunConfig, a: Assumptions, rollouts: int | None = None, *,
     rollout stays in flight ``concurrency / rate`` seconds, its ACR session with it: at 1,024 rollouts a
     step on the local stack, 25 s each where the agent needs under one (the ledger counts each session from
     its invoke to its stop)."""
-    from stepwise.core.planning import map_concurrency
+    from stepwise.core.planning import START_PACE, map_concurrency
 
     n = rollouts if rollouts is not None else cfg.batch_size * cfg.responses_per_prompt
     per = agent_seconds(a, min(a.turns_per_rollout, float(cfg.max_turns_per_rollout)))
     concurrency = map_concurrency(max(1, n), cfg.acr_tps_limit, cfg.acr_max_active_sessions)
-    limits = {"acr_tps_limit": float(cfg.acr_tps_limit),
+    # the quota bounds starts at START_PACE of it: each rollout's stop shares it with its invoke, and PlanStep
+    # paces a batch's first invokes there ("Pace start", before the invoke: no ACR session waits)
+    limits = {"acr_tps_limit": START_PACE * float(cfg.acr_tps_limit),
               "concurrency": concurrency / per if per > 0 else float("inf")}
     if a.rollouts_per_second:
         limits["rollouts_per_second"] = float(a.rollouts_per_second)
@@ -434,8 +442,8 @@ def rollout_flow(cfg: RunConfig, a: Assumptions, rollouts: int | None = None, *,
     wall = n / rate + per if n else 0.0
     if a.rollout_seconds is not None:
         wall = a.rollout_seconds
-        observed = n / max(wall, per, 1e-9)
-        if observed < rate:
+        observed = n / max(wall - per, 1e-9)  # the rate ``wall = n / rate + per`` says
+        if observed < rate * (1.0 - MEASURED_RATE_TOLERANCE):
             bound, rate = "rollout_seconds", observed
     queued = bound in ("rollouts_per_second", "rollout_seconds")
     latency = max(per, min(concurrency, n) / rate) if queued and rate > 0 else per

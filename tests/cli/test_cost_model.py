@@ -190,8 +190,8 @@ def test_a_batch_flows_at_the_lowest_of_its_limits_and_what_waits_in_flight_hold
     fast = cost.Assumptions(turns_per_rollout=1, seconds_per_turn=0.4, agent_overhead_seconds=0.5)
     big = load_run_config({**toy, "batch_size": 128, "responses_per_prompt": 8})
     f = cost.rollout_flow(big, fast)
-    assert (f.concurrency, f.bound, f.rate, f.latency) == (200, "acr_tps_limit", 25.0, 0.9)
-    assert f.wall == pytest.approx(1024 / 25 + 0.9)
+    assert (f.concurrency, f.bound, f.rate, f.latency) == (200, "acr_tps_limit", 25.0 * 0.45, 0.9)  # invokes + stops
+    assert f.wall == pytest.approx(1024 / 11.25 + 0.9)
     slow = cost.rollout_flow(big, replace(fast, rollouts_per_second=8.0))
     assert (slow.bound, slow.rate, slow.latency) == ("rollouts_per_second", 8.0, 25.0)
     assert slow.wall == pytest.approx(1024 / 8 + 0.9)
@@ -199,7 +199,12 @@ def test_a_batch_flows_at_the_lowest_of_its_limits_and_what_waits_in_flight_hold
     assert agent(replace(fast, rollouts_per_second=8.0)) == pytest.approx(agent(fast) * 25.0 / 0.9)
     # a measured Map time slower than the limits allow says the same
     given = cost.rollout_flow(big, replace(fast, rollout_seconds=156.0))
-    assert given.bound == "rollout_seconds" and given.latency == pytest.approx(200 * 156.0 / 1024)
+    assert given.bound == "rollout_seconds" and given.latency == pytest.approx(200 * (156.0 - 0.9) / 1024)
+    # a measured Map time the paced starts explain (the toy: 64 in 6.69 s, 11 started a second) is theirs:
+    # no ACR session waits, each is the agent's own time (the ledger: 0.53 s a session)
+    toy_batch = load_run_config({**toy, "batch_size": 8, "responses_per_prompt": 8})
+    paced = cost.rollout_flow(toy_batch, replace(fast, rollout_seconds=6.69))
+    assert (paced.bound, paced.latency) == ("acr_tps_limit", 0.9)
     # long agents: the Map's concurrency binds before the rate limit, and nobody waits
     long = cost.rollout_flow(big, replace(fast, seconds_per_turn=60.0))
     assert long.bound == "concurrency" and long.rate == pytest.approx(200 / 60.5) and long.latency == 60.5
