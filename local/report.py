@@ -147,11 +147,11 @@ def s3_requests_per_rollout(counts: dict[str, int], rollouts: int) -> dict[str, 
 
 
 #: The cost model's assumptions for a local run (`stepwise_cli.cost.Assumptions`): the local stack's own
-#: timings, measured on a 2-core machine with nothing else running (a toy step of ~5 s), and its
-#: ``STEPWISE_POLL_SECONDS`` (1) and ``STEPWISE_INLINE_WAIT_SECONDS`` (10). The toy's batch is bound by its
-#: paced starts (11 a second at ``acr_tps_limit`` 25: 64 rollouts in 6.6 s, each ACR session 0.5-0.7 s on
-#: a quiet machine), so no ``rollouts_per_second``: before the pacing, the machine bound it (6-7 a second
-#: at 64 and at 1,024 rollouts a step under a load of 10-20, benchmarks/README.md section 16), and at
+#: timings, measured on a 2-core machine with nothing else running (a toy step of ~5 s), and the functions'
+#: ``STEPWISE_POLL_SECONDS`` (10) and ``STEPWISE_INLINE_WAIT_SECONDS`` (30), the stack's. The toy's batch is
+#: bound by its paced starts (11 a second at ``acr_tps_limit`` 25: 64 rollouts in 6.6 s, each ACR session
+#: 0.5-0.7 s on a quiet machine), so no ``rollouts_per_second``: before the pacing, the machine bound it (6-7 a
+#: second at 64 and at 1,024 rollouts a step under a load of 10-20, benchmarks/README.md section 16), and at
 #: 1,024 it still may: the run's end prints the estimate again at the Map time the run measured.
 #: A judged toy run's members are one-digit replies (about 50 judged characters and 21 answer tokens each,
 #: examples/toy_judge.json; the emulator answers at once).
@@ -159,7 +159,7 @@ def _local_assumptions() -> Any:
     from stepwise_cli.cost import Assumptions
 
     return Assumptions(turns_per_rollout=1.0, seconds_per_turn=0.4, rollouts_per_second=None, train_seconds=1.0,
-                       rebind_seconds=0.3, orchestration_seconds=1.0, poll_seconds=1.0, inline_wait_seconds=10.0,
+                       rebind_seconds=0.3, orchestration_seconds=1.0, poll_seconds=10.0, inline_wait_seconds=30.0,
                        agent_overhead_seconds=0.5, session_start_seconds=15.0, advantages_seconds_per_rollout=0.01,
                        judge_chars_per_member=50.0, judge_output_tokens_per_member=21.0, judge_attempts_per_group=1.0,
                        judge_seconds_per_group=0.5,

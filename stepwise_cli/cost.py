@@ -168,7 +168,7 @@ class Assumptions:
     orchestration_seconds: float = 5.0
     advantages_seconds_per_rollout: float = 0.004
     poll_seconds: float = 10.0
-    inline_wait_seconds: float = 5.0
+    inline_wait_seconds: float = 30.0
     agent_seconds: float | None = None
     agent_overhead_seconds: float = 2.0
     session_start_seconds: float = 300.0

@@ -70,7 +70,12 @@ class Settings:
             empty = none).
         poll_seconds: Wait-state seconds between polls (``STEPWISE_POLL_SECONDS``, integer >= 1, default 10).
         inline_wait_seconds: how long a submit/poll handler polls before handing the wait to a Wait
-            state (``STEPWISE_INLINE_WAIT_SECONDS``, >= 0, default 5).
+            state (``STEPWISE_INLINE_WAIT_SECONDS``, >= 0, default 30; at most the invocation's time
+            left less 15 s). The session is idle from an operation's end until someone polls it: a
+            handler polling inline sees the end at once (every 0.25 s), a Wait state of
+            ``poll_seconds`` does not. With 5 s here and 10 s of Wait, a training operation's end was
+            seen on average a third of a poll late, and an 8 s operation 10 s late every time
+            (benchmarks/README.md, section 20); a Lambda second costs about 1/200 of a session second.
         session_start_timeout: seconds the session may take to reach Running
             (``STEPWISE_SESSION_START_TIMEOUT``, default 1800).
         turn_grace_seconds: FinishRollout's wait between closing a session and listing its turns
@@ -93,7 +98,7 @@ class Settings:
     agent_runtime_arns: tuple[str, ...] = ()
     judge_model_ids: tuple[str, ...] = ()
     poll_seconds: int = 10
-    inline_wait_seconds: float = 5.0
+    inline_wait_seconds: float = 30.0
     session_start_timeout: float = 1800.0
     turn_grace_seconds: float = 1.0
     sweep_grace_seconds: float = 300.0
@@ -121,7 +126,7 @@ class Settings:
             agent_runtime_arns=_split(env.get(ENV_AGENT_RUNTIME_ARNS, "")),
             judge_model_ids=_split(env.get(ENV_JUDGE_MODEL_IDS, "")),
             poll_seconds=max(1, int(number(ENV_POLL_SECONDS, "10", int))),
-            inline_wait_seconds=max(0.0, number(ENV_INLINE_WAIT_SECONDS, "5", float)),
+            inline_wait_seconds=max(0.0, number(ENV_INLINE_WAIT_SECONDS, "30", float)),
             session_start_timeout=number(ENV_SESSION_START_TIMEOUT, "1800", float),
             turn_grace_seconds=max(0.0, number(ENV_TURN_GRACE_SECONDS, "1", float)),
             sweep_grace_seconds=max(0.0, number(ENV_SWEEP_GRACE_SECONDS, "300", float)),

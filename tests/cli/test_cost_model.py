@@ -79,12 +79,18 @@ def test_prices_turn_units_into_dollars():
 
 
 def test_training_wait_adds_poll_rounds():
-    a = cost.Assumptions()
-    assert cost.poll_rounds(5, a) == 0 and cost.poll_rounds(20, a) == 1 and cost.poll_rounds(21, a) == 2
+    a = cost.Assumptions()  # the functions' defaults: 30 s polled inline, then 10 s of Wait a round
+    assert (a.inline_wait_seconds, a.poll_seconds) == (30.0, 10)
+    assert cost.poll_rounds(30, a) == 0 and cost.poll_rounds(70, a) == 1 and cost.poll_rounds(71, a) == 2
+    five = cost.Assumptions(inline_wait_seconds=5.0)
+    assert cost.poll_rounds(5, five) == 0 and cost.poll_rounds(20, five) == 1 and cost.poll_rounds(21, five) == 2
     cfg = load_run_config(BASE)
     fast = cost.estimate(cfg, cost.Assumptions(train_seconds=5))["usage_per_step"]
     slow = cost.estimate(cfg, cost.Assumptions(train_seconds=65))["usage_per_step"]
-    assert slow["state_transitions"] - fast["state_transitions"] == 4 * 3
+    assert slow["state_transitions"] - fast["state_transitions"] == 1 * 3
+    slow5 = cost.estimate(cfg, cost.Assumptions(train_seconds=65, inline_wait_seconds=5.0))["usage_per_step"]
+    fast5 = cost.estimate(cfg, cost.Assumptions(train_seconds=5, inline_wait_seconds=5.0))["usage_per_step"]
+    assert slow5["state_transitions"] - fast5["state_transitions"] == 4 * 3
 
 
 def test_dapo_upper_bound_and_eval_share():

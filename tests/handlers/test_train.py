@@ -104,3 +104,47 @@ def test_checkpoint_planned_by_plan_step_saves_state_once(stack):
     state, _ = RunStore(BUCKET, stack.s3).read_state(run_id)
     assert state.final_checkpoint_done and state.checkpoints[-1].reason == "final"
     assert plan.plan(ev)["action"] == "finish"
+
+
+class _LambdaContext:
+    """What Lambda passes a handler about its invocation that `stepwise.handlers._common.drive` reads: the
+    time left (``get_remaining_time_in_millis``), from a real clock."""
+
+    def __init__(self, seconds: float) -> None:
+        import time
+
+        self._end = time.monotonic() + seconds
+        self.function_name, self.memory_limit_in_mb, self.aws_request_id = "SubmitTrain", "2048", "req-1"
+        self.invoked_function_arn = "arn:aws:lambda:us-east-1:123456789012:function:SubmitTrain"
+        self.function_version, self.log_group_name, self.log_stream_name = "$LATEST", "/aws/lambda/SubmitTrain", "s"
+
+    def get_remaining_time_in_millis(self) -> int:
+        import time
+
+        return int(max(0.0, self._end - time.monotonic()) * 1000)
+
+
+def test_a_training_op_longer_than_the_old_inline_wait_is_seen_ending_inline_within_the_invocation_s_time(stack, monkeypatch):
+    """An 8 s optim_step (the async benchmark's) outlasted the 5 s a handler polled inline: its end was seen
+    after the state machine's 10 s Wait, every step (the session idle 10 s). The handlers poll inline 30 s
+    now (`STEPWISE_INLINE_WAIT_SECONDS`), so a handler sees the end itself; but never past the invocation's
+    time left less 15 s: with 17 s left SubmitTrain hands the 6 s operation to the state machine's Wait."""
+    import time
+
+    from stepwise import settings
+    from stepwise.handlers import _common
+
+    monkeypatch.delenv("STEPWISE_INLINE_WAIT_SECONDS")  # the functions' default, not the test stack's 10 s
+    assert settings.current().inline_wait_seconds == 30.0 and _common.DRIVE_MARGIN_S == 15.0
+    run_id, ev, _ = _ready_run(stack, [1.0, 0.0, 0.0, 1.0])
+    stack.sim.set_latency("optim_step", 6.0)
+    try:
+        t0 = time.monotonic()
+        short = train.submit_handler(ev.model_dump(mode="json"), _LambdaContext(17.0))
+        took = time.monotonic() - t0
+        assert not short["done"] and took < 17.0, (short, took)  # it returns within the invocation's time
+        t0 = time.monotonic()
+        full = train.poll_handler(ev.model_dump(mode="json"), _LambdaContext(60.0))
+        assert full["done"] and time.monotonic() - t0 < 15.0, full  # the op's end seen inline, not after a Wait
+    finally:
+        stack.sim.clear_faults()

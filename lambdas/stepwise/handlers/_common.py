@@ -320,14 +320,20 @@ def emit(values: dict[str, float], *, run_id: str, units: dict[str, MetricUnit] 
         metrics.flush_metrics()
 
 
+#: What a driving handler keeps of its invocation's time for its last poll, its state write and its answer.
+DRIVE_MARGIN_S = 15.0
+
+
 def drive(run_id: str, execution_arn: str, phases: tuple[Phase, ...]) -> tuple[RunState, bool, dict[str, Any]]:
     """Drive the run's operations in ``phases`` (`stepwise.aws.sagemaker.drive`) with this container's
-    store and the run's runtime client, for up to ``STEPWISE_INLINE_WAIT_SECONDS``."""
+    store and the run's runtime client, for up to ``STEPWISE_INLINE_WAIT_SECONDS`` (at most the
+    invocation's time left less `DRIVE_MARGIN_S`)."""
     from stepwise.aws import sagemaker
 
     cfg = run_config(run_id)
+    left = invocation_deadline(DRIVE_MARGIN_S) - time.monotonic()
     return sagemaker.drive(store(), sagemaker.runtime(cfg.region), cfg, run_id, execution_arn, phases,
-                           budget_s=inline_wait_seconds(), now=now)
+                           budget_s=max(0.0, min(inline_wait_seconds(), left)), now=now)
 
 
 def write_summary(run_id: str, step: int, summary: dict[str, Any], *, kind: str = "train") -> None:
