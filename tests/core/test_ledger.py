@@ -100,7 +100,8 @@ def test_a_rollout_childs_states_are_the_asls():
 
     for m in found:
         states = m["ItemProcessor"]["States"]
-        # a rollout's own path: Start rollout -> Finish rollout (End); the rest runs only when Finish keeps failing
+        # a rollout's own path: Pace start -> Start rollout -> Finish rollout (End); the rest runs only when Finish
+        # keeps failing
         path = [m["ItemProcessor"]["StartAt"]]
         while not states[path[-1]].get("End"):
             path.append(states[path[-1]]["Next"])
@@ -111,7 +112,8 @@ def test_a_rollout_childs_states_are_the_asls():
                 params = params.get("recheck", params)  # OnRolloutResult's re-check: its request in "recheck"
                 assert params["retry_count.$"] == "$$.State.RetryCount"
         # "Record failed rollout" counts Finish rollout's spent retries: they are all spent (States.ALL)
-        finish_retry = states[path[1]]["Retry"]
+        assert [states[p]["Type"] for p in path[:ledger.PACE_STATES]] == ["Wait"]  # Pace start, never retried
+        finish_retry = states[path[-1]]["Retry"]
         assert [r["ErrorEquals"] for r in finish_retry] == [["States.ALL"]]
         assert finish_retry[0]["MaxAttempts"] == FINISH_ROLLOUT_RETRIES
     assert ledger.task_transitions(None) == 1 and ledger.task_transitions(3) == 4

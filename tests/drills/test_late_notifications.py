@@ -116,9 +116,9 @@ def test_a_late_or_lost_notification_costs_the_recheck_interval_not_the_heartbea
         assert r["status"] == "ok" and r["reward"] in (0.0, 1.0) and r["records"], r
         assert r["late"] is (fault is not None)
         paid[case] = round(r["paid"], 1)
-        # Start rollout, Finish rollout, and per re-check (each an OnRolloutResult call) Rollout silent and Wait for
+        # Pace start, Start rollout, Finish rollout, and per re-check (each an OnRolloutResult call) Rollout silent and Wait for
         # rollout result
-        assert r["usage"]["state_transitions"] == 2 + 2 * (_rechecks(stack) - rechecks)
+        assert r["usage"]["state_transitions"] == 3 + 2 * (_rechecks(stack) - rechecks)
     print(f"\nrollout_heartbeat_seconds {heartbeat}, max_rollout_time {TIMEOUT_S}, "
           f"rollout_recheck_seconds {RECHECK_S}: "
           f"seconds from the result to its record: {paid}")
@@ -142,7 +142,7 @@ def test_an_agent_silent_longer_than_the_interval_keeps_its_rollout_and_its_noti
         r = _rollout(child, run_id, batch, items[0], fault=None)
         assert r["status"] == "ok" and not r["late"] and r["paid"] <= RECHECK_S + 2, r
         n = _rechecks(stack) - rechecks
-        assert n >= 2 and r["usage"]["state_transitions"] == 2 + 2 * n
+        assert n >= 2 and r["usage"]["state_transitions"] == 3 + 2 * n
         agent.result_delay = 20.0  # past the 12 s silence limit
         r = _rollout(child, run_id, batch, items[1], fault=None, wait_result=False)
         assert r["status"] == "timeout" and r["error"]["error"] == "States.HeartbeatTimeout", r
@@ -179,7 +179,7 @@ def test_a_group_engine_rollout_whose_notification_is_lost_is_found_by_the_reche
     assert r["paid"] <= RECHECK_S + 2, r["paid"]
     # the re-check resumed the task itself (its transitions ride in the record): before, it raised, and FinishRollout
     # found the result on the error path, the re-check's measurement lost (2 transitions)
-    assert _rechecks(stack) > rechecks and r["usage"]["state_transitions"] == 2 + 2 * (_rechecks(stack) - rechecks)
+    assert _rechecks(stack) > rechecks and r["usage"]["state_transitions"] == 3 + 2 * (_rechecks(stack) - rechecks)
 
 
 def _rechecks(stack) -> int:

@@ -18,6 +18,7 @@ from tests.support.waiting import wait_for
 from state_machine.definition import load_asl
 from stepwise.aws.agentcore import AgentRuntimeThrottled
 from stepwise.aws.runstore import RunOwnedElsewhere, RunStore
+from stepwise.core.ledger import PACE_STATES
 from stepwise.events import FinishEvent, RunEvent, S3Notification, StartEvent
 from stepwise.handlers.plan import plan
 from stepwise.handlers.rollout import finish, on_result, start
@@ -159,7 +160,7 @@ def test_a_throttled_start_that_is_retried_keeps_its_measurement_for_the_ledger(
 
     carried, in_record = attempt(START_ROLLOUT_RETRIES)  # the last attempt: FinishRollout sums its record
     assert in_record["lambda_requests"] == {"StartRollout": 1, "OnRolloutResult": 1}
-    assert in_record["state_transitions"] == 1 + START_ROLLOUT_RETRIES
+    assert in_record["state_transitions"] == PACE_STATES + 1 + START_ROLLOUT_RETRIES  # Pace start once
     assert carried.lambda_requests == {}  # only the invoke's seconds after the record's write
     metering.CARRY.clear()
 
@@ -246,7 +247,7 @@ def test_a_finish_that_kept_failing_is_recorded_as_an_error_rollout_its_session_
     assert record["status"] == "error" and record["reward"] == 0.0
     assert record["error"]["error"] == "FinishRolloutFailed" and "Rate exceeded" in record["error"]["cause"]
     usage = record["usage"]
-    assert usage["state_transitions"] == (1 + FINISH_ROLLOUT_RETRIES) + (1 + 2) + 1
+    assert usage["state_transitions"] == (1 + FINISH_ROLLOUT_RETRIES) + (PACE_STATES + 1 + 2) + 1
     assert usage["lambda_requests"] == {"StartRollout": 1, "OnRolloutResult": 1, "FinishRollout": 1}
     assert usage["acr_sessions"] == 1 and usage["acr_session_seconds"] > 0
     assert usage["s3_get_class"] >= 2 and usage["s3_put_class"] >= 3  # the result's GET, this one's; Start's PUTs

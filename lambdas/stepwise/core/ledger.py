@@ -168,9 +168,12 @@ def transitions_in(events: Iterable[Mapping[str, Any]]) -> int:
     return entered + max(0, scheduled - task_entered)
 
 
-#: A rollout child execution's states, each entered once (Start rollout, Finish rollout): the ASL's
-#: ItemProcessor (`state_machine/training_loop.asl.json`); tests/core/test_ledger.py checks the count.
-CHILD_STATES = 2
+#: A rollout child execution's states, each entered once (Pace start, Start rollout, Finish rollout): the
+#: ASL's ItemProcessor (`state_machine/training_loop.asl.json`); tests/core/test_ledger.py checks the count.
+CHILD_STATES = 3
+#: The child's states before its first task, entered once and never retried ("Pace start", a Wait):
+#: StartRollout counts them with its own (`task_transitions`).
+PACE_STATES = 1
 
 
 def task_transitions(retry_count: int | None) -> int:

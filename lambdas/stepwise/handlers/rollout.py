@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from stepwise import metering
 from stepwise.aws import agentcore, task_tokens
 from stepwise.aws.runstore import ObjectTooLarge
-from stepwise.core.ledger import acr_usage, start_retried, task_transitions
+from stepwise.core.ledger import PACE_STATES, acr_usage, start_retried, task_transitions
 from stepwise.core.liveness import task_error
 from stepwise.core.rewards import ResultRead
 from stepwise.gateway.session import API_KEY_DIGEST_FIELD, new_api_key
@@ -169,10 +169,10 @@ def start(event: StartEvent) -> dict[str, Any]:
     # The task token rides in the session record (one PUT fewer than an object of its own), written
     # before the invoke, so the fastest result finds it. The gateway never serves the record. So does
     # this invocation's measurement for the cost ledger (FinishRollout adds it to the rollout record),
-    # with the Start rollout state's transitions (entered once, retried retry_count times). The ride is
-    # settled once the invoke's outcome is known (`_settle_ride`).
+    # with the Start rollout state's transitions (entered once, retried retry_count times) and the Pace start
+    # state's before it. The ride is settled once the invoke's outcome is known (`_settle_ride`).
     ride = metering.ride(run.run_id)
-    ride.usage.state_transitions += task_transitions(event.retry_count)
+    ride.usage.state_transitions += PACE_STATES + task_transitions(event.retry_count)
     stored = {**record.model_dump(), TASK_TOKEN_FIELD: event.task_token, API_KEY_DIGEST_FIELD: key_digest,
               "usage": ride.usage.model_dump()}
     try:
