@@ -109,6 +109,8 @@ def arm_sets(arm: str) -> list[str]:
         raise KeyError(arm)
     return deep_arm(int(m.group(1)), int(m.group(2)), m.group(3))
 QUICK_ARMS = ("sync", "overlap", "d2k3-cispo")
+#: Batches of prompts beyond a run's steps (at least the deepest arm's d + 1): no arm drains the dataset.
+DRAIN_MARGIN_BATCHES = 4
 #: The last steps whose mean train reward is an arm's final reward.
 LAST_STEPS = 3
 
@@ -117,7 +119,10 @@ def run_arm(arm: str, setting: Setting, seed: int, steps: int, out: Path, timeou
     """One ``stepwise start --local`` of ``arm`` on ``setting`` with ``seed``; returns what `measure` reads."""
     run_id = f"{setting.name}-{arm}-s{seed}"
     sets = [f'agent_runtime_arn="{SLEEPY_ARN}"', f"batch_size={setting.batch_size}",
-            f"responses_per_prompt={setting.responses_per_prompt}", f"max_prompts={steps * setting.batch_size}",
+            f"responses_per_prompt={setting.responses_per_prompt}",
+            # prompts beyond the steps trained: a deep arm's last steps train from a full buffer, as in a long run,
+            # instead of waiting for the dataset's last (and slowest) groups to drain
+            f"max_prompts={(steps + DRAIN_MARGIN_BATCHES) * setting.batch_size}", f"max_steps={steps}",
             *(['eval_dataset_path="examples/data/toy_eval.jsonl"', f"eval_max_prompts={setting.final_eval_prompts}"]
               if setting.final_eval_prompts else ['eval_dataset_path=""']),
             "eval_every=0", "save_every=0", f"seed={seed}", "max_rollout_time=600",
@@ -313,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--arms", help=f"comma-separated, of {', '.join(ARMS)} (default: all; --quick: {','.join(QUICK_ARMS)})")
     p.add_argument("--configs", default="rollout,training", help="comma-separated, of rollout, training, learning")
     p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--no-sync", action="store_true", help="do not add the sync arm (no ratio to sync is printed)")
     p.add_argument("--steps", type=int, help="steps per run (default: the config's; --quick: 4)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per run")
     p.add_argument("--json", type=Path, help="also write the per-arm objects to this file")
@@ -332,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in configs:
         setting = SETTINGS[name]
         arms = chosen or list(setting.arms or ARMS)
-        if "sync" not in arms:
+        if "sync" not in arms and not args.no_sync:
             arms = ["sync", *arms]  # every ratio is to sync in the same invocation
         steps = args.steps or (4 if args.quick else setting.steps)
         rows = [run_arm(arm, setting, seed, steps, runs_dir, args.timeout) for seed in seeds for arm in arms]
