@@ -261,9 +261,7 @@ def drive(rs: RunStore, rt: Any, cfg: RunConfig, run_id: str, execution_arn: str
     config. Operation ids are recorded in state.json (conditional writes) before they are polled;
     a forward_backward chunk is read back from S3, so a retry sends the same bytes. Stops with
     ``done=True`` when the run leaves ``phases`` (returns to idle). Returns ``(state, done,
-    metrics of completed phases)``. Raises `OperationFailed` once the run's session was stopped (a stop or
-    the sweeper): its operations will never end, and a handler polling inline (up to 30 s) would hold its
-    invocation, and a local run's Ctrl-C, for nothing.
+    metrics of completed phases)``.
     """
     deadline = time.monotonic() + budget_s
     reported: dict[str, Any] = {}
@@ -271,9 +269,8 @@ def drive(rs: RunStore, rt: Any, cfg: RunConfig, run_id: str, execution_arn: str
         state = rs.owned_state(run_id, execution_arn)
         if state.phase not in phases:
             return state, True, reported
-        if state.session_stopped:  # a stop or the sweeper stopped the session: none of its operations will end
-            raise OperationFailed(f"the run's training session {state.training_session_name} was stopped "
-                                  f"({state.stop_reason or 'stopped'}) while phase {state.phase} was driven")
+        if state.session_stopped:  # the session was stopped (a stop, the sweeper): none of its operations will end
+            return state, False, reported
         submitted: dict[str, tuple[str, float]] = {}
         refused = ""  # a submit refused as transient: the ops still unsent wait (check_submit_wait)
         for op in sorted(state.pending, key=lambda o: (o.sequence_number or 0)):
