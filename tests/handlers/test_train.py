@@ -148,4 +148,3 @@ def test_a_training_op_longer_than_the_old_inline_wait_is_seen_ending_inline_wit
         assert full["done"] and time.monotonic() - t0 < 15.0, full  # the op's end seen inline, not after a Wait
     finally:
         stack.sim.clear_faults()
-

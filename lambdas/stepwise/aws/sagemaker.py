@@ -269,8 +269,6 @@ def drive(rs: RunStore, rt: Any, cfg: RunConfig, run_id: str, execution_arn: str
         state = rs.owned_state(run_id, execution_arn)
         if state.phase not in phases:
             return state, True, reported
-        if state.session_stopped:  # the session was stopped (a stop, the sweeper): none of its operations will end
-            return state, False, reported
         submitted: dict[str, tuple[str, float]] = {}
         refused = ""  # a submit refused as transient: the ops still unsent wait (check_submit_wait)
         for op in sorted(state.pending, key=lambda o: (o.sequence_number or 0)):
