@@ -272,7 +272,8 @@ def _call(request: dict[str, Any]) -> None:
                 pass
             proc.communicate()
             raise WandbCallFailed(f"W&B did not answer within {CHILD_SECONDS:.0f} s; its process was stopped") from None
-    _remove_service_logs()
+        finally:
+            _remove_service_logs()  # a killed call's service log too
     if proc.returncode != 0:
         lines = err.decode(errors="replace").strip().splitlines()
         said = [line[len(ERROR_PREFIX):] for line in lines if line.startswith(ERROR_PREFIX)]
