@@ -312,6 +312,14 @@ def format_table(table: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _known(arm: str) -> bool:
+    try:
+        arm_sets(arm)
+        return True
+    except KeyError:
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="one seed, fewer steps, the rollout config, 3 arms (<= 10 min)")
@@ -325,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = p.parse_args(argv)
     chosen = [a for a in (args.arms.split(",") if args.arms else QUICK_ARMS if args.quick else []) if a]
-    unknown = [a for a in chosen if a not in ARMS and not (DEEP_ARM.fullmatch(a) and int(DEEP_ARM.fullmatch(a).group(1)) <= int(DEEP_ARM.fullmatch(a).group(2)))]
+    unknown = [a for a in chosen if not _known(a)]
     if unknown:
         p.error(f"unknown arm(s) {unknown}; choose from {list(ARMS)} or any d{{d}}k{{k}}-ppo|cispo with d <= k")
     configs = ["rollout"] if args.quick else [c for c in args.configs.split(",") if c]

@@ -75,7 +75,7 @@ class Settings:
             handler polling inline sees the end at once (every 0.25 s), a Wait state of
             ``poll_seconds`` does not. With 5 s here and 10 s of Wait, a training operation's end was
             seen on average a third of a poll late, and an 8 s operation 10 s late every time
-            (benchmarks/README.md, section 20); a Lambda second costs about 1/200 of a session second.
+            (benchmarks/README.md, section 21); a Lambda second costs about 1/200 of a session second.
         session_start_timeout: seconds the session may take to reach Running
             (``STEPWISE_SESSION_START_TIMEOUT``, default 1800).
         turn_grace_seconds: FinishRollout's wait between closing a session and listing its turns
